@@ -1,0 +1,1 @@
+//! Benchmarks and the `csi-bench` load generator (not built yet).
