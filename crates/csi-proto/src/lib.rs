@@ -55,7 +55,8 @@ pub const PACKAGE: &str = "csi.v1";
 /// The encoded `FileDescriptorSet` of `csi.proto` and its imports, options included.
 ///
 /// Useful for reflection and for tests that check the schema itself.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));
 
 /// A `Debug` view of a secret map that prints its keys and hides every value.
 ///
