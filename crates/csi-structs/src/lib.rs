@@ -1,1 +1,65 @@
-//! Domain model placeholder.
+//! The CSI domain model: typed ids, capabilities, volumes, secrets, topology and the spec's
+//! rules, with conversions to and from the wire types.
+//!
+//! This crate is what the rest of the workspace speaks instead of prost messages. It is pure:
+//! no I/O, no tokio, no tonic. It depends on `csi-proto` only to convert at the edge.
+//!
+//! What it holds:
+//! - [`ids`]: one type per kind of identifier, so an orchestrator node id can never be sent
+//!   where the plugin's node id belongs.
+//! - [`error_class`]: the [`ErrorClass`] every failed call is sorted into.
+//! - [`capability`] and [`capability_set`]: volume capabilities, what a plugin advertises, and
+//!   which RPCs that makes mandatory (spec §3.8).
+//! - [`validation`] and [`limits`]: the spec's size and syntax rules, reported all at once as
+//!   typed [`ValidationErrors`].
+//! - [`maps`] and [`secrets`]: the opaque maps of CSI, and a secret map that never prints a
+//!   value.
+//!
+//! What it is not: a client (see `csi-client`), a claim tracker (see `csi-claims`), or a
+//! place for policy about timeouts and retries.
+//!
+//! ```
+//! use csi_structs::{AccessMode, ErrorClass, ExternalVolumeId, PluginNodeId, VolumeCapability};
+//!
+//! let volume = ExternalVolumeId::new("vol-0abc")?;
+//! let node = PluginNodeId::new("i-0123456789")?;
+//! let cap = VolumeCapability::block(AccessMode::SingleNodeWriter);
+//! assert!(cap.is_single_node());
+//! assert_eq!(format!("{volume} on {node}"), "vol-0abc on i-0123456789");
+//! assert!(ErrorClass::Retry.is_retryable());
+//! # Ok::<(), csi_structs::ValidationErrors>(())
+//! ```
+
+pub mod capability;
+pub mod capability_set;
+pub mod error_class;
+pub mod ids;
+pub mod limits;
+pub mod maps;
+pub mod secrets;
+pub mod validation;
+
+#[doc(inline)]
+pub use capability::{
+    AccessMode, AccessModeError, AccessType, AccessTypeKind, MountFlags, MountOptions,
+    VolumeCapability,
+};
+#[doc(inline)]
+pub use capability_set::{
+    Capabilities, CapabilityRule, ControllerCapabilities, ControllerCapability,
+    GroupControllerCapabilities, GroupControllerCapability, NodeCapabilities, NodeCapability,
+    PluginCapabilities, PluginService, Requirement, RpcSupport, VolumeExpansion,
+};
+#[doc(inline)]
+pub use error_class::{ErrorClass, UnknownErrorClass};
+#[doc(inline)]
+pub use ids::{
+    ExternalVolumeId, GroupSnapshotId, NodeId, PluginId, PluginNodeId, SnapshotId, VolumeId,
+    WorkloadId,
+};
+#[doc(inline)]
+pub use maps::{MutableParameters, Parameters, PublishContext, VolumeContext};
+#[doc(inline)]
+pub use secrets::Secrets;
+#[doc(inline)]
+pub use validation::{FieldPath, Problem, ValidationErrors, Violation};
