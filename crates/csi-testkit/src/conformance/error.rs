@@ -1,0 +1,34 @@
+//! Why a conformance run could not start at all (as opposed to a check failing).
+
+use std::path::PathBuf;
+
+use super::EndpointError;
+
+/// A run could not start: the endpoint or the scratch directory is unusable.
+///
+/// Anything the plugin does wrong once connected is a failed check in the
+/// [`Report`](super::Report), never this error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The endpoint string is not a unix socket path.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Nothing accepted a connection on the socket.
+    #[error("cannot connect to the plugin at {socket}")]
+    Connect {
+        /// The socket path.
+        socket: PathBuf,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The scratch directory for staging and target paths could not be created.
+    #[error("cannot create the scratch directory {path}")]
+    ScratchDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
