@@ -1,0 +1,291 @@
+//! Per-volume claim accounting from the access mode.
+//!
+//! Every claim that is not yet freed holds capacity, including claims whose release has
+//! started: capacity comes back only when a claim is freed. The rules, per access mode
+//! (`nomad-csi.md` §5.4, with Nomad's "reader then writer" asymmetry removed):
+//!
+//! | access mode | who may hold the volume at once |
+//! |---|---|
+//! | `SINGLE_NODE_READER_ONLY` | one reader, no writer |
+//! | `SINGLE_NODE_WRITER` | one workload (a writer, or a reader; never a reader beside a writer) |
+//! | `SINGLE_NODE_SINGLE_WRITER` | claims on one node only, at most one writer |
+//! | `SINGLE_NODE_MULTI_WRITER` | claims on one node only, any writers and readers |
+//! | `MULTI_NODE_READER_ONLY` | any readers, never a writer |
+//! | `MULTI_NODE_SINGLE_WRITER` | at most one writer, any readers |
+//! | `MULTI_NODE_MULTI_WRITER` | anyone |
+//!
+//! Across all modes: every claim on a volume uses the same access mode and the same
+//! attachment mode (a claim cannot change either while the volume is claimed), and claiming
+//! again with the same workload and the same terms is idempotent.
+//!
+//! ```
+//! use csi_claims::accounting::{admit, Admission, DenyReason};
+//! use csi_claims::{ClaimMode, ClaimRequest};
+//! use csi_structs::{AccessMode, AccessTypeKind, NodeId, PluginNodeId, VolumeId, WorkloadId};
+//!
+//! let request = ClaimRequest {
+//!     volume: VolumeId::new("db").unwrap(),
+//!     workload: WorkloadId::new("web-1").unwrap(),
+//!     node: NodeId::new("n1").unwrap(),
+//!     plugin_node: PluginNodeId::new("i-1").unwrap(),
+//!     mode: ClaimMode::Write,
+//!     access_mode: AccessMode::MultiNodeReaderOnly,
+//!     attachment: AccessTypeKind::Mount,
+//! };
+//! let denied = admit(&[], &request).unwrap_err();
+//! assert_eq!(denied.reason, DenyReason::ReadOnlyMode);
+//! assert!(denied.to_string().contains("volume db"));
+//!
+//! let read = ClaimRequest { mode: ClaimMode::Read, ..request };
+//! assert_eq!(admit(&[], &read).unwrap(), Admission::New);
+//! ```
+
+use std::fmt;
+
+use csi_structs::{AccessMode, AccessTypeKind, NodeId, VolumeId, WorkloadId};
+
+use crate::model::{Claim, ClaimMode, ClaimRequest};
+
+/// What [`admit`] decided for an acceptable request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// A new claim; record it.
+    New,
+    /// The workload already holds exactly this claim; nothing changes.
+    AlreadyHeld,
+}
+
+/// Why a claim was denied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    /// A write claim on a `*_READER_ONLY` volume.
+    ReadOnlyMode,
+    /// Every writer slot of the access mode is held.
+    WritersExhausted {
+        /// How many writers the access mode allows.
+        max: usize,
+    },
+    /// Every reader slot of the access mode is held.
+    ReadersExhausted {
+        /// How many readers the access mode allows.
+        max: usize,
+    },
+    /// `SINGLE_NODE_WRITER` allows one workload, and another one holds the volume.
+    SingleWorkload,
+    /// A `SINGLE_NODE_*` volume is held from another node.
+    OtherNode {
+        /// The node the volume is held from.
+        held_on: NodeId,
+    },
+    /// The volume is held with another access mode.
+    AccessModeChange {
+        /// The access mode the volume is held with.
+        held: AccessMode,
+    },
+    /// The volume is held with another attachment mode (a claim cannot change the attachment
+    /// mode of a claimed volume).
+    AttachmentModeChange {
+        /// The attachment mode the volume is held with.
+        held: AccessTypeKind,
+    },
+    /// The workload already holds the volume on different terms (node, plugin node, mode,
+    /// access mode or attachment mode). Release it first.
+    ReclaimWithDifferentTerms,
+    /// The workload's earlier claim is being released; capacity comes back once it is freed.
+    ReleaseInProgress {
+        /// The state the earlier claim is in.
+        state: &'static str,
+    },
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenyReason::ReadOnlyMode => f.write_str("the access mode is read-only"),
+            DenyReason::WritersExhausted { max } => {
+                write!(f, "writer claims exhausted (at most {max})")
+            }
+            DenyReason::ReadersExhausted { max } => {
+                write!(f, "reader claims exhausted (at most {max})")
+            }
+            DenyReason::SingleWorkload => {
+                f.write_str("the access mode allows a single workload and another one holds it")
+            }
+            DenyReason::OtherNode { held_on } => {
+                write!(
+                    f,
+                    "single-node access mode and the volume is held on node {held_on}"
+                )
+            }
+            DenyReason::AccessModeChange { held } => {
+                write!(
+                    f,
+                    "the volume is held with access mode {}",
+                    held.wire_name()
+                )
+            }
+            DenyReason::AttachmentModeChange { held } => write!(
+                f,
+                "cannot change the attachment mode of a claimed volume (held as {held})"
+            ),
+            DenyReason::ReclaimWithDifferentTerms => {
+                f.write_str("the workload already holds the volume on different terms")
+            }
+            DenyReason::ReleaseInProgress { state } => {
+                write!(
+                    f,
+                    "the workload's earlier claim is being released (state {state})"
+                )
+            }
+        }
+    }
+}
+
+/// One current holder of a volume, as named in a denial.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The holding workload.
+    pub workload: WorkloadId,
+    /// Its node.
+    pub node: NodeId,
+    /// Read or write.
+    pub mode: ClaimMode,
+    /// The holder's claim state (`taken`, `releasing`, …).
+    pub state: &'static str,
+}
+
+/// The holders of a volume; prints as `[w1 (write on n1, taken), …]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holders(pub Vec<Holder>);
+
+impl fmt::Display for Holders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, h) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} ({} on {}, {})", h.workload, h.mode, h.node, h.state)?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// A claim the access mode does not allow, naming the volume, the request and the holders.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "claim by workload {workload} on volume {volume} for {mode} ({access}) denied: {reason}; holders: {holders}",
+    access = access_mode.wire_name()
+)]
+pub struct ClaimDenied {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The workload that asked.
+    pub workload: WorkloadId,
+    /// The mode it asked for.
+    pub mode: ClaimMode,
+    /// The access mode it asked for.
+    pub access_mode: AccessMode,
+    /// Why it was denied.
+    pub reason: DenyReason,
+    /// Who holds the volume now.
+    pub holders: Holders,
+}
+
+/// Decides whether `request` may join `claims` (every not-yet-freed claim on the volume).
+///
+/// Pure: reads nothing but its arguments.
+///
+/// # Errors
+///
+/// [`ClaimDenied`] when the access mode, the attachment mode or the workload's own earlier
+/// claim forbids the request.
+pub fn admit(claims: &[Claim], request: &ClaimRequest) -> Result<Admission, ClaimDenied> {
+    let deny = |reason: DenyReason| ClaimDenied {
+        volume: request.volume.clone(),
+        workload: request.workload.clone(),
+        mode: request.mode,
+        access_mode: request.access_mode,
+        reason,
+        holders: Holders(
+            claims
+                .iter()
+                .map(|c| Holder {
+                    workload: c.workload.clone(),
+                    node: c.node.clone(),
+                    mode: c.mode,
+                    state: c.state.name(),
+                })
+                .collect(),
+        ),
+    };
+
+    if let Some(own) = claims.iter().find(|c| c.workload == request.workload) {
+        return if own.state.is_releasing() {
+            Err(deny(DenyReason::ReleaseInProgress {
+                state: own.state.name(),
+            }))
+        } else if own.same_terms(request) {
+            Ok(Admission::AlreadyHeld)
+        } else {
+            Err(deny(DenyReason::ReclaimWithDifferentTerms))
+        };
+    }
+
+    if let Some(first) = claims.first() {
+        if first.access_mode != request.access_mode {
+            return Err(deny(DenyReason::AccessModeChange {
+                held: first.access_mode,
+            }));
+        }
+        if first.attachment != request.attachment {
+            return Err(deny(DenyReason::AttachmentModeChange {
+                held: first.attachment,
+            }));
+        }
+    }
+
+    let writers = claims.iter().filter(|c| c.mode == ClaimMode::Write).count();
+    let other_node = claims.iter().find(|c| c.node != request.node);
+    let writing = request.mode == ClaimMode::Write;
+
+    if writing && request.access_mode.is_read_only() {
+        return Err(deny(DenyReason::ReadOnlyMode));
+    }
+    match request.access_mode {
+        AccessMode::SingleNodeReaderOnly => {
+            if !claims.is_empty() {
+                return Err(deny(DenyReason::ReadersExhausted { max: 1 }));
+            }
+        }
+        AccessMode::SingleNodeWriter => {
+            if !claims.is_empty() {
+                return Err(deny(DenyReason::SingleWorkload));
+            }
+        }
+        AccessMode::SingleNodeSingleWriter => {
+            if let Some(c) = other_node {
+                return Err(deny(DenyReason::OtherNode {
+                    held_on: c.node.clone(),
+                }));
+            }
+            if writing && writers >= 1 {
+                return Err(deny(DenyReason::WritersExhausted { max: 1 }));
+            }
+        }
+        AccessMode::SingleNodeMultiWriter => {
+            if let Some(c) = other_node {
+                return Err(deny(DenyReason::OtherNode {
+                    held_on: c.node.clone(),
+                }));
+            }
+        }
+        AccessMode::MultiNodeReaderOnly | AccessMode::MultiNodeMultiWriter => {}
+        AccessMode::MultiNodeSingleWriter => {
+            if writing && writers >= 1 {
+                return Err(deny(DenyReason::WritersExhausted { max: 1 }));
+            }
+        }
+    }
+    Ok(Admission::New)
+}

@@ -1,0 +1,212 @@
+//! [`ClaimsHandle`]: how the rest of the agent talks to the running driver.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use csi_structs::{NodeId, PluginId, VolumeId, WorkloadId};
+use tokio::sync::{broadcast, oneshot};
+
+use super::{Shared, now};
+use crate::machine::{
+    ClaimError, Event, ReleaseError, ReleaseMachine, ReleaseStarted, VolumeStatus,
+};
+use crate::model::{Claim, ClaimRequest, VolumeInfo, VolumeRecord};
+
+/// Errors of [`ClaimsHandle`] calls.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// The claim was refused.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The release was refused.
+    #[error(transparent)]
+    Release(#[from] ReleaseError),
+    /// The claim was recorded in memory but another writer changed the volume's record
+    /// before it became durable, and the stored record does not have it. Claim again.
+    #[error("claim of workload {workload} on volume {volume} was lost to a concurrent writer")]
+    Lost {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+    },
+    /// The driver stopped before the answer came.
+    #[error("the claims driver stopped")]
+    Stopped,
+}
+
+type Key = (VolumeId, WorkloadId);
+
+/// Callers waiting for a claim to become durable or to be freed.
+#[derive(Debug, Default)]
+pub(crate) struct Waiters {
+    durable: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
+    freed: HashMap<Key, Vec<oneshot::Sender<Claim>>>,
+}
+
+impl Waiters {
+    pub(crate) fn deliver(&mut self, machine: &ReleaseMachine, event: &Event) {
+        match event {
+            Event::ClaimDurable { volume, workload } => {
+                let key = (volume.clone(), workload.clone());
+                let claim = machine
+                    .record(volume)
+                    .and_then(|r| r.claim(workload))
+                    .cloned();
+                for tx in self.durable.remove(&key).unwrap_or_default() {
+                    let answer = claim.clone().ok_or_else(|| DriverError::Lost {
+                        volume: volume.clone(),
+                        workload: workload.clone(),
+                    });
+                    let _ = tx.send(answer);
+                }
+            }
+            Event::ClaimLost { volume, workload } => {
+                let key = (volume.clone(), workload.clone());
+                for tx in self.durable.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(Err(DriverError::Lost {
+                        volume: volume.clone(),
+                        workload: workload.clone(),
+                    }));
+                }
+            }
+            Event::Freed(claim) => {
+                let key = (claim.volume().clone(), claim.workload().clone());
+                for tx in self.freed.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(claim.clone());
+                }
+            }
+        }
+    }
+}
+
+/// A cheap, cloneable handle to a running [`ClaimsDriver`](super::ClaimsDriver).
+#[derive(Clone, Debug)]
+pub struct ClaimsHandle {
+    shared: Arc<Shared>,
+}
+
+impl ClaimsHandle {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Claims a volume and returns once the claim is durable (the workload may then use the
+    /// volume). Claiming again with the same workload and terms returns the same claim.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverError::Claim`] when refused (a denial names the volume, the mode and the
+    /// holders), [`DriverError::Lost`] when a concurrent writer won, [`DriverError::Stopped`].
+    pub async fn claim(
+        &self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+    ) -> Result<Claim, DriverError> {
+        let key = (request.volume.clone(), request.workload.clone());
+        let rx = {
+            let mut state = self.shared.lock();
+            let admitted = state.machine.claim(info, request, now())?;
+            if admitted.durable {
+                return Ok(admitted.claim);
+            }
+            let (tx, rx) = oneshot::channel();
+            state.waiters.durable.entry(key).or_default().push(tx);
+            rx
+        };
+        self.shared.wake.notify_one();
+        rx.await.map_err(|_| DriverError::Stopped)?
+    }
+
+    /// Starts releasing a claim and returns at once; the claim keeps its capacity until it is
+    /// freed ([`Event::Freed`]).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverError::Release`] when there is no such claim.
+    pub fn release(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+    ) -> Result<ReleaseStarted, DriverError> {
+        let started = self
+            .shared
+            .lock()
+            .machine
+            .release(volume, workload, now())?;
+        self.shared.wake.notify_one();
+        Ok(started)
+    }
+
+    /// Starts releasing a claim (if not already) and returns the claim once it is freed, in
+    /// state [`ClaimState::Freed`](crate::ClaimState::Freed) with how both steps ended. Waits
+    /// as long as the release takes (a release is retried until it completes).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverError::Release`] when there is no such claim, [`DriverError::Stopped`].
+    pub async fn release_and_wait(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+    ) -> Result<Claim, DriverError> {
+        let rx = {
+            let mut state = self.shared.lock();
+            state.machine.release(volume, workload, now())?;
+            let (tx, rx) = oneshot::channel();
+            state
+                .waiters
+                .freed
+                .entry((volume.clone(), workload.clone()))
+                .or_default()
+                .push(tx);
+            rx
+        };
+        self.shared.wake.notify_one();
+        rx.await.map_err(|_| DriverError::Stopped)
+    }
+
+    /// Reports a node gone for good; see [`ReleaseMachine::node_gone`].
+    pub fn node_gone(&self, node: &NodeId) {
+        self.shared.lock().machine.node_gone(node, now());
+        self.shared.wake.notify_one();
+    }
+
+    /// Reports a node back; see [`ReleaseMachine::node_returned`].
+    pub fn node_returned(&self, node: &NodeId) {
+        self.shared.lock().machine.node_returned(node, now());
+        self.shared.wake.notify_one();
+    }
+
+    /// Reports a plugin available again; see [`ReleaseMachine::plugin_available`].
+    pub fn plugin_available(&self, plugin: &PluginId, node: Option<&NodeId>) {
+        self.shared
+            .lock()
+            .machine
+            .plugin_available(plugin, node, now());
+        self.shared.wake.notify_one();
+    }
+
+    /// Where a volume's release stands; see [`ReleaseMachine::status`].
+    pub fn status(&self, volume: &VolumeId) -> Option<VolumeStatus> {
+        self.shared.lock().machine.status(volume)
+    }
+
+    /// Every volume whose last step or write failed; see [`ReleaseMachine::stuck`].
+    pub fn stuck(&self) -> Vec<VolumeStatus> {
+        self.shared.lock().machine.stuck()
+    }
+
+    /// The claims on a volume as the machine sees them.
+    pub fn record(&self, volume: &VolumeId) -> Option<VolumeRecord> {
+        self.shared.lock().machine.record(volume).cloned()
+    }
+
+    /// Every event from now on ([`Event::ClaimDurable`], [`Event::ClaimLost`],
+    /// [`Event::Freed`]). A receiver that falls more than
+    /// [`DriverConfig::event_capacity`](super::DriverConfig::event_capacity) behind misses
+    /// the oldest.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.shared.events.subscribe()
+    }
+}

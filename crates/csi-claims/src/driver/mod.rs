@@ -1,0 +1,353 @@
+//! A thin tokio driver for the [`ReleaseMachine`]: it performs the machine's actions through
+//! the detacher traits and the store, feeds the results back, and sleeps until the next
+//! retry deadline or until woken.
+//!
+//! The loop has the shape of mini-redis's purge task: compute the next deadline from the
+//! state, then `select!` over `sleep_until(deadline)`, a [`Notify`] and shutdown. All state
+//! sits behind one std `Mutex`, held only for short, non-async sections (feeding an input,
+//! draining outputs), never across an `.await`. Each action runs as its own task, so volumes
+//! progress concurrently while the machine keeps every per-volume and per-plugin limit.
+//!
+//! Durability: the machine only asks for a detach call once the volume's last change is
+//! written, and a write is only reported once [`ClaimStore::compare_and_swap`] returned, so
+//! every checkpoint is durable before the next call. Store calls run on tokio's blocking
+//! pool.
+//!
+//! Stopping: [`ClaimsDriver::shutdown`] stops the loop; dropping the [`ClaimsDriver`] aborts
+//! it and every call in flight. Either way nothing is lost: a restarted driver loads the
+//! store and resumes each release at the step its checkpoint names (steps are idempotent).
+
+mod detacher;
+mod handle;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use detacher::{ControllerDetacher, NodeDetacher};
+pub use handle::{ClaimsHandle, DriverError};
+
+use crate::detach::{DetachError, DetachRpc, NodeDetachRequest};
+use crate::machine::{Action, Event, MachineConfig, PersistRequest, ReleaseMachine, ReloadRequest};
+use crate::store::{ClaimStore, StoreError};
+use csi_structs::ErrorClass;
+
+use handle::Waiters;
+
+/// How the driver runs.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// The machine's configuration (backoff, controller-call limits, jitter seed).
+    pub machine: MachineConfig,
+    /// A backstop deadline for each detacher call; an expired call counts as
+    /// [`ErrorClass::Uncertain`] and is retried. Default: 5 minutes.
+    pub call_timeout: Duration,
+    /// How many events a slow [`ClaimsHandle::subscribe`] receiver may lag behind. Default 1024.
+    pub event_capacity: usize,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            machine: MachineConfig::default(),
+            call_timeout: Duration::from_secs(300),
+            event_capacity: 1024,
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) machine: ReleaseMachine,
+    pub(crate) waiters: Waiters,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    pub(crate) wake: Notify,
+    pub(crate) events: broadcast::Sender<Event>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic inside the machine, which leaves no half-applied input
+        // behind that later inputs could not handle; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// The running release loop. Dropping it aborts the loop and every call in flight (like
+/// mini-redis's `DbDropGuard`); [`shutdown`](Self::shutdown) stops it in an orderly way.
+#[derive(Debug)]
+pub struct ClaimsDriver {
+    task: Option<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+}
+
+impl ClaimsDriver {
+    /// Loads every record from `store`, then starts the loop on the current tokio runtime.
+    /// Releases that were in progress resume at once.
+    ///
+    /// # Errors
+    ///
+    /// The store's error when the records cannot be read.
+    pub async fn start<S, N, C>(
+        store: Arc<S>,
+        node: Arc<N>,
+        controller: Arc<C>,
+        config: DriverConfig,
+    ) -> Result<(ClaimsHandle, ClaimsDriver), StoreError>
+    where
+        S: ClaimStore + ?Sized,
+        N: NodeDetacher + ?Sized,
+        C: ControllerDetacher + ?Sized,
+    {
+        let loader = Arc::clone(&store);
+        let records = tokio::task::spawn_blocking(move || loader.load_all())
+            .await
+            .map_err(|_| StoreError::LoadInterrupted)??;
+        let mut machine = ReleaseMachine::new(config.machine.clone());
+        for stored in records {
+            let volume = stored.record.info().id.clone();
+            if machine.load(stored).is_err() {
+                tracing::warn!(%volume, "claim store returned the volume twice; kept the first");
+            }
+        }
+        let (events, _) = broadcast::channel(config.event_capacity.max(1));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                machine,
+                waiters: Waiters::default(),
+            }),
+            wake: Notify::new(),
+            events,
+        });
+        let (stop, stopped) = watch::channel(false);
+        let runner = Runner {
+            shared: Arc::clone(&shared),
+            store,
+            node,
+            controller,
+            call_timeout: config.call_timeout,
+        };
+        let task = tokio::spawn(runner.run(stopped));
+        Ok((
+            ClaimsHandle::new(shared),
+            ClaimsDriver {
+                task: Some(task),
+                stop,
+            },
+        ))
+    }
+
+    /// Stops the loop and waits for it. Calls in flight are dropped (their outcome is settled
+    /// by the next start, which repeats the step).
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Aborts the loop and every call in flight at once, as a crash would.
+    pub fn abort(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for ClaimsDriver {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+struct Runner<S: ?Sized, N: ?Sized, C: ?Sized> {
+    shared: Arc<Shared>,
+    store: Arc<S>,
+    node: Arc<N>,
+    controller: Arc<C>,
+    call_timeout: Duration,
+}
+
+impl<S, N, C> Runner<S, N, C>
+where
+    S: ClaimStore + ?Sized,
+    N: NodeDetacher + ?Sized,
+    C: ControllerDetacher + ?Sized,
+{
+    async fn run(self, mut stopped: watch::Receiver<bool>) {
+        // Dropping the set (when the loop ends or is aborted) aborts every call in flight.
+        let mut calls = JoinSet::new();
+        loop {
+            let deadline = self.turn(&mut calls);
+            let sleep = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stopped.changed() => break,
+                () = self.shared.wake.notified() => {}
+                () = sleep => {}
+                Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            }
+        }
+    }
+
+    /// One turn: fire due timers, start every action, deliver events; returns the next
+    /// deadline.
+    fn turn(&self, calls: &mut JoinSet<()>) -> Option<std::time::Instant> {
+        let mut state = self.shared.lock();
+        state.machine.handle_timeout(now());
+        while let Some(action) = state.machine.poll_action() {
+            self.spawn(calls, action);
+        }
+        while let Some(event) = state.machine.poll_event() {
+            let State { machine, waiters } = &mut *state;
+            waiters.deliver(machine, &event);
+            let _ = self.shared.events.send(event);
+        }
+        state.machine.poll_timeout()
+    }
+
+    fn spawn(&self, calls: &mut JoinSet<()>, action: Action) {
+        let shared = Arc::clone(&self.shared);
+        match action {
+            Action::Persist(request) => {
+                let store = Arc::clone(&self.store);
+                calls.spawn(persist(shared, store, request));
+            }
+            Action::Reload(request) => {
+                let store = Arc::clone(&self.store);
+                calls.spawn(reload(shared, store, request));
+            }
+            Action::NodeDetach(request) => {
+                let node = Arc::clone(&self.node);
+                let limit = self.call_timeout;
+                calls.spawn(async move {
+                    tracing::debug!(volume = %request.volume, node = %request.node,
+                        workload = %request.workload, unstage = request.unstage, "node detach");
+                    let result = node_step(&*node, &request, limit).await;
+                    if let Err(e) = &result {
+                        tracing::warn!(volume = %request.volume, node = %request.node,
+                            workload = %request.workload, error = %e, "node detach failed");
+                    }
+                    shared
+                        .lock()
+                        .machine
+                        .node_detached(request.ticket, result, now());
+                    shared.wake.notify_one();
+                });
+            }
+            Action::ControllerDetach(request) => {
+                let controller = Arc::clone(&self.controller);
+                let limit = self.call_timeout;
+                calls.spawn(async move {
+                    tracing::debug!(volume = %request.volume, plugin = %request.plugin,
+                        plugin_node = %request.plugin_node, "controller detach");
+                    let result = bounded(
+                        DetachRpc::ControllerUnpublish,
+                        limit,
+                        controller.controller_unpublish(&request),
+                    )
+                    .await;
+                    if let Err(e) = &result {
+                        tracing::warn!(volume = %request.volume, plugin = %request.plugin,
+                            workload = %request.workload, error = %e, "controller detach failed");
+                    }
+                    shared
+                        .lock()
+                        .machine
+                        .controller_detached(request.ticket, result, now());
+                    shared.wake.notify_one();
+                });
+            }
+        }
+    }
+}
+
+async fn persist<S: ClaimStore + ?Sized>(
+    shared: Arc<Shared>,
+    store: Arc<S>,
+    request: PersistRequest,
+) {
+    let PersistRequest {
+        ticket,
+        volume,
+        expected,
+        record,
+    } = request;
+    let key = volume.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        store.compare_and_swap(&key, expected, record.as_ref())
+    })
+    .await
+    .unwrap_or(Err(StoreError::Interrupted { volume }));
+    shared.lock().machine.persisted(ticket, result, now());
+    shared.wake.notify_one();
+}
+
+async fn reload<S: ClaimStore + ?Sized>(
+    shared: Arc<Shared>,
+    store: Arc<S>,
+    request: ReloadRequest,
+) {
+    let ReloadRequest { ticket, volume } = request;
+    let key = volume.clone();
+    let result = tokio::task::spawn_blocking(move || store.load(&key))
+        .await
+        .unwrap_or(Err(StoreError::Interrupted { volume }));
+    shared.lock().machine.reloaded(ticket, result, now());
+    shared.wake.notify_one();
+}
+
+/// `NodeUnpublishVolume`, then `NodeUnstageVolume` when asked; "already done" counts as done.
+async fn node_step<N: NodeDetacher + ?Sized>(
+    node: &N,
+    request: &NodeDetachRequest,
+    limit: Duration,
+) -> Result<(), DetachError> {
+    bounded(
+        DetachRpc::NodeUnpublish,
+        limit,
+        node.node_unpublish(request),
+    )
+    .await?;
+    if request.unstage {
+        bounded(DetachRpc::NodeUnstage, limit, node.node_unstage(request)).await?;
+    }
+    Ok(())
+}
+
+async fn bounded(
+    rpc: DetachRpc,
+    limit: Duration,
+    call: impl Future<Output = Result<(), DetachError>>,
+) -> Result<(), DetachError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if e.class == ErrorClass::AlreadyDone => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(DetachError::new(
+            rpc,
+            ErrorClass::Uncertain,
+            format!("no answer within the driver's backstop of {limit:?}"),
+        )),
+    }
+}

@@ -1,0 +1,55 @@
+//! Configuration of a [`ReleaseMachine`](super::ReleaseMachine).
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+
+use csi_structs::PluginId;
+
+use crate::backoff::BackoffPolicy;
+
+/// How a [`ReleaseMachine`](super::ReleaseMachine) retries and how many controller calls it
+/// runs at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineConfig {
+    /// Per-volume retry delays after a failed step or store write.
+    pub backoff: BackoffPolicy,
+    /// How many `ControllerUnpublishVolume` calls may be in flight per plugin. Default 1:
+    /// many plugins rely on the orchestrator to serialize controller calls (Nomad #8336).
+    pub controller_calls_per_plugin: NonZeroUsize,
+    /// Per-plugin overrides of [`controller_calls_per_plugin`](Self::controller_calls_per_plugin).
+    pub controller_calls_by_plugin: HashMap<PluginId, NonZeroUsize>,
+    /// Seed of the jitter generator. Give each agent its own (for example from its node id)
+    /// so agents do not retry in lockstep; tests fix it to replay exactly.
+    pub jitter_seed: u64,
+}
+
+impl MachineConfig {
+    /// Defaults with the given jitter seed.
+    pub fn with_seed(jitter_seed: u64) -> Self {
+        Self {
+            jitter_seed,
+            ..Self::default()
+        }
+    }
+
+    /// The controller-call limit for `plugin`.
+    pub fn controller_limit(&self, plugin: &PluginId) -> usize {
+        self.controller_calls_by_plugin
+            .get(plugin)
+            .copied()
+            .unwrap_or(self.controller_calls_per_plugin)
+            .get()
+    }
+}
+
+impl Default for MachineConfig {
+    /// [`BackoffPolicy::DEFAULT`], one controller call per plugin, jitter seed 0.
+    fn default() -> Self {
+        Self {
+            backoff: BackoffPolicy::DEFAULT,
+            controller_calls_per_plugin: NonZeroUsize::MIN,
+            controller_calls_by_plugin: HashMap::new(),
+            jitter_seed: 0,
+        }
+    }
+}

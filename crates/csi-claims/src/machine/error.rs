@@ -1,0 +1,83 @@
+//! Errors of the machine's inputs.
+
+use csi_structs::{NodeId, VolumeId, WorkloadId};
+
+use crate::accounting::ClaimDenied;
+
+/// Why a claim was not recorded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The access mode, the attachment mode or the workload's earlier claim forbids it.
+    #[error(transparent)]
+    Denied(Box<ClaimDenied>),
+    /// The request names another volume than the volume info given with it.
+    #[error("claim request for volume {request} came with the info of volume {info}")]
+    VolumeMismatch {
+        /// The request's volume.
+        request: VolumeId,
+        /// The info's volume.
+        info: VolumeId,
+    },
+    /// The volume is known with another value of `field` (external id, plugin or controller
+    /// requirement); a claimed volume's identity does not change.
+    #[error("volume {volume} is claimed with another {field}")]
+    VolumeInfoMismatch {
+        /// The volume.
+        volume: VolumeId,
+        /// `external_id`, `plugin` or `controller`.
+        field: &'static str,
+    },
+    /// The node is gone for good; nothing can be published there.
+    #[error("cannot claim volume {volume} on node {node}: the node is gone")]
+    NodeGone {
+        /// The volume.
+        volume: VolumeId,
+        /// The node.
+        node: NodeId,
+    },
+    /// A controller detach of this volume from this node is in flight; a claim now would race
+    /// with it. Retry after it settles.
+    #[error("volume {volume} is being detached from node {node}; retry the claim later")]
+    DetachInFlight {
+        /// The volume.
+        volume: VolumeId,
+        /// The node.
+        node: NodeId,
+    },
+    /// The volume's record is being reloaded after a stale write; retry shortly.
+    #[error("volume {volume} is being reloaded from the store; retry the claim")]
+    Reloading {
+        /// The volume.
+        volume: VolumeId,
+    },
+}
+
+/// Why a release was not started.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The workload holds no claim on the volume (it may already be freed).
+    #[error("workload {workload} holds no claim on volume {volume}")]
+    NoSuchClaim {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+    },
+    /// The volume's record is being reloaded after a stale write; retry shortly.
+    #[error("volume {volume} is being reloaded from the store; retry the release")]
+    Reloading {
+        /// The volume.
+        volume: VolumeId,
+    },
+}
+
+/// Why a stored record was not loaded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// The machine already manages this volume.
+    #[error("volume {volume} is already loaded")]
+    AlreadyLoaded {
+        /// The volume.
+        volume: VolumeId,
+    },
+}

@@ -1,0 +1,1034 @@
+//! The release machine: claims, accounting and the release pipeline as a pure state machine.
+//!
+//! [`ReleaseMachine`] does no I/O, reads no clock and spawns nothing (the shape of
+//! `quinn-proto`'s `Connection`). Everything it needs comes in through method calls, every
+//! time-dependent input takes `now`, and everything it wants done comes out as a value.
+//!
+//! # Calling protocol
+//!
+//! - **Inputs (commands):** [`load`](ReleaseMachine::load) (records read at startup),
+//!   [`claim`](ReleaseMachine::claim), [`release`](ReleaseMachine::release).
+//! - **Inputs (facts):** [`node_gone`](ReleaseMachine::node_gone),
+//!   [`node_returned`](ReleaseMachine::node_returned),
+//!   [`plugin_available`](ReleaseMachine::plugin_available), and
+//!   [`handle_timeout`](ReleaseMachine::handle_timeout) when the deadline from
+//!   [`poll_timeout`](ReleaseMachine::poll_timeout) has passed.
+//! - **Inputs (results)** of the actions it asked for:
+//!   [`persisted`](ReleaseMachine::persisted), [`reloaded`](ReleaseMachine::reloaded),
+//!   [`node_detached`](ReleaseMachine::node_detached),
+//!   [`controller_detached`](ReleaseMachine::controller_detached).
+//! - **Outputs:** after any input, call [`poll_action`](ReleaseMachine::poll_action) until it
+//!   returns `None` and perform each [`Action`] (in any order, concurrently if you like), then
+//!   drain [`poll_event`](ReleaseMachine::poll_event), then arm a timer for
+//!   [`poll_timeout`](ReleaseMachine::poll_timeout).
+//! - **Getters:** [`status`](ReleaseMachine::status), [`stuck`](ReleaseMachine::stuck),
+//!   [`record`](ReleaseMachine::record).
+//!
+//! # Guarantees
+//!
+//! - Per volume, at most one store write and at most one detach call are outstanding, and a
+//!   detach call is only asked for when every change of that volume is durable. So every
+//!   transition is checkpointed with the whole claim before the next call is made.
+//! - A claim's controller step is only asked for after its node step succeeded or was
+//!   skipped because its node is gone for good (see [`crate::transition`]).
+//! - At most [`MachineConfig::controller_limit`] controller calls per plugin are outstanding.
+//! - A failed step is retried after a per-volume, capped, jittered backoff, or earlier when
+//!   an event says the cause may be gone. The machine's own writes never wake a failed step,
+//!   so there is no tight loop.
+//!
+//! ```
+//! use std::time::Instant;
+//! use csi_claims::{Action, ClaimMode, ClaimRequest, ControllerRequirement, MachineConfig,
+//!                  ReleaseMachine, VolumeInfo};
+//! use csi_structs::*;
+//!
+//! let now = Instant::now();
+//! let mut m = ReleaseMachine::new(MachineConfig::with_seed(1));
+//! let info = VolumeInfo {
+//!     id: VolumeId::new("db").unwrap(),
+//!     external_id: ExternalVolumeId::new("vol-0a").unwrap(),
+//!     plugin: PluginId::new("ebs").unwrap(),
+//!     controller: ControllerRequirement::Required,
+//! };
+//! let request = ClaimRequest {
+//!     volume: info.id.clone(),
+//!     workload: WorkloadId::new("web-1").unwrap(),
+//!     node: NodeId::new("n1").unwrap(),
+//!     plugin_node: PluginNodeId::new("i-1").unwrap(),
+//!     mode: ClaimMode::Write,
+//!     access_mode: AccessMode::SingleNodeWriter,
+//!     attachment: AccessTypeKind::Mount,
+//! };
+//! m.claim(&info, request, now).unwrap();
+//! // The claim must be written before anyone relies on it.
+//! let Some(Action::Persist(write)) = m.poll_action() else { panic!() };
+//! assert!(m.poll_action().is_none());
+//! m.persisted(write.ticket, Ok(Some(csi_claims::store::Version::FIRST)), now);
+//! assert!(matches!(m.poll_event(), Some(csi_claims::Event::ClaimDurable { .. })));
+//! ```
+
+mod config;
+mod error;
+mod output;
+mod status;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
+
+pub use config::MachineConfig;
+pub use error::{ClaimError, LoadError, ReleaseError};
+pub use output::{Action, Event, PersistRequest, ReloadRequest, Ticket};
+pub use status::{LastError, Pending, VolumeStatus};
+
+use crate::accounting::{Admission, admit};
+use crate::backoff::{BackoffPolicy, JitterRng};
+use crate::detach::{ControllerDetachRequest, DetachError, NodeDetachRequest};
+use crate::model::{Claim, ClaimMode, ClaimRequest, VolumeInfo, VolumeRecord};
+use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
+use crate::store::{Format, StoreError, Stored, Version};
+use crate::transition::{Step, next_step};
+
+/// The outcome of an accepted [`ReleaseMachine::claim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// The claim as recorded.
+    pub claim: Claim,
+    /// Whether it is already durable. If not, wait for [`Event::ClaimDurable`] before using
+    /// the volume.
+    pub durable: bool,
+}
+
+/// The outcome of an accepted [`ReleaseMachine::release`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseStarted {
+    /// The claim moved from taken to releasing.
+    Started,
+    /// The claim was already being released; nothing changed.
+    AlreadyReleasing,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Idle,
+    Node {
+        ticket: Ticket,
+        workload: WorkloadId,
+        unstage: bool,
+    },
+    Controller {
+        ticket: Ticket,
+        workload: WorkloadId,
+    },
+    WaitingSlot {
+        workload: WorkloadId,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reload {
+    None,
+    Wanted,
+    InFlight(Ticket),
+}
+
+#[derive(Clone, Debug, Default)]
+struct Retry {
+    attempts: u32,
+    not_before: Option<Instant>,
+    last_error: Option<LastError>,
+}
+
+impl Retry {
+    fn ready(&self) -> bool {
+        self.not_before.is_none()
+    }
+
+    fn succeeded(&mut self) {
+        *self = Retry::default();
+    }
+
+    fn failed(
+        &mut self,
+        now: Instant,
+        error: LastError,
+        fatal: bool,
+        policy: &BackoffPolicy,
+        rng: &mut JitterRng,
+    ) -> Instant {
+        self.attempts = self.attempts.saturating_add(1);
+        let delay = if fatal {
+            policy.delay_at_cap(rng)
+        } else {
+            policy.delay(self.attempts, rng)
+        };
+        let at = now + delay;
+        self.not_before = Some(at);
+        self.last_error = Some(error);
+        at
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    record: VolumeRecord,
+    /// Revision of `record` in memory; bumped by every change.
+    rev: u64,
+    /// Revision last acknowledged durable.
+    durable_rev: u64,
+    /// Store version of `durable_rev`.
+    version: Option<Version>,
+    persist: Option<(Ticket, u64)>,
+    reload: Reload,
+    op: Op,
+    step_retry: Retry,
+    store_retry: Retry,
+    /// Claims waiting to be durable: (revision that holds them, workload).
+    waiters: Vec<(u64, WorkloadId)>,
+    /// Claims freed in memory, announced once durable: (revision, claim in state Freed).
+    frees: Vec<(u64, Claim)>,
+    queued: bool,
+}
+
+impl Entry {
+    fn new(record: VolumeRecord, version: Option<Version>) -> Self {
+        Self {
+            record,
+            rev: 0,
+            durable_rev: 0,
+            version,
+            persist: None,
+            reload: Reload::None,
+            op: Op::Idle,
+            step_retry: Retry::default(),
+            store_retry: Retry::default(),
+            waiters: Vec::new(),
+            frees: Vec::new(),
+            queued: false,
+        }
+    }
+
+    fn clean(&self) -> bool {
+        self.rev == self.durable_rev && self.persist.is_none()
+    }
+
+    fn finished(&self) -> bool {
+        self.record.claims.is_empty()
+            && self.clean()
+            && self.op == Op::Idle
+            && self.reload == Reload::None
+            && self.waiters.is_empty()
+            && self.frees.is_empty()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Outstanding {
+    Persist(VolumeId),
+    Reload(VolumeId),
+    Node(VolumeId),
+    Controller(VolumeId, PluginId),
+}
+
+/// The claim and release state machine for all volumes of one agent. See the
+/// [module docs](self) for the calling protocol.
+#[derive(Debug)]
+pub struct ReleaseMachine {
+    config: MachineConfig,
+    volumes: HashMap<VolumeId, Entry>,
+    ready: VecDeque<VolumeId>,
+    events: VecDeque<Event>,
+    timers: BinaryHeap<Reverse<(Instant, VolumeId)>>,
+    outstanding: HashMap<Ticket, Outstanding>,
+    controller_busy: HashMap<PluginId, usize>,
+    slot_waiters: HashMap<PluginId, Vec<VolumeId>>,
+    gone: HashSet<NodeId>,
+    rng: JitterRng,
+    next_ticket: u64,
+}
+
+impl ReleaseMachine {
+    /// An empty machine.
+    pub fn new(config: MachineConfig) -> Self {
+        let rng = JitterRng::from_seed(config.jitter_seed);
+        Self {
+            config,
+            volumes: HashMap::new(),
+            ready: VecDeque::new(),
+            events: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            outstanding: HashMap::new(),
+            controller_busy: HashMap::new(),
+            slot_waiters: HashMap::new(),
+            gone: HashSet::new(),
+            rng,
+            next_ticket: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MachineConfig {
+        &self.config
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Commands
+    // ----------------------------------------------------------------------------------
+
+    /// Takes over a record read from the store (at startup). Releases in progress resume at
+    /// the step their state names. A record in the older format is rewritten in the current
+    /// format by the next checkpoint, which is asked for at once.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::AlreadyLoaded`] if the machine already manages the volume.
+    pub fn load(&mut self, stored: Stored) -> Result<(), LoadError> {
+        let volume = stored.record.info.id.clone();
+        if self.volumes.contains_key(&volume) {
+            return Err(LoadError::AlreadyLoaded { volume });
+        }
+        let mut entry = Entry::new(stored.record, Some(stored.version));
+        if stored.format == Format::V1 {
+            entry.rev = 1;
+        }
+        self.volumes.insert(volume.clone(), entry);
+        self.queue(&volume);
+        Ok(())
+    }
+
+    /// Records a claim if the volume's access mode allows it.
+    ///
+    /// A new claim is not durable yet: use the volume only after [`Event::ClaimDurable`] for
+    /// it (or when [`Admitted::durable`] is already true). Claiming again with the same
+    /// workload and terms changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// See [`ClaimError`]; [`ClaimError::Denied`] names the volume, the mode and the holders.
+    pub fn claim(
+        &mut self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+        _now: Instant,
+    ) -> Result<Admitted, ClaimError> {
+        if request.volume != info.id {
+            return Err(ClaimError::VolumeMismatch {
+                request: request.volume,
+                info: info.id.clone(),
+            });
+        }
+        if self.gone.contains(&request.node) {
+            return Err(ClaimError::NodeGone {
+                volume: request.volume,
+                node: request.node,
+            });
+        }
+        let volume = request.volume.clone();
+        let entry = self
+            .volumes
+            .entry(volume.clone())
+            .or_insert_with(|| Entry::new(VolumeRecord::new(info.clone()), None));
+        let known = &entry.record.info;
+        let mismatch = if known.external_id != info.external_id {
+            Some("external_id")
+        } else if known.plugin != info.plugin {
+            Some("plugin")
+        } else if known.controller != info.controller {
+            Some("controller")
+        } else {
+            None
+        };
+        if let Some(field) = mismatch {
+            return Err(ClaimError::VolumeInfoMismatch { volume, field });
+        }
+        if entry.reload != Reload::None {
+            return Err(ClaimError::Reloading { volume });
+        }
+        if let Op::Controller { workload, .. } = &entry.op {
+            let detaching = entry.record.claim(workload).map(|c| &c.node);
+            if detaching == Some(&request.node) {
+                return Err(ClaimError::DetachInFlight {
+                    volume,
+                    node: request.node,
+                });
+            }
+        }
+        let admission = admit(&entry.record.claims, &request)
+            .map_err(|denied| ClaimError::Denied(Box::new(denied)))?;
+        let workload = request.workload.clone();
+        let durable = match admission {
+            Admission::AlreadyHeld => entry.clean(),
+            Admission::New => {
+                entry.record.claims.push(Claim::taken(request));
+                entry.rev += 1;
+                false
+            }
+        };
+        if !durable {
+            entry.waiters.push((entry.rev, workload.clone()));
+        }
+        let claim = entry
+            .record
+            .claim(&workload)
+            .cloned()
+            .expect("invariant: the claim was found or pushed just above");
+        self.queue(&volume);
+        Ok(Admitted { claim, durable })
+    }
+
+    /// Starts releasing the claim of `workload` on `volume`. The claim keeps its capacity
+    /// until it is freed.
+    ///
+    /// # Errors
+    ///
+    /// [`ReleaseError::NoSuchClaim`] when there is no such claim (already freed, or never
+    /// made); [`ReleaseError::Reloading`] while the volume is reloaded.
+    pub fn release(
+        &mut self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        _now: Instant,
+    ) -> Result<ReleaseStarted, ReleaseError> {
+        let no_claim = || ReleaseError::NoSuchClaim {
+            volume: volume.clone(),
+            workload: workload.clone(),
+        };
+        let entry = self.volumes.get_mut(volume).ok_or_else(no_claim)?;
+        if entry.reload != Reload::None {
+            return Err(ReleaseError::Reloading {
+                volume: volume.clone(),
+            });
+        }
+        let index = entry.record.position(workload).ok_or_else(no_claim)?;
+        let claim = &mut entry.record.claims[index];
+        if claim.state.is_releasing() {
+            return Ok(ReleaseStarted::AlreadyReleasing);
+        }
+        claim.state = ClaimState::Releasing;
+        entry.rev += 1;
+        self.queue(volume);
+        Ok(ReleaseStarted::Started)
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Facts
+    // ----------------------------------------------------------------------------------
+
+    /// The node is gone for good (deleted, decommissioned): its workloads are gone and
+    /// nothing can be unpublished there. Every claim made from it starts releasing, and their
+    /// node steps are recorded as skipped ([`NodeStep::SkippedNodeGone`]) before their
+    /// controller steps run. A node that is merely unreachable must not be reported here:
+    /// its node steps fail and retry instead.
+    pub fn node_gone(&mut self, node: &NodeId, _now: Instant) {
+        self.gone.insert(node.clone());
+        let mut touched = Vec::new();
+        for (volume, entry) in &mut self.volumes {
+            let mut hit = false;
+            for claim in &mut entry.record.claims {
+                if &claim.node == node {
+                    hit = true;
+                    if claim.state == ClaimState::Taken {
+                        claim.state = ClaimState::Releasing;
+                        entry.rev += 1;
+                    }
+                }
+            }
+            if hit {
+                entry.step_retry.not_before = None;
+                touched.push(volume.clone());
+            }
+        }
+        for volume in touched {
+            self.queue(&volume);
+        }
+    }
+
+    /// The node is back (or was reported gone by mistake): claims can be made there again,
+    /// and volumes with claims on it retry their failed steps now.
+    pub fn node_returned(&mut self, node: &NodeId, _now: Instant) {
+        self.gone.remove(node);
+        self.wake_where(|e| e.record.claims.iter().any(|c| &c.node == node));
+    }
+
+    /// The plugin became available (on `node`, or anywhere when `None`): volumes served by it
+    /// retry their failed steps now instead of waiting out their backoff.
+    pub fn plugin_available(&mut self, plugin: &PluginId, node: Option<&NodeId>, _now: Instant) {
+        self.wake_where(|e| {
+            &e.record.info.plugin == plugin
+                && node.is_none_or(|n| e.record.claims.iter().any(|c| &c.node == n))
+        });
+    }
+
+    /// Retries every due step. Call when the deadline from
+    /// [`poll_timeout`](Self::poll_timeout) has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, _))) = self.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, volume))) = self.timers.pop() else {
+                break;
+            };
+            let Some(entry) = self.volumes.get_mut(&volume) else {
+                continue;
+            };
+            let mut due = false;
+            for retry in [&mut entry.step_retry, &mut entry.store_retry] {
+                if retry.not_before.is_some_and(|t| t <= now) {
+                    retry.not_before = None;
+                    due = true;
+                }
+            }
+            if due {
+                self.queue(&volume);
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Results
+    // ----------------------------------------------------------------------------------
+
+    /// The result of an [`Action::Persist`]: the new version (`None` after a delete) or the
+    /// store's error. A stale write ([`StoreError::Conflict`]) makes the machine reload the
+    /// volume; any other error retries the write after a backoff.
+    pub fn persisted(
+        &mut self,
+        ticket: Ticket,
+        result: Result<Option<Version>, StoreError>,
+        now: Instant,
+    ) {
+        let Some(Outstanding::Persist(volume)) = self.outstanding.remove(&ticket) else {
+            return;
+        };
+        let Some(entry) = self.volumes.get_mut(&volume) else {
+            return;
+        };
+        let Some((t, rev)) = entry.persist else {
+            return;
+        };
+        if t != ticket {
+            return;
+        }
+        entry.persist = None;
+        match result {
+            Ok(version) => {
+                entry.version = version;
+                entry.durable_rev = rev;
+                entry.store_retry.succeeded();
+                let mut kept = Vec::new();
+                for (r, workload) in entry.waiters.drain(..) {
+                    if r <= rev {
+                        self.events.push_back(Event::ClaimDurable {
+                            volume: volume.clone(),
+                            workload,
+                        });
+                    } else {
+                        kept.push((r, workload));
+                    }
+                }
+                entry.waiters = kept;
+                let mut kept = Vec::new();
+                for (r, claim) in entry.frees.drain(..) {
+                    if r <= rev {
+                        self.events.push_back(Event::Freed(claim));
+                    } else {
+                        kept.push((r, claim));
+                    }
+                }
+                entry.frees = kept;
+            }
+            Err(e) if e.needs_reload() => {
+                entry.reload = Reload::Wanted;
+            }
+            Err(e) => {
+                let at = entry.store_retry.failed(
+                    now,
+                    LastError::Store {
+                        detail: error_chain(&e),
+                        at: now,
+                    },
+                    false,
+                    &self.config.backoff,
+                    &mut self.rng,
+                );
+                self.timers.push(Reverse((at, volume.clone())));
+            }
+        }
+        self.queue(&volume);
+    }
+
+    /// The result of an [`Action::Reload`]. The stored record replaces the one in memory;
+    /// claims that were waiting to become durable and are not in it are reported as
+    /// [`Event::ClaimLost`].
+    pub fn reloaded(
+        &mut self,
+        ticket: Ticket,
+        result: Result<Option<Stored>, StoreError>,
+        now: Instant,
+    ) {
+        let Some(Outstanding::Reload(volume)) = self.outstanding.remove(&ticket) else {
+            return;
+        };
+        let Some(entry) = self.volumes.get_mut(&volume) else {
+            return;
+        };
+        if entry.reload != Reload::InFlight(ticket) {
+            return;
+        }
+        match result {
+            Ok(stored) => {
+                let (record, version, format) = match stored {
+                    Some(s) => (s.record, Some(s.version), s.format),
+                    None => (
+                        VolumeRecord::new(entry.record.info.clone()),
+                        None,
+                        Format::V2,
+                    ),
+                };
+                for (_, workload) in entry.waiters.drain(..) {
+                    let event = match record.claim(&workload) {
+                        Some(_) => Event::ClaimDurable {
+                            volume: volume.clone(),
+                            workload,
+                        },
+                        None => Event::ClaimLost {
+                            volume: volume.clone(),
+                            workload,
+                        },
+                    };
+                    self.events.push_back(event);
+                }
+                // Frees not yet durable: if the claim is gone from the store, someone freed
+                // it; if not, it will be released again from its stored state.
+                entry.frees.clear();
+                entry.record = record;
+                entry.version = version;
+                entry.rev = u64::from(format == Format::V1);
+                entry.durable_rev = 0;
+                entry.reload = Reload::None;
+                entry.store_retry.succeeded();
+            }
+            Err(e) => {
+                entry.reload = Reload::Wanted;
+                let at = entry.store_retry.failed(
+                    now,
+                    LastError::Store {
+                        detail: error_chain(&e),
+                        at: now,
+                    },
+                    false,
+                    &self.config.backoff,
+                    &mut self.rng,
+                );
+                self.timers.push(Reverse((at, volume.clone())));
+            }
+        }
+        self.queue(&volume);
+    }
+
+    /// The result of an [`Action::NodeDetach`]. `Ok` and [`ErrorClass::AlreadyDone`] mean the
+    /// node step is done; any other error fails the step, and the volume is retried after its
+    /// backoff (never skipped).
+    pub fn node_detached(&mut self, ticket: Ticket, result: Result<(), DetachError>, now: Instant) {
+        let Some(Outstanding::Node(volume)) = self.outstanding.remove(&ticket) else {
+            return;
+        };
+        let Some(entry) = self.volumes.get_mut(&volume) else {
+            return;
+        };
+        let Op::Node {
+            ticket: t,
+            workload,
+            unstage,
+        } = &entry.op
+        else {
+            return;
+        };
+        if *t != ticket {
+            return;
+        }
+        let (workload, unstage) = (workload.clone(), *unstage);
+        entry.op = Op::Idle;
+        match result {
+            Err(e) if e.class != ErrorClass::AlreadyDone => {
+                let fatal = e.class == ErrorClass::Fatal;
+                let at = entry.step_retry.failed(
+                    now,
+                    LastError::Detach { error: e, at: now },
+                    fatal,
+                    &self.config.backoff,
+                    &mut self.rng,
+                );
+                self.timers.push(Reverse((at, volume.clone())));
+            }
+            _ => {
+                entry.step_retry.succeeded();
+                if let Some(i) = entry.record.position(&workload) {
+                    let claim = &mut entry.record.claims[i];
+                    if claim.state == ClaimState::Releasing {
+                        claim.state = ClaimState::NodeDetached(NodeDetached {
+                            node: NodeStep::Detached { unstaged: unstage },
+                        });
+                        entry.rev += 1;
+                    }
+                }
+            }
+        }
+        self.queue(&volume);
+    }
+
+    /// The result of an [`Action::ControllerDetach`]. `Ok` and [`ErrorClass::AlreadyDone`]
+    /// mean the controller step is done; any other error fails the step and the volume is
+    /// retried after its backoff. Frees the plugin's controller-call slot either way.
+    pub fn controller_detached(
+        &mut self,
+        ticket: Ticket,
+        result: Result<(), DetachError>,
+        now: Instant,
+    ) {
+        let Some(Outstanding::Controller(volume, plugin)) = self.outstanding.remove(&ticket) else {
+            return;
+        };
+        self.release_slot(&plugin);
+        let Some(entry) = self.volumes.get_mut(&volume) else {
+            return;
+        };
+        let Op::Controller {
+            ticket: t,
+            workload,
+        } = &entry.op
+        else {
+            return;
+        };
+        if *t != ticket {
+            return;
+        }
+        let workload = workload.clone();
+        entry.op = Op::Idle;
+        match result {
+            Err(e) if e.class != ErrorClass::AlreadyDone => {
+                let fatal = e.class == ErrorClass::Fatal;
+                let at = entry.step_retry.failed(
+                    now,
+                    LastError::Detach { error: e, at: now },
+                    fatal,
+                    &self.config.backoff,
+                    &mut self.rng,
+                );
+                self.timers.push(Reverse((at, volume.clone())));
+            }
+            _ => {
+                entry.step_retry.succeeded();
+                if let Some(i) = entry.record.position(&workload) {
+                    let claim = &mut entry.record.claims[i];
+                    if let ClaimState::NodeDetached(done) = &claim.state {
+                        claim.state = ClaimState::ControllerDetached(Detached {
+                            node: done.node,
+                            controller: ControllerStep::Detached,
+                        });
+                        entry.rev += 1;
+                    }
+                }
+            }
+        }
+        self.queue(&volume);
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Outputs
+    // ----------------------------------------------------------------------------------
+
+    /// The next action to perform, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        while let Some(volume) = self.ready.pop_front() {
+            let Some(entry) = self.volumes.get_mut(&volume) else {
+                continue;
+            };
+            entry.queued = false;
+            if let Some(action) = self.next_action(&volume) {
+                // The volume may have more to do (a write while a call is out); look again.
+                self.queue(&volume);
+                return Some(action);
+            }
+            if self.volumes.get(&volume).is_some_and(Entry::finished) {
+                self.volumes.remove(&volume);
+            }
+        }
+        None
+    }
+
+    /// The next notification, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called (the earliest
+    /// retry deadline), if ever.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, volume))) = self.timers.peek() {
+            let live = self.volumes.get(volume).is_some_and(|e| {
+                e.step_retry.not_before == Some(*at) || e.store_retry.not_before == Some(*at)
+            });
+            if live {
+                return Some(*at);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Getters
+    // ----------------------------------------------------------------------------------
+
+    /// The claims on `volume` as the machine sees them (possibly not yet durable).
+    pub fn record(&self, volume: &VolumeId) -> Option<&VolumeRecord> {
+        self.volumes.get(volume).map(|e| &e.record)
+    }
+
+    /// Every volume the machine manages.
+    pub fn volumes(&self) -> impl Iterator<Item = &VolumeId> {
+        self.volumes.keys()
+    }
+
+    /// Where the release of `volume` stands: its claims and states, the call in flight, the
+    /// last error with its class, the number of failed attempts and the next retry time.
+    pub fn status(&self, volume: &VolumeId) -> Option<VolumeStatus> {
+        let entry = self.volumes.get(volume)?;
+        let retry = if entry.store_retry.last_error.is_some() {
+            &entry.store_retry
+        } else {
+            &entry.step_retry
+        };
+        let pending = match &entry.op {
+            Op::Idle => Pending::Nothing,
+            Op::Node { workload, .. } => Pending::NodeDetach(workload.clone()),
+            Op::Controller { workload, .. } => Pending::ControllerDetach(workload.clone()),
+            Op::WaitingSlot { workload } => Pending::ControllerSlot(workload.clone()),
+        };
+        Some(VolumeStatus {
+            volume: volume.clone(),
+            claims: entry.record.claims.clone(),
+            pending,
+            attempts: retry.attempts,
+            last_error: retry.last_error.clone(),
+            next_retry: entry.step_retry.not_before.or(entry.store_retry.not_before),
+            durable: entry.clean(),
+        })
+    }
+
+    /// The status of every volume whose last step or write failed.
+    pub fn stuck(&self) -> Vec<VolumeStatus> {
+        self.volumes
+            .iter()
+            .filter(|(_, e)| e.step_retry.attempts > 0 || e.store_retry.attempts > 0)
+            .filter_map(|(v, _)| self.status(v))
+            .collect()
+    }
+
+    /// Whether `node` was reported gone.
+    pub fn is_node_gone(&self, node: &NodeId) -> bool {
+        self.gone.contains(node)
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Internals
+    // ----------------------------------------------------------------------------------
+
+    fn queue(&mut self, volume: &VolumeId) {
+        if let Some(entry) = self.volumes.get_mut(volume)
+            && !entry.queued
+        {
+            entry.queued = true;
+            self.ready.push_back(volume.clone());
+        }
+    }
+
+    fn wake_where(&mut self, pick: impl Fn(&Entry) -> bool) {
+        let woken: Vec<VolumeId> = self
+            .volumes
+            .iter_mut()
+            .filter(|(_, e)| pick(e))
+            .map(|(v, e)| {
+                e.step_retry.not_before = None;
+                e.store_retry.not_before = None;
+                v.clone()
+            })
+            .collect();
+        for volume in woken {
+            self.queue(&volume);
+        }
+    }
+
+    fn ticket(&mut self) -> Ticket {
+        self.next_ticket += 1;
+        Ticket(self.next_ticket)
+    }
+
+    fn release_slot(&mut self, plugin: &PluginId) {
+        if let Some(busy) = self.controller_busy.get_mut(plugin) {
+            *busy = busy.saturating_sub(1);
+        }
+        for volume in self.slot_waiters.remove(plugin).unwrap_or_default() {
+            if let Some(entry) = self.volumes.get_mut(&volume)
+                && matches!(entry.op, Op::WaitingSlot { .. })
+            {
+                entry.op = Op::Idle;
+            }
+            self.queue(&volume);
+        }
+    }
+
+    fn next_action(&mut self, volume: &VolumeId) -> Option<Action> {
+        let gone = &self.gone;
+        let entry = self.volumes.get_mut(volume)?;
+
+        // 1. A reload after a stale write comes before anything else.
+        match entry.reload {
+            Reload::InFlight(_) => return None,
+            Reload::Wanted if entry.persist.is_none() => {
+                if !entry.store_retry.ready() {
+                    return None;
+                }
+                self.next_ticket += 1;
+                let ticket = Ticket(self.next_ticket);
+                entry.reload = Reload::InFlight(ticket);
+                self.outstanding
+                    .insert(ticket, Outstanding::Reload(volume.clone()));
+                return Some(Action::Reload(ReloadRequest {
+                    ticket,
+                    volume: volume.clone(),
+                }));
+            }
+            Reload::Wanted => return None,
+            Reload::None => {}
+        }
+
+        // 2. Make every change durable, one write at a time.
+        if entry.persist.is_none() && entry.rev > entry.durable_rev {
+            if !entry.store_retry.ready() {
+                return None;
+            }
+            return Some(self.persist_action(volume));
+        }
+
+        // 3. The next release step, only when everything is durable and nothing is out.
+        if entry.op != Op::Idle || !entry.clean() || !entry.step_retry.ready() {
+            return None;
+        }
+        match next_step(&entry.record, |n| gone.contains(n)) {
+            Step::Idle => None,
+            Step::Record { index, to } => {
+                entry.record.claims[index].state = to;
+                entry.rev += 1;
+                Some(self.persist_action(volume))
+            }
+            Step::Free { index } => {
+                let mut claim = entry.record.claims.remove(index);
+                claim.state = match claim.state {
+                    ClaimState::ReadyToFree(d) | ClaimState::Freed(d) => ClaimState::Freed(d),
+                    other => other,
+                };
+                entry.rev += 1;
+                entry.frees.push((entry.rev, claim));
+                Some(self.persist_action(volume))
+            }
+            Step::NodeDetach { index, unstage } => {
+                let claim = &entry.record.claims[index];
+                let info = &entry.record.info;
+                self.next_ticket += 1;
+                let ticket = Ticket(self.next_ticket);
+                let request = NodeDetachRequest {
+                    ticket,
+                    volume: volume.clone(),
+                    external_volume: info.external_id.clone(),
+                    plugin: info.plugin.clone(),
+                    node: claim.node.clone(),
+                    workload: claim.workload.clone(),
+                    access_mode: claim.access_mode,
+                    attachment: claim.attachment,
+                    read_only: claim.mode == ClaimMode::Read,
+                    unstage,
+                };
+                entry.op = Op::Node {
+                    ticket,
+                    workload: claim.workload.clone(),
+                    unstage,
+                };
+                self.outstanding
+                    .insert(ticket, Outstanding::Node(volume.clone()));
+                Some(Action::NodeDetach(request))
+            }
+            Step::ControllerDetach { index } => {
+                let claim = &entry.record.claims[index];
+                let info = &entry.record.info;
+                let plugin = info.plugin.clone();
+                let limit = self.config.controller_limit(&plugin);
+                let busy = self.controller_busy.entry(plugin.clone()).or_insert(0);
+                if *busy >= limit {
+                    entry.op = Op::WaitingSlot {
+                        workload: claim.workload.clone(),
+                    };
+                    self.slot_waiters
+                        .entry(plugin)
+                        .or_default()
+                        .push(volume.clone());
+                    return None;
+                }
+                *busy += 1;
+                self.next_ticket += 1;
+                let ticket = Ticket(self.next_ticket);
+                let request = ControllerDetachRequest {
+                    ticket,
+                    volume: volume.clone(),
+                    external_volume: info.external_id.clone(),
+                    plugin: plugin.clone(),
+                    node: claim.node.clone(),
+                    plugin_node: claim.plugin_node.clone(),
+                    workload: claim.workload.clone(),
+                };
+                entry.op = Op::Controller {
+                    ticket,
+                    workload: claim.workload.clone(),
+                };
+                self.outstanding
+                    .insert(ticket, Outstanding::Controller(volume.clone(), plugin));
+                Some(Action::ControllerDetach(request))
+            }
+        }
+    }
+
+    fn persist_action(&mut self, volume: &VolumeId) -> Action {
+        let ticket = self.ticket();
+        let entry = self
+            .volumes
+            .get_mut(volume)
+            .expect("invariant: persist_action is only called for a managed volume");
+        entry.persist = Some((ticket, entry.rev));
+        self.outstanding
+            .insert(ticket, Outstanding::Persist(volume.clone()));
+        Action::Persist(PersistRequest {
+            ticket,
+            volume: volume.clone(),
+            expected: entry.version,
+            record: (!entry.record.claims.is_empty()).then(|| entry.record.clone()),
+        })
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+//! What the machine asks its driver to do ([`Action`]) and tells it ([`Event`]).
+
+use csi_structs::{VolumeId, WorkloadId};
+
+use crate::detach::{ControllerDetachRequest, NodeDetachRequest};
+use crate::model::{Claim, VolumeRecord};
+use crate::store::Version;
+
+/// Names one requested action; hand it back with the action's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub(crate) u64);
+
+impl Ticket {
+    /// The ticket's number (unique per machine).
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// Something the driver must perform, then report back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Write a volume's record ([`ClaimStore::compare_and_swap`](crate::ClaimStore::compare_and_swap));
+    /// report with [`ReleaseMachine::persisted`](super::ReleaseMachine::persisted).
+    Persist(PersistRequest),
+    /// Read a volume's record again after a stale write
+    /// ([`ClaimStore::load`](crate::ClaimStore::load)); report with
+    /// [`ReleaseMachine::reloaded`](super::ReleaseMachine::reloaded).
+    Reload(ReloadRequest),
+    /// Run the node step of a claim; report with
+    /// [`ReleaseMachine::node_detached`](super::ReleaseMachine::node_detached).
+    NodeDetach(NodeDetachRequest),
+    /// Run the controller step of a claim; report with
+    /// [`ReleaseMachine::controller_detached`](super::ReleaseMachine::controller_detached).
+    ControllerDetach(ControllerDetachRequest),
+}
+
+/// "Persist this record": compare-and-swap the volume's record from `expected` to `record`
+/// (`None`: delete it, the last claim was freed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistRequest {
+    /// Names this write.
+    pub ticket: Ticket,
+    /// The volume.
+    pub volume: VolumeId,
+    /// The version the machine last saw durable (`None`: no record).
+    pub expected: Option<Version>,
+    /// The whole new record, or `None` to delete.
+    pub record: Option<VolumeRecord>,
+}
+
+/// "Reload this volume": its record changed under the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadRequest {
+    /// Names this read.
+    pub ticket: Ticket,
+    /// The volume.
+    pub volume: VolumeId,
+}
+
+/// A notification for whoever waits on claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The claim of `workload` on `volume` is durable: the workload may use the volume.
+    ClaimDurable {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+    },
+    /// A claim that was not yet durable was lost: another writer changed the volume's record
+    /// first, and the reloaded record does not have it. Claim again.
+    ClaimLost {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+    },
+    /// The claim is freed (durably gone from the store); its capacity is back. Carries the
+    /// claim in state [`ClaimState::Freed`](crate::ClaimState::Freed), with how both steps
+    /// ended.
+    Freed(Claim),
+}

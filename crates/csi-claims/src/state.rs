@@ -1,0 +1,131 @@
+//! Claim states: a claim is taken, then released step by step, then freed.
+//!
+//! ```text
+//! Taken ──release──▶ Releasing ──node step──▶ NodeDetached ──controller step──▶
+//!     ControllerDetached ──▶ ReadyToFree ──▶ Freed
+//! ```
+//!
+//! Each variant carries what is true in it and nothing else: a [`NodeDetached`] claim records
+//! how its node step ended ([`NodeStep`]), later states add how the controller step ended
+//! ([`ControllerStep`]). There is no `Default`: no zero value means "taken".
+//!
+//! `Releasing` is the durable record that a release was asked for (Nomad's "unpublishing"):
+//! it is written before any detach call, so a restart resumes the release instead of
+//! forgetting it. Capacity is only given back in `Freed`.
+
+use csi_structs::WorkloadId;
+use serde::{Deserialize, Serialize};
+
+/// Where a claim is in its life. See the [module docs](self) for the order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ClaimState {
+    /// The workload holds and uses the volume.
+    Taken,
+    /// A release was asked for; the node step (unpublish, then unstage when last) is next.
+    Releasing,
+    /// The node step is done or was skipped by rule; the controller step is next.
+    NodeDetached(NodeDetached),
+    /// The controller step is done or was skipped by rule.
+    ControllerDetached(Detached),
+    /// Both steps are settled; the claim is freed by the next checkpoint.
+    ReadyToFree(Detached),
+    /// Terminal: the claim is gone from the store and its capacity is back. Only seen in
+    /// [`Event::Freed`](crate::Event::Freed); never stored.
+    Freed(Detached),
+}
+
+impl ClaimState {
+    /// A short name: `taken`, `releasing`, `node_detached`, `controller_detached`,
+    /// `ready_to_free`, `freed`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            ClaimState::Taken => "taken",
+            ClaimState::Releasing => "releasing",
+            ClaimState::NodeDetached(_) => "node_detached",
+            ClaimState::ControllerDetached(_) => "controller_detached",
+            ClaimState::ReadyToFree(_) => "ready_to_free",
+            ClaimState::Freed(_) => "freed",
+        }
+    }
+
+    /// Whether a release was asked for (any state after [`Taken`](Self::Taken)).
+    pub const fn is_releasing(&self) -> bool {
+        !matches!(self, ClaimState::Taken)
+    }
+
+    /// How the node step ended, once it has.
+    pub const fn node_step(&self) -> Option<NodeStep> {
+        match self {
+            ClaimState::Taken | ClaimState::Releasing => None,
+            ClaimState::NodeDetached(d) => Some(d.node),
+            ClaimState::ControllerDetached(d)
+            | ClaimState::ReadyToFree(d)
+            | ClaimState::Freed(d) => Some(d.node),
+        }
+    }
+
+    /// How the controller step ended, once it has.
+    pub fn controller_step(&self) -> Option<&ControllerStep> {
+        match self {
+            ClaimState::Taken | ClaimState::Releasing | ClaimState::NodeDetached(_) => None,
+            ClaimState::ControllerDetached(d)
+            | ClaimState::ReadyToFree(d)
+            | ClaimState::Freed(d) => Some(&d.controller),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Data of [`ClaimState::NodeDetached`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDetached {
+    /// How the node step ended.
+    pub node: NodeStep,
+}
+
+/// Data of the states after the controller step: how both steps ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Detached {
+    /// How the node step ended.
+    pub node: NodeStep,
+    /// How the controller step ended.
+    pub controller: ControllerStep,
+}
+
+/// How a claim's node step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "node_step", rename_all = "snake_case")]
+pub enum NodeStep {
+    /// `NodeUnpublishVolume` succeeded (or answered "already done"), followed by
+    /// `NodeUnstageVolume` when `unstaged` (the claim was the last user on its node).
+    Detached {
+        /// Whether the volume was also unstaged from the node.
+        unstaged: bool,
+    },
+    /// The node is gone for good (explicitly reported through
+    /// [`ReleaseMachine::node_gone`](crate::ReleaseMachine::node_gone)); there is nothing
+    /// left to unpublish on it. Recorded before the controller step runs.
+    SkippedNodeGone,
+}
+
+/// How a claim's controller step ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "controller_step", rename_all = "snake_case")]
+pub enum ControllerStep {
+    /// `ControllerUnpublishVolume` succeeded or answered "already done".
+    Detached,
+    /// The plugin has no controller publish step for this volume.
+    SkippedNotRequired,
+    /// Another claim on the same node still uses the volume, so it stays attached there;
+    /// the last claim on the node detaches it.
+    SkippedStillUsedOnNode {
+        /// The workload still using the volume on that node.
+        by: WorkloadId,
+    },
+}

@@ -1,0 +1,238 @@
+//! Where claims are kept: a [`ClaimStore`] with compare-and-swap per volume.
+//!
+//! The unit of storage is a [`VolumeRecord`]: all not-yet-freed claims on one volume. Every
+//! write names the [`Version`] it expects to replace, and a writer holding a stale version is
+//! refused with [`StoreError::Conflict`] instead of being merged blindly (a second agent, or an
+//! old leader, must not overwrite what it never read).
+//!
+//! Two stores ship here:
+//! - [`MemoryStore`]: a `HashMap` behind a mutex, for tests and for agents that keep claims
+//!   elsewhere.
+//! - [`RedbStore`]: the durable default, on [redb](https://docs.rs/redb), an embedded,
+//!   pure-Rust, ACID key-value store. Why redb: every commit is durable when `commit` returns
+//!   (`Durability::Immediate`, its default) and crash-safe by design (copy-on-write B-trees with
+//!   checksummed commit slots), it needs no C toolchain or server, it is actively maintained,
+//!   and one write transaction gives the read-compare-write of a compare-and-swap for free.
+//!
+//! The trait is synchronous: a store call is short and the [driver](crate::driver) runs it on
+//! tokio's blocking pool, so a disk flush never stalls the runtime.
+
+mod codec;
+mod memory;
+mod redb_store;
+
+use std::num::NonZeroU64;
+
+use csi_structs::VolumeId;
+
+pub use codec::{DecodeError, Format, decode, encode};
+pub use memory::MemoryStore;
+pub use redb_store::RedbStore;
+
+use crate::model::VolumeRecord;
+
+/// The version of a stored record. The first write of a volume gets version 1; every write
+/// increases it by one. "No record" is `None`, never a zero version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(NonZeroU64);
+
+impl Version {
+    /// The version of a volume's first write.
+    pub const FIRST: Version = Version(NonZeroU64::MIN);
+
+    /// The version as a number (at least 1).
+    pub const fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    /// The version from a stored number.
+    ///
+    /// # Errors
+    ///
+    /// `None` for 0, which no store writes.
+    pub const fn from_u64(value: u64) -> Option<Version> {
+        match NonZeroU64::new(value) {
+            Some(v) => Some(Version(v)),
+            None => None,
+        }
+    }
+
+    /// The version after `current` (`None`: nothing stored yet).
+    pub fn after(current: Option<Version>) -> Version {
+        match current {
+            None => Version::FIRST,
+            Some(v) => Version(v.0.saturating_add(1)),
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// A record as read from a store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Its version, to pass back to [`ClaimStore::compare_and_swap`].
+    pub version: Version,
+    /// The record.
+    pub record: VolumeRecord,
+    /// Which format it was written in. [`Format::V1`] records are upgraded in memory; the next
+    /// checkpoint writes them in the current format.
+    pub format: Format,
+}
+
+/// Errors from a [`ClaimStore`].
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The stored version is not the one the writer expected: someone else wrote first.
+    #[error(
+        "stale write refused for volume {volume}: expected {expected}, found {found}",
+        expected = show(*expected),
+        found = show(*found)
+    )]
+    Conflict {
+        /// The volume.
+        volume: VolumeId,
+        /// The version the writer read (`None`: it believed there was no record).
+        expected: Option<Version>,
+        /// The version actually stored (`None`: there is no record).
+        found: Option<Version>,
+    },
+    /// A record was written under another volume's key.
+    #[error("record for volume {record} written under the key of volume {key}")]
+    WrongKey {
+        /// The key written to.
+        key: VolumeId,
+        /// The volume the record is about.
+        record: VolumeId,
+    },
+    /// A stored record could not be read.
+    #[error("stored claims of volume key {key:?} cannot be read")]
+    Decode {
+        /// The raw key it is stored under.
+        key: String,
+        /// Why.
+        #[source]
+        source: DecodeError,
+    },
+    /// A record could not be encoded.
+    #[error("claims of volume {volume} cannot be encoded")]
+    Encode {
+        /// The volume.
+        volume: VolumeId,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The store call did not finish (its task panicked or was cancelled): whether the write
+    /// happened is unknown, so the writer must reload before writing again.
+    #[error("claim store call for volume {volume} did not finish; its outcome is unknown")]
+    Interrupted {
+        /// The volume.
+        volume: VolumeId,
+    },
+    /// Reading every record at startup did not finish (its task panicked or was cancelled).
+    #[error("loading every claim record did not finish")]
+    LoadInterrupted,
+    /// The redb database failed.
+    #[error("claim store (redb) failed to {operation}")]
+    Redb {
+        /// What the store was doing, e.g. `commit`.
+        operation: &'static str,
+        /// The database's error.
+        #[source]
+        source: Box<redb::Error>,
+    },
+}
+
+fn show(v: Option<Version>) -> String {
+    v.map_or_else(|| "no record".to_owned(), |v| v.to_string())
+}
+
+impl StoreError {
+    /// Whether this is a [`StoreError::Conflict`].
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+
+    /// Whether the writer must reload the record before writing again (a stale write, or a
+    /// write whose outcome is unknown) instead of retrying the same write.
+    pub fn needs_reload(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Conflict { .. } | StoreError::Interrupted { .. }
+        )
+    }
+}
+
+/// Durable storage for volume records, with compare-and-swap per volume.
+///
+/// # Contract
+///
+/// - [`compare_and_swap`](Self::compare_and_swap) writes only if the stored version equals
+///   `expected` (`None`: no record stored) and returns the new version; when it returns `Ok`
+///   the write is durable (it survives a crash of the process).
+/// - Versions of one volume only grow; deleting a record and writing it again starts over at
+///   [`Version::FIRST`] (the expected `None` protects that case).
+/// - Implementations are internally synchronized; calls may come from several threads.
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Every stored record.
+    ///
+    /// # Errors
+    ///
+    /// A backend failure or a record that cannot be decoded.
+    fn load_all(&self) -> Result<Vec<Stored>, StoreError>;
+
+    /// The record of one volume, if any.
+    ///
+    /// # Errors
+    ///
+    /// A backend failure or a record that cannot be decoded.
+    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError>;
+
+    /// Replaces the record of `volume` if its version is still `expected`; `new = None`
+    /// deletes it. Returns the new version (`None` after a delete).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Conflict`] for a stale writer, [`StoreError::WrongKey`] when the record is
+    /// about another volume, or a backend failure.
+    fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+    ) -> Result<Option<Version>, StoreError>;
+}
+
+impl<S: ClaimStore + ?Sized> ClaimStore for std::sync::Arc<S> {
+    fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        (**self).load_all()
+    }
+
+    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        (**self).load(volume)
+    }
+
+    fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+    ) -> Result<Option<Version>, StoreError> {
+        (**self).compare_and_swap(volume, expected, new)
+    }
+}
+
+pub(crate) fn check_key(volume: &VolumeId, new: Option<&VolumeRecord>) -> Result<(), StoreError> {
+    match new {
+        Some(record) if &record.info.id != volume => Err(StoreError::WrongKey {
+            key: volume.clone(),
+            record: record.info.id.clone(),
+        }),
+        _ => Ok(()),
+    }
+}

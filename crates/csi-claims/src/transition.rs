@@ -1,0 +1,116 @@
+//! The pure decision: given a volume's claims, what is the next release step?
+//!
+//! [`next_step`] reads a [`VolumeRecord`] and the set of nodes known to be gone, and returns
+//! one [`Step`]. It never mutates anything; the [machine](crate::machine) applies the step,
+//! checkpoints it, and performs nothing else until the checkpoint is durable. Claims are
+//! released one at a time per volume, in the order they were made.
+//!
+//! The rules, one arm each:
+//! - `Releasing` on a node that is gone for good → record `NodeDetached(SkippedNodeGone)`.
+//!   The node is never skipped because it is merely unreachable.
+//! - `Releasing` otherwise → node detach; unstage too when no other claim on the same node
+//!   still uses the volume.
+//! - `NodeDetached` and the plugin has no controller publish step → record
+//!   `ControllerDetached(SkippedNotRequired)`.
+//! - `NodeDetached` and another claim on the same node still uses the volume → record
+//!   `ControllerDetached(SkippedStillUsedOnNode)`: detaching would pull the volume from under
+//!   it. The claim being released never counts as "another user" (Nomad #14484).
+//! - `NodeDetached` otherwise → controller detach.
+//! - `ControllerDetached` → record `ReadyToFree`.
+//! - `ReadyToFree` → free (drop the claim from the record; capacity comes back).
+
+use csi_structs::NodeId;
+
+use crate::model::{ControllerRequirement, VolumeRecord};
+use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
+
+/// The next thing to do for a volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// No claim is being released.
+    Idle,
+    /// Move claim `index` to `to` and checkpoint; no call needed.
+    Record {
+        /// Position of the claim in [`VolumeRecord::claims`].
+        index: usize,
+        /// Its new state.
+        to: ClaimState,
+    },
+    /// Call the node plugin for claim `index`.
+    NodeDetach {
+        /// Position of the claim.
+        index: usize,
+        /// Whether to unstage as well (last user on the node).
+        unstage: bool,
+    },
+    /// Call the controller for claim `index`.
+    ControllerDetach {
+        /// Position of the claim.
+        index: usize,
+    },
+    /// Claim `index` is ready to free: drop it from the record and checkpoint.
+    Free {
+        /// Position of the claim.
+        index: usize,
+    },
+}
+
+/// Decides the next step for `record`. `node_gone` says whether a node is gone for good.
+pub fn next_step(record: &VolumeRecord, node_gone: impl Fn(&NodeId) -> bool) -> Step {
+    let claims = &record.claims;
+    let other_user = |index: usize| {
+        let me = &claims[index];
+        claims
+            .iter()
+            .enumerate()
+            .find(|(j, c)| *j != index && c.node == me.node && c.uses_node())
+            .map(|(_, c)| c)
+    };
+    for (index, claim) in claims.iter().enumerate() {
+        match &claim.state {
+            ClaimState::Taken => continue,
+            ClaimState::Releasing if node_gone(&claim.node) => {
+                return Step::Record {
+                    index,
+                    to: ClaimState::NodeDetached(NodeDetached {
+                        node: NodeStep::SkippedNodeGone,
+                    }),
+                };
+            }
+            ClaimState::Releasing => {
+                return Step::NodeDetach {
+                    index,
+                    unstage: other_user(index).is_none(),
+                };
+            }
+            ClaimState::NodeDetached(done) => {
+                let skip = match record.info.controller {
+                    ControllerRequirement::NotRequired => Some(ControllerStep::SkippedNotRequired),
+                    ControllerRequirement::Required => {
+                        other_user(index).map(|c| ControllerStep::SkippedStillUsedOnNode {
+                            by: c.workload.clone(),
+                        })
+                    }
+                };
+                return match skip {
+                    Some(controller) => Step::Record {
+                        index,
+                        to: ClaimState::ControllerDetached(Detached {
+                            node: done.node,
+                            controller,
+                        }),
+                    },
+                    None => Step::ControllerDetach { index },
+                };
+            }
+            ClaimState::ControllerDetached(done) => {
+                return Step::Record {
+                    index,
+                    to: ClaimState::ReadyToFree(done.clone()),
+                };
+            }
+            ClaimState::ReadyToFree(_) | ClaimState::Freed(_) => return Step::Free { index },
+        }
+    }
+    Step::Idle
+}
