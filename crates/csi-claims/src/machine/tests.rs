@@ -1,1 +1,902 @@
+//! Transition tests with a fake clock: the machine is driven by hand, store writes are
+//! performed at once against a [`MemoryStore`], and detach calls are answered by the test.
 
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use csi_structs::{
+    AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
+    VolumeId, WorkloadId,
+};
+
+use super::*;
+use crate::accounting::DenyReason;
+use crate::detach::DetachRpc;
+use crate::model::ControllerRequirement;
+use crate::store::{ClaimStore, MemoryStore};
+
+fn vid(s: &str) -> VolumeId {
+    VolumeId::new(s).unwrap()
+}
+fn wid(s: &str) -> WorkloadId {
+    WorkloadId::new(s).unwrap()
+}
+fn nid(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+fn info(volume: &str, controller: ControllerRequirement) -> VolumeInfo {
+    VolumeInfo {
+        id: vid(volume),
+        external_id: ExternalVolumeId::new(format!("ext-{volume}")).unwrap(),
+        plugin: PluginId::new("plug").unwrap(),
+        controller,
+    }
+}
+
+fn request(
+    volume: &str,
+    workload: &str,
+    node: &str,
+    mode: ClaimMode,
+    access: AccessMode,
+) -> ClaimRequest {
+    ClaimRequest {
+        volume: vid(volume),
+        workload: wid(workload),
+        node: nid(node),
+        plugin_node: PluginNodeId::new(format!("sp-{node}")).unwrap(),
+        mode,
+        access_mode: access,
+        attachment: AccessTypeKind::Mount,
+    }
+}
+
+/// A hand-driven machine: persists and reloads are applied at once, detach calls are
+/// collected for the test to answer.
+struct Harness {
+    m: ReleaseMachine,
+    store: MemoryStore,
+    now: Instant,
+    node_calls: Vec<NodeDetachRequest>,
+    controller_calls: Vec<ControllerDetachRequest>,
+    events: Vec<Event>,
+    /// Every persisted record's claim states, in order, for the volume under test.
+    writes: Vec<Vec<(String, &'static str)>>,
+    fail_next_persist: bool,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let config = MachineConfig {
+            backoff: BackoffPolicy::new(Duration::from_secs(1), Duration::from_secs(30))
+                .unwrap()
+                .with_jitter_percent(0)
+                .unwrap(),
+            ..MachineConfig::with_seed(5)
+        };
+        Self::with_config(config)
+    }
+
+    fn with_config(config: MachineConfig) -> Self {
+        Self {
+            m: ReleaseMachine::new(config),
+            store: MemoryStore::new(),
+            now: Instant::now(),
+            node_calls: Vec::new(),
+            controller_calls: Vec::new(),
+            events: Vec::new(),
+            writes: Vec::new(),
+            fail_next_persist: false,
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(action) = self.m.poll_action() {
+            match action {
+                Action::Persist(p) => {
+                    if std::mem::take(&mut self.fail_next_persist) {
+                        let err = StoreError::LoadInterrupted;
+                        self.m.persisted(p.ticket, Err(err), self.now);
+                        continue;
+                    }
+                    self.writes.push(
+                        p.record
+                            .as_ref()
+                            .map(|r| {
+                                r.claims()
+                                    .iter()
+                                    .map(|c| (c.workload().to_string(), c.state().name()))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    );
+                    let result =
+                        self.store
+                            .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+                    self.m.persisted(p.ticket, result, self.now);
+                }
+                Action::Reload(r) => {
+                    let result = self.store.load(&r.volume);
+                    self.m.reloaded(r.ticket, result, self.now);
+                }
+                Action::NodeDetach(n) => self.node_calls.push(n),
+                Action::ControllerDetach(c) => self.controller_calls.push(c),
+            }
+        }
+        while let Some(e) = self.m.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    fn claim(&mut self, info: &VolumeInfo, req: ClaimRequest) -> Result<Admitted, ClaimError> {
+        let r = self.m.claim(info, req, self.now);
+        self.pump();
+        r
+    }
+
+    fn release(&mut self, volume: &str, workload: &str) {
+        self.m
+            .release(&vid(volume), &wid(workload), self.now)
+            .unwrap();
+        self.pump();
+    }
+
+    fn answer_node(&mut self, result: Result<(), DetachError>) -> NodeDetachRequest {
+        let call = self.node_calls.remove(0);
+        self.m.node_detached(call.ticket, result, self.now);
+        self.pump();
+        call
+    }
+
+    fn answer_controller(&mut self, result: Result<(), DetachError>) -> ControllerDetachRequest {
+        let call = self.controller_calls.remove(0);
+        self.m.controller_detached(call.ticket, result, self.now);
+        self.pump();
+        call
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.m.handle_timeout(self.now);
+        self.pump();
+    }
+
+    fn stored_states(&self, volume: &str) -> Vec<&'static str> {
+        self.store
+            .load(&vid(volume))
+            .unwrap()
+            .map(|s| s.record.claims().iter().map(|c| c.state().name()).collect())
+            .unwrap_or_default()
+    }
+
+    fn freed(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Freed(c) => Some(c.workload().to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn err(rpc: DetachRpc, class: ErrorClass) -> Result<(), DetachError> {
+    Err(DetachError::new(rpc, class, "scripted"))
+}
+
+#[test]
+fn a_claim_is_durable_only_after_its_write() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let a =
+        h.m.claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+            h.now,
+        )
+        .unwrap();
+    assert!(!a.durable);
+    assert!(h.events.is_empty());
+    h.pump();
+    assert_eq!(
+        h.events,
+        [Event::ClaimDurable {
+            volume: vid("v"),
+            workload: wid("a")
+        }]
+    );
+    assert_eq!(h.stored_states("v"), ["taken"]);
+    // Claiming again with the same terms is idempotent and already durable.
+    let again = h
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    assert!(again.durable);
+    assert_eq!(
+        h.store.load(&vid("v")).unwrap().unwrap().version,
+        Version::FIRST
+    );
+}
+
+#[test]
+fn release_runs_node_then_controller_then_free_with_a_checkpoint_between_each() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    // Releasing is written before any call.
+    assert_eq!(h.stored_states("v"), ["releasing"]);
+    assert_eq!(h.node_calls.len(), 1);
+    assert!(h.controller_calls.is_empty());
+    let call = &h.node_calls[0];
+    assert!(call.unstage, "last user on the node unstages");
+    assert!(!call.read_only);
+    assert_eq!(call.external_volume.as_str(), "ext-v");
+
+    h.answer_node(Ok(()));
+    assert_eq!(h.controller_calls.len(), 1);
+    let ctrl = h.answer_controller(Ok(()));
+    assert_eq!(ctrl.plugin_node.as_str(), "sp-n1");
+    assert_eq!(ctrl.external_volume.as_str(), "ext-v");
+
+    let states: Vec<Vec<&str>> = h
+        .writes
+        .iter()
+        .map(|w| w.iter().map(|(_, s)| *s).collect())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            vec!["taken"],
+            vec!["releasing"],
+            vec!["node_detached"],
+            vec!["controller_detached"],
+            vec!["ready_to_free"],
+            vec![],
+        ]
+    );
+    assert!(h.store.load(&vid("v")).unwrap().is_none(), "record deleted");
+    assert_eq!(h.freed(), ["a"]);
+    let Some(Event::Freed(claim)) = h.events.last() else {
+        panic!("last event should be Freed");
+    };
+    assert_eq!(
+        claim.state(),
+        &ClaimState::Freed(Detached {
+            node: NodeStep::Detached { unstaged: true },
+            controller: ControllerStep::Detached,
+        })
+    );
+    assert!(
+        h.m.record(&vid("v")).is_none(),
+        "finished volumes are forgotten"
+    );
+}
+
+#[test]
+fn no_call_is_made_while_a_change_is_not_durable() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.m.release(&vid("v"), &wid("a"), h.now).unwrap();
+    let Some(Action::Persist(p)) = h.m.poll_action() else {
+        panic!("the release must be written first");
+    };
+    assert!(
+        h.m.poll_action().is_none(),
+        "no node call before the write is durable"
+    );
+    let result = h
+        .store
+        .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+    h.m.persisted(p.ticket, result, h.now);
+    let Some(Action::NodeDetach(n)) = h.m.poll_action() else {
+        panic!("node call after the write");
+    };
+    h.m.node_detached(n.ticket, Ok(()), h.now);
+    assert!(matches!(h.m.poll_action(), Some(Action::Persist(_))));
+    assert!(
+        h.m.poll_action().is_none(),
+        "no controller call before node-detached is durable"
+    );
+}
+
+#[test]
+fn capacity_comes_back_only_when_freed() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::NotRequired);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    let denied = h
+        .claim(
+            &v,
+            request(
+                "v",
+                "b",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap_err();
+    let ClaimError::Denied(d) = denied else {
+        panic!("expected a denial, got {denied:?}");
+    };
+    assert_eq!(d.reason, DenyReason::SingleWorkload);
+    assert_eq!(d.holders.0[0].workload, wid("a"));
+    assert_eq!(d.holders.0[0].state, "releasing");
+    h.answer_node(Ok(()));
+    assert_eq!(h.freed(), ["a"]);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "b",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn missing_node_plugin_fails_the_step_and_requeues_with_backoff() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    assert_eq!(h.stored_states("v"), ["releasing"], "never skipped");
+    assert!(h.controller_calls.is_empty());
+    assert!(h.node_calls.is_empty(), "no immediate retry");
+    assert_eq!(h.m.poll_timeout(), Some(h.now + Duration::from_secs(1)));
+
+    let status = h.m.status(&vid("v")).unwrap();
+    assert_eq!(status.attempts, 1);
+    assert_eq!(
+        status.last_error.as_ref().and_then(LastError::class),
+        Some(ErrorClass::RetryElsewhere)
+    );
+    assert_eq!(status.next_retry, Some(h.now + Duration::from_secs(1)));
+    assert_eq!(h.m.stuck().len(), 1);
+
+    // Not yet due: nothing happens.
+    h.advance(Duration::from_millis(999));
+    assert!(h.node_calls.is_empty());
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.node_calls.len(), 1);
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    assert_eq!(
+        h.m.poll_timeout(),
+        Some(h.now + Duration::from_secs(2)),
+        "backoff doubles"
+    );
+
+    // The plugin comes back: retried at once, without waiting out the backoff.
+    h.m.plugin_available(&PluginId::new("plug").unwrap(), Some(&nid("n1")), h.now);
+    h.pump();
+    assert_eq!(h.node_calls.len(), 1);
+    h.answer_node(Ok(()));
+    h.answer_controller(Ok(()));
+    assert_eq!(h.freed(), ["a"]);
+}
+
+#[test]
+fn already_done_counts_as_success() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    assert!(h.node_calls[0].read_only);
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::AlreadyDone));
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::AlreadyDone));
+    assert_eq!(h.freed(), ["a"]);
+    assert!(h.m.stuck().is_empty());
+}
+
+#[test]
+fn fatal_errors_retry_at_the_cap() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    h.answer_node(Ok(()));
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
+    assert_eq!(h.m.poll_timeout(), Some(h.now + Duration::from_secs(30)));
+    assert_eq!(h.stored_states("v"), ["node_detached"]);
+    h.advance(Duration::from_secs(30));
+    h.answer_controller(Ok(()));
+    assert_eq!(h.freed(), ["a"]);
+}
+
+#[test]
+fn a_gone_node_is_recorded_before_its_node_step_is_skipped() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.m.node_gone(&nid("n1"), h.now);
+    h.pump();
+    assert!(h.node_calls.is_empty(), "no call to a gone node");
+    let states: Vec<&str> = h
+        .writes
+        .iter()
+        .filter_map(|w| w.first().map(|(_, s)| *s))
+        .collect();
+    assert_eq!(states, ["taken", "releasing", "node_detached"]);
+    // The controller detach still happens, with the plugin's node id kept in the claim.
+    let ctrl = h.answer_controller(Ok(()));
+    assert_eq!(ctrl.plugin_node.as_str(), "sp-n1");
+    let Some(Event::Freed(claim)) = h.events.last() else {
+        panic!("freed expected");
+    };
+    assert_eq!(claim.state().node_step(), Some(NodeStep::SkippedNodeGone));
+    // Nothing can be claimed on a gone node.
+    let e = h
+        .claim(
+            &v,
+            request(
+                "v",
+                "b",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap_err();
+    assert!(matches!(e, ClaimError::NodeGone { .. }));
+}
+
+#[test]
+fn unreachable_is_not_gone_a_failing_node_step_never_skips() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    for _ in 0..6 {
+        h.answer_node(err(DetachRpc::NodeUnstage, ErrorClass::Retry));
+        assert!(h.controller_calls.is_empty());
+        let due = h.m.poll_timeout().unwrap();
+        h.advance(due - h.now);
+    }
+    assert_eq!(h.stored_states("v"), ["releasing"]);
+    assert_eq!(h.m.status(&vid("v")).unwrap().attempts, 6);
+}
+
+#[test]
+fn controller_step_is_skipped_while_another_claim_uses_the_node() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let req =
+        |w: &str, n: &str| request("v", w, n, ClaimMode::Read, AccessMode::MultiNodeReaderOnly);
+    h.claim(&v, req("a", "n1")).unwrap();
+    h.claim(&v, req("b", "n1")).unwrap();
+    h.claim(&v, req("c", "n2")).unwrap();
+    h.release("v", "a");
+    let call = h.answer_node(Ok(()));
+    assert!(!call.unstage, "b still uses n1: no unstage");
+    assert!(
+        h.controller_calls.is_empty(),
+        "b still uses n1: no controller detach"
+    );
+    let Some(Event::Freed(a)) = h.events.last() else {
+        panic!("a freed");
+    };
+    assert_eq!(
+        a.state().controller_step(),
+        Some(&ControllerStep::SkippedStillUsedOnNode { by: wid("b") })
+    );
+    h.release("v", "b");
+    let call = h.answer_node(Ok(()));
+    assert!(call.unstage, "b was the last user on n1");
+    let ctrl = h.answer_controller(Ok(()));
+    assert_eq!(ctrl.node, nid("n1"));
+    assert_eq!(h.freed(), ["a", "b"]);
+    assert_eq!(h.stored_states("v"), ["taken"], "c untouched");
+}
+
+#[test]
+fn controller_step_is_skipped_when_the_plugin_needs_none() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::NotRequired);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    h.answer_node(Ok(()));
+    assert!(h.controller_calls.is_empty());
+    let Some(Event::Freed(a)) = h.events.last() else {
+        panic!("a freed");
+    };
+    assert_eq!(
+        a.state().controller_step(),
+        Some(&ControllerStep::SkippedNotRequired)
+    );
+}
+
+#[test]
+fn controller_calls_per_plugin_are_bounded() {
+    for (limit, expect) in [(1, 1), (2, 2)] {
+        let mut config = MachineConfig::with_seed(1);
+        config.controller_calls_per_plugin = NonZeroUsize::new(limit).unwrap();
+        let mut h = Harness::with_config(config);
+        for name in ["v1", "v2", "v3"] {
+            let v = info(name, ControllerRequirement::Required);
+            h.claim(
+                &v,
+                request(
+                    name,
+                    "w",
+                    "n1",
+                    ClaimMode::Write,
+                    AccessMode::SingleNodeWriter,
+                ),
+            )
+            .unwrap();
+            h.release(name, "w");
+        }
+        while !h.node_calls.is_empty() {
+            h.answer_node(Ok(()));
+        }
+        assert_eq!(h.controller_calls.len(), expect, "limit {limit}");
+        let waiting =
+            h.m.volumes()
+                .filter_map(|v| h.m.status(v))
+                .filter(|s| matches!(s.pending, Pending::ControllerSlot(_)))
+                .count();
+        assert_eq!(waiting, 3 - expect);
+        // Each answer frees a slot for the next one; all finish.
+        while !h.controller_calls.is_empty() {
+            h.answer_controller(Ok(()));
+            assert!(h.controller_calls.len() <= expect);
+        }
+        assert_eq!(h.freed().len(), 3);
+    }
+}
+
+#[test]
+fn a_claim_cannot_race_a_controller_detach_on_the_same_node() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let req =
+        |w: &str, n: &str| request("v", w, n, ClaimMode::Read, AccessMode::MultiNodeReaderOnly);
+    h.claim(&v, req("a", "n1")).unwrap();
+    h.release("v", "a");
+    h.answer_node(Ok(()));
+    assert_eq!(h.controller_calls.len(), 1);
+    assert!(matches!(
+        h.claim(&v, req("b", "n1")),
+        Err(ClaimError::DetachInFlight { .. })
+    ));
+    h.claim(&v, req("c", "n2")).unwrap();
+    h.answer_controller(Ok(()));
+    h.claim(&v, req("b", "n1")).unwrap();
+}
+
+#[test]
+fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    )
+    .unwrap();
+    // Another writer replaces the record behind the machine's back.
+    let mut other = h.store.load(&vid("v")).unwrap().unwrap();
+    other.record.claims[0].workload = wid("z");
+    h.store
+        .compare_and_swap(&vid("v"), Some(other.version), Some(&other.record))
+        .unwrap();
+    h.events.clear();
+    h.claim(
+        &v,
+        request(
+            "v",
+            "b",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        h.events,
+        [Event::ClaimLost {
+            volume: vid("v"),
+            workload: wid("b")
+        }]
+    );
+    let record = h.m.record(&vid("v")).unwrap();
+    let holders: Vec<_> = record
+        .claims()
+        .iter()
+        .map(|c| c.workload().as_str())
+        .collect();
+    assert_eq!(holders, ["z"], "the stored record wins");
+}
+
+#[test]
+fn a_failed_write_is_retried_after_backoff() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.fail_next_persist = true;
+    let a = h
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Read,
+                AccessMode::MultiNodeReaderOnly,
+            ),
+        )
+        .unwrap();
+    assert!(!a.durable);
+    assert!(h.events.is_empty());
+    let status = h.m.status(&vid("v")).unwrap();
+    assert!(!status.durable);
+    assert!(matches!(status.last_error, Some(LastError::Store { .. })));
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.events.len(), 1, "durable after the retry");
+    assert_eq!(h.stored_states("v"), ["taken"]);
+}
+
+#[test]
+fn an_older_record_is_rewritten_in_the_current_format_at_once() {
+    let bytes = br#"{"volume": {"id": "v", "external_id": "e", "plugin": "plug",
+        "controller": "required",
+        "capabilities": [{"access_mode": "multi_node_single_writer", "access_type": "block"}]},
+        "claims": [{"workload": "a", "node": "n1", "plugin_node": "sp-n1", "mode": "write",
+                    "state": {"state": "releasing"}}]}"#;
+    let (record, format) = crate::store::decode(bytes).unwrap();
+    assert_eq!(format, Format::V1);
+    let claim = &record.claims()[0];
+    assert_eq!(claim.access_mode(), AccessMode::MultiNodeSingleWriter);
+    assert_eq!(claim.attachment(), AccessTypeKind::Block);
+    let mut h = Harness::new();
+    h.store
+        .compare_and_swap(&vid("v"), None, Some(&record))
+        .unwrap();
+    h.m.load(Stored {
+        version: Version::FIRST,
+        record,
+        format,
+    })
+    .unwrap();
+    h.pump();
+    // The full form is written before the release resumes.
+    assert_eq!(h.writes.len(), 1);
+    assert_eq!(h.node_calls.len(), 1);
+    assert_eq!(h.node_calls[0].attachment, AccessTypeKind::Block);
+}
+
+#[test]
+fn attachment_mode_of_a_claimed_volume_cannot_change() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    )
+    .unwrap();
+    let mut req = request(
+        "v",
+        "b",
+        "n2",
+        ClaimMode::Read,
+        AccessMode::MultiNodeReaderOnly,
+    );
+    req.attachment = AccessTypeKind::Block;
+    let ClaimError::Denied(d) = h.claim(&v, req).unwrap_err() else {
+        panic!("denial expected");
+    };
+    assert_eq!(
+        d.reason,
+        DenyReason::AttachmentModeChange {
+            held: AccessTypeKind::Mount
+        }
+    );
+    let text = d.to_string();
+    assert!(
+        text.contains("volume v") && text.contains("a (read on n1, taken)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn volume_identity_is_checked() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    )
+    .unwrap();
+    let mut other = v.clone();
+    other.plugin = PluginId::new("other").unwrap();
+    assert!(matches!(
+        h.claim(
+            &other,
+            request(
+                "v",
+                "b",
+                "n1",
+                ClaimMode::Read,
+                AccessMode::MultiNodeReaderOnly
+            )
+        ),
+        Err(ClaimError::VolumeInfoMismatch {
+            field: "plugin",
+            ..
+        })
+    ));
+    assert!(matches!(
+        h.claim(
+            &v,
+            request(
+                "w",
+                "b",
+                "n1",
+                ClaimMode::Read,
+                AccessMode::MultiNodeReaderOnly
+            )
+        ),
+        Err(ClaimError::VolumeMismatch { .. })
+    ));
+    assert!(matches!(
+        h.m.release(&vid("v"), &wid("nobody"), h.now),
+        Err(ReleaseError::NoSuchClaim { .. })
+    ));
+}
+
+#[test]
+fn node_returned_wakes_a_backing_off_volume() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::Retry));
+    assert!(h.node_calls.is_empty());
+    h.m.node_returned(&nid("n2"), h.now);
+    h.pump();
+    assert!(
+        h.node_calls.is_empty(),
+        "another node's return is irrelevant"
+    );
+    h.m.node_returned(&nid("n1"), h.now);
+    h.pump();
+    assert_eq!(h.node_calls.len(), 1);
+}
