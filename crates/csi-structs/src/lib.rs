@@ -32,12 +32,19 @@
 
 pub mod capability;
 pub mod capability_set;
+pub mod capacity;
+pub mod confirm;
 pub mod error_class;
 pub mod ids;
+pub mod info;
 pub mod limits;
 pub mod maps;
 pub mod secrets;
+pub mod snapshot;
+pub mod topology;
 pub mod validation;
+pub mod volume;
+pub mod wire;
 
 #[doc(inline)]
 pub use capability::{
@@ -51,6 +58,10 @@ pub use capability_set::{
     PluginCapabilities, PluginService, Requirement, RpcSupport, VolumeExpansion,
 };
 #[doc(inline)]
+pub use capacity::CapacityRange;
+#[doc(inline)]
+pub use confirm::{ConfirmPolicy, Confirmation, Mismatch};
+#[doc(inline)]
 pub use error_class::{ErrorClass, UnknownErrorClass};
 #[doc(inline)]
 pub use ids::{
@@ -58,8 +69,18 @@ pub use ids::{
     WorkloadId,
 };
 #[doc(inline)]
-pub use maps::{MutableParameters, Parameters, PublishContext, VolumeContext};
+pub use info::{NodeInfo, PluginInfo, PluginName};
+#[doc(inline)]
+pub use maps::{Manifest, MutableParameters, Parameters, PublishContext, VolumeContext};
 #[doc(inline)]
 pub use secrets::Secrets;
 #[doc(inline)]
+pub use snapshot::{Snapshot, VolumeGroupSnapshot};
+#[doc(inline)]
+pub use topology::{Topology, TopologyRequirement};
+#[doc(inline)]
 pub use validation::{FieldPath, Problem, ValidationErrors, Violation};
+#[doc(inline)]
+pub use volume::{ContentSource, Volume};
+#[doc(inline)]
+pub use wire::WireError;

@@ -160,6 +160,10 @@ string_map!(
     /// passed unchanged to that node's stage and publish calls.
     PublishContext, field = "publish_context"
 );
+string_map!(
+    /// Free-form facts a plugin reports about itself (`GetPluginInfoResponse.manifest`).
+    Manifest, field = "manifest"
+);
 
 #[cfg(test)]
 mod tests {

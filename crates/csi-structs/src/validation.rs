@@ -222,6 +222,19 @@ pub enum Problem {
     },
     /// A preferred topology is not one of the requisite topologies.
     PreferredNotInRequisite,
+    /// An enum number the spec does not define (not even as `UNKNOWN`).
+    UnknownEnumValue {
+        /// The number received.
+        value: i32,
+    },
+    /// A timestamp outside what the system clock can represent, or with nanos outside
+    /// `0..1_000_000_000`.
+    InvalidTimestamp {
+        /// Seconds since the Unix epoch.
+        seconds: i64,
+        /// Nanoseconds.
+        nanos: i32,
+    },
     /// Two fields that exclude each other are both set.
     MutuallyExclusive {
         /// The other field.
@@ -270,6 +283,12 @@ impl fmt::Display for Problem {
             ),
             Problem::PreferredNotInRequisite => {
                 f.write_str("is preferred but not among the requisite topologies")
+            }
+            Problem::UnknownEnumValue { value } => {
+                write!(f, "has the value {value}, which the spec does not define")
+            }
+            Problem::InvalidTimestamp { seconds, nanos } => {
+                write!(f, "is not a valid timestamp ({seconds}s, {nanos}ns)")
             }
             Problem::MutuallyExclusive { other } => {
                 write!(f, "cannot be set together with {other}")

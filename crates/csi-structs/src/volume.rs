@@ -1,0 +1,47 @@
+//! [`Volume`]: a volume as the plugin describes it (`csi.v1.Volume`, e.g. in the
+//! `CreateVolume` answer), and [`ContentSource`], what a new volume is made from.
+//!
+//! The orchestrator's record of a volume, with its user-set and orchestrator-owned fields, is
+//! [`registration`](crate::registration).
+
+use crate::ids::{ExternalVolumeId, SnapshotId};
+use crate::maps::VolumeContext;
+use crate::topology::Topology;
+
+/// What a new volume is made from (`VolumeContentSource`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentSource {
+    /// Restore from a snapshot (needs `CREATE_DELETE_SNAPSHOT`).
+    Snapshot(SnapshotId),
+    /// Clone an existing volume of the same plugin (needs `CLONE_VOLUME`).
+    Volume(ExternalVolumeId),
+}
+
+/// A volume as the plugin describes it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Volume {
+    /// The plugin's id for the volume, used in every later call.
+    pub volume_id: ExternalVolumeId,
+    /// The provisioned size; `None` (wire 0) means unknown.
+    pub capacity_bytes: Option<u64>,
+    /// Opaque facts to pass back unchanged to validation and publishing calls.
+    pub volume_context: VolumeContext,
+    /// What the volume was made from, if anything.
+    pub content_source: Option<ContentSource>,
+    /// Where the volume is reachable; empty means from everywhere.
+    pub accessible_topology: Vec<Topology>,
+}
+
+impl Volume {
+    /// A volume with only an id: unknown size, no context, no source, reachable everywhere.
+    pub fn new(volume_id: ExternalVolumeId) -> Self {
+        Self {
+            volume_id,
+            capacity_bytes: None,
+            volume_context: VolumeContext::new(),
+            content_source: None,
+            accessible_topology: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `Volume`, `VolumeContentSource` and `CreateVolumeResponse` on the wire.
+
+use csi_proto::v1;
+use csi_proto::v1::volume_content_source as vcs;
+
+use super::{by_ref_and_value, collect, finish, optional_size, size_to_wire};
+use crate::ids::{ExternalVolumeId, SnapshotId};
+use crate::maps::VolumeContext;
+use crate::validation::{FieldPath, Problem, ValidationErrors};
+use crate::volume::{ContentSource, Volume};
+
+impl From<&ContentSource> for v1::VolumeContentSource {
+    fn from(s: &ContentSource) -> Self {
+        let t = match s {
+            ContentSource::Snapshot(id) => vcs::Type::Snapshot(vcs::SnapshotSource {
+                snapshot_id: id.as_str().to_string(),
+            }),
+            ContentSource::Volume(id) => vcs::Type::Volume(vcs::VolumeSource {
+                volume_id: id.as_str().to_string(),
+            }),
+        };
+        v1::VolumeContentSource { r#type: Some(t) }
+    }
+}
+
+pub(crate) fn content_source_from_wire(
+    errs: &mut ValidationErrors,
+    at: &FieldPath,
+    w: &v1::VolumeContentSource,
+) -> Option<ContentSource> {
+    match &w.r#type {
+        None => {
+            errs.push(at.clone().field("type"), Problem::Missing);
+            None
+        }
+        Some(vcs::Type::Snapshot(s)) => collect(
+            errs,
+            SnapshotId::new_at(
+                s.snapshot_id.clone(),
+                &at.clone().field("snapshot").field("snapshot_id"),
+            ),
+        )
+        .map(ContentSource::Snapshot),
+        Some(vcs::Type::Volume(v)) => collect(
+            errs,
+            ExternalVolumeId::new_at(
+                v.volume_id.clone(),
+                &at.clone().field("volume").field("volume_id"),
+            ),
+        )
+        .map(ContentSource::Volume),
+    }
+}
+
+impl TryFrom<&v1::VolumeContentSource> for ContentSource {
+    type Error = super::WireError;
+    fn try_from(w: &v1::VolumeContentSource) -> Result<Self, Self::Error> {
+        let mut errs = ValidationErrors::new();
+        let value = content_source_from_wire(&mut errs, &FieldPath::root(), w);
+        finish("VolumeContentSource", errs, value)
+    }
+}
+by_ref_and_value!(v1::VolumeContentSource => ContentSource);
+
+impl From<&Volume> for v1::Volume {
+    fn from(v: &Volume) -> Self {
+        v1::Volume {
+            capacity_bytes: size_to_wire(v.capacity_bytes),
+            volume_id: v.volume_id.as_str().to_string(),
+            volume_context: v.volume_context.to_wire(),
+            content_source: v.content_source.as_ref().map(Into::into),
+            accessible_topology: v.accessible_topology.iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<Volume> for v1::Volume {
+    fn from(v: Volume) -> Self {
+        (&v).into()
+    }
+}
+
+pub(crate) fn volume_from_wire(
+    errs: &mut ValidationErrors,
+    at: &FieldPath,
+    w: &v1::Volume,
+) -> Option<Volume> {
+    let volume_id = collect(
+        errs,
+        ExternalVolumeId::new_at(w.volume_id.clone(), &at.clone().field("volume_id")),
+    );
+    let capacity_bytes = optional_size(errs, at.clone().field("capacity_bytes"), w.capacity_bytes);
+    let volume_context = collect(
+        errs,
+        VolumeContext::from_wire_at(
+            w.volume_context.clone(),
+            &at.clone().field("volume_context"),
+        ),
+    );
+    let content_source = match &w.content_source {
+        None => Some(None),
+        Some(s) => content_source_from_wire(errs, &at.clone().field("content_source"), s).map(Some),
+    };
+    let accessible_topology = super::topology::topologies_from_wire(
+        errs,
+        &at.clone().field("accessible_topology"),
+        &w.accessible_topology,
+    );
+    Some(Volume {
+        volume_id: volume_id?,
+        capacity_bytes: capacity_bytes?,
+        volume_context: volume_context?,
+        content_source: content_source?,
+        accessible_topology: accessible_topology?,
+    })
+}
+
+impl TryFrom<&v1::Volume> for Volume {
+    type Error = super::WireError;
+    fn try_from(w: &v1::Volume) -> Result<Self, Self::Error> {
+        let mut errs = ValidationErrors::new();
+        let value = volume_from_wire(&mut errs, &FieldPath::root(), w);
+        finish("Volume", errs, value)
+    }
+}
+by_ref_and_value!(v1::Volume => Volume);
+
+impl TryFrom<&v1::CreateVolumeResponse> for Volume {
+    type Error = super::WireError;
+    fn try_from(w: &v1::CreateVolumeResponse) -> Result<Self, Self::Error> {
+        let mut errs = ValidationErrors::new();
+        let at = FieldPath::named("volume");
+        let value = match &w.volume {
+            None => {
+                errs.push(at, Problem::Missing);
+                None
+            }
+            Some(v) => volume_from_wire(&mut errs, &at, v),
+        };
+        finish("CreateVolumeResponse", errs, value)
+    }
+}
+by_ref_and_value!(v1::CreateVolumeResponse => Volume);
+
+impl From<&Volume> for v1::CreateVolumeResponse {
+    fn from(v: &Volume) -> Self {
+        v1::CreateVolumeResponse {
+            volume: Some(v.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_volume_response_rules() {
+        let err = Volume::try_from(v1::CreateVolumeResponse { volume: None }).unwrap_err();
+        assert_eq!(err.message, "CreateVolumeResponse");
+        assert_eq!(err.errors.violations()[0].field.to_string(), "volume");
+
+        let w = v1::CreateVolumeResponse {
+            volume: Some(v1::Volume {
+                capacity_bytes: -5,
+                volume_id: String::new(),
+                content_source: Some(v1::VolumeContentSource { r#type: None }),
+                ..Default::default()
+            }),
+        };
+        let err = Volume::try_from(&w).unwrap_err();
+        let got: Vec<(String, Problem)> = err
+            .errors
+            .into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("volume.volume_id".into(), Problem::Missing),
+                (
+                    "volume.capacity_bytes".into(),
+                    Problem::Negative { value: -5 }
+                ),
+                ("volume.content_source.type".into(), Problem::Missing),
+            ]
+        );
+    }
+
+    #[test]
+    fn volume_round_trip() {
+        let w = v1::Volume {
+            capacity_bytes: 0,
+            volume_id: "vol-1".into(),
+            volume_context: [("k".to_string(), "v".to_string())].into(),
+            content_source: Some(v1::VolumeContentSource {
+                r#type: Some(vcs::Type::Snapshot(vcs::SnapshotSource {
+                    snapshot_id: "snap-1".into(),
+                })),
+            }),
+            accessible_topology: vec![],
+        };
+        let v = Volume::try_from(&w).unwrap();
+        assert_eq!(v.capacity_bytes, None);
+        assert_eq!(v1::Volume::from(&v), w);
+    }
+}
