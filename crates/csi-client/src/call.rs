@@ -1,0 +1,394 @@
+//! The attempt loop: deadlines, classification, retries, budget, spans and observer events.
+//!
+//! Every RPC of every typed client goes through [`Caller::call`]. One call:
+//! 1. takes the RPC's [`RpcPolicy`] (client table plus per-call [`CallOptions`]);
+//! 2. runs attempts, each under `tokio::time::timeout` of the attempt deadline (clipped to what
+//!    is left of the total budget) and with the same deadline sent as `grpc-timeout`;
+//! 3. classifies each failure ([`classify_failure`]) and retries only what the policy retries,
+//!    while attempts, the total budget and the shared [`RetryBudget`] allow, pausing by the
+//!    policy's [`Backoff`](crate::Backoff).
+//!
+//! Dropping the returned future cancels the call: the in-flight HTTP/2 stream is reset and no
+//! further attempt is made.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tracing::Instrument as _;
+
+use crate::budget::RetryBudget;
+use crate::connection::{ConnectError, Connection, DialFailure};
+use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
+use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
+use crate::policy::{CallOptions, PolicyTable, RpcPolicy, classify_failure};
+use crate::validate::{CsiRequest, CsiResponse, check_request, check_response};
+
+/// Everything the typed clients share: the connection, the policy table, the retry budget and
+/// the observer. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Caller {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    connection: Connection,
+    policies: PolicyTable,
+    budget: Arc<RetryBudget>,
+    observer: Option<Arc<dyn CallObserver>>,
+}
+
+/// Why one attempt failed before classification.
+enum AttemptError {
+    Dial(DialFailure),
+    Status(tonic::Status),
+}
+
+impl Caller {
+    pub(crate) fn new(
+        connection: Connection,
+        policies: PolicyTable,
+        budget: Arc<RetryBudget>,
+        observer: Option<Arc<dyn CallObserver>>,
+    ) -> Self {
+        Caller {
+            shared: Arc::new(Shared {
+                connection,
+                policies,
+                budget,
+                observer,
+            }),
+        }
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.shared.connection
+    }
+
+    pub(crate) fn policies(&self) -> &PolicyTable {
+        &self.shared.policies
+    }
+
+    pub(crate) fn budget(&self) -> &Arc<RetryBudget> {
+        &self.shared.budget
+    }
+
+    /// The policy a call of `rpc` with `options` runs under.
+    pub(crate) fn policy(&self, context: &CallContext, options: &CallOptions) -> RpcPolicy {
+        self.shared
+            .policies
+            .get(context.rpc())
+            .with_options(options)
+    }
+
+    /// Reports a call that failed before any attempt (an invalid request) and builds its error.
+    pub(crate) fn refuse(&self, context: CallContext, kind: ErrorKind) -> Error {
+        let failure = kind.failure();
+        let class = classify_failure(context.rpc(), failure);
+        tracing::debug!(rpc = context.rpc().name(), error = %kind, "request refused before sending");
+        if let Some(observer) = &self.shared.observer {
+            observer.on_call(&CallEvent {
+                rpc: context.rpc(),
+                attempts: 0,
+                duration: Duration::ZERO,
+                outcome: Outcome::Failed { failure, class },
+            });
+        }
+        Error::new(context, kind, class, 0)
+    }
+
+    /// Validates `request`, runs it under its policy, and checks and converts the answer.
+    pub(crate) async fn unary<Req, Resp, Out, F, Fut, C>(
+        &self,
+        options: &CallOptions,
+        request: Req,
+        send: F,
+        convert: C,
+    ) -> Result<Out, Error>
+    where
+        Req: CsiRequest,
+        Resp: CsiResponse,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+        C: Fn(Resp) -> Result<Out, ErrorKind>,
+    {
+        let context = request.context();
+        if let Err(errs) = check_request(&request) {
+            return Err(self.refuse(context, ErrorKind::InvalidRequest(errs)));
+        }
+        self.call(context, options, request, send, move |resp: Resp| {
+            check_response(&resp)
+                .map_err(|errs| ErrorKind::InvalidResponse(ResponseError::Fields(errs)))?;
+            convert(resp)
+        })
+        .await
+        .map(|(out, _)| out)
+    }
+
+    /// Validates `request` and opens a server stream under the RPC's policy (the opening is
+    /// retried like a unary call). Returns the stream, the policy it ran under, and when the
+    /// call started.
+    pub(crate) async fn open_stream<Req, T, F, Fut>(
+        &self,
+        options: &CallOptions,
+        request: Req,
+        send: F,
+    ) -> Result<(tonic::Streaming<T>, CallContext, RpcPolicy, Instant), Error>
+    where
+        Req: CsiRequest,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>>,
+    {
+        let context = request.context();
+        if let Err(errs) = check_request(&request) {
+            return Err(self.refuse(context, ErrorKind::InvalidRequest(errs)));
+        }
+        let started = Instant::now();
+        let policy = self.policy(&context, options);
+        let (stream, _) = self
+            .call(context.clone(), options, request, send, Ok)
+            .await?;
+        Ok((stream, context, policy, started))
+    }
+
+    /// Runs one RPC under its policy. `send` performs one attempt on the shared channel;
+    /// `convert` checks an OK answer and turns it into the result (a failure there is an
+    /// invalid response: classified, never retried).
+    ///
+    /// Returns the result and the number of attempts made.
+    pub(crate) async fn call<Req, Resp, Out, F, Fut, C>(
+        &self,
+        context: CallContext,
+        options: &CallOptions,
+        request: Req,
+        send: F,
+        convert: C,
+    ) -> Result<(Out, u32), Error>
+    where
+        Req: Clone,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+        C: Fn(Resp) -> Result<Out, ErrorKind>,
+    {
+        let rpc = context.rpc();
+        let policy = self.policy(&context, options);
+        let span = tracing::debug_span!(
+            "csi.call",
+            rpc = rpc.name(),
+            volume_id = context.volume_id().map(|v| v.as_str()),
+            node_id = context.node_id().map(|n| n.as_str()),
+            attempts = tracing::field::Empty,
+            code = tracing::field::Empty,
+            class = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let result = self
+            .attempt_loop(&context, &policy, request, send, convert)
+            .instrument(span.clone())
+            .await;
+        let (outcome, attempts, duration) = match &result {
+            Ok((_, attempts, duration)) => (Outcome::Ok, *attempts, *duration),
+            Err((error, duration)) => (
+                Outcome::Failed {
+                    failure: error.kind().failure(),
+                    class: error.class(),
+                },
+                error.attempts(),
+                *duration,
+            ),
+        };
+        span.record("attempts", attempts);
+        span.record("code", outcome.label());
+        if let Outcome::Failed { class, .. } = outcome {
+            span.record("class", class.as_str());
+        }
+        span.record("duration_ms", duration.as_millis() as u64);
+        if let Some(observer) = &self.shared.observer {
+            observer.on_call(&CallEvent {
+                rpc,
+                attempts,
+                duration,
+                outcome,
+            });
+        }
+        match result {
+            Ok((resp, attempts, _)) => Ok((resp, attempts)),
+            Err((error, _)) => {
+                span.in_scope(|| tracing::debug!(error = %error, "call failed"));
+                Err(error)
+            }
+        }
+    }
+
+    async fn attempt_loop<Req, Resp, Out, F, Fut, C>(
+        &self,
+        context: &CallContext,
+        policy: &RpcPolicy,
+        request: Req,
+        send: F,
+        convert: C,
+    ) -> Result<(Out, u32, Duration), (Error, Duration)>
+    where
+        Req: Clone,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+        C: Fn(Resp) -> Result<Out, ErrorKind>,
+    {
+        let rpc = context.rpc();
+        let streaming = rpc.is_server_streaming();
+        let start = Instant::now();
+        let call_deadline = start + policy.total_budget;
+        self.shared.budget.deposit();
+        let mut delays = policy.backoff.delays(policy.max_attempts.saturating_sub(1));
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let attempt_start = Instant::now();
+            let left = call_deadline.saturating_duration_since(attempt_start);
+            let clipped = left < policy.attempt_deadline;
+            let limit = if clipped {
+                left
+            } else {
+                policy.attempt_deadline
+            };
+            let attempt_deadline = attempt_start + limit;
+            let connection = &self.shared.connection;
+            // Set once the request is handed to the channel: a deadline that expires before
+            // that means nothing reached the plugin.
+            let handed_over = AtomicBool::new(false);
+            let one = async {
+                let channel = connection.channel().await.map_err(AttemptError::Dial)?;
+                handed_over.store(true, Ordering::Relaxed);
+                let mut req = tonic::Request::new(request.clone());
+                // The plugin learns the deadline too. A stream's messages may take the whole
+                // call budget; its opening is still bounded by the attempt deadline below.
+                let header = if streaming {
+                    call_deadline.saturating_duration_since(Instant::now())
+                } else {
+                    attempt_deadline.saturating_duration_since(Instant::now())
+                };
+                req.set_timeout(header.max(Duration::from_millis(1)));
+                send(channel, req).await.map_err(AttemptError::Status)
+            };
+            let outcome = tokio::time::timeout_at(attempt_deadline, one)
+                .instrument(tracing::debug_span!("csi.attempt", attempt))
+                .await;
+            let elapsed = attempt_start.elapsed();
+            let scope = if clipped {
+                Elapsed::new(DeadlineScope::Call, policy.total_budget)
+            } else {
+                Elapsed::new(DeadlineScope::Attempt, policy.attempt_deadline)
+            };
+            let kind = match outcome {
+                Ok(Ok(response)) => match convert(response.into_inner()) {
+                    Ok(out) => {
+                        self.observe_attempt(rpc, attempt, elapsed, Outcome::Ok);
+                        return Ok((out, attempt, start.elapsed()));
+                    }
+                    Err(kind) => kind,
+                },
+                Ok(Err(AttemptError::Dial(DialFailure::Connect(e)))) => ErrorKind::NotConnected(e),
+                Ok(Err(AttemptError::Dial(DialFailure::Handshake { source, .. }))) => {
+                    ErrorKind::Handshake {
+                        source: Box::new(source),
+                    }
+                }
+                Ok(Err(AttemptError::Status(status))) => kind_of_status(status, scope),
+                Err(_) if !handed_over.load(Ordering::Relaxed) => {
+                    ErrorKind::NotConnected(ConnectError::timed_out(connection.endpoint(), elapsed))
+                }
+                Err(_) => ErrorKind::Timeout(scope),
+            };
+            let failure = kind.failure();
+            let class = classify_failure(rpc, failure);
+            self.observe_attempt(rpc, attempt, elapsed, Outcome::Failed { failure, class });
+            tracing::debug!(
+                attempt,
+                code = Outcome::Failed { failure, class }.label(),
+                class = class.as_str(),
+                "attempt failed"
+            );
+
+            let fail = |budget_exhausted: bool| {
+                let error = Error::new(context.clone(), kind, class, attempt);
+                let error = if budget_exhausted {
+                    error.with_budget_exhausted()
+                } else {
+                    error
+                };
+                Err((error, start.elapsed()))
+            };
+            if !policy.retries(failure) || attempt >= policy.max_attempts {
+                return fail(false);
+            }
+            let Some(pause) = delays.next() else {
+                return fail(false);
+            };
+            if Instant::now() + pause >= call_deadline {
+                return fail(false);
+            }
+            if !self.shared.budget.try_withdraw() {
+                return fail(true);
+            }
+            tracing::debug!(
+                attempt,
+                ?pause,
+                class = class.as_str(),
+                "retrying after pause"
+            );
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    fn observe_attempt(
+        &self,
+        rpc: csi_proto::Rpc,
+        attempt: u32,
+        duration: Duration,
+        outcome: Outcome,
+    ) {
+        if let Some(observer) = &self.shared.observer {
+            observer.on_attempt(&AttemptEvent {
+                rpc,
+                attempt,
+                duration,
+                outcome,
+            });
+        }
+    }
+}
+
+/// Sorts a tonic status into what actually happened, by the *types* in its source chain:
+/// - our [`ConnectError`]: the channel could not redial the plugin; nothing was sent;
+/// - tonic's `TimeoutExpired`: tonic enforced the `grpc-timeout` we set, i.e. our attempt
+///   deadline expired (tonic reports it as `Cancelled`; we do not guess from the code);
+/// - any other source: a transport failure after the request was handed to the connection;
+/// - no source: a status the plugin sent.
+pub(crate) fn kind_of_status(status: tonic::Status, deadline: Elapsed) -> ErrorKind {
+    let mut source = std::error::Error::source(&status);
+    let mut transport = false;
+    while let Some(err) = source {
+        transport = true;
+        if let Some(connect) = err.downcast_ref::<ConnectError>() {
+            return ErrorKind::NotConnected(connect.duplicate());
+        }
+        if err.is::<tonic::TimeoutExpired>() {
+            return ErrorKind::Timeout(deadline);
+        }
+        source = err.source();
+    }
+    if transport {
+        ErrorKind::ConnectionLost {
+            source: Box::new(status),
+        }
+    } else {
+        ErrorKind::Status {
+            code: status.code(),
+            message: status.message().to_owned(),
+        }
+    }
+}

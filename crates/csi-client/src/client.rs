@@ -1,0 +1,180 @@
+//! [`CsiClient`]: one plugin endpoint, one connection, every service client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::budget::RetryBudget;
+use crate::call::Caller;
+use crate::connection::{ConnectOptions, Connection};
+use crate::controller::ControllerClient;
+use crate::endpoint::{Endpoint, EndpointError};
+use crate::error::Error;
+use crate::fingerprint::{self, Fingerprint};
+use crate::group_controller::GroupControllerClient;
+use crate::health::HealthWatcher;
+use crate::identity::IdentityClient;
+use crate::node::NodeClient;
+use crate::observe::CallObserver;
+use crate::policy::{PolicyTable, RpcPolicy};
+use crate::snapshot_metadata::SnapshotMetadataClient;
+
+/// A client of one CSI plugin: hands out the per-service clients, all sharing one lazily
+/// dialled connection, one policy table, one retry budget and one observer. Cheap to clone.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use csi_client::CsiClient;
+///
+/// let client = CsiClient::builder("unix:///run/csi/plugin.sock".parse()?).build();
+/// let info = client.identity().get_plugin_info().await?;
+/// println!("{} {}", info.name, info.vendor_version);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct CsiClient {
+    caller: Caller,
+}
+
+impl CsiClient {
+    /// A builder for a client of `endpoint`.
+    pub fn builder(endpoint: Endpoint) -> CsiClientBuilder {
+        CsiClientBuilder {
+            endpoint,
+            connect: ConnectOptions::DEFAULT,
+            policies: PolicyTable::default(),
+            budget: None,
+            observer: None,
+        }
+    }
+
+    /// A client of `endpoint` with every default. Dials nothing until the first call.
+    pub fn new(endpoint: Endpoint) -> Self {
+        Self::builder(endpoint).build()
+    }
+
+    /// A client of the endpoint in `CSI_ENDPOINT`, with every default.
+    ///
+    /// # Errors
+    ///
+    /// The variable is unset or malformed.
+    pub fn from_env() -> Result<Self, EndpointError> {
+        Ok(Self::new(Endpoint::from_env()?))
+    }
+
+    /// The Identity service.
+    pub fn identity(&self) -> IdentityClient {
+        IdentityClient::new(self.caller.clone())
+    }
+
+    /// The Controller service.
+    pub fn controller(&self) -> ControllerClient {
+        ControllerClient::new(self.caller.clone())
+    }
+
+    /// The Node service.
+    pub fn node(&self) -> NodeClient {
+        NodeClient::new(self.caller.clone())
+    }
+
+    /// The GroupController service.
+    pub fn group_controller(&self) -> GroupControllerClient {
+        GroupControllerClient::new(self.caller.clone())
+    }
+
+    /// The SnapshotMetadata service (alpha).
+    pub fn snapshot_metadata(&self) -> SnapshotMetadataClient {
+        SnapshotMetadataClient::new(self.caller.clone())
+    }
+
+    /// The shared connection.
+    pub fn connection(&self) -> &Connection {
+        self.caller.connection()
+    }
+
+    /// The policy table this client runs under.
+    pub fn policies(&self) -> &PolicyTable {
+        self.caller.policies()
+    }
+
+    /// The retry budget shared by this client's calls.
+    pub fn retry_budget(&self) -> &Arc<RetryBudget> {
+        self.caller.budget()
+    }
+
+    /// Gathers plugin info, plugin/controller/group-controller/node capabilities and node
+    /// info into one value (see [`Fingerprint`]).
+    ///
+    /// # Errors
+    ///
+    /// The first call that fails, except UNIMPLEMENTED on the node calls (a controller-only
+    /// plugin), which leaves the node part empty.
+    pub async fn fingerprint(&self) -> Result<Fingerprint, Error> {
+        fingerprint::gather(self).await
+    }
+
+    /// Starts a health watcher probing every `interval` (see [`HealthWatcher`]).
+    /// Must be called within a tokio runtime.
+    pub fn watch_health(&self, interval: Duration) -> HealthWatcher {
+        HealthWatcher::spawn(self.identity(), self.connection().clone(), interval)
+    }
+}
+
+/// Configures a [`CsiClient`].
+#[derive(Debug)]
+pub struct CsiClientBuilder {
+    endpoint: Endpoint,
+    connect: ConnectOptions,
+    policies: PolicyTable,
+    budget: Option<Arc<RetryBudget>>,
+    observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl CsiClientBuilder {
+    /// How the connection dials (socket wait, backoff, keep-alive).
+    #[must_use]
+    pub fn connect_options(mut self, options: ConnectOptions) -> Self {
+        self.connect = options;
+        self
+    }
+
+    /// Replaces the whole policy table.
+    #[must_use]
+    pub fn policies(mut self, policies: PolicyTable) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// Changes the policy of one RPC.
+    #[must_use]
+    pub fn policy(mut self, rpc: csi_proto::Rpc, change: impl FnOnce(&mut RpcPolicy)) -> Self {
+        self.policies.update(rpc, change);
+        self
+    }
+
+    /// Shares a retry budget (for example one per plugin across several clients).
+    #[must_use]
+    pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Receives an event per attempt and per call, for metrics.
+    #[must_use]
+    pub fn observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Builds the client. Dials nothing.
+    pub fn build(self) -> CsiClient {
+        let connection = Connection::with_options(self.endpoint, self.connect);
+        CsiClient {
+            caller: Caller::new(
+                connection,
+                self.policies,
+                self.budget.unwrap_or_default(),
+                self.observer,
+            ),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The Controller service: every v1.13 controller RPC.
+
+use csi_proto::v1 as pb;
+use csi_proto::v1::controller_client::ControllerClient as Raw;
+use csi_structs::ControllerCapabilities;
+
+use crate::convert;
+use crate::error::Error;
+use crate::service::{raw_rpc, service_client};
+
+service_client!(
+    /// Client of the Controller service. Cheap to clone; shares the connection of the
+    /// [`CsiClient`](crate::CsiClient) it came from.
+    ///
+    /// Mutations (create, delete, publish, unpublish, expand, modify, snapshots) run under
+    /// long deadlines and are retried on transient failures: the spec requires them to be
+    /// idempotent. Errors carry the volume (and node) the request named.
+    ControllerClient
+);
+
+impl ControllerClient {
+    raw_rpc!(
+        /// `CreateVolume`. The answer must carry a volume with a non-empty id and a
+        /// non-negative capacity. A deadline or lost connection is
+        /// [`Uncertain`](csi_structs::ErrorClass::Uncertain): call again with the same `name`
+        /// to learn the outcome.
+        create_volume, Raw<tonic::transport::Channel>, pb::CreateVolumeRequest => pb::CreateVolumeResponse
+    );
+    raw_rpc!(
+        /// `DeleteVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+        delete_volume, Raw<tonic::transport::Channel>, pb::DeleteVolumeRequest => ()
+    );
+    raw_rpc!(
+        /// `ControllerPublishVolume`; the answer's `publish_context` goes to the node calls.
+        controller_publish_volume, Raw<tonic::transport::Channel>,
+        pb::ControllerPublishVolumeRequest => pb::ControllerPublishVolumeResponse
+    );
+    raw_rpc!(
+        /// `ControllerUnpublishVolume` (an empty `node_id` means every node). NOT_FOUND is
+        /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+        controller_unpublish_volume, Raw<tonic::transport::Channel>,
+        pb::ControllerUnpublishVolumeRequest => ()
+    );
+    raw_rpc!(
+        /// `ListVolumes`, one page. ABORTED (bad `starting_token`) is fatal: restart the listing.
+        list_volumes, Raw<tonic::transport::Channel>, pb::ListVolumesRequest => pb::ListVolumesResponse
+    );
+    raw_rpc!(
+        /// `ControllerListVolumeHealth` (alpha), one page.
+        controller_list_volume_health, Raw<tonic::transport::Channel>,
+        pb::ControllerListVolumeHealthRequest => pb::ControllerListVolumeHealthResponse
+    );
+    raw_rpc!(
+        /// `ControllerGetVolumeHealth` (alpha).
+        controller_get_volume_health, Raw<tonic::transport::Channel>,
+        pb::ControllerGetVolumeHealthRequest => pb::ControllerGetVolumeHealthResponse
+    );
+    raw_rpc!(
+        /// `GetCapacity`; negative capacities are invalid responses.
+        get_capacity, Raw<tonic::transport::Channel>, pb::GetCapacityRequest => pb::GetCapacityResponse
+    );
+    raw_rpc!(
+        /// `CreateSnapshot`; call again with the same `name` until `ready_to_use`.
+        create_snapshot, Raw<tonic::transport::Channel>, pb::CreateSnapshotRequest => pb::CreateSnapshotResponse
+    );
+    raw_rpc!(
+        /// `DeleteSnapshot`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+        delete_snapshot, Raw<tonic::transport::Channel>, pb::DeleteSnapshotRequest => ()
+    );
+    raw_rpc!(
+        /// `ListSnapshots`, one page.
+        list_snapshots, Raw<tonic::transport::Channel>, pb::ListSnapshotsRequest => pb::ListSnapshotsResponse
+    );
+    raw_rpc!(
+        /// `GetSnapshot` (alpha).
+        get_snapshot, Raw<tonic::transport::Channel>, pb::GetSnapshotRequest => pb::GetSnapshotResponse
+    );
+    raw_rpc!(
+        /// `ControllerExpandVolume`.
+        controller_expand_volume, Raw<tonic::transport::Channel>,
+        pb::ControllerExpandVolumeRequest => pb::ControllerExpandVolumeResponse
+    );
+    raw_rpc!(
+        /// `ControllerGetVolume` (alpha).
+        controller_get_volume, Raw<tonic::transport::Channel>,
+        pb::ControllerGetVolumeRequest => pb::ControllerGetVolumeResponse
+    );
+    raw_rpc!(
+        /// `ControllerModifyVolume`.
+        controller_modify_volume, Raw<tonic::transport::Channel>, pb::ControllerModifyVolumeRequest => ()
+    );
+
+    /// `ValidateVolumeCapabilities`, raw: the caller compares `confirmed` with its request
+    /// itself (spec §3.10).
+    ///
+    /// # Errors
+    ///
+    /// An [`Error`] with the RPC's class; NOT_FOUND (no such volume) is fatal.
+    pub async fn validate_volume_capabilities_raw(
+        &self,
+        request: pb::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<pb::ValidateVolumeCapabilitiesResponse, Error> {
+        self.caller
+            .unary(
+                &self.options,
+                request,
+                |ch, req| async move { Raw::new(ch).validate_volume_capabilities(req).await },
+                Ok,
+            )
+            .await
+    }
+
+    /// `ControllerGetCapabilities`: what the controller advertises. Unknown numbers are kept
+    /// aside and ignored (spec §3.15).
+    ///
+    /// # Errors
+    ///
+    /// Any call failure.
+    pub async fn controller_get_capabilities(&self) -> Result<ControllerCapabilities, Error> {
+        self.caller
+            .unary(
+                &self.options,
+                pb::ControllerGetCapabilitiesRequest {},
+                |ch, req| async move { Raw::new(ch).controller_get_capabilities(req).await },
+                |resp| Ok(convert::controller_capabilities(&resp)),
+            )
+            .await
+    }
+}

@@ -1,0 +1,446 @@
+//! The crate's one error type: what failed, where, how often it was tried, and its class.
+
+use std::fmt;
+use std::time::Duration;
+
+use csi_proto::Rpc;
+use csi_structs::{ErrorClass, ExternalVolumeId, PluginNodeId, SnapshotId, ValidationErrors};
+use tonic::Code;
+
+use crate::connection::ConnectError;
+use crate::policy::Failure;
+
+/// Which deadline expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeadlineScope {
+    /// The deadline of one attempt.
+    Attempt,
+    /// The deadline of the whole call, across attempts.
+    Call,
+}
+
+/// A deadline of ours expired. Only this crate creates it: a timeout is known from our own
+/// timer, never guessed from a status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Elapsed {
+    scope: DeadlineScope,
+    limit: Duration,
+}
+
+impl Elapsed {
+    pub(crate) const fn new(scope: DeadlineScope, limit: Duration) -> Self {
+        Elapsed { scope, limit }
+    }
+
+    /// Which deadline expired.
+    pub const fn scope(&self) -> DeadlineScope {
+        self.scope
+    }
+
+    /// The deadline that expired.
+    pub const fn limit(&self) -> Duration {
+        self.limit
+    }
+}
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope {
+            DeadlineScope::Attempt => write!(f, "attempt deadline of {:?} expired", self.limit),
+            DeadlineScope::Call => write!(f, "call deadline of {:?} expired", self.limit),
+        }
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+/// A response (or stream message) that breaks the spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResponseError {
+    /// Fields that are missing, too large or negative; each violation names the field.
+    #[error("invalid response: {0}")]
+    Fields(ValidationErrors),
+    /// A snapshot-metadata range starts before the previous one ended (ranges must be strictly
+    /// ascending and non-overlapping across the whole stream).
+    #[error(
+        "block_metadata range at byte_offset {byte_offset} overlaps or precedes the previous range ending at {previous_end}"
+    )]
+    RangeOutOfOrder {
+        /// The offending range's start.
+        byte_offset: i64,
+        /// Where the previous range ended.
+        previous_end: i64,
+    },
+    /// `block_metadata_type` or `volume_capacity_bytes` changed in the middle of a stream.
+    #[error("{field} changed mid-stream from {before} to {after}")]
+    StreamShapeChanged {
+        /// The field that changed.
+        field: &'static str,
+        /// The value in earlier messages.
+        before: i64,
+        /// The new value.
+        after: i64,
+    },
+    /// A FIXED_LENGTH stream carried ranges of different sizes.
+    #[error(
+        "FIXED_LENGTH stream has a range of {size_bytes} bytes after ranges of {expected} bytes"
+    )]
+    UnequalFixedLength {
+        /// The first size seen.
+        expected: i64,
+        /// The differing size.
+        size_bytes: i64,
+    },
+}
+
+/// What went wrong, without the call context.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The plugin answered with a non-OK gRPC status.
+    #[error("plugin returned {code:?}: {message}")]
+    Status {
+        /// The gRPC code.
+        code: Code,
+        /// The plugin's `status.message`.
+        message: String,
+    },
+    /// One of our deadlines expired (the plugin may still be working on it).
+    #[error(transparent)]
+    Timeout(Elapsed),
+    /// The connection broke while the call was in flight; the request may have been processed.
+    #[error("connection to the plugin was lost mid-call: {source}")]
+    ConnectionLost {
+        /// The transport error as tonic reported it.
+        #[source]
+        source: Box<tonic::Status>,
+    },
+    /// The plugin could not be reached; nothing was sent.
+    #[error(transparent)]
+    NotConnected(ConnectError),
+    /// The socket opened but the HTTP/2 connection could not be set up; nothing was sent.
+    #[error("HTTP/2 handshake failed: {source}")]
+    Handshake {
+        /// tonic's error.
+        #[source]
+        source: Box<tonic::transport::Error>,
+    },
+    /// The request breaks the spec and was not sent; each violation names the field.
+    #[error("invalid request: {0}")]
+    InvalidRequest(ValidationErrors),
+    /// The plugin's answer breaks the spec.
+    #[error(transparent)]
+    InvalidResponse(ResponseError),
+}
+
+impl ErrorKind {
+    /// The failure as the policy table sees it.
+    pub fn failure(&self) -> Failure {
+        match self {
+            ErrorKind::Status { code, .. } => Failure::Status(*code),
+            ErrorKind::Timeout(e) => match e.scope {
+                DeadlineScope::Attempt => Failure::AttemptDeadline,
+                DeadlineScope::Call => Failure::CallDeadline,
+            },
+            ErrorKind::ConnectionLost { .. } => Failure::ConnectionLost,
+            ErrorKind::NotConnected(_) | ErrorKind::Handshake { .. } => Failure::NotConnected,
+            ErrorKind::InvalidRequest(_) => Failure::InvalidRequest,
+            ErrorKind::InvalidResponse(_) => Failure::InvalidResponse,
+        }
+    }
+}
+
+/// Which RPC a failure belongs to, and the objects it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallContext {
+    rpc: Rpc,
+    volume_id: Option<ExternalVolumeId>,
+    node_id: Option<PluginNodeId>,
+    snapshot_id: Option<SnapshotId>,
+}
+
+impl CallContext {
+    /// A context for `rpc` naming nothing yet.
+    pub const fn new(rpc: Rpc) -> Self {
+        CallContext {
+            rpc,
+            volume_id: None,
+            node_id: None,
+            snapshot_id: None,
+        }
+    }
+
+    /// Names the volume (an empty or oversized id is left out; validation reports it).
+    #[must_use]
+    pub fn volume(mut self, id: &str) -> Self {
+        self.volume_id = ExternalVolumeId::new(id).ok();
+        self
+    }
+
+    /// Names the plugin's node (an empty or oversized id is left out).
+    #[must_use]
+    pub fn node(mut self, id: &str) -> Self {
+        self.node_id = PluginNodeId::new(id).ok();
+        self
+    }
+
+    /// Names the snapshot (an empty or oversized id is left out).
+    #[must_use]
+    pub fn snapshot(mut self, id: &str) -> Self {
+        self.snapshot_id = SnapshotId::new(id).ok();
+        self
+    }
+
+    /// The RPC.
+    pub const fn rpc(&self) -> Rpc {
+        self.rpc
+    }
+
+    /// The plugin's volume id, where the request has one.
+    pub fn volume_id(&self) -> Option<&ExternalVolumeId> {
+        self.volume_id.as_ref()
+    }
+
+    /// The plugin's node id, where the request has one.
+    pub fn node_id(&self) -> Option<&PluginNodeId> {
+        self.node_id.as_ref()
+    }
+
+    /// The snapshot id, where the request has one.
+    pub fn snapshot_id(&self) -> Option<&SnapshotId> {
+        self.snapshot_id.as_ref()
+    }
+}
+
+impl fmt::Display for CallContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.rpc.name())?;
+        if let Some(v) = &self.volume_id {
+            write!(f, " volume {v}")?;
+        }
+        if let Some(s) = &self.snapshot_id {
+            write!(f, " snapshot {s}")?;
+        }
+        if let Some(n) = &self.node_id {
+            write!(f, " node {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A failed CSI call: the RPC and the volume/node it named, what went wrong, how many attempts
+/// were made, and the [`ErrorClass`] telling the caller what to do.
+///
+/// Secrets never appear: requests are not stored, and no field holds request data other than
+/// ids.
+///
+/// ```no_run
+/// # async fn f(node: csi_client::NodeClient, req: csi_client::proto::NodeUnpublishVolumeRequest) {
+/// use csi_client::ErrorClass;
+///
+/// match node.node_unpublish_volume(req).await {
+///     Ok(()) => {}
+///     Err(e) if e.class() == ErrorClass::AlreadyDone => {} // gone already: success
+///     Err(e) if e.class().is_uncertain() => { /* retry to completion later */ }
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    context: CallContext,
+    kind: ErrorKind,
+    class: ErrorClass,
+    attempts: u32,
+    budget_exhausted: bool,
+}
+
+impl Error {
+    pub(crate) fn new(
+        context: CallContext,
+        kind: ErrorKind,
+        class: ErrorClass,
+        attempts: u32,
+    ) -> Self {
+        Error {
+            inner: Box::new(Inner {
+                context,
+                kind,
+                class,
+                attempts,
+                budget_exhausted: false,
+            }),
+        }
+    }
+
+    pub(crate) fn with_budget_exhausted(mut self) -> Self {
+        self.inner.budget_exhausted = true;
+        self
+    }
+
+    /// What to do about it.
+    pub fn class(&self) -> ErrorClass {
+        self.inner.class
+    }
+
+    /// The RPC that failed.
+    pub fn rpc(&self) -> Rpc {
+        self.inner.context.rpc
+    }
+
+    /// The RPC and the objects it named.
+    pub fn context(&self) -> &CallContext {
+        &self.inner.context
+    }
+
+    /// The plugin's volume id, where the request had one.
+    pub fn volume_id(&self) -> Option<&ExternalVolumeId> {
+        self.inner.context.volume_id()
+    }
+
+    /// The plugin's node id, where the request had one.
+    pub fn node_id(&self) -> Option<&PluginNodeId> {
+        self.inner.context.node_id()
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.inner.kind
+    }
+
+    /// The gRPC code, when the plugin answered with a status.
+    pub fn code(&self) -> Option<Code> {
+        match &self.inner.kind {
+            ErrorKind::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The plugin's status message, when it answered with a status.
+    pub fn message(&self) -> Option<&str> {
+        match &self.inner.kind {
+            ErrorKind::Status { message, .. } => Some(message),
+            _ => None,
+        }
+    }
+
+    /// Attempts made (0 when the request was refused before sending).
+    pub fn attempts(&self) -> u32 {
+        self.inner.attempts
+    }
+
+    /// Whether retries stopped because the client's shared retry budget was empty.
+    pub fn retry_budget_exhausted(&self) -> bool {
+        self.inner.budget_exhausted
+    }
+
+    /// Whether one of our deadlines expired (and which).
+    pub fn timeout(&self) -> Option<&Elapsed> {
+        match &self.inner.kind {
+            ErrorKind::Timeout(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        write!(
+            f,
+            "{}: {} ({}, {} attempt{}",
+            i.context,
+            i.kind,
+            i.class,
+            i.attempts,
+            if i.attempts == 1 { "" } else { "s" }
+        )?;
+        if i.budget_exhausted {
+            f.write_str(", retry budget exhausted")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("Error")
+            .field("context", &i.context)
+            .field("kind", &i.kind)
+            .field("class", &i.class)
+            .field("attempts", &i.attempts)
+            .field("budget_exhausted", &i.budget_exhausted)
+            .finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.inner.kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_rpc_ids_code_class_and_attempts() {
+        let ctx = CallContext::new(Rpc::NodePublishVolume)
+            .volume("vol-1")
+            .node("n-9");
+        let e = Error::new(
+            ctx,
+            ErrorKind::Status {
+                code: Code::NotFound,
+                message: "no such volume".into(),
+            },
+            ErrorClass::Fatal,
+            2,
+        );
+        let text = e.to_string();
+        for part in [
+            "NodePublishVolume",
+            "vol-1",
+            "n-9",
+            "NotFound",
+            "no such volume",
+            "fatal",
+            "2 attempts",
+        ] {
+            assert!(text.contains(part), "{text:?} lacks {part:?}");
+        }
+        assert_eq!(e.code(), Some(Code::NotFound));
+        assert_eq!(e.volume_id().map(|v| v.as_str()), Some("vol-1"));
+        assert!(e.timeout().is_none());
+    }
+
+    #[test]
+    fn invalid_ids_are_left_out_of_the_context() {
+        let ctx = CallContext::new(Rpc::DeleteVolume).volume("");
+        assert!(ctx.volume_id().is_none());
+        assert_eq!(ctx.to_string(), "DeleteVolume");
+    }
+
+    #[test]
+    fn error_stays_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+
+    #[test]
+    fn kinds_map_to_failures() {
+        let t = ErrorKind::Timeout(Elapsed::new(DeadlineScope::Attempt, Duration::from_secs(1)));
+        assert_eq!(t.failure(), Failure::AttemptDeadline);
+        let c = ErrorKind::Timeout(Elapsed::new(DeadlineScope::Call, Duration::from_secs(1)));
+        assert_eq!(c.failure(), Failure::CallDeadline);
+        assert_eq!(
+            ErrorKind::InvalidRequest(ValidationErrors::new()).failure(),
+            Failure::InvalidRequest
+        );
+    }
+}

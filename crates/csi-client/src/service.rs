@@ -1,0 +1,74 @@
+//! Shared shape of the per-service clients.
+
+/// Defines a service client struct holding the shared caller and per-client call options.
+macro_rules! service_client {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name {
+            caller: $crate::call::Caller,
+            options: $crate::policy::CallOptions,
+        }
+
+        impl $name {
+            pub(crate) fn new(caller: $crate::call::Caller) -> Self {
+                $name {
+                    caller,
+                    options: $crate::policy::CallOptions::new(),
+                }
+            }
+
+            /// A copy of this client whose calls use `options` over the policy table
+            /// (for example a shorter deadline for one call).
+            #[must_use]
+            pub fn with_options(&self, options: $crate::policy::CallOptions) -> Self {
+                $name {
+                    caller: self.caller.clone(),
+                    options,
+                }
+            }
+        }
+    };
+}
+pub(crate) use service_client;
+
+/// Defines a method that sends a raw request and returns the checked raw response.
+macro_rules! raw_rpc {
+    ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => ()) => {
+        $(#[$doc])*
+        ///
+        /// # Errors
+        ///
+        /// An [`Error`](crate::Error) with the RPC's class: an invalid request is refused
+        /// before sending.
+        pub async fn $method(&self, request: $req) -> Result<(), $crate::error::Error> {
+            self.caller
+                .unary(
+                    &self.options,
+                    request,
+                    |ch, req| async move { <$raw>::new(ch).$method(req).await },
+                    |_| Ok(()),
+                )
+                .await
+        }
+    };
+    ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => $resp:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Errors
+        ///
+        /// An [`Error`](crate::Error) with the RPC's class: an invalid request is refused
+        /// before sending, an answer that breaks the spec is an invalid response.
+        pub async fn $method(&self, request: $req) -> Result<$resp, $crate::error::Error> {
+            self.caller
+                .unary(
+                    &self.options,
+                    request,
+                    |ch, req| async move { <$raw>::new(ch).$method(req).await },
+                    Ok,
+                )
+                .await
+        }
+    };
+}
+pub(crate) use raw_rpc;

@@ -1,0 +1,873 @@
+//! Checks on wire messages: requests before they are sent, responses when they arrive.
+//!
+//! The limits themselves (128-byte strings, 4 KiB maps, 256-byte plugin node ids, …) and the
+//! error vocabulary ([`FieldPath`], [`Problem`], [`ValidationErrors`]) come from `csi-structs`;
+//! this module applies them to each CSI message. Every violation names the field path, and no
+//! violation ever carries a value (so a secret cannot leak through an error; sizes only).
+//!
+//! Scalars without presence (`readonly`, `starting_offset`, `max_entries` = 0) are never
+//! reported missing, because proto3 cannot tell "false"/"0" from "unset".
+
+use std::collections::HashMap;
+
+use csi_proto::Rpc;
+use csi_proto::v1 as pb;
+use csi_structs::ValidationErrors;
+use csi_structs::limits::{
+    MAX_MAP_BYTES, MAX_MOUNT_FLAGS_BYTES, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES, map_size,
+};
+use csi_structs::validation::{FieldPath, Problem, SizeUnit};
+
+use crate::error::CallContext;
+
+/// A request message: which RPC it belongs to, what it names, and its spec checks.
+pub(crate) trait CsiRequest: Clone + Send + Sync + 'static {
+    /// The RPC this message is the request of.
+    const RPC: Rpc;
+
+    /// The RPC plus the volume/node/snapshot the request names.
+    fn context(&self) -> CallContext {
+        CallContext::new(Self::RPC)
+    }
+
+    /// Required fields and size limits.
+    fn check(&self, _errs: &mut Checker) {}
+}
+
+/// A response message's spec checks.
+pub(crate) trait CsiResponse {
+    /// Required fields, size limits, negative numbers.
+    fn check(&self, _errs: &mut Checker) {}
+}
+
+/// Collects violations.
+#[derive(Debug, Default)]
+pub(crate) struct Checker {
+    errs: ValidationErrors,
+}
+
+fn at(name: &'static str) -> FieldPath {
+    FieldPath::named(name)
+}
+
+impl Checker {
+    pub(crate) fn finish(self) -> Result<(), ValidationErrors> {
+        self.errs.into_result(())
+    }
+
+    fn push(&mut self, field: FieldPath, problem: Problem) {
+        self.errs.push(field, problem);
+    }
+
+    fn len(&mut self, field: &FieldPath, value: &str, limit: usize) {
+        if value.len() > limit {
+            self.push(
+                field.clone(),
+                Problem::TooLong {
+                    size: value.len(),
+                    limit,
+                    unit: SizeUnit::Bytes,
+                },
+            );
+        }
+    }
+
+    /// A required string with a byte limit.
+    pub(crate) fn required(&mut self, field: FieldPath, value: &str, limit: usize) {
+        if value.is_empty() {
+            self.push(field, Problem::Missing);
+        } else {
+            self.len(&field, value, limit);
+        }
+    }
+
+    /// A required id (128 bytes).
+    pub(crate) fn id(&mut self, field: FieldPath, value: &str) {
+        self.required(field, value, MAX_STRING_BYTES);
+    }
+
+    /// An optional string (128 bytes).
+    pub(crate) fn optional(&mut self, field: FieldPath, value: &str) {
+        self.len(&field, value, MAX_STRING_BYTES);
+    }
+
+    /// A required path: no size limit (the OS maximum applies), but present.
+    pub(crate) fn path(&mut self, field: FieldPath, value: &str) {
+        if value.is_empty() {
+            self.push(field, Problem::Missing);
+        }
+    }
+
+    /// A map of at most 4 KiB (keys plus values).
+    pub(crate) fn map(&mut self, field: FieldPath, map: &HashMap<String, String>) {
+        let size = map_size(map.iter());
+        if size > MAX_MAP_BYTES {
+            self.push(
+                field,
+                Problem::TooLong {
+                    size,
+                    limit: MAX_MAP_BYTES,
+                    unit: SizeUnit::Bytes,
+                },
+            );
+        }
+    }
+
+    /// A number that must not be negative.
+    pub(crate) fn non_negative(&mut self, field: FieldPath, value: i64) {
+        if value < 0 {
+            self.push(field, Problem::Negative { value });
+        }
+    }
+
+    /// A required message.
+    pub(crate) fn present<T>(&mut self, field: FieldPath, value: &Option<T>) -> bool {
+        if value.is_none() {
+            self.push(field, Problem::Missing);
+            false
+        } else {
+            true
+        }
+    }
+
+    pub(crate) fn capability(&mut self, field: FieldPath, cap: &Option<pb::VolumeCapability>) {
+        let Some(cap) = cap else {
+            self.push(field, Problem::Missing);
+            return;
+        };
+        match &cap.access_mode {
+            Some(mode) if mode.mode != 0 => {}
+            _ => self.push(
+                field.clone().field("access_mode").field("mode"),
+                Problem::Missing,
+            ),
+        }
+        match &cap.access_type {
+            None => self.push(field.clone().field("access_type"), Problem::Missing),
+            Some(pb::volume_capability::AccessType::Block(_)) => {}
+            Some(pb::volume_capability::AccessType::Mount(m)) => {
+                let mount = field.clone().field("mount");
+                self.optional(mount.clone().field("fs_type"), &m.fs_type);
+                self.optional(
+                    mount.clone().field("volume_mount_group"),
+                    &m.volume_mount_group,
+                );
+                let total: usize = m.mount_flags.iter().map(String::len).sum();
+                if total > MAX_MOUNT_FLAGS_BYTES {
+                    self.push(
+                        mount.field("mount_flags"),
+                        Problem::TooLong {
+                            size: total,
+                            limit: MAX_MOUNT_FLAGS_BYTES,
+                            unit: SizeUnit::Bytes,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    pub(crate) fn capabilities(
+        &mut self,
+        field: FieldPath,
+        caps: &[pb::VolumeCapability],
+        required: bool,
+    ) {
+        if required && caps.is_empty() {
+            self.push(field.clone(), Problem::Missing);
+        }
+        for (i, cap) in caps.iter().enumerate() {
+            self.capability(field.clone().index(i), &Some(cap.clone()));
+        }
+    }
+
+    pub(crate) fn capacity_range(
+        &mut self,
+        field: FieldPath,
+        range: &Option<pb::CapacityRange>,
+        required: bool,
+    ) {
+        let Some(range) = range else {
+            if required {
+                self.push(field, Problem::Missing);
+            }
+            return;
+        };
+        let (req, lim) = (range.required_bytes, range.limit_bytes);
+        self.non_negative(field.clone().field("required_bytes"), req);
+        self.non_negative(field.clone().field("limit_bytes"), lim);
+        if req == 0 && lim == 0 {
+            self.push(field, Problem::CapacityRangeEmpty);
+        } else if req > 0 && lim > 0 && lim < req {
+            self.push(
+                field,
+                Problem::LimitBelowRequired {
+                    required_bytes: req,
+                    limit_bytes: lim,
+                },
+            );
+        }
+    }
+
+    fn topology(&mut self, field: FieldPath, topo: &pb::Topology) {
+        self.map(field.field("segments"), &topo.segments);
+    }
+
+    pub(crate) fn volume(&mut self, field: FieldPath, volume: &Option<pb::Volume>) {
+        let Some(v) = volume else {
+            self.push(field, Problem::Missing);
+            return;
+        };
+        self.id(field.clone().field("volume_id"), &v.volume_id);
+        self.non_negative(field.clone().field("capacity_bytes"), v.capacity_bytes);
+        self.map(field.clone().field("volume_context"), &v.volume_context);
+        for (i, t) in v.accessible_topology.iter().enumerate() {
+            self.topology(field.clone().field("accessible_topology").index(i), t);
+        }
+    }
+
+    pub(crate) fn snapshot(&mut self, field: FieldPath, snapshot: &Option<pb::Snapshot>) {
+        let Some(s) = snapshot else {
+            self.push(field, Problem::Missing);
+            return;
+        };
+        self.id(field.clone().field("snapshot_id"), &s.snapshot_id);
+        self.id(field.clone().field("source_volume_id"), &s.source_volume_id);
+        self.non_negative(field.clone().field("size_bytes"), s.size_bytes);
+        self.optional(
+            field.clone().field("group_snapshot_id"),
+            &s.group_snapshot_id,
+        );
+        self.present(field.field("creation_time"), &s.creation_time);
+    }
+
+    fn group_snapshot(&mut self, field: FieldPath, group: &Option<pb::VolumeGroupSnapshot>) {
+        let Some(g) = group else {
+            self.push(field, Problem::Missing);
+            return;
+        };
+        self.id(
+            field.clone().field("group_snapshot_id"),
+            &g.group_snapshot_id,
+        );
+        if g.snapshots.is_empty() {
+            self.push(field.clone().field("snapshots"), Problem::Missing);
+        }
+        for (i, s) in g.snapshots.iter().enumerate() {
+            self.snapshot(field.clone().field("snapshots").index(i), &Some(s.clone()));
+        }
+    }
+
+    fn volume_health(&mut self, field: FieldPath, health: &Option<pb::VolumeHealth>) {
+        let Some(h) = health else {
+            self.push(field, Problem::Missing);
+            return;
+        };
+        self.id(field.field("volume_id"), &h.volume_id);
+    }
+
+    fn ids(&mut self, field: FieldPath, ids: &[String]) {
+        if ids.is_empty() {
+            self.push(field.clone(), Problem::Missing);
+        }
+        for (i, id) in ids.iter().enumerate() {
+            self.id(field.clone().index(i), id);
+        }
+    }
+}
+
+macro_rules! no_checks {
+    ($($t:ty),* $(,)?) => { $( impl CsiResponse for $t {} )* };
+}
+
+macro_rules! request {
+    ($t:ty, $rpc:expr) => {
+        impl CsiRequest for $t {
+            const RPC: Rpc = $rpc;
+        }
+    };
+    ($t:ty, $rpc:expr, |$r:ident| context $ctx:expr, |$s:ident, $c:ident| $check:block) => {
+        impl CsiRequest for $t {
+            const RPC: Rpc = $rpc;
+            #[allow(unused_variables)]
+            fn context(&self) -> CallContext {
+                let $r = self;
+                $ctx
+            }
+            #[allow(unused_variables)]
+            fn check(&self, $c: &mut Checker) {
+                let $s = self;
+                $check
+            }
+        }
+    };
+}
+
+fn ctx(rpc: Rpc) -> CallContext {
+    CallContext::new(rpc)
+}
+
+// ---- Identity ----
+request!(pb::GetPluginInfoRequest, Rpc::GetPluginInfo);
+request!(pb::GetPluginCapabilitiesRequest, Rpc::GetPluginCapabilities);
+request!(pb::ProbeRequest, Rpc::Probe);
+
+impl CsiResponse for pb::GetPluginInfoResponse {
+    fn check(&self, c: &mut Checker) {
+        if self.name.is_empty() {
+            c.push(at("name"), Problem::Missing);
+        } else if self.name.chars().count() > csi_structs::limits::MAX_NAME_CHARS {
+            c.push(
+                at("name"),
+                Problem::TooLong {
+                    size: self.name.chars().count(),
+                    limit: csi_structs::limits::MAX_NAME_CHARS,
+                    unit: SizeUnit::Chars,
+                },
+            );
+        }
+        c.required(at("vendor_version"), &self.vendor_version, MAX_STRING_BYTES);
+        c.map(at("manifest"), &self.manifest);
+    }
+}
+no_checks!(pb::GetPluginCapabilitiesResponse, pb::ProbeResponse);
+
+// ---- Controller ----
+request!(pb::CreateVolumeRequest, Rpc::CreateVolume, |r| context ctx(Rpc::CreateVolume), |r, c| {
+    c.id(at("name"), &r.name);
+    c.capacity_range(at("capacity_range"), &r.capacity_range, false);
+    c.capabilities(at("volume_capabilities"), &r.volume_capabilities, true);
+    c.map(at("parameters"), &r.parameters);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("mutable_parameters"), &r.mutable_parameters);
+    if let Some(src) = &r.volume_content_source {
+        use pb::volume_content_source::Type;
+        match &src.r#type {
+            None => c.push(at("volume_content_source").field("type"), Problem::Missing),
+            Some(Type::Snapshot(s)) => c.id(at("volume_content_source").field("snapshot").field("snapshot_id"), &s.snapshot_id),
+            Some(Type::Volume(v)) => c.id(at("volume_content_source").field("volume").field("volume_id"), &v.volume_id),
+        }
+    }
+});
+impl CsiResponse for pb::CreateVolumeResponse {
+    fn check(&self, c: &mut Checker) {
+        c.volume(at("volume"), &self.volume);
+    }
+}
+
+request!(pb::DeleteVolumeRequest, Rpc::DeleteVolume, |r| context ctx(Rpc::DeleteVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("secrets"), &r.secrets);
+});
+
+request!(pb::ControllerPublishVolumeRequest, Rpc::ControllerPublishVolume,
+    |r| context ctx(Rpc::ControllerPublishVolume).volume(&r.volume_id).node(&r.node_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    // A plugin node id may be 256 bytes (NodeGetInfo's limit), so accept that here too.
+    c.required(at("node_id"), &r.node_id, MAX_PLUGIN_NODE_ID_BYTES);
+    c.capability(at("volume_capability"), &r.volume_capability);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("volume_context"), &r.volume_context);
+});
+impl CsiResponse for pb::ControllerPublishVolumeResponse {
+    fn check(&self, c: &mut Checker) {
+        c.map(at("publish_context"), &self.publish_context);
+    }
+}
+
+request!(pb::ControllerUnpublishVolumeRequest, Rpc::ControllerUnpublishVolume,
+    |r| context ctx(Rpc::ControllerUnpublishVolume).volume(&r.volume_id).node(&r.node_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    // Empty node_id means "from every node" (spec), so it is optional.
+    c.len(&at("node_id"), &r.node_id, MAX_PLUGIN_NODE_ID_BYTES);
+    c.map(at("secrets"), &r.secrets);
+});
+
+request!(pb::ValidateVolumeCapabilitiesRequest, Rpc::ValidateVolumeCapabilities,
+    |r| context ctx(Rpc::ValidateVolumeCapabilities).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("volume_context"), &r.volume_context);
+    c.capabilities(at("volume_capabilities"), &r.volume_capabilities, true);
+    c.map(at("parameters"), &r.parameters);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("mutable_parameters"), &r.mutable_parameters);
+});
+impl CsiResponse for pb::ValidateVolumeCapabilitiesResponse {
+    fn check(&self, c: &mut Checker) {
+        if let Some(conf) = &self.confirmed {
+            c.capabilities(
+                at("confirmed").field("volume_capabilities"),
+                &conf.volume_capabilities,
+                true,
+            );
+        }
+    }
+}
+
+request!(pb::ListVolumesRequest, Rpc::ListVolumes, |r| context ctx(Rpc::ListVolumes), |r, c| {
+    c.non_negative(at("max_entries"), i64::from(r.max_entries));
+    c.optional(at("starting_token"), &r.starting_token);
+});
+impl CsiResponse for pb::ListVolumesResponse {
+    fn check(&self, c: &mut Checker) {
+        for (i, e) in self.entries.iter().enumerate() {
+            c.volume(at("entries").index(i).field("volume"), &e.volume);
+        }
+        c.optional(at("next_token"), &self.next_token);
+    }
+}
+
+request!(pb::ControllerListVolumeHealthRequest, Rpc::ControllerListVolumeHealth, |r| context ctx(Rpc::ControllerListVolumeHealth), |r, c| {
+    c.non_negative(at("max_entries"), i64::from(r.max_entries));
+    c.optional(at("starting_token"), &r.starting_token);
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::ControllerListVolumeHealthResponse {
+    fn check(&self, c: &mut Checker) {
+        for (i, h) in self.entries.iter().enumerate() {
+            c.volume_health(at("entries").index(i), &Some(h.clone()));
+        }
+    }
+}
+
+request!(pb::ControllerGetVolumeHealthRequest, Rpc::ControllerGetVolumeHealth,
+    |r| context ctx(Rpc::ControllerGetVolumeHealth).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::ControllerGetVolumeHealthResponse {
+    fn check(&self, c: &mut Checker) {
+        c.volume_health(at("volume_health"), &self.volume_health);
+    }
+}
+
+request!(pb::GetCapacityRequest, Rpc::GetCapacity, |r| context ctx(Rpc::GetCapacity), |r, c| {
+    c.capabilities(at("volume_capabilities"), &r.volume_capabilities, false);
+    c.map(at("parameters"), &r.parameters);
+});
+impl CsiResponse for pb::GetCapacityResponse {
+    fn check(&self, c: &mut Checker) {
+        c.non_negative(at("available_capacity"), self.available_capacity);
+        if let Some(max) = self.maximum_volume_size {
+            c.non_negative(at("maximum_volume_size"), max);
+        }
+        if let Some(min) = self.minimum_volume_size {
+            c.non_negative(at("minimum_volume_size"), min);
+        }
+    }
+}
+
+request!(
+    pb::ControllerGetCapabilitiesRequest,
+    Rpc::ControllerGetCapabilities
+);
+no_checks!(pb::ControllerGetCapabilitiesResponse);
+
+request!(pb::CreateSnapshotRequest, Rpc::CreateSnapshot,
+    |r| context ctx(Rpc::CreateSnapshot).volume(&r.source_volume_id), |r, c| {
+    c.id(at("source_volume_id"), &r.source_volume_id);
+    c.id(at("name"), &r.name);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("parameters"), &r.parameters);
+});
+impl CsiResponse for pb::CreateSnapshotResponse {
+    fn check(&self, c: &mut Checker) {
+        c.snapshot(at("snapshot"), &self.snapshot);
+    }
+}
+
+request!(pb::DeleteSnapshotRequest, Rpc::DeleteSnapshot,
+    |r| context ctx(Rpc::DeleteSnapshot).snapshot(&r.snapshot_id), |r, c| {
+    c.id(at("snapshot_id"), &r.snapshot_id);
+    c.map(at("secrets"), &r.secrets);
+});
+
+request!(pb::ListSnapshotsRequest, Rpc::ListSnapshots,
+    |r| context ctx(Rpc::ListSnapshots).volume(&r.source_volume_id).snapshot(&r.snapshot_id), |r, c| {
+    c.non_negative(at("max_entries"), i64::from(r.max_entries));
+    c.optional(at("starting_token"), &r.starting_token);
+    c.optional(at("source_volume_id"), &r.source_volume_id);
+    c.optional(at("snapshot_id"), &r.snapshot_id);
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::ListSnapshotsResponse {
+    fn check(&self, c: &mut Checker) {
+        for (i, e) in self.entries.iter().enumerate() {
+            c.snapshot(at("entries").index(i).field("snapshot"), &e.snapshot);
+        }
+        c.optional(at("next_token"), &self.next_token);
+    }
+}
+
+request!(pb::GetSnapshotRequest, Rpc::GetSnapshot,
+    |r| context ctx(Rpc::GetSnapshot).snapshot(&r.snapshot_id), |r, c| {
+    c.id(at("snapshot_id"), &r.snapshot_id);
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::GetSnapshotResponse {
+    fn check(&self, c: &mut Checker) {
+        c.snapshot(at("snapshot"), &self.snapshot);
+    }
+}
+
+request!(pb::ControllerExpandVolumeRequest, Rpc::ControllerExpandVolume,
+    |r| context ctx(Rpc::ControllerExpandVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.capacity_range(at("capacity_range"), &r.capacity_range, true);
+    c.map(at("secrets"), &r.secrets);
+    if r.volume_capability.is_some() {
+        c.capability(at("volume_capability"), &r.volume_capability);
+    }
+});
+impl CsiResponse for pb::ControllerExpandVolumeResponse {
+    fn check(&self, c: &mut Checker) {
+        c.non_negative(at("capacity_bytes"), self.capacity_bytes);
+    }
+}
+
+request!(pb::ControllerGetVolumeRequest, Rpc::ControllerGetVolume,
+    |r| context ctx(Rpc::ControllerGetVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+});
+impl CsiResponse for pb::ControllerGetVolumeResponse {
+    fn check(&self, c: &mut Checker) {
+        c.volume(at("volume"), &self.volume);
+        c.present(at("status"), &self.status);
+    }
+}
+
+request!(pb::ControllerModifyVolumeRequest, Rpc::ControllerModifyVolume,
+    |r| context ctx(Rpc::ControllerModifyVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("secrets"), &r.secrets);
+    if r.mutable_parameters.is_empty() {
+        c.push(at("mutable_parameters"), Problem::Missing);
+    }
+    c.map(at("mutable_parameters"), &r.mutable_parameters);
+});
+
+no_checks!(
+    pb::DeleteVolumeResponse,
+    pb::ControllerUnpublishVolumeResponse,
+    pb::DeleteSnapshotResponse,
+    pb::ControllerModifyVolumeResponse,
+);
+
+// ---- GroupController ----
+request!(
+    pb::GroupControllerGetCapabilitiesRequest,
+    Rpc::GroupControllerGetCapabilities
+);
+no_checks!(pb::GroupControllerGetCapabilitiesResponse);
+
+request!(pb::CreateVolumeGroupSnapshotRequest, Rpc::CreateVolumeGroupSnapshot, |r| context ctx(Rpc::CreateVolumeGroupSnapshot), |r, c| {
+    c.id(at("name"), &r.name);
+    c.ids(at("source_volume_ids"), &r.source_volume_ids);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("parameters"), &r.parameters);
+});
+impl CsiResponse for pb::CreateVolumeGroupSnapshotResponse {
+    fn check(&self, c: &mut Checker) {
+        c.group_snapshot(at("group_snapshot"), &self.group_snapshot);
+    }
+}
+
+request!(pb::DeleteVolumeGroupSnapshotRequest, Rpc::DeleteVolumeGroupSnapshot, |r| context ctx(Rpc::DeleteVolumeGroupSnapshot), |r, c| {
+    c.id(at("group_snapshot_id"), &r.group_snapshot_id);
+    c.ids(at("snapshot_ids"), &r.snapshot_ids);
+    c.map(at("secrets"), &r.secrets);
+});
+no_checks!(pb::DeleteVolumeGroupSnapshotResponse);
+
+request!(pb::GetVolumeGroupSnapshotRequest, Rpc::GetVolumeGroupSnapshot, |r| context ctx(Rpc::GetVolumeGroupSnapshot), |r, c| {
+    c.id(at("group_snapshot_id"), &r.group_snapshot_id);
+    c.ids(at("snapshot_ids"), &r.snapshot_ids);
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::GetVolumeGroupSnapshotResponse {
+    fn check(&self, c: &mut Checker) {
+        c.group_snapshot(at("group_snapshot"), &self.group_snapshot);
+    }
+}
+
+// ---- SnapshotMetadata (stream openings; messages are checked by the stream wrapper) ----
+request!(pb::GetMetadataAllocatedRequest, Rpc::GetMetadataAllocated,
+    |r| context ctx(Rpc::GetMetadataAllocated).snapshot(&r.snapshot_id), |r, c| {
+    c.id(at("snapshot_id"), &r.snapshot_id);
+    c.non_negative(at("starting_offset"), r.starting_offset);
+    c.non_negative(at("max_results"), i64::from(r.max_results));
+    c.map(at("secrets"), &r.secrets);
+});
+request!(pb::GetMetadataDeltaRequest, Rpc::GetMetadataDelta,
+    |r| context ctx(Rpc::GetMetadataDelta).snapshot(&r.target_snapshot_id), |r, c| {
+    c.id(at("base_snapshot_id"), &r.base_snapshot_id);
+    c.id(at("target_snapshot_id"), &r.target_snapshot_id);
+    c.non_negative(at("starting_offset"), r.starting_offset);
+    c.non_negative(at("max_results"), i64::from(r.max_results));
+    c.map(at("secrets"), &r.secrets);
+});
+
+/// Checks one message of a snapshot-metadata stream (shape only; ordering is the stream's job).
+pub(crate) fn check_block_metadata(c: &mut Checker, capacity: i64, blocks: &[pb::BlockMetadata]) {
+    c.non_negative(at("volume_capacity_bytes"), capacity);
+    for (i, b) in blocks.iter().enumerate() {
+        let f = at("block_metadata").index(i);
+        c.non_negative(f.clone().field("byte_offset"), b.byte_offset);
+        if b.size_bytes <= 0 {
+            if b.size_bytes < 0 {
+                c.non_negative(f.field("size_bytes"), b.size_bytes);
+            } else {
+                c.push(f.field("size_bytes"), Problem::Missing);
+            }
+        }
+    }
+}
+
+// ---- Node ----
+request!(pb::NodeStageVolumeRequest, Rpc::NodeStageVolume,
+    |r| context ctx(Rpc::NodeStageVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("publish_context"), &r.publish_context);
+    c.path(at("staging_target_path"), &r.staging_target_path);
+    c.capability(at("volume_capability"), &r.volume_capability);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("volume_context"), &r.volume_context);
+});
+request!(pb::NodeUnstageVolumeRequest, Rpc::NodeUnstageVolume,
+    |r| context ctx(Rpc::NodeUnstageVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.path(at("staging_target_path"), &r.staging_target_path);
+});
+request!(pb::NodePublishVolumeRequest, Rpc::NodePublishVolume,
+    |r| context ctx(Rpc::NodePublishVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.map(at("publish_context"), &r.publish_context);
+    c.path(at("target_path"), &r.target_path);
+    c.capability(at("volume_capability"), &r.volume_capability);
+    c.map(at("secrets"), &r.secrets);
+    c.map(at("volume_context"), &r.volume_context);
+});
+request!(pb::NodeUnpublishVolumeRequest, Rpc::NodeUnpublishVolume,
+    |r| context ctx(Rpc::NodeUnpublishVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.path(at("target_path"), &r.target_path);
+});
+request!(pb::NodeGetVolumeStatsRequest, Rpc::NodeGetVolumeStats,
+    |r| context ctx(Rpc::NodeGetVolumeStats).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.path(at("volume_path"), &r.volume_path);
+});
+impl CsiResponse for pb::NodeGetVolumeStatsResponse {
+    fn check(&self, c: &mut Checker) {
+        for (i, u) in self.usage.iter().enumerate() {
+            let f = at("usage").index(i);
+            c.non_negative(f.clone().field("available"), u.available);
+            c.non_negative(f.clone().field("total"), u.total);
+            c.non_negative(f.field("used"), u.used);
+        }
+    }
+}
+request!(pb::NodeGetVolumeHealthRequest, Rpc::NodeGetVolumeHealth,
+    |r| context ctx(Rpc::NodeGetVolumeHealth).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+});
+impl CsiResponse for pb::NodeGetVolumeHealthResponse {
+    fn check(&self, c: &mut Checker) {
+        c.volume_health(at("volume_health"), &self.volume_health);
+    }
+}
+request!(pb::NodeGetStorageHealthRequest, Rpc::NodeGetStorageHealth, |r| context ctx(Rpc::NodeGetStorageHealth), |r, c| {
+    c.map(at("secrets"), &r.secrets);
+});
+no_checks!(pb::NodeGetStorageHealthResponse);
+request!(pb::NodeExpandVolumeRequest, Rpc::NodeExpandVolume,
+    |r| context ctx(Rpc::NodeExpandVolume).volume(&r.volume_id), |r, c| {
+    c.id(at("volume_id"), &r.volume_id);
+    c.path(at("volume_path"), &r.volume_path);
+    c.capacity_range(at("capacity_range"), &r.capacity_range, false);
+    if r.volume_capability.is_some() {
+        c.capability(at("volume_capability"), &r.volume_capability);
+    }
+    c.map(at("secrets"), &r.secrets);
+});
+impl CsiResponse for pb::NodeExpandVolumeResponse {
+    fn check(&self, c: &mut Checker) {
+        c.non_negative(at("capacity_bytes"), self.capacity_bytes);
+    }
+}
+request!(pb::NodeGetCapabilitiesRequest, Rpc::NodeGetCapabilities);
+no_checks!(pb::NodeGetCapabilitiesResponse);
+request!(pb::NodeGetInfoRequest, Rpc::NodeGetInfo);
+impl CsiResponse for pb::NodeGetInfoResponse {
+    fn check(&self, c: &mut Checker) {
+        c.required(at("node_id"), &self.node_id, MAX_PLUGIN_NODE_ID_BYTES);
+        c.non_negative(at("max_volumes_per_node"), self.max_volumes_per_node);
+        if let Some(t) = &self.accessible_topology {
+            c.topology(at("accessible_topology"), t);
+        }
+    }
+}
+no_checks!(
+    pb::NodeStageVolumeResponse,
+    pb::NodeUnstageVolumeResponse,
+    pb::NodePublishVolumeResponse,
+    pb::NodeUnpublishVolumeResponse,
+);
+
+/// Runs a request's checks.
+pub(crate) fn check_request<R: CsiRequest>(req: &R) -> Result<(), ValidationErrors> {
+    let mut c = Checker::default();
+    req.check(&mut c);
+    c.finish()
+}
+
+/// Runs a response's checks.
+pub(crate) fn check_response<R: CsiResponse>(resp: &R) -> Result<(), ValidationErrors> {
+    let mut c = Checker::default();
+    resp.check(&mut c);
+    c.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(errs: &ValidationErrors) -> Vec<String> {
+        errs.violations()
+            .iter()
+            .map(|v| v.field.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn node_publish_missing_fields_are_named() {
+        let req = pb::NodePublishVolumeRequest::default();
+        let errs = check_request(&req).unwrap_err();
+        assert_eq!(
+            fields(&errs),
+            ["volume_id", "target_path", "volume_capability"]
+        );
+    }
+
+    #[test]
+    fn secrets_too_large_reports_size_not_value() {
+        let mut req = pb::DeleteVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        };
+        req.secrets.insert("k".into(), "s3cr3t".repeat(1000));
+        let errs = check_request(&req).unwrap_err();
+        assert_eq!(fields(&errs), ["secrets"]);
+        assert!(!errs.to_string().contains("s3cr3t"));
+        assert!(matches!(
+            errs.violations()[0].problem,
+            Problem::TooLong { limit: 4096, .. }
+        ));
+    }
+
+    #[test]
+    fn capability_parts_are_checked() {
+        let req = pb::ControllerPublishVolumeRequest {
+            volume_id: "v".into(),
+            node_id: "n".repeat(200), // over 128 but within the 256 a plugin node id may have
+            volume_capability: Some(pb::VolumeCapability {
+                access_mode: Some(pb::volume_capability::AccessMode { mode: 0 }),
+                access_type: None,
+            }),
+            ..Default::default()
+        };
+        let errs = check_request(&req).unwrap_err();
+        assert_eq!(
+            fields(&errs),
+            [
+                "volume_capability.access_mode.mode",
+                "volume_capability.access_type"
+            ]
+        );
+    }
+
+    #[test]
+    fn capacity_range_rules() {
+        let mut req = pb::ControllerExpandVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(&check_request(&req).unwrap_err()),
+            ["capacity_range"]
+        );
+        req.capacity_range = Some(pb::CapacityRange {
+            required_bytes: 10,
+            limit_bytes: 5,
+        });
+        let errs = check_request(&req).unwrap_err();
+        assert!(matches!(
+            errs.violations()[0].problem,
+            Problem::LimitBelowRequired { .. }
+        ));
+        req.capacity_range = Some(pb::CapacityRange {
+            required_bytes: -1,
+            limit_bytes: 0,
+        });
+        let errs = check_request(&req).unwrap_err();
+        assert!(matches!(
+            errs.violations()[0].problem,
+            Problem::Negative { value: -1 }
+        ));
+        req.capacity_range = Some(pb::CapacityRange {
+            required_bytes: 10,
+            limit_bytes: 0,
+        });
+        assert!(check_request(&req).is_ok());
+    }
+
+    #[test]
+    fn unpublish_without_node_means_all_nodes() {
+        let req = pb::ControllerUnpublishVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        };
+        assert!(check_request(&req).is_ok());
+        assert!(req.context().node_id().is_none());
+    }
+
+    #[test]
+    fn responses_missing_ids_and_negative_numbers() {
+        let resp = pb::CreateVolumeResponse {
+            volume: Some(pb::Volume {
+                capacity_bytes: -5,
+                ..Default::default()
+            }),
+        };
+        let errs = check_response(&resp).unwrap_err();
+        assert_eq!(fields(&errs), ["volume.volume_id", "volume.capacity_bytes"]);
+        let errs = check_response(&pb::CreateVolumeResponse { volume: None }).unwrap_err();
+        assert_eq!(fields(&errs), ["volume"]);
+        let errs = check_response(&pb::NodeGetInfoResponse::default()).unwrap_err();
+        assert_eq!(fields(&errs), ["node_id"]);
+        let ok = pb::NodeGetInfoResponse {
+            node_id: "n".repeat(256),
+            ..Default::default()
+        };
+        assert!(check_response(&ok).is_ok());
+        let errs = check_response(&pb::GetCapacityResponse {
+            available_capacity: -1,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(fields(&errs), ["available_capacity"]);
+    }
+
+    #[test]
+    fn contexts_name_the_objects() {
+        let req = pb::ControllerPublishVolumeRequest {
+            volume_id: "v1".into(),
+            node_id: "n1".into(),
+            ..Default::default()
+        };
+        let ctx = req.context();
+        assert_eq!(ctx.rpc(), Rpc::ControllerPublishVolume);
+        assert_eq!(ctx.volume_id().map(|v| v.as_str()), Some("v1"));
+        assert_eq!(ctx.node_id().map(|v| v.as_str()), Some("n1"));
+    }
+}

@@ -1,0 +1,158 @@
+//! Helpers shared by the integration tests: a tiny Identity server that records what the
+//! client sends (`:authority`, `grpc-timeout`), and bounded polling.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use csi_client::proto;
+use csi_client::proto::identity_server::{Identity, IdentityServer};
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// What the tiny server saw, per request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Seen {
+    pub(crate) authorities: Arc<Mutex<Vec<String>>>,
+    pub(crate) timeouts: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Record<S> {
+    inner: S,
+    seen: Seen,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Record<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        self.seen.authorities.lock().unwrap().push(authority);
+        let timeout = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.seen.timeouts.lock().unwrap().push(timeout);
+        self.inner.call(req)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tiny;
+
+#[tonic::async_trait]
+impl Identity for Tiny {
+    async fn get_plugin_info(
+        &self,
+        _: tonic::Request<proto::GetPluginInfoRequest>,
+    ) -> Result<tonic::Response<proto::GetPluginInfoResponse>, tonic::Status> {
+        Ok(tonic::Response::new(proto::GetPluginInfoResponse {
+            name: "tiny.example.com".into(),
+            vendor_version: "0.0.1".into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: tonic::Request<proto::GetPluginCapabilitiesRequest>,
+    ) -> Result<tonic::Response<proto::GetPluginCapabilitiesResponse>, tonic::Status> {
+        Ok(tonic::Response::new(Default::default()))
+    }
+
+    async fn probe(
+        &self,
+        _: tonic::Request<proto::ProbeRequest>,
+    ) -> Result<tonic::Response<proto::ProbeResponse>, tonic::Status> {
+        Ok(tonic::Response::new(proto::ProbeResponse { ready: None }))
+    }
+}
+
+/// A running tiny server; stops (and removes its socket) on drop.
+pub(crate) struct TinyServer {
+    pub(crate) seen: Seen,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TinyServer {
+    pub(crate) fn start(path: &Path) -> TinyServer {
+        let listener = UnixListener::bind(path).expect("test invariant: the socket path is fresh");
+        let seen = Seen::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let layer_seen = seen.clone();
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .layer(tower::layer::layer_fn(move |inner| Record {
+                    inner,
+                    seen: layer_seen.clone(),
+                }))
+                .add_service(IdentityServer::new(Tiny))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await;
+        });
+        TinyServer {
+            seen,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+impl Drop for TinyServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Polls `cond` until it holds, at most `tries` times, yielding to the runtime in between.
+/// A hang guard, not a timing assertion.
+pub(crate) async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..2000 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
+}
+
+/// Fails the test if `fut` takes longer than a generous hang guard.
+pub(crate) async fn guard<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), fut)
+        .await
+        .expect("hang guard: the operation did not finish")
+}
