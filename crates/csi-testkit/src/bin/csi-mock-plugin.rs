@@ -1,0 +1,290 @@
+//! `csi-mock-plugin`: the csi-testkit mock plugin as a standalone CSI plugin on a unix socket,
+//! for CSI clients in any language.
+//!
+//! ```text
+//! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role both] [--node-id node-1] ...
+//! ```
+//!
+//! Bad flags or an endpoint that is not `unix:///absolute/path.sock` exit with code 2; a
+//! failure to serve exits with 1. SIGINT and SIGTERM stop it cleanly and remove the socket.
+
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use csi_testkit::{
+    ControllerCapability, GroupControllerCapability, MockPlugin, NodeCapability, PluginService,
+    Role, UnixEndpoint, VolumeExpansion,
+};
+
+/// Capability enums whose wire names can be parsed.
+trait WireName: Sized {
+    fn from_wire_name(name: &str) -> Option<Self>;
+}
+
+macro_rules! wire_name {
+    ($($t:ty),*) => {$(
+        impl WireName for $t {
+            fn from_wire_name(name: &str) -> Option<Self> {
+                <$t>::from_str_name(name)
+            }
+        }
+    )*};
+}
+wire_name!(
+    ControllerCapability,
+    NodeCapability,
+    GroupControllerCapability,
+    PluginService
+);
+
+/// Parses `A,B,C` (case-insensitive, `-` for `_`) or `none`.
+fn parse_list<T: WireName + Clone + Send + Sync + 'static>(text: &str) -> Result<Vec<T>, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let name = s.to_ascii_uppercase().replace('-', "_");
+            T::from_wire_name(&name).ok_or_else(|| format!("unknown capability {s:?}"))
+        })
+        .collect()
+}
+
+fn parse_topology(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("topology {text:?} must be KEY=VALUE"))?;
+    Ok((key.to_string(), value.to_string()))
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum RoleArg {
+    /// Controller (and group controller) only.
+    Controller,
+    /// Node only.
+    Node,
+    /// Controller and node in one process.
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ExpansionArg {
+    /// Volumes can be expanded while published.
+    Online,
+    /// Volumes must be unpublished to be expanded.
+    Offline,
+    /// No expansion mode reported.
+    None,
+}
+
+/// A stateful mock CSI plugin (csi-testkit) serving Identity, Controller, Node,
+/// GroupController and SnapshotMetadata on a unix socket.
+#[derive(Debug, Parser)]
+#[command(name = "csi-mock-plugin", version)]
+struct Args {
+    /// The endpoint to serve, unix:///absolute/path.sock.
+    #[arg(long, env = "CSI_ENDPOINT")]
+    endpoint: String,
+    /// Which services to offer besides Identity.
+    #[arg(long, value_enum, default_value = "both")]
+    role: RoleArg,
+    /// The node id NodeGetInfo reports.
+    #[arg(long, default_value = "node-1")]
+    node_id: String,
+    /// The plugin name GetPluginInfo reports.
+    #[arg(long, default_value = "mock.csi.example")]
+    name: String,
+    /// The vendor version GetPluginInfo reports (default: the crate version).
+    #[arg(long)]
+    vendor_version: Option<String>,
+    /// Further node ids ControllerPublishVolume accepts (repeatable).
+    #[arg(long = "other-node")]
+    other_nodes: Vec<String>,
+    /// A topology segment of the node, KEY=VALUE (repeatable).
+    #[arg(long, value_parser = parse_topology)]
+    topology: Vec<(String, String)>,
+    /// NodeGetInfo.max_volumes_per_node, enforced by ControllerPublishVolume.
+    #[arg(long)]
+    max_volumes_per_node: Option<i64>,
+    /// Total pool capacity in bytes.
+    #[arg(long)]
+    capacity: Option<i64>,
+    /// Plugin service capabilities, comma-separated wire names, or `none`
+    /// (default: follows the role).
+    #[arg(long, value_parser = parse_list::<PluginService>)]
+    plugin_caps: Option<Vec<PluginService>>,
+    /// The volume expansion mode GetPluginCapabilities reports.
+    #[arg(long, value_enum, default_value = "online")]
+    expansion: ExpansionArg,
+    /// Controller capabilities, comma-separated wire names (CREATE_DELETE_VOLUME,...), or
+    /// `none` (default: every one the mock implements).
+    #[arg(long, value_parser = parse_list::<ControllerCapability>)]
+    controller_caps: Option<Vec<ControllerCapability>>,
+    /// Node capabilities, comma-separated wire names, or `none` (default: all implemented).
+    #[arg(long, value_parser = parse_list::<NodeCapability>)]
+    node_caps: Option<Vec<NodeCapability>>,
+    /// Group controller capabilities, comma-separated wire names, or `none`.
+    #[arg(long, value_parser = parse_list::<GroupControllerCapability>)]
+    group_caps: Option<Vec<GroupControllerCapability>>,
+}
+
+fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
+    let role = match args.role {
+        RoleArg::Controller => Role::Controller,
+        RoleArg::Node => Role::Node,
+        RoleArg::Both => Role::ControllerAndNode,
+    };
+    let mut builder = MockPlugin::builder()
+        .role(role)
+        .node_id(&args.node_id)
+        .name(
+            &args.name,
+            args.vendor_version
+                .clone()
+                .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string()),
+        );
+    for node in &args.other_nodes {
+        builder = builder.other_node(node);
+    }
+    for (key, value) in &args.topology {
+        builder = builder.topology(key, value);
+    }
+    if let Some(max) = args.max_volumes_per_node {
+        builder = builder.max_volumes_per_node(max);
+    }
+    if let Some(capacity) = args.capacity {
+        builder = builder.capacity(capacity);
+    }
+    let expansion = match args.expansion {
+        ExpansionArg::Online => Some(VolumeExpansion::Online),
+        ExpansionArg::Offline => Some(VolumeExpansion::Offline),
+        ExpansionArg::None => None,
+    };
+    let services = match &args.plugin_caps {
+        Some(services) => Some(services.clone()),
+        None if !matches!(args.expansion, ExpansionArg::Online) => {
+            // Keep the role's default services, only the expansion mode changes.
+            let defaults = MockPlugin::builder()
+                .role(role)
+                .topology_if(!args.topology.is_empty())
+                .build()?;
+            Some(
+                defaults
+                    .config()
+                    .plugin_caps
+                    .services
+                    .iter()
+                    .copied()
+                    .collect(),
+            )
+        }
+        None => None,
+    };
+    if let Some(services) = services {
+        builder = builder.plugin_capabilities(services, expansion);
+    }
+    if let Some(caps) = &args.controller_caps {
+        builder = builder.controller_capabilities(caps.iter().copied());
+    }
+    if let Some(caps) = &args.node_caps {
+        builder = builder.node_capabilities(caps.iter().copied());
+    }
+    if let Some(caps) = &args.group_caps {
+        builder = builder.group_controller_capabilities(caps.iter().copied());
+    }
+    builder.build()
+}
+
+/// Adds a placeholder topology so the default plugin capabilities include accessibility.
+trait TopologyIf {
+    fn topology_if(self, yes: bool) -> Self;
+}
+
+impl TopologyIf for csi_testkit::MockPluginBuilder {
+    fn topology_if(self, yes: bool) -> Self {
+        if yes {
+            self.topology("zone", "default")
+        } else {
+            self
+        }
+    }
+}
+
+fn report(error: &dyn std::error::Error) {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    eprintln!("csi-mock-plugin: {text}");
+}
+
+async fn wait_for_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+async fn run(plugin: MockPlugin, endpoint: UnixEndpoint) -> ExitCode {
+    let server = match plugin.serve_unix(endpoint.path()).await {
+        Ok(server) => server,
+        Err(e) => {
+            report(&e);
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!(
+        "csi-mock-plugin: {} serving {} ({}) as node {}",
+        plugin.config().name,
+        server.endpoint(),
+        plugin.config().role,
+        plugin.config().node_id
+    );
+    if let Err(e) = wait_for_signal().await {
+        report(&e);
+    }
+    eprintln!("csi-mock-plugin: stopping");
+    match server.shutdown().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e);
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let endpoint = match UnixEndpoint::parse(&args.endpoint) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            report(&e);
+            return ExitCode::from(2);
+        }
+    };
+    let plugin = match build(&args) {
+        Ok(plugin) => plugin,
+        Err(e) => {
+            report(&e);
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            report(&e);
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(run(plugin, endpoint))
+}

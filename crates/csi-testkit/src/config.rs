@@ -1,0 +1,452 @@
+//! The mock's configuration and its builder.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::capabilities::{
+    self, CONTROLLER_IMPLEMENTED, ControllerCapability, GROUP_CONTROLLER_IMPLEMENTED,
+    GroupControllerCapability, NODE_IMPLEMENTED, NodeCapability, PluginCapabilities, PluginService,
+    VolumeExpansion,
+};
+use crate::plugin::{MockPlugin, Shared};
+use crate::quirks::{Quirk, Quirks};
+
+/// One GiB, the size of a volume created without a capacity range.
+pub const GIB: i64 = 1 << 30;
+
+/// Which CSI services the mock offers besides Identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Controller (and GroupController) only; node rpcs answer UNIMPLEMENTED.
+    Controller,
+    /// Node only; controller rpcs answer UNIMPLEMENTED and node rpcs accept any volume id.
+    Node,
+    /// Both, sharing one state: node rpcs see the volumes the controller created.
+    ControllerAndNode,
+}
+
+impl Role {
+    /// Whether the Controller service is offered.
+    pub const fn has_controller(self) -> bool {
+        matches!(self, Role::Controller | Role::ControllerAndNode)
+    }
+
+    /// Whether the Node service is offered.
+    pub const fn has_node(self) -> bool {
+        matches!(self, Role::Node | Role::ControllerAndNode)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Controller => "controller only",
+            Role::Node => "node only",
+            Role::ControllerAndNode => "controller and node",
+        })
+    }
+}
+
+/// A configuration the builder refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The plugin name breaks the spec's rule (1 to 63 characters, alphanumeric at both ends,
+    /// only `-`, `.` and alphanumerics inside).
+    #[error("plugin name {name:?} is invalid: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The node id is empty or longer than 256 bytes.
+    #[error("node id is {len} bytes; it must be 1 to {limit} bytes")]
+    InvalidNodeId {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, 256.
+        limit: usize,
+    },
+    /// A number that may not be negative was negative.
+    #[error("{field} is {value}; it must not be negative")]
+    Negative {
+        /// Which setting.
+        field: &'static str,
+        /// The value given.
+        value: i64,
+    },
+    /// A topology key or value is empty or longer than 63 characters.
+    #[error("topology {part} {text:?} must be 1 to 63 characters")]
+    InvalidTopology {
+        /// `key` or `value`.
+        part: &'static str,
+        /// The text given.
+        text: String,
+    },
+    /// The default volume size exceeds the largest volume allowed.
+    #[error("default volume size {default} exceeds the maximum volume size {max}")]
+    DefaultAboveMax {
+        /// The default size.
+        default: i64,
+        /// The maximum.
+        max: i64,
+    },
+}
+
+/// The mock's configuration; read-only once the plugin is built.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `GetPluginInfo.name`.
+    pub name: String,
+    /// `GetPluginInfo.vendor_version`.
+    pub vendor_version: String,
+    /// `GetPluginInfo.manifest`.
+    pub manifest: BTreeMap<String, String>,
+    /// The node id `NodeGetInfo` reports; also a node `ControllerPublishVolume` accepts.
+    pub node_id: String,
+    /// Further node ids `ControllerPublishVolume` accepts (others answer NOT_FOUND).
+    pub other_nodes: BTreeSet<String>,
+    /// The node's topology segments (`NodeGetInfo.accessible_topology`).
+    pub topology: BTreeMap<String, String>,
+    /// `NodeGetInfo.max_volumes_per_node`; `None` reports 0 and enforces no limit.
+    pub max_volumes_per_node: Option<i64>,
+    /// Total capacity of the pool volumes are carved from, in bytes.
+    pub capacity_bytes: i64,
+    /// Largest volume `CreateVolume` and the expand rpcs accept, in bytes.
+    pub max_volume_bytes: i64,
+    /// Size of a volume created without a capacity range, in bytes.
+    pub default_volume_bytes: i64,
+    /// Which services are offered.
+    pub role: Role,
+    /// `GetPluginCapabilities`.
+    pub plugin_caps: PluginCapabilities,
+    /// `ControllerGetCapabilities`; also decides which controller rpcs are served.
+    pub controller_caps: BTreeSet<ControllerCapability>,
+    /// `NodeGetCapabilities`; also decides which node rpcs are served.
+    pub node_caps: BTreeSet<NodeCapability>,
+    /// `GroupControllerGetCapabilities`; also decides which group rpcs are served.
+    pub group_caps: BTreeSet<GroupControllerCapability>,
+    /// Keep at most this many call records (oldest dropped first); `None` keeps all.
+    pub call_log_limit: Option<usize>,
+}
+
+/// A volume that exists before any `CreateVolume`, as a pre-provisioned volume would.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeedVolume {
+    /// Its id.
+    pub volume_id: String,
+    /// Its size in bytes.
+    pub capacity_bytes: i64,
+    /// Its `volume_context`.
+    pub volume_context: BTreeMap<String, String>,
+}
+
+/// Builds a [`MockPlugin`]. Every setting has a default: a plugin named `mock.csi.example`,
+/// node `node-1`, controller and node roles, every capability the mock implements.
+#[derive(Clone, Debug)]
+pub struct MockPluginBuilder {
+    config: Config,
+    plugin_caps_set: bool,
+    quirks: Vec<Quirk>,
+    seeds: Vec<SeedVolume>,
+}
+
+impl Default for MockPluginBuilder {
+    fn default() -> Self {
+        MockPluginBuilder {
+            config: Config {
+                name: "mock.csi.example".into(),
+                vendor_version: env!("CARGO_PKG_VERSION").into(),
+                manifest: BTreeMap::new(),
+                node_id: "node-1".into(),
+                other_nodes: BTreeSet::new(),
+                topology: BTreeMap::new(),
+                max_volumes_per_node: None,
+                capacity_bytes: 1 << 40,
+                max_volume_bytes: 1 << 40,
+                default_volume_bytes: GIB,
+                role: Role::ControllerAndNode,
+                plugin_caps: capabilities::default_plugin_caps(Role::ControllerAndNode, false),
+                controller_caps: CONTROLLER_IMPLEMENTED.iter().copied().collect(),
+                node_caps: NODE_IMPLEMENTED.iter().copied().collect(),
+                group_caps: GROUP_CONTROLLER_IMPLEMENTED.iter().copied().collect(),
+                call_log_limit: None,
+            },
+            plugin_caps_set: false,
+            quirks: Vec::new(),
+            seeds: Vec::new(),
+        }
+    }
+}
+
+impl MockPluginBuilder {
+    /// `GetPluginInfo.name` and `vendor_version`.
+    pub fn name(mut self, name: impl Into<String>, vendor_version: impl Into<String>) -> Self {
+        self.config.name = name.into();
+        self.config.vendor_version = vendor_version.into();
+        self
+    }
+
+    /// Adds an entry to `GetPluginInfo.manifest`.
+    pub fn manifest_entry(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.manifest.insert(key.into(), value.into());
+        self
+    }
+
+    /// The node id `NodeGetInfo` reports (default `node-1`).
+    pub fn node_id(mut self, node_id: impl Into<String>) -> Self {
+        self.config.node_id = node_id.into();
+        self
+    }
+
+    /// Another node `ControllerPublishVolume` accepts (for multi-node scenarios).
+    pub fn other_node(mut self, node_id: impl Into<String>) -> Self {
+        self.config.other_nodes.insert(node_id.into());
+        self
+    }
+
+    /// Adds a topology segment for the node. With a topology and default plugin capabilities,
+    /// the mock also advertises VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    pub fn topology(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.topology.insert(key.into(), value.into());
+        self
+    }
+
+    /// `NodeGetInfo.max_volumes_per_node`; `ControllerPublishVolume` past it answers
+    /// RESOURCE_EXHAUSTED.
+    pub fn max_volumes_per_node(mut self, max: i64) -> Self {
+        self.config.max_volumes_per_node = Some(max);
+        self
+    }
+
+    /// Total pool capacity in bytes (`GetCapacity`; `CreateVolume` past it answers
+    /// RESOURCE_EXHAUSTED).
+    pub fn capacity(mut self, bytes: i64) -> Self {
+        self.config.capacity_bytes = bytes;
+        self
+    }
+
+    /// Largest volume in bytes (`CreateVolume` above it answers OUT_OF_RANGE).
+    pub fn max_volume_size(mut self, bytes: i64) -> Self {
+        self.config.max_volume_bytes = bytes;
+        self
+    }
+
+    /// Size of a volume created without a capacity range.
+    pub fn default_volume_size(mut self, bytes: i64) -> Self {
+        self.config.default_volume_bytes = bytes;
+        self
+    }
+
+    /// Which services the mock offers.
+    pub fn role(mut self, role: Role) -> Self {
+        self.config.role = role;
+        self
+    }
+
+    /// The plugin capabilities (replacing the defaults, which follow the role and topology).
+    pub fn plugin_capabilities(
+        mut self,
+        services: impl IntoIterator<Item = PluginService>,
+        expansion: Option<VolumeExpansion>,
+    ) -> Self {
+        self.config.plugin_caps = PluginCapabilities {
+            services: services.into_iter().collect(),
+            expansion,
+        };
+        self.plugin_caps_set = true;
+        self
+    }
+
+    /// The controller capabilities (replacing the defaults).
+    pub fn controller_capabilities(
+        mut self,
+        caps: impl IntoIterator<Item = ControllerCapability>,
+    ) -> Self {
+        self.config.controller_caps = caps.into_iter().collect();
+        self
+    }
+
+    /// The node capabilities (replacing the defaults).
+    pub fn node_capabilities(mut self, caps: impl IntoIterator<Item = NodeCapability>) -> Self {
+        self.config.node_caps = caps.into_iter().collect();
+        self
+    }
+
+    /// The group controller capabilities (replacing the defaults).
+    pub fn group_controller_capabilities(
+        mut self,
+        caps: impl IntoIterator<Item = GroupControllerCapability>,
+    ) -> Self {
+        self.config.group_caps = caps.into_iter().collect();
+        self
+    }
+
+    /// Switches a quirk on.
+    pub fn quirk(mut self, quirk: Quirk) -> Self {
+        self.quirks.push(quirk);
+        self
+    }
+
+    /// A volume that exists from the start (pre-provisioned), with no capability limits.
+    pub fn volume(mut self, volume_id: impl Into<String>, capacity_bytes: i64) -> Self {
+        self.seeds.push(SeedVolume {
+            volume_id: volume_id.into(),
+            capacity_bytes,
+            volume_context: BTreeMap::new(),
+        });
+        self
+    }
+
+    /// A pre-provisioned volume with full control over its fields.
+    pub fn seed_volume(mut self, seed: SeedVolume) -> Self {
+        self.seeds.push(seed);
+        self
+    }
+
+    /// Keep at most `limit` call records (useful for long benchmarks).
+    pub fn call_log_limit(mut self, limit: usize) -> Self {
+        self.config.call_log_limit = Some(limit);
+        self
+    }
+
+    /// Checks the configuration and builds the plugin.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the setting that breaks a spec limit.
+    pub fn build(mut self) -> Result<MockPlugin, ConfigError> {
+        if !self.plugin_caps_set {
+            self.config.plugin_caps = capabilities::default_plugin_caps(
+                self.config.role,
+                !self.config.topology.is_empty(),
+            );
+        }
+        validate(&self.config)?;
+        let mut quirks = Quirks::default();
+        for quirk in self.quirks {
+            quirks.set(quirk);
+        }
+        let shared = Shared::new(self.config, quirks, self.seeds);
+        Ok(MockPlugin::from_shared(Arc::new(shared)))
+    }
+}
+
+fn validate(config: &Config) -> Result<(), ConfigError> {
+    check_plugin_name(&config.name)?;
+    if config.node_id.is_empty() || config.node_id.len() > 256 {
+        return Err(ConfigError::InvalidNodeId {
+            len: config.node_id.len(),
+            limit: 256,
+        });
+    }
+    for (field, value) in [
+        ("capacity", config.capacity_bytes),
+        ("max volume size", config.max_volume_bytes),
+        ("default volume size", config.default_volume_bytes),
+        (
+            "max volumes per node",
+            config.max_volumes_per_node.unwrap_or(0),
+        ),
+    ] {
+        if value < 0 {
+            return Err(ConfigError::Negative { field, value });
+        }
+    }
+    if config.default_volume_bytes > config.max_volume_bytes {
+        return Err(ConfigError::DefaultAboveMax {
+            default: config.default_volume_bytes,
+            max: config.max_volume_bytes,
+        });
+    }
+    for (key, value) in &config.topology {
+        for (part, text) in [("key", key), ("value", value)] {
+            if text.is_empty() || text.chars().count() > 63 {
+                return Err(ConfigError::InvalidTopology {
+                    part,
+                    text: text.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_plugin_name(name: &str) -> Result<(), ConfigError> {
+    let bad = |reason| {
+        Err(ConfigError::InvalidName {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return bad("it is empty");
+    }
+    if name.chars().count() > 63 {
+        return bad("it is longer than 63 characters");
+    }
+    let alnum_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !alnum_ends {
+        return bad("it must start and end with an ASCII letter or digit");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return bad("only ASCII letters, digits, '-' and '.' are allowed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_names_and_node_ids() {
+        assert!(matches!(
+            MockPluginBuilder::default().name("-bad", "1").build(),
+            Err(ConfigError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            MockPluginBuilder::default()
+                .name("a".repeat(64), "1")
+                .build(),
+            Err(ConfigError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            MockPluginBuilder::default().node_id("").build(),
+            Err(ConfigError::InvalidNodeId { len: 0, .. })
+        ));
+        assert!(matches!(
+            MockPluginBuilder::default()
+                .max_volumes_per_node(-1)
+                .build(),
+            Err(ConfigError::Negative { .. })
+        ));
+    }
+
+    #[test]
+    fn node_role_drops_controller_service_by_default() {
+        let plugin = MockPluginBuilder::default()
+            .role(Role::Node)
+            .build()
+            .unwrap();
+        let caps = &plugin.config().plugin_caps.services;
+        assert!(!caps.contains(&PluginService::ControllerService));
+        let plugin = MockPluginBuilder::default()
+            .topology("zone", "a")
+            .build()
+            .unwrap();
+        assert!(
+            plugin
+                .config()
+                .plugin_caps
+                .services
+                .contains(&PluginService::VolumeAccessibilityConstraints)
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! What happens to every call before and after its rpc logic: it is recorded, checked against
+//! the configured capabilities (UNIMPLEMENTED), guarded against a concurrent call on the same
+//! volume (ABORTED), put through the fault scripts, and its outcome recorded.
+
+use std::fmt;
+use std::time::Duration;
+
+use csi_proto::Rpc;
+use tonic::{Request, Response, Status};
+
+use crate::calls::Outcome;
+use crate::capabilities::unimplemented_reason;
+use crate::faults::FaultStep;
+use crate::plugin::MockPlugin;
+use crate::transport::killable::KillSwitch;
+
+/// How long a call whose connection was dropped waits for the connection task to drop it.
+const DROPPED_CALL_LINGER: Duration = Duration::from_secs(60);
+
+/// The response stream of the streaming rpcs: messages computed up front.
+pub(crate) type VecStream<T> = tokio_stream::Iter<std::vec::IntoIter<Result<T, Status>>>;
+
+/// What a call is about, for the log, the concurrency guard and fault matching.
+#[derive(Debug, Default)]
+pub(crate) struct Target {
+    pub(crate) volume: Option<String>,
+    pub(crate) node: Option<String>,
+    /// The in-flight key; a second call with the same key while this one runs gets ABORTED.
+    pub(crate) lock: Option<String>,
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+impl Target {
+    /// A read-only call with no subject.
+    pub(crate) fn none() -> Self {
+        Target::default()
+    }
+
+    /// A read-only call about a volume.
+    pub(crate) fn read_volume(volume_id: &str) -> Self {
+        Target {
+            volume: non_empty(volume_id),
+            ..Target::default()
+        }
+    }
+
+    /// A mutating call about a volume: concurrent calls on it get ABORTED.
+    pub(crate) fn volume(volume_id: &str) -> Self {
+        Target {
+            volume: non_empty(volume_id),
+            lock: non_empty(volume_id).map(|v| format!("volume:{v}")),
+            node: None,
+        }
+    }
+
+    /// A mutating call about a snapshot (by id or by name).
+    pub(crate) fn snapshot(kind: &str, key: &str) -> Self {
+        Target {
+            lock: non_empty(key).map(|k| format!("{kind}:{k}")),
+            ..Target::default()
+        }
+    }
+
+    pub(crate) fn with_node(mut self, node_id: &str) -> Self {
+        self.node = non_empty(node_id);
+        self
+    }
+
+    pub(crate) fn with_volume(mut self, volume_id: &str) -> Self {
+        self.volume = non_empty(volume_id);
+        self
+    }
+}
+
+/// One call being served. Records the outcome when finished; a call dropped before it
+/// finished (the caller gave up) is recorded as [`Outcome::Abandoned`].
+pub(crate) struct CallScope {
+    plugin: MockPlugin,
+    seq: u64,
+    finished: bool,
+    lock: Option<String>,
+    /// Set by a [`FaultStep::FailStreamAfter`] step for the streaming rpcs.
+    pub(crate) stream_fault: Option<(usize, Status)>,
+}
+
+impl fmt::Debug for CallScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallScope").field("seq", &self.seq).finish()
+    }
+}
+
+impl CallScope {
+    fn record(&mut self, outcome: Outcome) {
+        self.finished = true;
+        self.plugin.shared.lock().calls.finish(self.seq, outcome);
+        self.plugin.shared.log_changed.notify_waiters();
+    }
+
+    /// Records a failure and hands the status back.
+    pub(crate) fn fail(mut self, status: Status) -> Status {
+        self.record(Outcome::Failed {
+            code: status.code(),
+            message: status.message().to_string(),
+        });
+        status
+    }
+
+    /// Records the result and wraps it for tonic.
+    pub(crate) fn finish<T>(mut self, result: Result<T, Status>) -> Result<Response<T>, Status> {
+        match result {
+            Ok(value) => {
+                self.record(Outcome::Ok);
+                Ok(Response::new(value))
+            }
+            Err(status) => Err(self.fail(status)),
+        }
+    }
+
+    /// Records the result of a streaming rpc and turns its messages into the response stream,
+    /// cut short by a [`FaultStep::FailStreamAfter`] step if one applies.
+    pub(crate) fn finish_stream<T>(
+        mut self,
+        result: Result<Vec<T>, Status>,
+    ) -> Result<Response<VecStream<T>>, Status> {
+        let items = match result {
+            Ok(items) => items,
+            Err(status) => return Err(self.fail(status)),
+        };
+        let mut out: Vec<Result<T, Status>> = items.into_iter().map(Ok).collect();
+        match self.stream_fault.take() {
+            Some((messages, status)) => {
+                out.truncate(messages);
+                self.record(Outcome::Failed {
+                    code: status.code(),
+                    message: status.message().to_string(),
+                });
+                out.push(Err(status));
+            }
+            None => self.record(Outcome::Ok),
+        }
+        Ok(Response::new(tokio_stream::iter(out)))
+    }
+
+    /// Sets the volume id in the log (`CreateVolume` learns it only when it succeeds).
+    pub(crate) fn set_volume(&self, volume_id: &str) {
+        self.plugin
+            .shared
+            .lock()
+            .calls
+            .set_volume(self.seq, volume_id.to_string());
+    }
+}
+
+impl Drop for CallScope {
+    fn drop(&mut self) {
+        let mut inner = self.plugin.shared.lock();
+        if let Some(key) = self.lock.take() {
+            inner.in_flight.remove(&key);
+        }
+        if !self.finished {
+            inner.calls.finish(self.seq, Outcome::Abandoned);
+        }
+        drop(inner);
+        self.plugin.shared.log_changed.notify_waiters();
+    }
+}
+
+impl MockPlugin {
+    /// Starts serving a call: records it and applies capabilities, the concurrency guard and
+    /// the fault scripts. `Err` is the status to answer (already recorded).
+    pub(crate) async fn begin<T: fmt::Debug>(
+        &self,
+        rpc: Rpc,
+        request: &Request<T>,
+        target: Target,
+    ) -> Result<CallScope, Status> {
+        let kill = request.extensions().get::<KillSwitch>().cloned();
+        let text = format!("{:?}", request.get_ref());
+        let node = target.node.clone().or_else(|| {
+            (rpc.service() == csi_proto::Service::Node).then(|| self.shared.config.node_id.clone())
+        });
+        let seq = self
+            .shared
+            .lock()
+            .calls
+            .push(rpc, target.volume.clone(), node, text);
+        self.shared.log_changed.notify_waiters();
+        let mut scope = CallScope {
+            plugin: self.clone(),
+            seq,
+            finished: false,
+            lock: None,
+            stream_fault: None,
+        };
+
+        if let Some(reason) = unimplemented_reason(&self.shared.config, rpc) {
+            return Err(scope.fail(Status::unimplemented(reason)));
+        }
+
+        let step = {
+            let mut inner = self.shared.lock();
+            if let Some(key) = &target.lock {
+                if !inner.in_flight.insert(key.clone()) {
+                    drop(inner);
+                    return Err(scope.fail(Status::aborted(format!(
+                        "{}: another operation on {key} is still in progress",
+                        rpc.name()
+                    ))));
+                }
+                scope.lock = Some(key.clone());
+            }
+            inner.faults.take(rpc, target.volume.as_deref())
+        };
+
+        match step {
+            None | Some(FaultStep::Pass) => Ok(scope),
+            Some(FaultStep::Fail { code, message }) => Err(scope.fail(Status::new(code, message))),
+            Some(FaultStep::FailStreamAfter {
+                messages,
+                code,
+                message,
+            }) => {
+                let status = Status::new(code, message);
+                if rpc.is_server_streaming() {
+                    scope.stream_fault = Some((messages, status));
+                    Ok(scope)
+                } else {
+                    Err(scope.fail(status))
+                }
+            }
+            Some(FaultStep::Delay(delay)) => {
+                let released = self.shared.release.notified();
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => Ok(scope),
+                    () = released => Err(scope.fail(released_status(rpc))),
+                }
+            }
+            Some(FaultStep::Hang) => {
+                // Dropped (and recorded as abandoned) when the caller gives up.
+                self.shared.release.notified().await;
+                Err(scope.fail(released_status(rpc)))
+            }
+            Some(FaultStep::DropConnection) => {
+                scope.record(Outcome::ConnectionDropped);
+                match kill {
+                    Some(switch) => switch.trip(),
+                    None => {
+                        return Err(Status::unavailable(format!(
+                            "{}: connection dropped by a fault script (this transport cannot \
+                             be torn down, so the call fails instead)",
+                            rpc.name()
+                        )));
+                    }
+                }
+                // The connection task drops this future when it notices the dead connection.
+                let released = self.shared.release.notified();
+                tokio::select! {
+                    () = tokio::time::sleep(DROPPED_CALL_LINGER) => {}
+                    () = released => {}
+                }
+                Err(Status::unavailable(format!(
+                    "{}: connection dropped by a fault script",
+                    rpc.name()
+                )))
+            }
+        }
+    }
+}
+
+fn released_status(rpc: Rpc) -> Status {
+    Status::unavailable(format!(
+        "{}: a hung or delayed call was released (mock shutting down or release_hung)",
+        rpc.name()
+    ))
+}

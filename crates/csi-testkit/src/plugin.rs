@@ -1,0 +1,173 @@
+//! The mock plugin: its shared state behind one lock, and the public handle.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use csi_proto::v1::Volume;
+use tokio::sync::Notify;
+
+use crate::calls::{CallLog, Calls};
+use crate::config::{Config, MockPluginBuilder, SeedVolume};
+use crate::faults::{FaultTable, Faults};
+use crate::quirks::{Quirk, Quirks};
+use crate::state::State;
+
+/// Everything that changes while the mock runs. One lock for all of it; every critical section
+/// is short and synchronous (never held across an `.await`).
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) state: State,
+    pub(crate) calls: CallLog,
+    pub(crate) faults: FaultTable,
+    pub(crate) quirks: Quirks,
+    /// Keys (`volume:<id>`, `snapshot:<id>`, …) of mutating calls being served right now.
+    pub(crate) in_flight: HashSet<String>,
+}
+
+/// What every handle of one plugin shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    inner: Mutex<Inner>,
+    /// Woken whenever a call is recorded or finishes.
+    pub(crate) log_changed: Notify,
+    /// Woken to end hung and delayed calls (shutdown, `Faults::release_hung`).
+    pub(crate) release: Notify,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, quirks: Quirks, seeds: Vec<SeedVolume>) -> Self {
+        let calls = CallLog::new(config.call_log_limit);
+        Shared {
+            config,
+            inner: Mutex::new(Inner {
+                state: State::with_seeds(seeds),
+                calls,
+                faults: FaultTable::default(),
+                quirks,
+                in_flight: HashSet::new(),
+            }),
+            log_changed: Notify::new(),
+            release: Notify::new(),
+        }
+    }
+
+    /// Locks the state. A panic while holding the lock cannot leave it half-updated in a way
+    /// that matters to a test double, so a poisoned lock is simply taken over.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A stateful mock CSI plugin. Cheap to clone: clones share state, call log and faults.
+///
+/// Build one with [`MockPlugin::builder`], serve it with
+/// [`serve_unix`](MockPlugin::serve_unix) or [`serve_in_memory`](MockPlugin::serve_in_memory),
+/// script faults with [`faults`](MockPlugin::faults) and read the call log with
+/// [`calls`](MockPlugin::calls).
+#[derive(Clone)]
+pub struct MockPlugin {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for MockPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockPlugin")
+            .field("name", &self.shared.config.name)
+            .field("node_id", &self.shared.config.node_id)
+            .field("role", &self.shared.config.role)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a volume is staged or published on the mock's node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePath {
+    /// The volume.
+    pub volume_id: String,
+    /// The staging or target path.
+    pub path: PathBuf,
+}
+
+impl MockPlugin {
+    /// A builder with every default (see [`MockPluginBuilder`]).
+    pub fn builder() -> MockPluginBuilder {
+        MockPluginBuilder::default()
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        MockPlugin { shared }
+    }
+
+    /// The configuration the plugin was built with.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// The call log.
+    pub fn calls(&self) -> Calls {
+        Calls::new(self.shared.clone())
+    }
+
+    /// The fault scripts.
+    pub fn faults(&self) -> Faults {
+        Faults::new(self.shared.clone())
+    }
+
+    /// Switches a quirk on while the plugin runs. ([`Quirk::LateSocket`] only matters before
+    /// the server starts.)
+    pub fn set_quirk(&self, quirk: Quirk) {
+        self.shared.lock().quirks.set(quirk);
+    }
+
+    /// Switches every quirk off.
+    pub fn clear_quirks(&self) {
+        self.shared.lock().quirks = Quirks::default();
+    }
+
+    /// Every volume the plugin knows, ordered by id.
+    pub fn volumes(&self) -> Vec<Volume> {
+        let inner = self.shared.lock();
+        inner.state.volumes.values().map(|v| v.to_wire()).collect()
+    }
+
+    /// The nodes a volume is controller-published to.
+    pub fn published_nodes(&self, volume_id: &str) -> Vec<String> {
+        self.shared.lock().state.published_nodes(volume_id)
+    }
+
+    /// Where volumes are staged on the node, ordered by path.
+    pub fn staged(&self) -> Vec<NodePath> {
+        let inner = self.shared.lock();
+        inner
+            .state
+            .staged
+            .iter()
+            .map(|(path, s)| NodePath {
+                volume_id: s.volume_id.clone(),
+                path: PathBuf::from(path),
+            })
+            .collect()
+    }
+
+    /// Where volumes are published on the node, ordered by path.
+    pub fn published(&self) -> Vec<NodePath> {
+        let inner = self.shared.lock();
+        inner
+            .state
+            .published
+            .iter()
+            .map(|(path, p)| NodePath {
+                volume_id: p.volume_id.clone(),
+                path: PathBuf::from(path),
+            })
+            .collect()
+    }
+
+    /// The ids of every snapshot, ordered.
+    pub fn snapshot_ids(&self) -> Vec<String> {
+        self.shared.lock().state.snapshots.keys().cloned().collect()
+    }
+}

@@ -1,0 +1,65 @@
+//! Quirks: switches that make the mock behave like real plugins that bend the spec.
+
+use std::time::Duration;
+
+/// One way real plugins deviate from the spec, switched on with
+/// [`MockPluginBuilder::quirk`](crate::MockPluginBuilder::quirk) or at run time with
+/// [`MockPlugin::set_quirk`](crate::MockPlugin::set_quirk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Quirk {
+    /// `ValidateVolumeCapabilities` never sets `confirmed`, even when it supports everything.
+    NeverConfirm,
+    /// `ValidateVolumeCapabilities` confirms a capability other than the one asked for (a
+    /// different access mode).
+    ConfirmDifferentCapability,
+    /// `ValidateVolumeCapabilities` confirms the capabilities with access mode UNKNOWN.
+    ConfirmUnknownAccessMode,
+    /// `ValidateVolumeCapabilities` echoes a different `fs_type` than the one asked for.
+    EchoDifferentFsType,
+    /// `Probe` answers OK without `ready` (which means ready).
+    ProbeReadyAbsent,
+    /// `Probe` answers OK with `ready = false`.
+    ProbeNotReady,
+    /// The socket appears only this long after the server was started.
+    LateSocket(Duration),
+    /// A repeated `NodeUnpublishVolume`, `NodeUnstageVolume` or `ControllerUnpublishVolume`
+    /// for something no longer published answers NOT_FOUND instead of OK.
+    NotFoundOnRepeatedUnpublish,
+}
+
+/// What `Probe` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum ProbeAnswer {
+    #[default]
+    Ready,
+    NotReady,
+    Absent,
+}
+
+/// The set of active quirks, as the handlers read them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Quirks {
+    pub(crate) never_confirm: bool,
+    pub(crate) confirm_different_capability: bool,
+    pub(crate) confirm_unknown_access_mode: bool,
+    pub(crate) echo_different_fs_type: bool,
+    pub(crate) probe: ProbeAnswer,
+    pub(crate) late_socket: Option<Duration>,
+    pub(crate) not_found_on_repeated_unpublish: bool,
+}
+
+impl Quirks {
+    pub(crate) fn set(&mut self, quirk: Quirk) {
+        match quirk {
+            Quirk::NeverConfirm => self.never_confirm = true,
+            Quirk::ConfirmDifferentCapability => self.confirm_different_capability = true,
+            Quirk::ConfirmUnknownAccessMode => self.confirm_unknown_access_mode = true,
+            Quirk::EchoDifferentFsType => self.echo_different_fs_type = true,
+            Quirk::ProbeReadyAbsent => self.probe = ProbeAnswer::Absent,
+            Quirk::ProbeNotReady => self.probe = ProbeAnswer::NotReady,
+            Quirk::LateSocket(delay) => self.late_socket = Some(delay),
+            Quirk::NotFoundOnRepeatedUnpublish => self.not_found_on_repeated_unpublish = true,
+        }
+    }
+}

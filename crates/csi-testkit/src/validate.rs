@@ -1,0 +1,272 @@
+//! Request checks the spec demands of every plugin (csi-spec §3.4, §3.5, §3.6, §3.9): required
+//! fields, size limits, well-formed capabilities. Each failure is INVALID_ARGUMENT naming the
+//! field and, for sizes, the limit.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use csi_proto::v1::volume_capability::AccessType;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::{CapacityRange, VolumeCapability};
+use tonic::Status;
+
+/// The limit for any string field, id, name or token.
+pub(crate) const MAX_STRING_BYTES: usize = 128;
+/// The limit for any map field, counted as key plus value bytes.
+pub(crate) const MAX_MAP_BYTES: usize = 4096;
+/// The limit for all mount flags together.
+pub(crate) const MAX_MOUNT_FLAGS_BYTES: usize = 4096;
+/// The limit on node ids (`NodeGetInfoResponse.node_id`), also accepted in requests.
+pub(crate) const MAX_NODE_ID_BYTES: usize = 256;
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// A required string: present and at most `limit` bytes.
+pub(crate) fn required(field: &str, value: &str) -> Result<(), Status> {
+    required_within(field, value, MAX_STRING_BYTES)
+}
+
+/// A required string with its own limit.
+pub(crate) fn required_within(field: &str, value: &str, limit: usize) -> Result<(), Status> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} is required")));
+    }
+    optional_within(field, value, limit)
+}
+
+/// An optional string: at most 128 bytes.
+pub(crate) fn optional(field: &str, value: &str) -> Result<(), Status> {
+    optional_within(field, value, MAX_STRING_BYTES)
+}
+
+fn optional_within(field: &str, value: &str, limit: usize) -> Result<(), Status> {
+    if value.len() > limit {
+        return Err(invalid(format!(
+            "{field} is {} bytes; the limit is {limit} bytes",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A `name` field: required, within the size limit, without the banned control characters.
+pub(crate) fn name(field: &str, value: &str) -> Result<(), Status> {
+    required(field, value)?;
+    let banned = |c: char| matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}');
+    if value.chars().any(banned) {
+        return Err(invalid(format!(
+            "{field} contains a control character the spec forbids"
+        )));
+    }
+    Ok(())
+}
+
+/// A map field: at most 4 KiB of keys and values.
+pub(crate) fn map(field: &str, value: &HashMap<String, String>) -> Result<(), Status> {
+    let size: usize = value.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_MAP_BYTES {
+        return Err(invalid(format!(
+            "{field} is {size} bytes; the limit is {MAX_MAP_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// A secrets map: the size limit, and keys made of alphanumerics, `-`, `_` and `.` only. The
+/// message never quotes a value.
+pub(crate) fn secrets(value: &HashMap<String, String>) -> Result<(), Status> {
+    map("secrets", value)?;
+    let bad_key = value.keys().any(|k| {
+        k.is_empty()
+            || !k
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    });
+    if bad_key {
+        return Err(invalid(
+            "secrets has a key with characters other than ASCII letters, digits, '-', '_' and '.'"
+                .to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// A required absolute path (paths are exempt from the 128-byte limit).
+pub(crate) fn path(field: &str, value: &str) -> Result<(), Status> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} is required")));
+    }
+    if !Path::new(value).is_absolute() {
+        return Err(invalid(format!(
+            "{field} {value:?} must be an absolute path"
+        )));
+    }
+    Ok(())
+}
+
+/// A required volume capability: access mode set and known, access type set, mount fields
+/// within their limits.
+pub(crate) fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<(), Status> {
+    let cap = cap.ok_or_else(|| invalid(format!("{field} is required")))?;
+    let mode = cap
+        .access_mode
+        .ok_or_else(|| invalid(format!("{field}.access_mode is required")))?;
+    match Mode::try_from(mode.mode) {
+        Ok(Mode::Unknown) => {
+            return Err(invalid(format!("{field}.access_mode.mode is required")));
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "{field}.access_mode.mode {} is not an access mode this plugin knows",
+                mode.mode
+            )));
+        }
+        Ok(_) => {}
+    }
+    match &cap.access_type {
+        None => Err(invalid(format!(
+            "{field}.access_type is required (block or mount)"
+        ))),
+        Some(AccessType::Block(_)) => Ok(()),
+        Some(AccessType::Mount(mount)) => {
+            optional(&format!("{field}.mount.fs_type"), &mount.fs_type)?;
+            optional(
+                &format!("{field}.mount.volume_mount_group"),
+                &mount.volume_mount_group,
+            )?;
+            let flags: usize = mount.mount_flags.iter().map(String::len).sum();
+            if flags > MAX_MOUNT_FLAGS_BYTES {
+                return Err(invalid(format!(
+                    "{field}.mount.mount_flags are {flags} bytes together; the limit is \
+                     {MAX_MOUNT_FLAGS_BYTES} bytes"
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A required, non-empty list of volume capabilities.
+pub(crate) fn capabilities(field: &str, caps: &[VolumeCapability]) -> Result<(), Status> {
+    if caps.is_empty() {
+        return Err(invalid(format!("{field} is required (at least one)")));
+    }
+    for (i, cap) in caps.iter().enumerate() {
+        capability(&format!("{field}[{i}]"), Some(cap))?;
+    }
+    Ok(())
+}
+
+/// A capacity range: no negative numbers, and `limit_bytes` not below `required_bytes`.
+pub(crate) fn capacity_range(field: &str, range: &CapacityRange) -> Result<(), Status> {
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(invalid(format!(
+            "{field} has a negative size (required_bytes {}, limit_bytes {})",
+            range.required_bytes, range.limit_bytes
+        )));
+    }
+    if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
+        return Err(invalid(format!(
+            "{field}.required_bytes {} exceeds limit_bytes {}",
+            range.required_bytes, range.limit_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// The access mode of a capability that passed [`capability`].
+pub(crate) fn mode_of(cap: &VolumeCapability) -> Mode {
+    cap.access_mode
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .unwrap_or(Mode::Unknown)
+}
+
+/// Whether a capability asks for a block device.
+pub(crate) fn is_block(cap: &VolumeCapability) -> bool {
+    matches!(cap.access_type, Some(AccessType::Block(_)))
+}
+
+/// Whether an access mode allows use from several nodes.
+pub(crate) fn is_multi_node(mode: Mode) -> bool {
+    matches!(
+        mode,
+        Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter
+    )
+}
+
+/// Whether a volume created with `created` (empty = anything) supports `wanted`: the same
+/// access type and one of its access modes.
+pub(crate) fn supports(created: &[VolumeCapability], wanted: &VolumeCapability) -> bool {
+    created.is_empty()
+        || created
+            .iter()
+            .any(|c| mode_of(c) == mode_of(wanted) && is_block(c) == is_block(wanted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_proto::v1::volume_capability::{AccessMode, MountVolume};
+
+    fn mount(mode: Mode) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }
+    }
+
+    #[test]
+    fn messages_name_field_and_limit() {
+        let err = required("volume_id", "").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("volume_id"));
+        let err = required("name", &"x".repeat(129)).unwrap_err();
+        assert!(err.message().contains("129") && err.message().contains("128"));
+        let big: HashMap<String, String> = [("k".to_string(), "v".repeat(4096))].into();
+        assert!(
+            map("parameters", &big)
+                .unwrap_err()
+                .message()
+                .contains("4096")
+        );
+    }
+
+    #[test]
+    fn capability_needs_mode_and_type() {
+        assert!(capability("volume_capability", None).is_err());
+        let mut cap = mount(Mode::SingleNodeWriter);
+        assert!(capability("c", Some(&cap)).is_ok());
+        cap.access_type = None;
+        assert!(
+            capability("c", Some(&cap))
+                .unwrap_err()
+                .message()
+                .contains("access_type")
+        );
+        let cap = mount(Mode::Unknown);
+        assert!(
+            capability("c", Some(&cap))
+                .unwrap_err()
+                .message()
+                .contains("mode")
+        );
+    }
+
+    #[test]
+    fn secret_key_errors_do_not_echo_values() {
+        let secrets_map: HashMap<String, String> =
+            [("bad key".to_string(), "hunter2".to_string())].into();
+        let err = secrets(&secrets_map).unwrap_err();
+        assert!(!err.message().contains("hunter2"));
+    }
+
+    #[test]
+    fn support_follows_mode_and_type() {
+        let created = [mount(Mode::SingleNodeWriter)];
+        assert!(supports(&created, &mount(Mode::SingleNodeWriter)));
+        assert!(!supports(&created, &mount(Mode::MultiNodeMultiWriter)));
+        assert!(supports(&[], &mount(Mode::MultiNodeMultiWriter)));
+    }
+}
