@@ -289,3 +289,206 @@ pub fn admit(claims: &[Claim], request: &ClaimRequest) -> Result<Admission, Clai
     }
     Ok(Admission::New)
 }
+
+#[cfg(test)]
+mod tests {
+    use csi_structs::PluginNodeId;
+
+    use super::*;
+    use crate::state::ClaimState;
+
+    fn req(workload: &str, node: &str, mode: ClaimMode, access: AccessMode) -> ClaimRequest {
+        ClaimRequest {
+            volume: VolumeId::new("v").unwrap(),
+            workload: WorkloadId::new(workload).unwrap(),
+            node: NodeId::new(node).unwrap(),
+            plugin_node: PluginNodeId::new(format!("sp-{node}")).unwrap(),
+            mode,
+            access_mode: access,
+            attachment: AccessTypeKind::Mount,
+        }
+    }
+
+    /// Admits `steps` in order, keeping the admitted ones, and returns each verdict.
+    fn run(
+        access: AccessMode,
+        steps: &[(&str, &str, ClaimMode)],
+    ) -> Vec<Result<Admission, DenyReason>> {
+        let mut held: Vec<Claim> = Vec::new();
+        steps
+            .iter()
+            .map(|(w, n, m)| {
+                let r = req(w, n, *m, access);
+                match admit(&held, &r) {
+                    Ok(Admission::New) => {
+                        held.push(Claim::taken(r));
+                        Ok(Admission::New)
+                    }
+                    Ok(a) => Ok(a),
+                    Err(d) => Err(d.reason),
+                }
+            })
+            .collect()
+    }
+
+    use ClaimMode::{Read as R, Write as W};
+    const NEW: Result<Admission, DenyReason> = Ok(Admission::New);
+
+    #[test]
+    fn single_node_reader_only() {
+        let got = run(
+            AccessMode::SingleNodeReaderOnly,
+            &[("a", "n1", W), ("a", "n1", R), ("b", "n1", R)],
+        );
+        assert_eq!(
+            got,
+            [
+                Err(DenyReason::ReadOnlyMode),
+                NEW,
+                Err(DenyReason::ReadersExhausted { max: 1 })
+            ]
+        );
+    }
+
+    #[test]
+    fn single_node_writer_is_one_workload() {
+        let got = run(
+            AccessMode::SingleNodeWriter,
+            &[("a", "n1", R), ("b", "n1", W), ("c", "n1", R)],
+        );
+        assert_eq!(
+            got,
+            [
+                NEW,
+                Err(DenyReason::SingleWorkload),
+                Err(DenyReason::SingleWorkload)
+            ]
+        );
+        let got = run(
+            AccessMode::SingleNodeWriter,
+            &[("a", "n1", W), ("b", "n1", R)],
+        );
+        assert_eq!(got, [NEW, Err(DenyReason::SingleWorkload)]);
+    }
+
+    #[test]
+    fn single_node_single_writer_keeps_one_node_and_one_writer() {
+        let got = run(
+            AccessMode::SingleNodeSingleWriter,
+            &[
+                ("a", "n1", W),
+                ("b", "n1", R),
+                ("c", "n1", W),
+                ("d", "n2", R),
+            ],
+        );
+        let n1 = NodeId::new("n1").unwrap();
+        assert_eq!(
+            got,
+            [
+                NEW,
+                NEW,
+                Err(DenyReason::WritersExhausted { max: 1 }),
+                Err(DenyReason::OtherNode { held_on: n1 })
+            ]
+        );
+    }
+
+    #[test]
+    fn single_node_multi_writer_keeps_one_node() {
+        let got = run(
+            AccessMode::SingleNodeMultiWriter,
+            &[("a", "n1", W), ("b", "n1", W), ("c", "n2", R)],
+        );
+        let n1 = NodeId::new("n1").unwrap();
+        assert_eq!(got, [NEW, NEW, Err(DenyReason::OtherNode { held_on: n1 })]);
+    }
+
+    #[test]
+    fn multi_node_modes() {
+        let got = run(
+            AccessMode::MultiNodeReaderOnly,
+            &[("a", "n1", R), ("b", "n2", R), ("c", "n3", W)],
+        );
+        assert_eq!(got, [NEW, NEW, Err(DenyReason::ReadOnlyMode)]);
+        let got = run(
+            AccessMode::MultiNodeSingleWriter,
+            &[
+                ("a", "n1", R),
+                ("b", "n2", W),
+                ("c", "n3", R),
+                ("d", "n4", W),
+            ],
+        );
+        assert_eq!(
+            got,
+            [NEW, NEW, NEW, Err(DenyReason::WritersExhausted { max: 1 })]
+        );
+        let got = run(
+            AccessMode::MultiNodeMultiWriter,
+            &[("a", "n1", W), ("b", "n2", W), ("c", "n3", R)],
+        );
+        assert_eq!(got, [NEW, NEW, NEW]);
+    }
+
+    #[test]
+    fn same_workload_is_idempotent_but_cannot_change_terms() {
+        let got = run(
+            AccessMode::MultiNodeMultiWriter,
+            &[
+                ("a", "n1", W),
+                ("a", "n1", W),
+                ("a", "n1", R),
+                ("a", "n2", W),
+            ],
+        );
+        assert_eq!(
+            got,
+            [
+                NEW,
+                Ok(Admission::AlreadyHeld),
+                Err(DenyReason::ReclaimWithDifferentTerms),
+                Err(DenyReason::ReclaimWithDifferentTerms)
+            ]
+        );
+    }
+
+    #[test]
+    fn releasing_claims_still_hold_capacity_and_block_their_workload() {
+        let mut a = Claim::taken(req("a", "n1", W, AccessMode::MultiNodeSingleWriter));
+        a.state = ClaimState::Releasing;
+        let held = [a];
+        let denied =
+            admit(&held, &req("b", "n2", W, AccessMode::MultiNodeSingleWriter)).unwrap_err();
+        assert_eq!(denied.reason, DenyReason::WritersExhausted { max: 1 });
+        assert!(
+            denied.to_string().contains("a (write on n1, releasing)"),
+            "{denied}"
+        );
+        let denied =
+            admit(&held, &req("a", "n1", W, AccessMode::MultiNodeSingleWriter)).unwrap_err();
+        assert_eq!(
+            denied.reason,
+            DenyReason::ReleaseInProgress { state: "releasing" }
+        );
+    }
+
+    #[test]
+    fn access_mode_cannot_change_while_held() {
+        let held = [Claim::taken(req(
+            "a",
+            "n1",
+            R,
+            AccessMode::MultiNodeReaderOnly,
+        ))];
+        let denied =
+            admit(&held, &req("b", "n1", R, AccessMode::MultiNodeMultiWriter)).unwrap_err();
+        assert_eq!(
+            denied.reason,
+            DenyReason::AccessModeChange {
+                held: AccessMode::MultiNodeReaderOnly
+            }
+        );
+        assert!(denied.to_string().contains("MULTI_NODE_READER_ONLY"));
+    }
+}

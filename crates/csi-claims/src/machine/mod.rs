@@ -326,6 +326,20 @@ impl ReleaseMachine {
             });
         }
         let volume = request.volume.clone();
+        let result = self.claim_inner(info, request);
+        if result.is_err() && self.volumes.get(&volume).is_some_and(Entry::finished) {
+            // Do not keep an empty entry made just for a refused claim.
+            self.volumes.remove(&volume);
+        }
+        result
+    }
+
+    fn claim_inner(
+        &mut self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+    ) -> Result<Admitted, ClaimError> {
+        let volume = request.volume.clone();
         let entry = self
             .volumes
             .entry(volume.clone())
