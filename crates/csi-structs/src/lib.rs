@@ -39,6 +39,7 @@ pub mod ids;
 pub mod info;
 pub mod limits;
 pub mod maps;
+pub mod registration;
 pub mod secrets;
 pub mod snapshot;
 pub mod topology;
@@ -72,6 +73,8 @@ pub use ids::{
 pub use info::{NodeInfo, PluginInfo, PluginName};
 #[doc(inline)]
 pub use maps::{Manifest, MutableParameters, Parameters, PublishContext, VolumeContext};
+#[doc(inline)]
+pub use registration::{RegisteredVolume, VolumeSpec, VolumeUpdate, VolumeUsage};
 #[doc(inline)]
 pub use secrets::Secrets;
 #[doc(inline)]

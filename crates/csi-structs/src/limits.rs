@@ -84,8 +84,65 @@ pub(crate) fn check_map(
     }
 }
 
+/// Whether the spec bans `c` in a CO-generated `name` (CreateVolume, CreateSnapshot,
+/// CreateVolumeGroupSnapshot): U+0000–U+0008, U+000B, U+000C, U+000E–U+001F, U+007F–U+009F.
+pub const fn is_banned_in_name(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
+}
+
+/// Checks a CO-generated `name` (the idempotency key of CreateVolume, CreateSnapshot,
+/// CreateVolumeGroupSnapshot): non-empty, at most 128 bytes, none of the banned control
+/// characters.
+///
+/// # Errors
+///
+/// Every problem at once, under `field`.
+pub fn validate_request_name(field: &FieldPath, value: &str) -> Result<(), ValidationErrors> {
+    let mut errs = ValidationErrors::new();
+    check_required(&mut errs, field, value, MAX_STRING_BYTES);
+    check_name_chars(&mut errs, field, value);
+    errs.into_result(())
+}
+
+/// Records the first banned control character of `value`, if any.
+pub(crate) fn check_name_chars(errs: &mut ValidationErrors, field: &FieldPath, value: &str) {
+    if let Some((position, character)) = value
+        .chars()
+        .enumerate()
+        .find(|(_, c)| is_banned_in_name(*c))
+    {
+        errs.push(
+            field.clone(),
+            Problem::InvalidCharacter {
+                character,
+                position,
+                syntax: crate::validation::Syntax::Name,
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn request_names_table() {
+        let f = FieldPath::named("name");
+        for ok in ["pvc-1", "名前", "tab\tok", "line\nfeed ok", "cr\rok"] {
+            assert!(validate_request_name(&f, ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "nul\0",
+            "bell\u{7}",
+            "esc\u{1b}",
+            "del\u{7f}",
+            "c1\u{85}",
+        ] {
+            assert!(validate_request_name(&f, bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_request_name(&f, &"a".repeat(129)).is_err());
+    }
+
     use super::*;
 
     #[test]

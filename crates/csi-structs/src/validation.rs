@@ -235,6 +235,8 @@ pub enum Problem {
         /// Nanoseconds.
         nanos: i32,
     },
+    /// A value that must not be set in this context.
+    NotAllowed,
     /// Two fields that exclude each other are both set.
     MutuallyExclusive {
         /// The other field.
@@ -290,6 +292,7 @@ impl fmt::Display for Problem {
             Problem::InvalidTimestamp { seconds, nanos } => {
                 write!(f, "is not a valid timestamp ({seconds}s, {nanos}ns)")
             }
+            Problem::NotAllowed => f.write_str("must not be set here"),
             Problem::MutuallyExclusive { other } => {
                 write!(f, "cannot be set together with {other}")
             }
