@@ -1,0 +1,272 @@
+//! [`LocalPlugins`]: how the shim reaches the plugins on its own node.
+//!
+//! The shim does not talk to plugins itself. The layer that composes it (the reference agent)
+//! implements this trait with `csi-client`; tests implement it with scripted fakes. Each method
+//! runs one forwarded operation against the plugin on this node and returns the plugin's
+//! answer, or a [`PluginError`] already sorted into an [`ErrorClass`].
+
+use std::fmt;
+
+use async_trait::async_trait;
+use csi_structs::{ErrorClass, NodeId, PluginId};
+use tokio::time::Instant;
+
+use crate::request::{
+    Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume,
+    ListSnapshots, ListVolumes, NodeDetach, NodeExpand, NodeExpanded, SnapshotInfo, SnapshotPage,
+    Validated, VolumePage,
+};
+use crate::rpc::ServiceKind;
+
+/// The canonical gRPC status codes, as a plugin answered them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GrpcCode {
+    /// 0.
+    Ok,
+    /// 1.
+    Cancelled,
+    /// 2, and any number outside 0..=16.
+    Unknown,
+    /// 3.
+    InvalidArgument,
+    /// 4.
+    DeadlineExceeded,
+    /// 5.
+    NotFound,
+    /// 6.
+    AlreadyExists,
+    /// 7.
+    PermissionDenied,
+    /// 8.
+    ResourceExhausted,
+    /// 9.
+    FailedPrecondition,
+    /// 10.
+    Aborted,
+    /// 11.
+    OutOfRange,
+    /// 12.
+    Unimplemented,
+    /// 13.
+    Internal,
+    /// 14.
+    Unavailable,
+    /// 15.
+    DataLoss,
+    /// 16.
+    Unauthenticated,
+}
+
+impl GrpcCode {
+    const TABLE: [GrpcCode; 17] = [
+        GrpcCode::Ok,
+        GrpcCode::Cancelled,
+        GrpcCode::Unknown,
+        GrpcCode::InvalidArgument,
+        GrpcCode::DeadlineExceeded,
+        GrpcCode::NotFound,
+        GrpcCode::AlreadyExists,
+        GrpcCode::PermissionDenied,
+        GrpcCode::ResourceExhausted,
+        GrpcCode::FailedPrecondition,
+        GrpcCode::Aborted,
+        GrpcCode::OutOfRange,
+        GrpcCode::Unimplemented,
+        GrpcCode::Internal,
+        GrpcCode::Unavailable,
+        GrpcCode::DataLoss,
+        GrpcCode::Unauthenticated,
+    ];
+
+    /// The code for a wire number; numbers outside `0..=16` are [`GrpcCode::Unknown`].
+    pub fn from_i32(value: i32) -> Self {
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| Self::TABLE.get(i).copied())
+            .unwrap_or(GrpcCode::Unknown)
+    }
+
+    /// The wire number.
+    pub fn as_i32(self) -> i32 {
+        // The table holds every variant exactly once, in wire order.
+        Self::TABLE.iter().position(|c| *c == self).unwrap_or(2) as i32
+    }
+}
+
+impl fmt::Display for GrpcCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A plugin's failure, classified where it happened.
+///
+/// `message` is the plugin's human-readable text; it is shown, never parsed. Plugins must not
+/// put secrets in it (spec §3.6); the shim caps its length when it crosses the wire.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("plugin answered {code} ({class}): {message}")]
+pub struct PluginError {
+    /// What the caller should do.
+    pub class: ErrorClass,
+    /// The gRPC code the plugin answered (or the code the client synthesised, e.g.
+    /// `Unavailable` when the socket is gone).
+    pub code: GrpcCode,
+    /// The plugin's message.
+    pub message: String,
+}
+
+impl PluginError {
+    /// A failure with this class, code and message.
+    pub fn new(class: ErrorClass, code: GrpcCode, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// Whether the shim should try another controller instance after this failure: the
+    /// class is [`ErrorClass::RetryElsewhere`] or the plugin answered `UNAVAILABLE`.
+    pub fn fails_over(&self) -> bool {
+        self.class == ErrorClass::RetryElsewhere || self.code == GrpcCode::Unavailable
+    }
+}
+
+/// Whether a plugin service is present and healthy on this node, as the local plugin manager
+/// knows it right now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalStatus {
+    /// Present and healthy: calls may go to it.
+    Healthy,
+    /// Present but failing its health checks.
+    Unhealthy {
+        /// Why, for people.
+        reason: String,
+    },
+    /// Not running on this node.
+    Missing,
+}
+
+/// What the shim tells the local plugins about a call it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallContext {
+    /// The latest moment the answer is still useful: the original caller's deadline, carried
+    /// across every hop. Set the plugin call's own timeout from it.
+    pub deadline: Instant,
+    /// The node on whose behalf the call is made (authenticated).
+    pub origin: NodeId,
+    /// How many agents the call passed through before reaching this one (0 or 1).
+    pub hops: u8,
+}
+
+/// The plugins on this agent's node, as the shim needs them.
+///
+/// Every method serves one call of the agent protocol against the local plugin and must
+/// respect `ctx.deadline` (the shim also drops the future when the deadline passes).
+/// `status` must be cheap: it is asked before every call.
+#[async_trait]
+pub trait LocalPlugins: Send + Sync + 'static {
+    /// Whether `plugin`'s `service` runs on this node and is healthy.
+    fn status(&self, plugin: &PluginId, service: ServiceKind) -> LocalStatus;
+
+    /// `ControllerPublishVolume`.
+    async fn controller_attach(
+        &self,
+        ctx: &CallContext,
+        req: ControllerAttach,
+    ) -> Result<Attached, PluginError>;
+
+    /// `ControllerUnpublishVolume`.
+    async fn controller_detach(
+        &self,
+        ctx: &CallContext,
+        req: ControllerDetach,
+    ) -> Result<(), PluginError>;
+
+    /// `ValidateVolumeCapabilities`.
+    async fn controller_validate(
+        &self,
+        ctx: &CallContext,
+        req: ControllerValidate,
+    ) -> Result<Validated, PluginError>;
+
+    /// `CreateVolume`.
+    async fn create_volume(
+        &self,
+        ctx: &CallContext,
+        req: CreateVolume,
+    ) -> Result<CreatedVolume, PluginError>;
+
+    /// `DeleteVolume`.
+    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError>;
+
+    /// `ControllerExpandVolume`.
+    async fn controller_expand(
+        &self,
+        ctx: &CallContext,
+        req: ControllerExpand,
+    ) -> Result<ControllerExpanded, PluginError>;
+
+    /// `ListVolumes`, one page.
+    async fn list_volumes(
+        &self,
+        ctx: &CallContext,
+        req: ListVolumes,
+    ) -> Result<VolumePage, PluginError>;
+
+    /// `CreateSnapshot`.
+    async fn create_snapshot(
+        &self,
+        ctx: &CallContext,
+        req: CreateSnapshot,
+    ) -> Result<SnapshotInfo, PluginError>;
+
+    /// `DeleteSnapshot`.
+    async fn delete_snapshot(
+        &self,
+        ctx: &CallContext,
+        req: DeleteSnapshot,
+    ) -> Result<(), PluginError>;
+
+    /// `ListSnapshots`, one page.
+    async fn list_snapshots(
+        &self,
+        ctx: &CallContext,
+        req: ListSnapshots,
+    ) -> Result<SnapshotPage, PluginError>;
+
+    /// `NodeUnpublishVolume` for the workload's target path, then `NodeUnstageVolume`.
+    async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError>;
+
+    /// `NodeExpandVolume`.
+    async fn node_expand(
+        &self,
+        ctx: &CallContext,
+        req: NodeExpand,
+    ) -> Result<NodeExpanded, PluginError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_numbers_fold() {
+        for (i, code) in GrpcCode::TABLE.iter().enumerate() {
+            assert_eq!(GrpcCode::from_i32(i as i32), *code);
+            assert_eq!(code.as_i32(), i as i32);
+        }
+        assert_eq!(GrpcCode::from_i32(17), GrpcCode::Unknown);
+        assert_eq!(GrpcCode::from_i32(-1), GrpcCode::Unknown);
+    }
+
+    #[test]
+    fn failover_rule() {
+        let e = |class, code| PluginError::new(class, code, "x");
+        assert!(e(ErrorClass::RetryElsewhere, GrpcCode::FailedPrecondition).fails_over());
+        assert!(e(ErrorClass::Retry, GrpcCode::Unavailable).fails_over());
+        assert!(!e(ErrorClass::Retry, GrpcCode::Aborted).fails_over());
+        assert!(!e(ErrorClass::Fatal, GrpcCode::InvalidArgument).fails_over());
+    }
+}

@@ -1,0 +1,142 @@
+//! Sending one call to another agent, and reading what came back.
+
+use csi_structs::{NodeId, PluginId};
+use tokio::time::Instant;
+use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue};
+use tonic::transport::Channel;
+
+use crate::auth::{HOPS_HEADER, NODE_HEADER, TOKEN_HEADER};
+use crate::backend::GrpcCode;
+use crate::error::{ProtocolProblem, ShimError};
+use crate::ops::Op;
+
+/// The credentials a call carries: this agent's own, or the original caller's when relaying.
+/// `Debug` hides the token.
+#[derive(Clone)]
+pub(crate) struct Presented {
+    pub(crate) node: String,
+    pub(crate) token: String,
+}
+
+impl std::fmt::Debug for Presented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presented")
+            .field("node", &self.node)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Presented {
+    /// The credentials in a request's metadata; `None` when either is missing or unreadable.
+    pub(crate) fn from_metadata(md: &tonic::metadata::MetadataMap) -> Option<Self> {
+        let node = md.get_bin(NODE_HEADER)?.to_bytes().ok()?;
+        let node = String::from_utf8(node.to_vec()).ok()?;
+        let token = md.get(TOKEN_HEADER)?.to_str().ok()?.to_owned();
+        Some(Self { node, token })
+    }
+}
+
+/// Sends one unary call of `O` on `channel`, with the credentials, the hop count and the time
+/// left until `deadline` as `grpc-timeout` (the channel also enforces it).
+pub(crate) async fn unary<O: Op>(
+    channel: Channel,
+    wire: O::Wire,
+    creds: &Presented,
+    hops: u8,
+    deadline: Instant,
+) -> Result<O::WireOut, tonic::Status> {
+    let mut request = tonic::Request::new(wire);
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() {
+        return Err(tonic::Status::deadline_exceeded(
+            "deadline passed before sending",
+        ));
+    }
+    request.set_timeout(remaining);
+    let md = request.metadata_mut();
+    md.insert_bin(
+        NODE_HEADER,
+        BinaryMetadataValue::from_bytes(creds.node.as_bytes()),
+    );
+    // A token that is not valid metadata cannot authenticate anyway; send none and let the
+    // peer refuse the call, rather than failing differently here.
+    if let Ok(token) = AsciiMetadataValue::try_from(creds.token.as_str()) {
+        md.insert(TOKEN_HEADER, token);
+    }
+    md.insert(HOPS_HEADER, AsciiMetadataValue::from(u32::from(hops)));
+
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::from_error(Box::new(e)))?;
+    let codec = tonic_prost::ProstCodec::<O::Wire, O::WireOut>::default();
+    let path = http::uri::PathAndQuery::from_static(O::RPC.path());
+    grpc.unary(request, path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Turns a failed call into our error. `sent_to` is the agent we dialled, `target` the node
+/// the call was for (the same unless relayed).
+pub(crate) fn classify(
+    rpc: crate::AgentRpc,
+    plugin: &PluginId,
+    sent_to: &NodeId,
+    target: &NodeId,
+    status: &tonic::Status,
+    deadline: Instant,
+) -> ShimError {
+    if let Some(e) = ShimError::from_detail(rpc, plugin, sent_to, status) {
+        return e;
+    }
+    if Instant::now() >= deadline
+        || matches!(
+            status.code(),
+            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+        )
+    {
+        return ShimError::DeadlineExceeded {
+            rpc,
+            node: Some(target.clone()),
+        };
+    }
+    match status.code() {
+        tonic::Code::Unavailable if never_connected(status) => ShimError::PeerUnreachable {
+            rpc,
+            node: sent_to.clone(),
+        },
+        tonic::Code::Unavailable => ShimError::PeerLost {
+            rpc,
+            node: sent_to.clone(),
+        },
+        code => ShimError::Protocol {
+            rpc,
+            node: sent_to.clone(),
+            problem: ProtocolProblem::MissingDetail {
+                code: GrpcCode::from_i32(code as i32),
+            },
+        },
+    }
+}
+
+/// Whether the failure happened while connecting, so nothing was sent: an I/O error of a
+/// connect-time kind somewhere in the source chain (typed `io::ErrorKind`, not text).
+fn never_connected(status: &tonic::Status) -> bool {
+    use std::io::ErrorKind as K;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::AddrNotAvailable
+                    | K::HostUnreachable
+                    | K::NetworkUnreachable
+                    | K::NotConnected
+            );
+        }
+        source = err.source();
+    }
+    false
+}
