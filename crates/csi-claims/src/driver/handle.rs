@@ -106,6 +106,9 @@ impl ClaimsHandle {
         let key = (request.volume.clone(), request.workload.clone());
         let rx = {
             let mut state = self.shared.lock();
+            if state.stopped {
+                return Err(DriverError::Stopped);
+            }
             let admitted = state.machine.claim(info, request, now())?;
             if admitted.durable {
                 return Ok(admitted.claim);
@@ -123,7 +126,7 @@ impl ClaimsHandle {
     ///
     /// # Errors
     ///
-    /// [`DriverError::Release`] when there is no such claim.
+    /// [`DriverError::Release`] when there is no such claim, [`DriverError::Stopped`].
     pub fn release(
         &self,
         volume: &VolumeId,
@@ -152,6 +155,9 @@ impl ClaimsHandle {
     ) -> Result<Claim, DriverError> {
         let rx = {
             let mut state = self.shared.lock();
+            if state.stopped {
+                return Err(DriverError::Stopped);
+            }
             state.machine.release(volume, workload, now())?;
             let (tx, rx) = oneshot::channel();
             state

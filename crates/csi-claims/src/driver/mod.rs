@@ -61,6 +61,9 @@ impl Default for DriverConfig {
 pub(crate) struct State {
     pub(crate) machine: ReleaseMachine,
     pub(crate) waiters: Waiters,
+    /// Set when the loop ended (shutdown, abort or drop): calls answer
+    /// [`DriverError::Stopped`] instead of waiting for a loop that will not come.
+    pub(crate) stopped: bool,
 }
 
 pub(crate) struct Shared {
@@ -129,6 +132,7 @@ impl ClaimsDriver {
             state: Mutex::new(State {
                 machine,
                 waiters: Waiters::default(),
+                stopped: false,
             }),
             wake: Notify::new(),
             events,
@@ -191,6 +195,8 @@ where
     C: ControllerDetacher + ?Sized,
 {
     async fn run(self, mut stopped: watch::Receiver<bool>) {
+        // Runs when the loop ends, and also when the task is aborted (the future is dropped).
+        let _stop = StopGuard(Arc::clone(&self.shared));
         // Dropping the set (when the loop ends or is aborted) aborts every call in flight.
         let mut calls = JoinSet::new();
         loop {
@@ -219,7 +225,9 @@ where
             self.spawn(calls, action);
         }
         while let Some(event) = state.machine.poll_event() {
-            let State { machine, waiters } = &mut *state;
+            let State {
+                machine, waiters, ..
+            } = &mut *state;
             waiters.deliver(machine, &event);
             let _ = self.shared.events.send(event);
         }
@@ -279,6 +287,18 @@ where
                 });
             }
         }
+    }
+}
+
+/// Marks the driver stopped and answers every waiter, however the loop ends.
+struct StopGuard(Arc<Shared>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.stopped = true;
+        // Dropping the senders answers every waiting call with `DriverError::Stopped`.
+        state.waiters = Waiters::default();
     }
 }
 

@@ -1,0 +1,340 @@
+//! Driver tests: fake detachers with scripted answers, tokio's paused clock.
+
+mod support;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_claims::backoff::BackoffPolicy;
+use csi_claims::driver::{ClaimsDriver, DriverConfig, DriverError};
+use csi_claims::machine::{LastError, Pending};
+use csi_claims::{
+    ClaimError, ClaimMode, ClaimState, ControllerRequirement, ControllerStep, DetachRpc, Event,
+    MachineConfig, MemoryStore, NodeStep,
+};
+use csi_structs::{AccessMode, ErrorClass, PluginId, WorkloadId};
+use support::{FakeController, FakeNode, Plugin, info, request};
+
+fn config(initial: Duration, max: Duration) -> DriverConfig {
+    DriverConfig {
+        machine: MachineConfig {
+            backoff: BackoffPolicy::new(initial, max).unwrap(),
+            ..MachineConfig::with_seed(3)
+        },
+        ..DriverConfig::default()
+    }
+}
+
+async fn start(
+    plugin: &Arc<Plugin>,
+    config: DriverConfig,
+) -> (csi_claims::driver::ClaimsHandle, ClaimsDriver) {
+    ClaimsDriver::start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(FakeNode(Arc::clone(plugin))),
+        Arc::new(FakeController(Arc::clone(plugin))),
+        config,
+    )
+    .await
+    .unwrap()
+}
+
+/// Hang guard only: the paused clock makes real waiting impossible anyway.
+async fn guard<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(24 * 3600), f)
+        .await
+        .expect("hang guard: the driver did not finish")
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_calls_unpublish_unstage_then_controller_then_frees() {
+    let plugin = Plugin::new();
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let mut events = claims.subscribe();
+    let claim = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(claim.state(), &ClaimState::Taken);
+    assert!(matches!(
+        events.recv().await.unwrap(),
+        Event::ClaimDurable { .. }
+    ));
+
+    let freed = guard(claims.release_and_wait(&v.id, claim.workload()))
+        .await
+        .unwrap();
+    assert_eq!(
+        freed.state().node_step(),
+        Some(NodeStep::Detached { unstaged: true })
+    );
+    assert_eq!(
+        freed.state().controller_step(),
+        Some(&ControllerStep::Detached)
+    );
+    let rpcs: Vec<DetachRpc> = plugin.calls().iter().map(|c| c.rpc).collect();
+    assert_eq!(
+        rpcs,
+        [
+            DetachRpc::NodeUnpublish,
+            DetachRpc::NodeUnstage,
+            DetachRpc::ControllerUnpublish
+        ]
+    );
+    assert!(matches!(events.recv().await.unwrap(), Event::Freed(_)));
+    assert!(claims.record(&v.id).is_none());
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_node_plugin_is_retried_with_backoff_until_it_returns() {
+    let plugin = Plugin::new();
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere, 2);
+    let (claims, driver) = start(
+        &plugin,
+        config(Duration::from_secs(2), Duration::from_secs(60)),
+    )
+    .await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let a = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    let started = tokio::time::Instant::now();
+    let freed = guard(claims.release_and_wait(&v.id, a.workload()))
+        .await
+        .unwrap();
+    assert!(matches!(freed.state(), ClaimState::Freed(_)));
+    let calls = plugin.calls();
+    let unpublishes = calls
+        .iter()
+        .filter(|c| c.rpc == DetachRpc::NodeUnpublish)
+        .count();
+    assert_eq!(unpublishes, 3, "two failures, then success");
+    // Backoff, not a tight loop: at least 2 s + 4 s (less 20 % jitter) of virtual time passed.
+    assert!(tokio::time::Instant::now() - started >= Duration::from_millis(4800));
+    let first_controller = calls
+        .iter()
+        .position(|c| c.rpc == DetachRpc::ControllerUnpublish)
+        .unwrap();
+    let last_node = calls
+        .iter()
+        .rposition(|c| c.rpc == DetachRpc::NodeUnpublish)
+        .unwrap();
+    assert!(first_controller > last_node);
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
+    let plugin = Plugin::new();
+    plugin.script(DetachRpc::ControllerUnpublish, ErrorClass::Retry, 1);
+    let hour = Duration::from_secs(3600);
+    let (claims, driver) = start(&plugin, config(hour, hour)).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let a = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    claims.release(&v.id, a.workload()).unwrap();
+    // Wait (bounded) until the controller call has failed.
+    let mut status = None;
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(s) = claims.stuck().pop() {
+            status = Some(s);
+            break;
+        }
+    }
+    let status = status.expect("the failed controller call should show as stuck");
+    assert_eq!(status.attempts, 1);
+    assert_eq!(status.pending, Pending::Nothing);
+    assert!(matches!(
+        &status.last_error,
+        Some(LastError::Detach { error, .. }) if error.class == ErrorClass::Retry
+            && error.rpc == DetachRpc::ControllerUnpublish
+    ));
+    assert!(status.next_retry.is_some());
+    assert_eq!(status.claims[0].state().name(), "node_detached");
+
+    let before = tokio::time::Instant::now();
+    let mut events = claims.subscribe();
+    claims.plugin_available(&PluginId::new("p").unwrap(), None);
+    let freed = guard(async {
+        loop {
+            if let Event::Freed(c) = events.recv().await.unwrap() {
+                break c;
+            }
+        }
+    })
+    .await;
+    assert_eq!(freed.workload(), a.workload());
+    assert!(
+        tokio::time::Instant::now() - before < hour / 2,
+        "woken early, not after the hour-long backoff"
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_calls_per_plugin_are_bounded() {
+    for limit in [1usize, 3] {
+        let plugin = Plugin::new();
+        *plugin.controller_latency.lock().unwrap() = Duration::from_secs(1);
+        let mut cfg = DriverConfig::default();
+        cfg.machine.controller_calls_per_plugin = NonZeroUsize::new(limit).unwrap();
+        let (claims, driver) = start(&plugin, cfg).await;
+        let mut waits = Vec::new();
+        for i in 0..6 {
+            let v = info(&format!("v{i}"), "p", ControllerRequirement::Required);
+            let a = guard(claims.claim(
+                &v,
+                request(
+                    &v,
+                    "w",
+                    "n1",
+                    ClaimMode::Write,
+                    AccessMode::SingleNodeWriter,
+                ),
+            ))
+            .await
+            .unwrap();
+            let claims = claims.clone();
+            let workload = a.workload().clone();
+            waits.push(tokio::spawn(async move {
+                claims.release_and_wait(&v.id, &workload).await
+            }));
+        }
+        for w in waits {
+            guard(w).await.unwrap().unwrap();
+        }
+        let (_, most) = *plugin.in_flight.lock().unwrap();
+        assert_eq!(
+            most, limit,
+            "at most {limit} controller calls at once, and the limit is used"
+        );
+        driver.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn denied_claims_name_volume_mode_and_holders() {
+    let plugin = Plugin::new();
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::NotRequired);
+    guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::MultiNodeSingleWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    let err = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "b",
+            "n2",
+            ClaimMode::Write,
+            AccessMode::MultiNodeSingleWriter,
+        ),
+    ))
+    .await
+    .unwrap_err();
+    let DriverError::Claim(ClaimError::Denied(denied)) = &err else {
+        panic!("expected a denial, got {err:?}");
+    };
+    assert_eq!(denied.workload, WorkloadId::new("b").unwrap());
+    let text = err.to_string();
+    assert!(
+        text.contains("volume v")
+            && text.contains("write")
+            && text.contains("a (write on n1, taken)"),
+        "{text}"
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopping_the_driver_answers_waiters() {
+    let plugin = Plugin::new();
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::Fatal, 100);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::NotRequired);
+    let a = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    ))
+    .await
+    .unwrap();
+    let waiting = {
+        let claims = claims.clone();
+        let w = a.workload().clone();
+        tokio::spawn(async move { claims.release_and_wait(&v.id, &w).await })
+    };
+    tokio::task::yield_now().await;
+    driver.shutdown().await;
+    drop(claims);
+    assert_eq!(guard(waiting).await.unwrap(), Err(DriverError::Stopped));
+}
+
+/// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.
+#[allow(dead_code)]
+fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {
+    fn is_send<T: Send>(_: T) {}
+    let v = info("v", "p", ControllerRequirement::NotRequired);
+    is_send(handle.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+    ));
+    is_send(handle.release_and_wait(&v.id, &WorkloadId::new("a").unwrap()));
+    is_send(ClaimsDriver::start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(FakeNode(Plugin::new())),
+        Arc::new(FakeController(Plugin::new())),
+        DriverConfig::default(),
+    ));
+}
