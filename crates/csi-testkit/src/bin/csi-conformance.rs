@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use csi_testkit::UnixEndpoint;
 use csi_testkit::conformance::{self, Options};
 
 /// Check a CSI plugin against the CSI spec. The plugin's backend must be a test backend:
@@ -19,7 +20,7 @@ use csi_testkit::conformance::{self, Options};
 #[derive(Debug, Parser)]
 #[command(name = "csi-conformance", version)]
 struct Args {
-    /// The plugin's socket: unix:///path/to/csi.sock (or an absolute path).
+    /// The plugin's socket: unix:///absolute/path/csi.sock.
     #[arg(long, env = "CSI_ENDPOINT")]
     endpoint: String,
     /// Directory for staging and target paths; must be visible to the plugin at the same path.
@@ -72,8 +73,8 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let socket = match conformance::parse_endpoint(&args.endpoint) {
-        Ok(socket) => socket,
+    let socket = match UnixEndpoint::parse(&args.endpoint) {
+        Ok(endpoint) => endpoint.path().to_path_buf(),
         Err(err) => {
             eprintln!("csi-conformance: --endpoint: {err}");
             return ExitCode::from(EXIT_USAGE);

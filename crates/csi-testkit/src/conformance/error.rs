@@ -2,25 +2,20 @@
 
 use std::path::PathBuf;
 
-use super::EndpointError;
-
-/// A run could not start: the endpoint or the scratch directory is unusable.
+/// A run could not start: the plugin's socket or the scratch directory is unusable.
 ///
 /// Anything the plugin does wrong once connected is a failed check in the
 /// [`Report`](super::Report), never this error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The endpoint string is not a unix socket path.
-    #[error(transparent)]
-    Endpoint(#[from] EndpointError),
     /// Nothing accepted a connection on the socket.
     #[error("cannot connect to the plugin at {socket}")]
     Connect {
         /// The socket path.
         socket: PathBuf,
-        /// The transport error.
+        /// The connection error (boxed: the crate error is large).
         #[source]
-        source: tonic::transport::Error,
+        source: Box<crate::Error>,
     },
     /// The scratch directory for staging and target paths could not be created.
     #[error("cannot create the scratch directory {path}")]

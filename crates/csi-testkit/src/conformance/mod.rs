@@ -30,10 +30,8 @@ mod calls;
 mod caps;
 mod check;
 mod checks;
-mod connect;
 mod ctx;
 mod discover;
-mod endpoint;
 mod error;
 mod options;
 mod report;
@@ -41,7 +39,6 @@ mod report;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use check::{Check, IDEMPOTENT_RPCS, NOT_FOUND_RPCS, PAGINATION_RPCS, REQUIRED_FIELDS_RPCS};
-pub use endpoint::{EndpointError, parse_endpoint};
 pub use error::Error;
 pub use options::{DEFAULT_TIMEOUT, DEFAULT_VOLUME_SIZE, Options};
 pub use report::{CheckResult, Outcome, PluginIdentity, Report};
@@ -71,7 +68,12 @@ impl Suite {
             path: options.scratch_dir.clone(),
             source,
         })?;
-        let channel = connect::unix_channel(&options.socket).await?;
+        let channel = crate::transport::connect_unix(&options.socket)
+            .await
+            .map_err(|source| Error::Connect {
+                socket: options.socket.clone(),
+                source: Box::new(source),
+            })?;
         Ok(Self {
             options,
             channel,

@@ -202,7 +202,7 @@ pub(crate) async fn unadvertised_unimplemented(ctx: &mut Ctx) -> Step {
     }
     if absent.is_empty() {
         return Err(Stop::skip(
-            "every controller and node capability is advertised (or neither service is served): nothing is unadvertised",
+            "nothing to check: no controller or node capability is left unadvertised (or neither service is served)",
         ));
     }
     let mut problems = Vec::new();

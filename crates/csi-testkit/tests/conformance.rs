@@ -1,0 +1,445 @@
+//! The conformance suite against the testkit's own mock plugin, over a real unix socket:
+//! the spec-abiding mock passes, and deliberately broken mocks make the right checks fail.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use csi_proto::Rpc;
+use csi_testkit::conformance::{self, Check, Options, Outcome, Report, Suite};
+use csi_testkit::{
+    ControllerCapability, MockPlugin, MockPluginBuilder, MockServer, NodeCapability, PluginService,
+    Quirk, Role, VolumeExpansion,
+};
+use tempfile::TempDir;
+use tonic::Code;
+
+/// Upper bound for one whole run: only a guard against a hang, never a timing assertion.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+const SECRET_KEY: &str = "conformance-token";
+const SECRET_VALUE: &str = "s3cr3t-value-never-printed";
+
+/// A mock served on a socket in a fresh temporary directory.
+struct Served {
+    dir: TempDir,
+    plugin: MockPlugin,
+    server: MockServer,
+}
+
+impl Served {
+    async fn start(builder: MockPluginBuilder) -> Served {
+        let dir = tempfile::tempdir().expect("a temporary directory can be created");
+        let plugin = builder.build().expect("the mock configuration is valid");
+        let server = plugin
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .expect("the mock can serve on a fresh socket path");
+        Served {
+            dir,
+            plugin,
+            server,
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+
+    fn options(&self) -> Options {
+        Options::new(self.socket(), self.dir.path().join("scratch"))
+    }
+
+    async fn run(&self, options: Options) -> Report {
+        tokio::time::timeout(HANG_GUARD, conformance::run(options))
+            .await
+            .expect("the suite finishes")
+            .expect("the suite can connect to the mock")
+    }
+}
+
+fn outcome(report: &Report, check: Check) -> Outcome {
+    report
+        .outcome(check)
+        .cloned()
+        .unwrap_or_else(|| panic!("{check} did not run:\n{report}"))
+}
+
+/// Skips must name why: an absent capability or service, or missing configuration.
+fn assert_no_failures_and_stated_skips(report: &Report) {
+    assert!(
+        !report.failed(),
+        "a check failed against the spec-abiding mock:\n{report}"
+    );
+    for result in &report.results {
+        if let Outcome::Skip { reason } = &result.outcome {
+            let stated = ["not advertised", "not served", "configured", "unadvertised"]
+                .iter()
+                .any(|phrase| reason.contains(phrase));
+            assert!(
+                stated,
+                "{} skipped without naming a capability: {reason}",
+                result.check
+            );
+        }
+    }
+    assert!(
+        report.cleanup_problems.is_empty(),
+        "cleanup problems:\n{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_passes_every_check_and_nothing_is_left_behind() {
+    let served = Served::start(MockPlugin::builder()).await;
+    let options = served
+        .options()
+        .secret(SECRET_KEY, SECRET_VALUE)
+        .mutable_parameter("iops", "300");
+    let report = served.run(options).await;
+    assert_no_failures_and_stated_skips(&report);
+
+    // The mock advertises everything it implements, so the substantive checks really ran.
+    for check in [
+        Check::PluginInfo,
+        Check::Probe,
+        Check::CapabilitiesCoherent,
+        Check::NodeGetInfo,
+        Check::AdvertisedRpcsAnswer,
+        Check::RequiredFields(Rpc::CreateVolume),
+        Check::RequiredFields(Rpc::NodePublishVolume),
+        Check::NotFound(Rpc::ControllerPublishVolume),
+        Check::Idempotent(Rpc::CreateVolume),
+        Check::Idempotent(Rpc::ControllerModifyVolume),
+        Check::Pagination(Rpc::ListVolumes),
+        Check::Pagination(Rpc::ListSnapshots),
+        Check::ValidateConfirms,
+        Check::NodeLifecycle,
+        Check::SecretsPassedThrough,
+    ] {
+        assert_eq!(outcome(&report, check), Outcome::Pass, "{check}:\n{report}");
+    }
+    assert_eq!(
+        report.plugin.as_ref().map(|p| p.name.as_str()),
+        Some(served.plugin.config().name.as_str())
+    );
+
+    // Cleanup: nothing the suite created survives on the plugin.
+    assert!(
+        served.plugin.volumes().is_empty(),
+        "volumes left: {:?}",
+        served.plugin.volumes()
+    );
+    assert!(served.plugin.snapshot_ids().is_empty(), "snapshots left");
+    assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
+
+    // Secrets were passed through on every request that carries them, and never printed.
+    let calls = served.server.calls().snapshot();
+    let with_secrets: Vec<_> = calls
+        .records()
+        .iter()
+        .filter(|r| r.request.contains("secrets"))
+        .collect();
+    assert!(
+        with_secrets.len() > 20,
+        "few secret-bearing calls: {}",
+        with_secrets.len()
+    );
+    for record in &with_secrets {
+        assert!(
+            record.request.contains(SECRET_KEY),
+            "{:?} lacks the secret: {}",
+            record.rpc,
+            record.request
+        );
+    }
+    assert!(
+        calls
+            .records()
+            .iter()
+            .all(|r| !r.request.contains(SECRET_VALUE))
+    );
+    assert!(!report.to_string().contains(SECRET_VALUE));
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_capabilities_skip_their_checks_and_answer_unimplemented() {
+    let builder = MockPlugin::builder()
+        .plugin_capabilities([PluginService::ControllerService], None)
+        .controller_capabilities([
+            ControllerCapability::CreateDeleteVolume,
+            ControllerCapability::PublishUnpublishVolume,
+        ])
+        .node_capabilities([NodeCapability::StageUnstageVolume]);
+    let served = Served::start(builder).await;
+    let report = served.run(served.options()).await;
+    assert_no_failures_and_stated_skips(&report);
+
+    // The mock answers UNIMPLEMENTED for what it does not advertise, and the suite checked that.
+    assert_eq!(
+        outcome(&report, Check::UnadvertisedRpcsUnimplemented),
+        Outcome::Pass,
+        "{report}"
+    );
+    for (check, capability) in [
+        (Check::Pagination(Rpc::ListVolumes), "LIST_VOLUMES"),
+        (Check::Pagination(Rpc::ListSnapshots), "LIST_SNAPSHOTS"),
+        (
+            Check::RequiredFields(Rpc::CreateSnapshot),
+            "CREATE_DELETE_SNAPSHOT",
+        ),
+        (Check::NotFound(Rpc::NodeGetVolumeStats), "GET_VOLUME_STATS"),
+        (
+            Check::Idempotent(Rpc::ControllerExpandVolume),
+            "EXPAND_VOLUME",
+        ),
+        (
+            Check::RequiredFields(Rpc::CreateVolumeGroupSnapshot),
+            "GROUP_CONTROLLER_SERVICE",
+        ),
+    ] {
+        match outcome(&report, check) {
+            Outcome::Skip { reason } => assert!(reason.contains(capability), "{check}: {reason}"),
+            other => panic!("{check} should be skipped for {capability}, got {other:?}"),
+        }
+    }
+    // The lifecycle still runs: with staging, without stats.
+    assert_eq!(
+        outcome(&report, Check::NodeLifecycle),
+        Outcome::Pass,
+        "{report}"
+    );
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_only_plugin_skips_node_checks() {
+    let served = Served::start(MockPlugin::builder().role(Role::Controller)).await;
+    let report = served.run(served.options()).await;
+    assert_no_failures_and_stated_skips(&report);
+    for check in [
+        Check::NodeLifecycle,
+        Check::NodeGetInfo,
+        Check::RequiredFields(Rpc::NodePublishVolume),
+    ] {
+        assert!(outcome(&report, check).is_skip(), "{check}:\n{report}");
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online_expansion_without_an_expand_capability_fails_coherence() {
+    let builder = MockPlugin::builder()
+        .plugin_capabilities(
+            [PluginService::ControllerService],
+            Some(VolumeExpansion::Online),
+        )
+        .controller_capabilities([ControllerCapability::CreateDeleteVolume])
+        .node_capabilities([]);
+    let served = Served::start(builder).await;
+    let report = served.run(served.options()).await;
+    match outcome(&report, Check::CapabilitiesCoherent) {
+        Outcome::Fail { reason } => assert!(reason.contains("ONLINE"), "{reason}"),
+        other => panic!("CapabilitiesCoherent should fail, got {other:?}\n{report}"),
+    }
+    let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
+    assert_eq!(failed, [Check::CapabilitiesCoherent], "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_never_confirms_fails_validation() {
+    let served = Served::start(MockPlugin::builder().quirk(Quirk::NeverConfirm)).await;
+    let report = served.run(served.options()).await;
+    match outcome(&report, Check::ValidateConfirms) {
+        Outcome::Fail { reason } => assert!(reason.contains("confirmed"), "{reason}"),
+        other => panic!("ValidateConfirms should fail, got {other:?}\n{report}"),
+    }
+    // Only the checks the quirk touches fail.
+    let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
+    assert_eq!(failed, [Check::ValidateConfirms], "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_confirming_another_capability_fails_validation() {
+    let served =
+        Served::start(MockPlugin::builder().quirk(Quirk::ConfirmDifferentCapability)).await;
+    let report = served.run(served.options()).await;
+    assert!(
+        outcome(&report, Check::ValidateConfirms).is_fail(),
+        "{report}"
+    );
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_on_a_repeated_unpublish_fails_idempotency() {
+    let served =
+        Served::start(MockPlugin::builder().quirk(Quirk::NotFoundOnRepeatedUnpublish)).await;
+    let report = served.run(served.options()).await;
+    for check in [
+        Check::NodeLifecycle,
+        Check::Idempotent(Rpc::ControllerUnpublishVolume),
+    ] {
+        match outcome(&report, check) {
+            Outcome::Fail { reason } => assert!(reason.contains("NOT_FOUND"), "{check}: {reason}"),
+            other => panic!("{check} should fail, got {other:?}\n{report}"),
+        }
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advertised_rpc_answering_unimplemented_fails_consistency() {
+    let served = Served::start(MockPlugin::builder()).await;
+    served
+        .server
+        .faults()
+        .on(Rpc::GetCapacity)
+        .fail(Code::Unimplemented, "not built in this release")
+        .install();
+    let suite = Suite::connect(served.options())
+        .await
+        .expect("the suite can connect to the mock")
+        .only(|check| check == Check::AdvertisedRpcsAnswer);
+    let report = tokio::time::timeout(HANG_GUARD, suite.run())
+        .await
+        .expect("the suite finishes");
+    assert_eq!(report.results.len(), 1);
+    match outcome(&report, Check::AdvertisedRpcsAnswer) {
+        Outcome::Fail { reason } => {
+            assert!(
+                reason.contains("GetCapacity answered UNIMPLEMENTED"),
+                "{reason}"
+            );
+            assert!(reason.contains("advertised"), "{reason}");
+        }
+        other => panic!("AdvertisedRpcsAnswer should fail, got {other:?}"),
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_not_ready_fails_probe() {
+    let served = Served::start(MockPlugin::builder().quirk(Quirk::ProbeNotReady)).await;
+    let suite = Suite::connect(served.options())
+        .await
+        .expect("the suite can connect to the mock")
+        .only(|check| check == Check::Probe);
+    let report = suite.run().await;
+    assert!(outcome(&report, Check::Probe).is_fail(), "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test]
+async fn an_absent_socket_is_an_error_not_a_report() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be created");
+    let options = Options::new(dir.path().join("nobody.sock"), dir.path().join("scratch"));
+    let err = conformance::run(options)
+        .await
+        .expect_err("nothing listens on the socket");
+    assert!(matches!(err, conformance::Error::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains("nobody.sock"), "{err}");
+}
+
+// ---- the csi-conformance binary ----
+
+async fn conformance_binary(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_csi-conformance"))
+            .args(args)
+            .env_remove("CSI_ENDPOINT")
+            .output()
+            .expect("the csi-conformance binary runs")
+    })
+    .await
+    .expect("the blocking task completes")
+}
+
+fn endpoint_args(served: &Served) -> Vec<String> {
+    vec![
+        "--endpoint".into(),
+        format!("unix://{}", served.socket().display()),
+        "--staging-dir".into(),
+        served.dir.path().join("scratch").display().to_string(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_exits_zero_when_nothing_fails_and_one_when_something_does() {
+    let good = Served::start(MockPlugin::builder()).await;
+    let output = conformance_binary(endpoint_args(&good)).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("PASS  node/lifecycle"), "{stdout}");
+    assert!(
+        stdout.lines().count() >= Check::all().len(),
+        "one line per check:\n{stdout}"
+    );
+
+    let mut json_args = endpoint_args(&good);
+    json_args.push("--json".into());
+    let output = conformance_binary(json_args).await;
+    assert_eq!(output.status.code(), Some(0));
+    let json: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("--json prints JSON");
+    assert_eq!(
+        json["results"].as_array().map(Vec::len),
+        Some(Check::all().len())
+    );
+    good.server.shutdown().await.expect("the mock shuts down");
+
+    let broken = Served::start(MockPlugin::builder().quirk(Quirk::NeverConfirm)).await;
+    let output = conformance_binary(endpoint_args(&broken)).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  controller/validate-confirms"),
+        "{stdout}"
+    );
+    broken.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_exits_two_for_bad_flags_and_endpoints() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be created");
+    let missing = format!("unix://{}", dir.path().join("absent.sock").display());
+    for args in [
+        vec!["--no-such-flag".to_owned()],
+        vec![],
+        vec!["--endpoint".into(), "tcp://127.0.0.1:10000".into()],
+        vec!["--endpoint".into(), "unix://relative/csi.sock".into()],
+        vec!["--endpoint".into(), missing],
+        vec![
+            "--endpoint".into(),
+            "unix:///tmp/x.sock".into(),
+            "--timeout".into(),
+            "0".into(),
+        ],
+        vec![
+            "--endpoint".into(),
+            "unix:///tmp/x.sock".into(),
+            "--secret".into(),
+            "no-equals".into(),
+        ],
+    ] {
+        let output = conformance_binary(args.clone()).await;
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            !output.stderr.is_empty(),
+            "{args:?} should explain itself on stderr"
+        );
+    }
+}
