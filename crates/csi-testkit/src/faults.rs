@@ -168,8 +168,11 @@ impl Faults {
     }
 }
 
-/// Builds one fault script; see the [module docs](self). Installed on drop.
-#[must_use = "the script is installed when the builder is dropped; bind it only to add steps later"]
+/// Builds one fault script; see the [module docs](self).
+///
+/// The script is installed when the builder is dropped, so the usual one statement
+/// `faults.on(rpc).fail(..);` installs it at the semicolon. Bind the builder to a variable only
+/// to add more steps before it goes out of scope, or call [`install`](Self::install).
 pub struct ScriptBuilder {
     faults: Faults,
     script: Option<Script>,

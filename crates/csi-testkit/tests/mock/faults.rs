@@ -1,0 +1,192 @@
+//! Fault scripts over a real socket: consumed in order then normal service, per volume,
+//! delays, hangs against a client deadline, dropped connections.
+
+use std::time::Duration;
+
+use csi_proto::Rpc;
+use csi_proto::v1::*;
+use csi_testkit::{MockPlugin, Outcome, Role};
+use tonic::Code;
+
+use crate::support::*;
+
+fn unstage(volume: &str) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: "/staging/x".into(),
+    }
+}
+
+#[tokio::test]
+async fn scripted_failures_are_consumed_in_order_then_normal_service() {
+    let h = start(MockPlugin::builder().role(Role::Node)).await;
+    h.server
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .fail_times(2, Code::Unavailable, "busy")
+        .fail(Code::Internal, "boom");
+    assert_eq!(h.server.faults().pending(Rpc::NodeUnstageVolume), 3);
+    let mut node = h.node();
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(
+            node.node_unstage_volume(unstage("vol-1"))
+                .await
+                .err()
+                .map(|s| s.code()),
+        );
+    }
+    assert_eq!(
+        codes,
+        vec![
+            Some(Code::Unavailable),
+            Some(Code::Unavailable),
+            Some(Code::Internal),
+            None
+        ]
+    );
+    assert!(h.server.faults().is_exhausted());
+    let calls = h.server.calls();
+    calls
+        .assert_runs(&[(Rpc::NodeUnstageVolume, 4)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let outcomes: Vec<Outcome> = calls.all().into_iter().map(|r| r.outcome).collect();
+    assert_eq!(
+        outcomes[0],
+        Outcome::Failed {
+            code: Code::Unavailable,
+            message: "busy".into()
+        }
+    );
+    assert_eq!(outcomes[3], Outcome::Ok);
+}
+
+#[tokio::test]
+async fn volume_scripts_only_touch_their_volume_and_can_be_added_while_running() {
+    let h = start(MockPlugin::builder().role(Role::Node)).await;
+    let mut node = h.node();
+    node.node_unstage_volume(unstage("vol-1"))
+        .await
+        .expect("no script yet");
+    h.server
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .for_volume("vol-2")
+        .fail(Code::Aborted, "vol-2 only")
+        .then_delay(Duration::from_millis(1))
+        .pass_times(1)
+        .fail(Code::DeadlineExceeded, "late");
+    node.node_unstage_volume(unstage("vol-1"))
+        .await
+        .expect("other volumes are untouched");
+    let status = node
+        .node_unstage_volume(unstage("vol-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Aborted, "vol-2 only")
+    );
+    node.node_unstage_volume(unstage("vol-2"))
+        .await
+        .expect("delay, then normal");
+    node.node_unstage_volume(unstage("vol-2"))
+        .await
+        .expect("pass");
+    let status = node
+        .node_unstage_volume(unstage("vol-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    node.node_unstage_volume(unstage("vol-2"))
+        .await
+        .expect("script used up");
+    assert_eq!(h.server.calls().for_volume("vol-2").len(), 5);
+    assert_eq!(h.server.calls().for_volume("vol-1").len(), 2);
+}
+
+#[tokio::test]
+async fn a_hang_lasts_until_the_caller_gives_up() {
+    let h = start_default().await;
+    h.server.faults().on(Rpc::Probe).hang();
+    let mut request = tonic::Request::new(ProbeRequest {});
+    request.set_timeout(Duration::from_millis(200));
+    let status = tokio::time::timeout(GUARD, h.identity().probe(request))
+        .await
+        .expect("the client deadline ends the call")
+        .unwrap_err();
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    h.server
+        .calls()
+        .wait_for(GUARD, |c| {
+            c.records().first().map(|r| &r.outcome) == Some(&Outcome::Abandoned)
+        })
+        .await
+        .expect("the hung call is logged as abandoned once the caller gave up");
+    h.identity()
+        .probe(ProbeRequest {})
+        .await
+        .expect("normal service after the hang");
+}
+
+#[tokio::test]
+async fn a_dropped_connection_fails_the_call_then_service_resumes() {
+    let h = start_default().await;
+    h.server.faults().on(Rpc::GetPluginInfo).drop_connection();
+    let status = tokio::time::timeout(GUARD, h.identity().get_plugin_info(GetPluginInfoRequest {}))
+        .await
+        .expect("the call ends when the connection drops")
+        .unwrap_err();
+    assert!(
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+        "a transport error, got {status:?}"
+    );
+    assert_eq!(
+        h.server.calls().last(Rpc::GetPluginInfo).unwrap().outcome,
+        Outcome::ConnectionDropped
+    );
+    // The channel reconnects; the script is used up.
+    let info = tokio::time::timeout(GUARD, async {
+        loop {
+            match h.identity().get_plugin_info(GetPluginInfoRequest {}).await {
+                Ok(info) => return info.into_inner(),
+                // The channel may still hold the dead connection for one more call.
+                Err(status) if status.code() == Code::Unavailable => continue,
+                Err(status) => panic!("unexpected {status:?}"),
+            }
+        }
+    })
+    .await
+    .expect("service resumes on a new connection");
+    assert_eq!(info.name, "mock.csi.example");
+}
+
+#[tokio::test]
+async fn faults_work_in_memory_too() {
+    let plugin = MockPlugin::builder().build().unwrap();
+    plugin
+        .faults()
+        .on(Rpc::Probe)
+        .fail(Code::FailedPrecondition, "not yet");
+    let (server, channel) = plugin.serve_in_memory().await.unwrap();
+    let mut identity = csi_proto::v1::identity_client::IdentityClient::new(channel);
+    let status = identity.probe(ProbeRequest {}).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        identity
+            .probe(ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(true)
+    );
+    assert_eq!(server.calls().count(Rpc::Probe), 2);
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the mock plugin over a real unix socket, with the generated tonic
+//! clients. One test binary (link time is precious); one module per concern.
+
+mod binary;
+mod errors;
+mod faults;
+mod lifecycle;
+mod streaming;
+mod support;
+mod transport;
