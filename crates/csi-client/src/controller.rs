@@ -2,11 +2,15 @@
 
 use csi_proto::v1 as pb;
 use csi_proto::v1::controller_client::ControllerClient as Raw;
-use csi_structs::ControllerCapabilities;
+use csi_structs::confirm::{AskedCapabilities, ValidationResponse, confirm};
+use csi_structs::{
+    ConfirmPolicy, Confirmation, ControllerCapabilities, ExternalVolumeId, Secrets, Snapshot,
+    Volume,
+};
 
 use crate::convert;
 use crate::error::Error;
-use crate::service::{raw_rpc, service_client};
+use crate::service::{raw_rpc, service_client, typed_rpc};
 
 service_client!(
     /// Client of the Controller service. Cheap to clone; shares the connection of the
@@ -19,12 +23,12 @@ service_client!(
 );
 
 impl ControllerClient {
-    raw_rpc!(
+    typed_rpc!(
         /// `CreateVolume`. The answer must carry a volume with a non-empty id and a
-        /// non-negative capacity. A deadline or lost connection is
-        /// [`Uncertain`](csi_structs::ErrorClass::Uncertain): call again with the same `name`
-        /// to learn the outcome.
-        create_volume, Raw<tonic::transport::Channel>, pb::CreateVolumeRequest => pb::CreateVolumeResponse
+        /// non-negative capacity (0 = unknown becomes `None`). A deadline or lost connection
+        /// is [`Uncertain`](csi_structs::ErrorClass::Uncertain): call again with the same
+        /// `name` to learn the outcome.
+        create_volume, Raw<tonic::transport::Channel>, pb::CreateVolumeRequest => Volume, convert::wire
     );
     raw_rpc!(
         /// `DeleteVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
@@ -59,9 +63,9 @@ impl ControllerClient {
         /// `GetCapacity`; negative capacities are invalid responses.
         get_capacity, Raw<tonic::transport::Channel>, pb::GetCapacityRequest => pb::GetCapacityResponse
     );
-    raw_rpc!(
+    typed_rpc!(
         /// `CreateSnapshot`; call again with the same `name` until `ready_to_use`.
-        create_snapshot, Raw<tonic::transport::Channel>, pb::CreateSnapshotRequest => pb::CreateSnapshotResponse
+        create_snapshot, Raw<tonic::transport::Channel>, pb::CreateSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
         /// `DeleteSnapshot`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
@@ -71,9 +75,9 @@ impl ControllerClient {
         /// `ListSnapshots`, one page.
         list_snapshots, Raw<tonic::transport::Channel>, pb::ListSnapshotsRequest => pb::ListSnapshotsResponse
     );
-    raw_rpc!(
+    typed_rpc!(
         /// `GetSnapshot` (alpha).
-        get_snapshot, Raw<tonic::transport::Channel>, pb::GetSnapshotRequest => pb::GetSnapshotResponse
+        get_snapshot, Raw<tonic::transport::Channel>, pb::GetSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
         /// `ControllerExpandVolume`.
@@ -89,6 +93,37 @@ impl ControllerClient {
         /// `ControllerModifyVolume`.
         controller_modify_volume, Raw<tonic::transport::Channel>, pb::ControllerModifyVolumeRequest => ()
     );
+
+    /// `ValidateVolumeCapabilities` through `csi-structs`' confirmation (spec §3.10): the
+    /// plugin's `confirmed` is compared field by field with what was asked. The answer is
+    /// [`Confirmation::Confirmed`], [`Confirmation::AcceptedUnconfirmed`] (no `confirmed`,
+    /// accepted only under [`ConfirmPolicy::Lenient`]), or [`Confirmation::NotConfirmed`]
+    /// with every mismatch, each naming its field, and the plugin's message.
+    ///
+    /// # Errors
+    ///
+    /// Any call failure; NOT_FOUND (no such volume) is fatal. A "not confirmed" answer is
+    /// not an error.
+    pub async fn validate_volume_capabilities(
+        &self,
+        volume_id: &ExternalVolumeId,
+        asked: &AskedCapabilities,
+        secrets: &Secrets,
+        policy: ConfirmPolicy,
+    ) -> Result<Confirmation, Error> {
+        let request = asked.to_request(volume_id, secrets);
+        self.caller
+            .unary(
+                &self.options,
+                request,
+                |ch, req| async move { Raw::new(ch).validate_volume_capabilities(req).await },
+                |resp: pb::ValidateVolumeCapabilitiesResponse| {
+                    let answer = ValidationResponse::try_from(&resp).map_err(convert::invalid)?;
+                    Ok(confirm(asked, &answer, policy))
+                },
+            )
+            .await
+    }
 
     /// `ValidateVolumeCapabilities`, raw: the caller compares `confirmed` with its request
     /// itself (spec §3.10).
@@ -122,7 +157,7 @@ impl ControllerClient {
                 &self.options,
                 pb::ControllerGetCapabilitiesRequest {},
                 |ch, req| async move { Raw::new(ch).controller_get_capabilities(req).await },
-                |resp| Ok(convert::controller_capabilities(&resp)),
+                |resp| Ok(ControllerCapabilities::from(resp)),
             )
             .await
     }

@@ -2,11 +2,12 @@
 
 use csi_proto::v1 as pb;
 use csi_proto::v1::group_controller_client::GroupControllerClient as Raw;
-use csi_structs::GroupControllerCapabilities;
+use csi_structs::validation::{FieldPath, Problem};
+use csi_structs::{GroupControllerCapabilities, ValidationErrors, VolumeGroupSnapshot};
 
-use crate::convert;
 use crate::error::Error;
-use crate::service::{raw_rpc, service_client};
+use crate::error::{ErrorKind, ResponseError};
+use crate::service::{raw_rpc, service_client, typed_rpc};
 
 service_client!(
     /// Client of the GroupController service. Cheap to clone; shares the connection of the
@@ -15,10 +16,11 @@ service_client!(
 );
 
 impl GroupControllerClient {
-    raw_rpc!(
+    typed_rpc!(
         /// `CreateVolumeGroupSnapshot`; call again with the same `name` until `ready_to_use`.
         create_volume_group_snapshot, Raw<tonic::transport::Channel>,
-        pb::CreateVolumeGroupSnapshotRequest => pb::CreateVolumeGroupSnapshotResponse
+        pb::CreateVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
+        |resp: pb::CreateVolumeGroupSnapshotResponse| group(resp.group_snapshot)
     );
     raw_rpc!(
         /// `DeleteVolumeGroupSnapshot`. NOT_FOUND is
@@ -26,10 +28,11 @@ impl GroupControllerClient {
         delete_volume_group_snapshot, Raw<tonic::transport::Channel>,
         pb::DeleteVolumeGroupSnapshotRequest => ()
     );
-    raw_rpc!(
+    typed_rpc!(
         /// `GetVolumeGroupSnapshot`.
         get_volume_group_snapshot, Raw<tonic::transport::Channel>,
-        pb::GetVolumeGroupSnapshotRequest => pb::GetVolumeGroupSnapshotResponse
+        pb::GetVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
+        |resp: pb::GetVolumeGroupSnapshotResponse| group(resp.group_snapshot)
     );
 
     /// `GroupControllerGetCapabilities`.
@@ -45,8 +48,22 @@ impl GroupControllerClient {
                 &self.options,
                 pb::GroupControllerGetCapabilitiesRequest {},
                 |ch, req| async move { Raw::new(ch).group_controller_get_capabilities(req).await },
-                |resp| Ok(convert::group_controller_capabilities(&resp)),
+                |resp| Ok(GroupControllerCapabilities::from(resp)),
             )
             .await
+    }
+}
+
+/// The required `group_snapshot` of an answer, converted.
+fn group(wire: Option<pb::VolumeGroupSnapshot>) -> Result<VolumeGroupSnapshot, ErrorKind> {
+    match wire {
+        Some(g) => VolumeGroupSnapshot::try_from(&g).map_err(|e| {
+            ErrorKind::InvalidResponse(ResponseError::Fields(
+                e.errors.under(&FieldPath::named("group_snapshot")),
+            ))
+        }),
+        None => Err(ErrorKind::InvalidResponse(ResponseError::Fields(
+            ValidationErrors::single(FieldPath::named("group_snapshot"), Problem::Missing),
+        ))),
     }
 }

@@ -50,7 +50,7 @@ impl IdentityClient {
                 &self.options,
                 pb::GetPluginInfoRequest {},
                 |ch, req| async move { Raw::new(ch).get_plugin_info(req).await },
-                convert::plugin_info,
+                convert::wire,
             )
             .await
     }
@@ -67,7 +67,7 @@ impl IdentityClient {
                 &self.options,
                 pb::GetPluginCapabilitiesRequest {},
                 |ch, req| async move { Raw::new(ch).get_plugin_capabilities(req).await },
-                |resp| Ok(convert::plugin_capabilities(&resp)),
+                |resp| Ok(PluginCapabilities::from(resp)),
             )
             .await
     }

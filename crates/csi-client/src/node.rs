@@ -68,7 +68,7 @@ impl NodeClient {
                 &self.options,
                 pb::NodeGetCapabilitiesRequest {},
                 |ch, req| async move { Raw::new(ch).node_get_capabilities(req).await },
-                |resp| Ok(convert::node_capabilities(&resp)),
+                |resp| Ok(NodeCapabilities::from(resp)),
             )
             .await
     }
@@ -86,7 +86,7 @@ impl NodeClient {
                 &self.options,
                 pb::NodeGetInfoRequest {},
                 |ch, req| async move { Raw::new(ch).node_get_info(req).await },
-                convert::node_info,
+                convert::wire,
             )
             .await
     }

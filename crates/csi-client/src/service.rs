@@ -72,3 +72,28 @@ macro_rules! raw_rpc {
     };
 }
 pub(crate) use raw_rpc;
+
+/// Defines a method that sends a raw request and converts the checked answer into a
+/// `csi-structs` value with `$convert` (a failure is an invalid response).
+macro_rules! typed_rpc {
+    ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => $out:ty, $convert:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Errors
+        ///
+        /// An [`Error`](crate::Error) with the RPC's class: an invalid request is refused
+        /// before sending, an answer that breaks the spec is an invalid response naming the
+        /// field.
+        pub async fn $method(&self, request: $req) -> Result<$out, $crate::error::Error> {
+            self.caller
+                .unary(
+                    &self.options,
+                    request,
+                    |ch, req| async move { <$raw>::new(ch).$method(req).await },
+                    $convert,
+                )
+                .await
+        }
+    };
+}
+pub(crate) use typed_rpc;

@@ -241,23 +241,6 @@ impl Checker {
         self.present(field.field("creation_time"), &s.creation_time);
     }
 
-    fn group_snapshot(&mut self, field: FieldPath, group: &Option<pb::VolumeGroupSnapshot>) {
-        let Some(g) = group else {
-            self.push(field, Problem::Missing);
-            return;
-        };
-        self.id(
-            field.clone().field("group_snapshot_id"),
-            &g.group_snapshot_id,
-        );
-        if g.snapshots.is_empty() {
-            self.push(field.clone().field("snapshots"), Problem::Missing);
-        }
-        for (i, s) in g.snapshots.iter().enumerate() {
-            self.snapshot(field.clone().field("snapshots").index(i), &Some(s.clone()));
-        }
-    }
-
     fn volume_health(&mut self, field: FieldPath, health: &Option<pb::VolumeHealth>) {
         let Some(h) = health else {
             self.push(field, Problem::Missing);
@@ -312,24 +295,8 @@ request!(pb::GetPluginInfoRequest, Rpc::GetPluginInfo);
 request!(pb::GetPluginCapabilitiesRequest, Rpc::GetPluginCapabilities);
 request!(pb::ProbeRequest, Rpc::Probe);
 
-impl CsiResponse for pb::GetPluginInfoResponse {
-    fn check(&self, c: &mut Checker) {
-        if self.name.is_empty() {
-            c.push(at("name"), Problem::Missing);
-        } else if self.name.chars().count() > csi_structs::limits::MAX_NAME_CHARS {
-            c.push(
-                at("name"),
-                Problem::TooLong {
-                    size: self.name.chars().count(),
-                    limit: csi_structs::limits::MAX_NAME_CHARS,
-                    unit: SizeUnit::Chars,
-                },
-            );
-        }
-        c.required(at("vendor_version"), &self.vendor_version, MAX_STRING_BYTES);
-        c.map(at("manifest"), &self.manifest);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::GetPluginInfoResponse);
 no_checks!(pb::GetPluginCapabilitiesResponse, pb::ProbeResponse);
 
 // ---- Controller ----
@@ -349,11 +316,8 @@ request!(pb::CreateVolumeRequest, Rpc::CreateVolume, |r| context ctx(Rpc::Create
         }
     }
 });
-impl CsiResponse for pb::CreateVolumeResponse {
-    fn check(&self, c: &mut Checker) {
-        c.volume(at("volume"), &self.volume);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::CreateVolumeResponse);
 
 request!(pb::DeleteVolumeRequest, Rpc::DeleteVolume, |r| context ctx(Rpc::DeleteVolume).volume(&r.volume_id), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
@@ -470,11 +434,8 @@ request!(pb::CreateSnapshotRequest, Rpc::CreateSnapshot,
     c.map(at("secrets"), &r.secrets);
     c.map(at("parameters"), &r.parameters);
 });
-impl CsiResponse for pb::CreateSnapshotResponse {
-    fn check(&self, c: &mut Checker) {
-        c.snapshot(at("snapshot"), &self.snapshot);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::CreateSnapshotResponse);
 
 request!(pb::DeleteSnapshotRequest, Rpc::DeleteSnapshot,
     |r| context ctx(Rpc::DeleteSnapshot).snapshot(&r.snapshot_id), |r, c| {
@@ -504,11 +465,8 @@ request!(pb::GetSnapshotRequest, Rpc::GetSnapshot,
     c.id(at("snapshot_id"), &r.snapshot_id);
     c.map(at("secrets"), &r.secrets);
 });
-impl CsiResponse for pb::GetSnapshotResponse {
-    fn check(&self, c: &mut Checker) {
-        c.snapshot(at("snapshot"), &self.snapshot);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::GetSnapshotResponse);
 
 request!(pb::ControllerExpandVolumeRequest, Rpc::ControllerExpandVolume,
     |r| context ctx(Rpc::ControllerExpandVolume).volume(&r.volume_id), |r, c| {
@@ -566,11 +524,8 @@ request!(pb::CreateVolumeGroupSnapshotRequest, Rpc::CreateVolumeGroupSnapshot, |
     c.map(at("secrets"), &r.secrets);
     c.map(at("parameters"), &r.parameters);
 });
-impl CsiResponse for pb::CreateVolumeGroupSnapshotResponse {
-    fn check(&self, c: &mut Checker) {
-        c.group_snapshot(at("group_snapshot"), &self.group_snapshot);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::CreateVolumeGroupSnapshotResponse);
 
 request!(pb::DeleteVolumeGroupSnapshotRequest, Rpc::DeleteVolumeGroupSnapshot, |r| context ctx(Rpc::DeleteVolumeGroupSnapshot), |r, c| {
     c.id(at("group_snapshot_id"), &r.group_snapshot_id);
@@ -584,11 +539,8 @@ request!(pb::GetVolumeGroupSnapshotRequest, Rpc::GetVolumeGroupSnapshot, |r| con
     c.ids(at("snapshot_ids"), &r.snapshot_ids);
     c.map(at("secrets"), &r.secrets);
 });
-impl CsiResponse for pb::GetVolumeGroupSnapshotResponse {
-    fn check(&self, c: &mut Checker) {
-        c.group_snapshot(at("group_snapshot"), &self.group_snapshot);
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::GetVolumeGroupSnapshotResponse);
 
 // ---- SnapshotMetadata (stream openings; messages are checked by the stream wrapper) ----
 request!(pb::GetMetadataAllocatedRequest, Rpc::GetMetadataAllocated,
@@ -698,15 +650,8 @@ impl CsiResponse for pb::NodeExpandVolumeResponse {
 request!(pb::NodeGetCapabilitiesRequest, Rpc::NodeGetCapabilities);
 no_checks!(pb::NodeGetCapabilitiesResponse);
 request!(pb::NodeGetInfoRequest, Rpc::NodeGetInfo);
-impl CsiResponse for pb::NodeGetInfoResponse {
-    fn check(&self, c: &mut Checker) {
-        c.required(at("node_id"), &self.node_id, MAX_PLUGIN_NODE_ID_BYTES);
-        c.non_negative(at("max_volumes_per_node"), self.max_volumes_per_node);
-        if let Some(t) = &self.accessible_topology {
-            c.topology(at("accessible_topology"), t);
-        }
-    }
-}
+// Checked by the csi-structs conversion the typed client applies.
+no_checks!(pb::NodeGetInfoResponse);
 no_checks!(
     pb::NodeStageVolumeResponse,
     pb::NodeUnstageVolumeResponse,
@@ -833,29 +778,48 @@ mod tests {
 
     #[test]
     fn responses_missing_ids_and_negative_numbers() {
-        let resp = pb::CreateVolumeResponse {
-            volume: Some(pb::Volume {
-                capacity_bytes: -5,
-                ..Default::default()
-            }),
+        let resp = pb::ListVolumesResponse {
+            entries: vec![
+                pb::list_volumes_response::Entry {
+                    volume: Some(pb::Volume {
+                        capacity_bytes: -5,
+                        ..Default::default()
+                    }),
+                    status: None,
+                },
+                pb::list_volumes_response::Entry {
+                    volume: None,
+                    status: None,
+                },
+            ],
+            next_token: String::new(),
         };
         let errs = check_response(&resp).unwrap_err();
-        assert_eq!(fields(&errs), ["volume.volume_id", "volume.capacity_bytes"]);
-        let errs = check_response(&pb::CreateVolumeResponse { volume: None }).unwrap_err();
-        assert_eq!(fields(&errs), ["volume"]);
-        let errs = check_response(&pb::NodeGetInfoResponse::default()).unwrap_err();
-        assert_eq!(fields(&errs), ["node_id"]);
-        let ok = pb::NodeGetInfoResponse {
-            node_id: "n".repeat(256),
-            ..Default::default()
-        };
-        assert!(check_response(&ok).is_ok());
+        assert_eq!(
+            fields(&errs),
+            [
+                "entries[0].volume.volume_id",
+                "entries[0].volume.capacity_bytes",
+                "entries[1].volume"
+            ]
+        );
         let errs = check_response(&pb::GetCapacityResponse {
             available_capacity: -1,
             ..Default::default()
         })
         .unwrap_err();
         assert_eq!(fields(&errs), ["available_capacity"]);
+        let errs =
+            check_response(&pb::NodeExpandVolumeResponse { capacity_bytes: -1 }).unwrap_err();
+        assert_eq!(fields(&errs), ["capacity_bytes"]);
+        assert!(
+            check_response(&pb::GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: Some(1),
+                minimum_volume_size: None
+            })
+            .is_ok()
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Integration tests of csi-client over real unix sockets: the connection (authority,
-//! one dial, late socket, restart), the retry and deadline policy, error classes, and
-//! validation against the csi-testkit mock plugin.
+//! one dial, late socket, restart), the retry and deadline policy and error classes against
+//! the csi-testkit mock plugin, and the typed answers and helpers.
 
 mod support;
 
 mod connection;
+mod lifecycle;
+mod retries;
+mod typed;

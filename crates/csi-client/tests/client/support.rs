@@ -54,8 +54,10 @@ where
     }
 }
 
-#[derive(Debug, Default)]
-struct Tiny;
+#[derive(Debug)]
+pub(crate) struct Tiny {
+    pub(crate) name: String,
+}
 
 #[tonic::async_trait]
 impl Identity for Tiny {
@@ -64,7 +66,7 @@ impl Identity for Tiny {
         _: tonic::Request<proto::GetPluginInfoRequest>,
     ) -> Result<tonic::Response<proto::GetPluginInfoResponse>, tonic::Status> {
         Ok(tonic::Response::new(proto::GetPluginInfoResponse {
-            name: "tiny.example.com".into(),
+            name: self.name.clone(),
             vendor_version: "0.0.1".into(),
             manifest: Default::default(),
         }))
@@ -94,6 +96,12 @@ pub(crate) struct TinyServer {
 
 impl TinyServer {
     pub(crate) fn start(path: &Path) -> TinyServer {
+        Self::start_named(path, "tiny.example.com")
+    }
+
+    /// A tiny server whose GetPluginInfo answers `name` (possibly invalid).
+    pub(crate) fn start_named(path: &Path, name: &str) -> TinyServer {
+        let name = name.to_owned();
         let listener = UnixListener::bind(path).expect("test invariant: the socket path is fresh");
         let seen = Seen::default();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -104,7 +112,7 @@ impl TinyServer {
                     inner,
                     seen: layer_seen.clone(),
                 }))
-                .add_service(IdentityServer::new(Tiny))
+                .add_service(IdentityServer::new(Tiny { name }))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::UnixListenerStream::new(listener),
                     async {
@@ -155,4 +163,100 @@ pub(crate) async fn guard<F: std::future::Future>(fut: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(60), fut)
         .await
         .expect("hang guard: the operation did not finish")
+}
+
+/// A mock plugin served on a fresh socket in a temp dir.
+pub(crate) struct Mock {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) plugin: csi_testkit::MockPlugin,
+    pub(crate) server: Option<csi_testkit::MockServer>,
+}
+
+impl Mock {
+    pub(crate) async fn start(plugin: csi_testkit::MockPlugin) -> Mock {
+        let dir = tempfile::tempdir().expect("test invariant: temp dirs can be made");
+        let server = plugin
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .expect("test invariant: a fresh path can be served");
+        Mock {
+            dir,
+            plugin,
+            server: Some(server),
+        }
+    }
+
+    pub(crate) async fn default() -> Mock {
+        Mock::start(plugin()).await
+    }
+
+    pub(crate) fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+
+    pub(crate) fn endpoint(&self) -> csi_client::Endpoint {
+        csi_client::Endpoint::unix(self.path()).expect("test invariant: temp paths are short")
+    }
+
+    pub(crate) fn faults(&self) -> csi_testkit::Faults {
+        self.plugin.faults()
+    }
+
+    pub(crate) fn count(&self, rpc: csi_client::Rpc) -> usize {
+        self.plugin.calls().count(rpc)
+    }
+
+    pub(crate) async fn stop(&mut self) {
+        if let Some(server) = self.server.take() {
+            guard(server.shutdown())
+                .await
+                .expect("mock shuts down cleanly");
+        }
+    }
+
+    pub(crate) async fn restart(&mut self) {
+        self.stop().await;
+        let server = self
+            .plugin
+            .serve_unix(self.path())
+            .await
+            .expect("test invariant: the old socket was removed");
+        self.server = Some(server);
+    }
+
+    /// A client with short pauses between attempts and no retry budget limit, so tests
+    /// count attempts exactly; `tweak` adjusts the policy table.
+    pub(crate) fn client(
+        &self,
+        tweak: impl FnOnce(&mut csi_client::PolicyTable),
+    ) -> csi_client::CsiClient {
+        let mut table = fast_policies();
+        tweak(&mut table);
+        csi_client::CsiClient::builder(self.endpoint())
+            .policies(table)
+            .retry_budget(Arc::new(csi_client::RetryBudget::unlimited()))
+            .build()
+    }
+}
+
+/// The default policy table with millisecond backoff.
+pub(crate) fn fast_policies() -> csi_client::PolicyTable {
+    let mut table = csi_client::PolicyTable::default();
+    table.update_all(|_, p| {
+        p.backoff = csi_client::Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(5),
+            factor: 2.0,
+            jitter: true,
+        };
+    });
+    table
+}
+
+/// The default mock plugin, with one pre-provisioned volume `vol-1`.
+pub(crate) fn plugin() -> csi_testkit::MockPlugin {
+    csi_testkit::MockPlugin::builder()
+        .volume("vol-1", 1 << 30)
+        .build()
+        .expect("test invariant: the default mock config is valid")
 }

@@ -1,0 +1,90 @@
+//! Connection lifecycle against the mock: a socket that appears late, a plugin that restarts.
+
+use csi_client::{Code, Rpc};
+
+use crate::support::{Mock, eventually, guard};
+
+#[tokio::test]
+async fn a_socket_that_appears_late_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("csi.sock");
+    let client = csi_client::CsiClient::new(csi_client::Endpoint::unix(&path).unwrap());
+    let identity = client.identity();
+    let call = tokio::spawn(async move { identity.get_plugin_info().await });
+    // The client is dialling a socket that does not exist yet.
+    assert!(eventually(|| client.connection().dial_attempts() >= 2).await);
+    assert!(!call.is_finished());
+    let plugin = crate::support::plugin();
+    let server = plugin.serve_unix(&path).await.unwrap();
+    let info = guard(call).await.unwrap().unwrap();
+    assert_eq!(info.name.as_str(), "mock.csi.example");
+    assert_eq!(plugin.calls().count(Rpc::GetPluginInfo), 1);
+    guard(server.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_plugin_is_reconnected_transparently() {
+    let mut mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    guard(client.identity().get_plugin_info()).await.unwrap();
+    let dials = client.connection().dial_attempts();
+
+    mock.restart().await;
+    guard(client.identity().get_plugin_info()).await.unwrap();
+    assert!(
+        client.connection().dial_attempts() > dials,
+        "a new connection was dialled"
+    );
+    assert_eq!(mock.count(Rpc::GetPluginInfo), 2);
+}
+
+#[tokio::test]
+async fn a_plugin_restarting_mid_call_is_retried_on_the_new_socket() {
+    let mut mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    mock.faults().on(Rpc::NodeGetCapabilities).hang().install();
+    let node = client.node();
+    let call = tokio::spawn(async move { node.node_get_capabilities().await });
+    let plugin = mock.plugin.clone();
+    assert!(eventually(|| plugin.calls().count(Rpc::NodeGetCapabilities) == 1).await);
+
+    // Shutdown ends the hung call (UNAVAILABLE or a broken connection), the client retries,
+    // and the retry reaches the restarted plugin.
+    mock.restart().await;
+    let caps = guard(call).await.unwrap().unwrap();
+    assert!(!caps.is_empty());
+    assert_eq!(mock.count(Rpc::NodeGetCapabilities), 2);
+}
+
+#[tokio::test]
+async fn a_missing_plugin_is_retry_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = csi_client::ConnectOptions {
+        socket_wait: std::time::Duration::from_millis(50),
+        ..csi_client::ConnectOptions::DEFAULT
+    };
+    let client = csi_client::CsiClient::builder(
+        csi_client::Endpoint::unix(dir.path().join("none.sock")).unwrap(),
+    )
+    .connect_options(options)
+    .policies(crate::support::fast_policies())
+    .build();
+    let err = guard(client.node().node_get_capabilities())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.class(),
+        csi_client::ErrorClass::RetryElsewhere,
+        "{err:?}"
+    );
+    assert!(
+        matches!(err.kind(), csi_client::ErrorKind::NotConnected(_)),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), None::<Code>);
+    // Nothing was sent, so the client retried as far as the policy allows.
+    assert_eq!(
+        err.attempts(),
+        client.policies().get(Rpc::NodeGetCapabilities).max_attempts
+    );
+}

@@ -1,0 +1,374 @@
+//! Typed answers, validation and the higher-level helpers against the mock plugin.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use csi_client::{
+    AttemptEvent, CallEvent, CallObserver, Code, ErrorClass, ErrorKind, HealthReason, HealthState,
+    Readiness, ResponseError, Rpc, proto,
+};
+use csi_structs::confirm::AskedCapabilities;
+use csi_structs::{
+    AccessMode, ConfirmPolicy, Confirmation, ExternalVolumeId, Mismatch, MountOptions, Secrets,
+    VolumeCapability,
+};
+use csi_testkit::Quirk;
+
+use crate::support::{Mock, TinyServer, guard};
+
+fn asked() -> AskedCapabilities {
+    AskedCapabilities::new(vec![VolumeCapability::mount(
+        AccessMode::SingleNodeWriter,
+        MountOptions::new().with_fs_type("ext4"),
+    )])
+}
+
+fn vol1() -> ExternalVolumeId {
+    ExternalVolumeId::new("vol-1").unwrap()
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused_before_sending() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let mut req = proto::NodeStageVolumeRequest::default();
+    req.secrets.insert("password".into(), "hunter2".into());
+    let err = guard(client.node().node_stage_volume(req))
+        .await
+        .unwrap_err();
+    let ErrorKind::InvalidRequest(errs) = err.kind() else {
+        panic!("expected an invalid request, got {err:?}");
+    };
+    let fields: Vec<String> = errs
+        .violations()
+        .iter()
+        .map(|v| v.field.to_string())
+        .collect();
+    assert_eq!(
+        fields,
+        ["volume_id", "staging_target_path", "volume_capability"]
+    );
+    assert_eq!((err.attempts(), err.class()), (0, ErrorClass::Fatal));
+    assert!(mock.plugin.calls().is_empty(), "nothing reached the plugin");
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[tokio::test]
+async fn secrets_never_reach_an_error() {
+    let mock = Mock::default().await;
+    mock.faults()
+        .on(Rpc::DeleteVolume)
+        .fail(Code::PermissionDenied, "denied")
+        .install();
+    let client = mock.client(|_| {});
+    let mut req = proto::DeleteVolumeRequest {
+        volume_id: "vol-1".into(),
+        ..Default::default()
+    };
+    req.secrets.insert("token".into(), "s3cr3t-value".into());
+    let err = guard(client.controller().delete_volume(req))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("s3cr3t-value"), "{shown}");
+    assert!(
+        shown.contains("DeleteVolume") && shown.contains("vol-1"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_answer_is_a_typed_error_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.sock");
+    let server = TinyServer::start_named(&path, "");
+    let client = csi_client::CsiClient::new(csi_client::Endpoint::unix(&path).unwrap());
+    let err = guard(client.identity().get_plugin_info())
+        .await
+        .unwrap_err();
+    let ErrorKind::InvalidResponse(ResponseError::Fields(errs)) = err.kind() else {
+        panic!("expected an invalid response, got {err:?}");
+    };
+    assert_eq!(errs.violations()[0].field.to_string(), "name");
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    assert_eq!(err.attempts(), 1, "an invalid answer is not retried");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn validate_confirms_what_was_asked() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let answer = guard(client.controller().validate_volume_capabilities(
+        &vol1(),
+        &asked(),
+        &Secrets::default(),
+        ConfirmPolicy::Strict,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(answer, Confirmation::Confirmed);
+}
+
+#[tokio::test]
+async fn absent_confirmed_under_both_policies() {
+    let mock = Mock::start(
+        csi_testkit::MockPlugin::builder()
+            .volume("vol-1", 1 << 30)
+            .quirk(Quirk::NeverConfirm)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = mock.client(|_| {});
+    let controller = client.controller();
+    let strict = guard(controller.validate_volume_capabilities(
+        &vol1(),
+        &asked(),
+        &Secrets::default(),
+        ConfirmPolicy::Strict,
+    ))
+    .await
+    .unwrap();
+    assert!(!strict.is_accepted());
+    assert_eq!(strict.mismatches(), [Mismatch::NothingConfirmed]);
+    let lenient = guard(controller.validate_volume_capabilities(
+        &vol1(),
+        &asked(),
+        &Secrets::default(),
+        ConfirmPolicy::Lenient,
+    ))
+    .await
+    .unwrap();
+    assert!(
+        matches!(lenient, Confirmation::AcceptedUnconfirmed { .. }),
+        "{lenient:?}"
+    );
+}
+
+#[tokio::test]
+async fn mismatched_confirmations_name_the_field() {
+    for (quirk, field) in [
+        (
+            Quirk::ConfirmDifferentCapability,
+            "volume_capabilities[0].access_mode",
+        ),
+        (
+            Quirk::EchoDifferentFsType,
+            "volume_capabilities[0].mount.fs_type",
+        ),
+    ] {
+        let mock = Mock::start(
+            csi_testkit::MockPlugin::builder()
+                .volume("vol-1", 1 << 30)
+                .quirk(quirk)
+                .build()
+                .unwrap(),
+        )
+        .await;
+        let client = mock.client(|_| {});
+        let answer = guard(client.controller().validate_volume_capabilities(
+            &vol1(),
+            &asked(),
+            &Secrets::default(),
+            ConfirmPolicy::Strict,
+        ))
+        .await
+        .unwrap();
+        assert!(!answer.is_accepted(), "{quirk:?}: {answer:?}");
+        let texts: Vec<String> = answer
+            .mismatches()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            texts.iter().any(|t| t.starts_with(field)),
+            "{quirk:?}: {texts:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn fingerprint_gathers_everything_in_one_value() {
+    let mock = Mock::start(
+        csi_testkit::MockPlugin::builder()
+            .node_id("node-7")
+            .topology("topology.example.com/zone", "z1")
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = mock.client(|_| {});
+    let fp = guard(client.fingerprint()).await.unwrap();
+    assert_eq!(fp.plugin.name.as_str(), "mock.csi.example");
+    assert!(fp.capabilities.plugin.has_controller_service());
+    assert!(fp.capabilities.controller.can_create_delete());
+    assert!(!fp.capabilities.node.is_empty());
+    let node = fp.node.expect("the mock serves the node service");
+    assert_eq!(node.node_id.as_str(), "node-7");
+    assert_eq!(node.max_volumes, None, "0 on the wire means no limit");
+    assert_eq!(
+        node.topology
+            .as_ref()
+            .and_then(|t| t.get("topology.example.com/zone")),
+        Some("z1")
+    );
+}
+
+#[tokio::test]
+async fn probe_readiness_follows_the_answer() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    mock.plugin.set_quirk(Quirk::ProbeReadyAbsent);
+    assert_eq!(
+        guard(client.identity().probe()).await.unwrap(),
+        Readiness::Ready
+    );
+    mock.plugin.set_quirk(Quirk::ProbeNotReady);
+    assert_eq!(
+        guard(client.identity().probe()).await.unwrap(),
+        Readiness::NotReady
+    );
+}
+
+#[tokio::test]
+async fn health_watcher_reports_transitions_and_a_final_unhealthy() {
+    let mut mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let mut health = client.watch_health(Duration::from_millis(10));
+
+    let first = guard(health.next()).await.unwrap();
+    assert_eq!(first.state, HealthState::Healthy);
+
+    mock.plugin.set_quirk(Quirk::ProbeNotReady);
+    let second = guard(health.next()).await.unwrap();
+    assert_eq!(second.state, HealthState::NotReady);
+    assert!(matches!(second.reason, HealthReason::ReportedNotReady));
+
+    mock.plugin.clear_quirks();
+    mock.faults()
+        .on(Rpc::Probe)
+        .fail(Code::FailedPrecondition, "disk driver missing")
+        .install();
+    let third = guard(health.next()).await.unwrap();
+    assert_eq!(third.state, HealthState::Unhealthy);
+    let HealthReason::ProbeFailed(e) = &third.reason else {
+        panic!("expected a probe failure, got {:?}", third.reason);
+    };
+    assert_eq!(e.class(), ErrorClass::RetryElsewhere);
+    assert_eq!(e.message(), Some("disk driver missing"));
+
+    mock.stop().await;
+    let last = loop {
+        let event = guard(health.next())
+            .await
+            .expect("a final event before the end");
+        if event.last {
+            break event;
+        }
+    };
+    assert_eq!(last.state, HealthState::Unhealthy);
+    assert!(matches!(last.reason, HealthReason::SocketRemoved));
+    assert!(guard(health.next()).await.is_none());
+}
+
+#[derive(Debug, Default)]
+struct Counter {
+    attempts: AtomicU32,
+    calls: AtomicU32,
+    failed_attempts: AtomicU32,
+}
+
+impl CallObserver for Counter {
+    fn on_attempt(&self, event: &AttemptEvent) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        if event.outcome.code() != Some(Code::Ok) {
+            self.failed_attempts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn on_call(&self, event: &CallEvent) {
+        assert_eq!(event.rpc, Rpc::NodeGetCapabilities);
+        assert_eq!(event.outcome.label(), "Ok");
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_attempt_and_call() {
+    let mock = Mock::default().await;
+    mock.faults()
+        .on(Rpc::NodeGetCapabilities)
+        .fail_times(2, Code::Aborted, "pending")
+        .install();
+    let counter = Arc::new(Counter::default());
+    let client = csi_client::CsiClient::builder(mock.endpoint())
+        .policies(crate::support::fast_policies())
+        .observer(counter.clone())
+        .build();
+    guard(client.node().node_get_capabilities()).await.unwrap();
+    assert_eq!(counter.attempts.load(Ordering::Relaxed), 3);
+    assert_eq!(counter.failed_attempts.load(Ordering::Relaxed), 2);
+    assert_eq!(counter.calls.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn create_volume_returns_the_domain_volume() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let req = proto::CreateVolumeRequest {
+        name: "pvc-1".into(),
+        volume_capabilities: vec![(&VolumeCapability::block(AccessMode::SingleNodeWriter)).into()],
+        capacity_range: Some(proto::CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    let volume = guard(client.controller().create_volume(req.clone()))
+        .await
+        .unwrap();
+    assert!(!volume.volume_id.as_str().is_empty());
+    assert!(volume.capacity_bytes.is_some_and(|c| c >= 1 << 20));
+    // Idempotent by name: the same volume again.
+    let again = guard(client.controller().create_volume(req)).await.unwrap();
+    assert_eq!(again.volume_id, volume.volume_id);
+}
+
+#[tokio::test]
+async fn metadata_streams_are_read_to_their_clean_end() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let snapshot = guard(
+        client
+            .controller()
+            .create_snapshot(proto::CreateSnapshotRequest {
+                source_volume_id: "vol-1".into(),
+                name: "snap-1".into(),
+                ..Default::default()
+            }),
+    )
+    .await
+    .unwrap();
+    let mut stream = guard(client.snapshot_metadata().get_metadata_allocated(
+        proto::GetMetadataAllocatedRequest {
+            snapshot_id: snapshot.snapshot_id.as_str().to_owned(),
+            starting_offset: 0,
+            max_results: 4,
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    let mut last_offset = 0;
+    while let Some(msg) = guard(stream.message()).await.unwrap() {
+        for b in &msg.block_metadata {
+            assert!(b.byte_offset >= last_offset);
+            last_offset = b.byte_offset + b.size_bytes;
+        }
+    }
+    assert_eq!(stream.resume_offset(), last_offset);
+    assert!(guard(stream.message()).await.unwrap().is_none());
+}
