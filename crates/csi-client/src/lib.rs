@@ -93,3 +93,45 @@ pub use policy::{
 pub use snapshot_metadata::{MetadataMessage, MetadataStream, SnapshotMetadataClient};
 /// gRPC status codes, as carried by [`Error::code`].
 pub use tonic::Code;
+
+#[cfg(test)]
+mod send_checks {
+    //! Compile-only checks: the futures of the public API can be spawned.
+    use super::*;
+
+    fn is_send<T: Send>(_: &T) {}
+
+    #[allow(dead_code)]
+    fn public_futures_are_send(client: CsiClient, asked: csi_structs::confirm::AskedCapabilities) {
+        is_send(&client.identity().probe());
+        is_send(
+            &client
+                .node()
+                .node_publish_volume(proto::NodePublishVolumeRequest::default()),
+        );
+        is_send(
+            &client
+                .controller()
+                .create_volume(proto::CreateVolumeRequest::default()),
+        );
+        let id = csi_structs::ExternalVolumeId::new("v").ok();
+        if let Some(id) = id {
+            let secrets = csi_structs::Secrets::default();
+            is_send(&client.controller().validate_volume_capabilities(
+                &id,
+                &asked,
+                &secrets,
+                csi_structs::ConfirmPolicy::Strict,
+            ));
+        }
+        is_send(&client.fingerprint());
+        is_send(
+            &client
+                .snapshot_metadata()
+                .get_metadata_allocated(Default::default()),
+        );
+        fn sync_and_send<T: Send + Sync>() {}
+        sync_and_send::<CsiClient>();
+        sync_and_send::<Error>();
+    }
+}

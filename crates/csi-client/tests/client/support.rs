@@ -128,6 +128,35 @@ impl TinyServer {
         }
     }
 
+    /// The tiny server on a TCP listener (a plugin behind a local proxy).
+    pub(crate) fn start_tcp(listener: tokio::net::TcpListener) -> TinyServer {
+        let seen = Seen::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let layer_seen = seen.clone();
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .layer(tower::layer::layer_fn(move |inner| Record {
+                    inner,
+                    seen: layer_seen.clone(),
+                }))
+                .add_service(IdentityServer::new(Tiny {
+                    name: "tiny.example.com".into(),
+                }))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await;
+        });
+        TinyServer {
+            seen,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
     pub(crate) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
