@@ -284,6 +284,35 @@ impl MockPluginBuilder {
         self
     }
 
+    /// Every capability set at once, from the domain model: plugin services and expansion
+    /// (ONLINE wins when both modes are listed), controller, node and group controller sets.
+    /// Capability numbers csi-structs does not know are not advertised.
+    ///
+    /// ```
+    /// use csi_structs::capability_set::{Capabilities, ControllerCapabilities, ControllerCapability};
+    /// let caps = Capabilities {
+    ///     controller: ControllerCapabilities::from_iter([ControllerCapability::CreateDeleteVolume]),
+    ///     ..Capabilities::default()
+    /// };
+    /// let plugin = csi_testkit::MockPlugin::builder().capabilities(&caps).build().unwrap();
+    /// assert_eq!(plugin.config().controller_caps.len(), 1);
+    /// assert!(plugin.config().node_caps.is_empty());
+    /// ```
+    pub fn capabilities(self, caps: &csi_structs::capability_set::Capabilities) -> Self {
+        use csi_structs::capability_set::VolumeExpansion as Mode;
+        let expansion = if caps.plugin.has_expansion(Mode::Online) {
+            Some(VolumeExpansion::Online)
+        } else if caps.plugin.has_expansion(Mode::Offline) {
+            Some(VolumeExpansion::Offline)
+        } else {
+            None
+        };
+        self.plugin_capabilities(caps.plugin.services().map(|s| s.wire()), expansion)
+            .controller_capabilities(caps.controller.iter().map(|c| c.wire()))
+            .node_capabilities(caps.node.iter().map(|c| c.wire()))
+            .group_controller_capabilities(caps.group_controller.iter().map(|c| c.wire()))
+    }
+
     /// Switches a quirk on.
     pub fn quirk(mut self, quirk: Quirk) -> Self {
         self.quirks.push(quirk);

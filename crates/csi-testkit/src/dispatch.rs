@@ -1,6 +1,6 @@
-//! What happens to every call before and after its rpc logic: it is recorded, checked against
-//! the configured capabilities (UNIMPLEMENTED), guarded against a concurrent call on the same
-//! volume (ABORTED), put through the fault scripts, and its outcome recorded.
+//! What happens to every call before and after its rpc logic: it is recorded, guarded against a
+//! concurrent call on the same volume (ABORTED), put through the fault scripts, checked against
+//! the configured capabilities (UNIMPLEMENTED), and its outcome recorded.
 
 use std::fmt;
 use std::time::Duration;
@@ -99,6 +99,12 @@ impl CallScope {
         self.plugin.shared.log_changed.notify_waiters();
     }
 
+    fn release_lock(&mut self) {
+        if let Some(key) = self.lock.take() {
+            self.plugin.shared.lock().in_flight.remove(&key);
+        }
+    }
+
     /// Records a failure and hands the status back.
     pub(crate) fn fail(mut self, status: Status) -> Status {
         self.record(Outcome::Failed {
@@ -156,21 +162,21 @@ impl CallScope {
 
 impl Drop for CallScope {
     fn drop(&mut self) {
-        let mut inner = self.plugin.shared.lock();
-        if let Some(key) = self.lock.take() {
-            inner.in_flight.remove(&key);
-        }
+        self.release_lock();
         if !self.finished {
-            inner.calls.finish(self.seq, Outcome::Abandoned);
+            self.plugin
+                .shared
+                .lock()
+                .calls
+                .finish(self.seq, Outcome::Abandoned);
         }
-        drop(inner);
         self.plugin.shared.log_changed.notify_waiters();
     }
 }
 
 impl MockPlugin {
-    /// Starts serving a call: records it and applies capabilities, the concurrency guard and
-    /// the fault scripts. `Err` is the status to answer (already recorded).
+    /// Starts serving a call: records it and applies the concurrency guard, the fault scripts
+    /// and the capabilities, in that order. `Err` is the status to answer (already recorded).
     pub(crate) async fn begin<T: fmt::Debug>(
         &self,
         rpc: Rpc,
@@ -196,10 +202,6 @@ impl MockPlugin {
             stream_fault: None,
         };
 
-        if let Some(reason) = unimplemented_reason(&self.shared.config, rpc) {
-            return Err(scope.fail(Status::unimplemented(reason)));
-        }
-
         let step = {
             let mut inner = self.shared.lock();
             if let Some(key) = &target.lock {
@@ -215,8 +217,14 @@ impl MockPlugin {
             inner.faults.take(rpc, target.volume.as_deref())
         };
 
+        // A scripted outcome wins over everything, even UNIMPLEMENTED: a test may want a
+        // plugin that answers an rpc it does not advertise.
+        let serve = |scope: CallScope| match unimplemented_reason(&self.shared.config, rpc) {
+            Some(reason) => Err(scope.fail(Status::unimplemented(reason))),
+            None => Ok(scope),
+        };
         match step {
-            None | Some(FaultStep::Pass) => Ok(scope),
+            None | Some(FaultStep::Pass) => serve(scope),
             Some(FaultStep::Fail { code, message }) => Err(scope.fail(Status::new(code, message))),
             Some(FaultStep::FailStreamAfter {
                 messages,
@@ -226,7 +234,7 @@ impl MockPlugin {
                 let status = Status::new(code, message);
                 if rpc.is_server_streaming() {
                     scope.stream_fault = Some((messages, status));
-                    Ok(scope)
+                    serve(scope)
                 } else {
                     Err(scope.fail(status))
                 }
@@ -234,7 +242,7 @@ impl MockPlugin {
             Some(FaultStep::Delay(delay)) => {
                 let released = self.shared.release.notified();
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => Ok(scope),
+                    () = tokio::time::sleep(delay) => serve(scope),
                     () = released => Err(scope.fail(released_status(rpc))),
                 }
             }
@@ -245,6 +253,9 @@ impl MockPlugin {
             }
             Some(FaultStep::DropConnection) => {
                 scope.record(Outcome::ConnectionDropped);
+                // The call is over as far as the mock is concerned: free its volume now rather
+                // than when the connection task gets round to dropping this future.
+                scope.release_lock();
                 match kill {
                     Some(switch) => switch.trip(),
                     None => {

@@ -168,6 +168,33 @@ async fn a_dropped_connection_fails_the_call_then_service_resumes() {
 }
 
 #[tokio::test]
+async fn a_dropped_connection_frees_its_volume() {
+    let h = start(MockPlugin::builder().role(Role::Node)).await;
+    h.server
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .for_volume("vol-1")
+        .drop_connection();
+    let mut node = h.node();
+    let status = tokio::time::timeout(GUARD, node.node_unstage_volume(unstage("vol-1")))
+        .await
+        .expect("the call ends when the connection drops")
+        .unwrap_err();
+    assert_ne!(status.code(), Code::Ok);
+    let answered = tokio::time::timeout(GUARD, async {
+        loop {
+            match h.node().node_unstage_volume(unstage("vol-1")).await {
+                Ok(_) => return,
+                Err(status) if status.code() == Code::Unavailable => continue,
+                Err(status) => panic!("vol-1 must not stay busy: {status:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(answered.is_ok(), "the volume is served again");
+}
+
+#[tokio::test]
 async fn faults_work_in_memory_too() {
     let plugin = MockPlugin::builder().build().unwrap();
     plugin
