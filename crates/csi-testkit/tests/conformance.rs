@@ -213,6 +213,62 @@ async fn absent_capabilities_skip_their_checks_and_answer_unimplemented() {
     served.server.shutdown().await.expect("the mock shuts down");
 }
 
+/// One wrong answer, scripted as a fault, fails exactly the check that looks for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_codes_fail_required_field_not_found_and_idempotency_checks() {
+    let cases: [(Check, Rpc, usize, Code, &str); 3] = [
+        // The first CreateVolume is the one without a name.
+        (
+            Check::RequiredFields(Rpc::CreateVolume),
+            Rpc::CreateVolume,
+            0,
+            Code::Internal,
+            "without name",
+        ),
+        (
+            Check::NotFound(Rpc::ValidateVolumeCapabilities),
+            Rpc::ValidateVolumeCapabilities,
+            0,
+            Code::Internal,
+            "expected NOT_FOUND",
+        ),
+        // The repeat of CreateVolume answers ALREADY_EXISTS instead of the same volume.
+        (
+            Check::Idempotent(Rpc::CreateVolume),
+            Rpc::CreateVolume,
+            1,
+            Code::AlreadyExists,
+            "ALREADY_EXISTS",
+        ),
+    ];
+    for (check, rpc, pass_first, code, expected) in cases {
+        let served = Served::start(MockPlugin::builder()).await;
+        served
+            .server
+            .faults()
+            .on(rpc)
+            .pass_times(pass_first)
+            .fail(code, "scripted")
+            .install();
+        let suite = Suite::connect(served.options())
+            .await
+            .expect("the suite can connect to the mock")
+            .only(|c| c == check);
+        let report = tokio::time::timeout(HANG_GUARD, suite.run())
+            .await
+            .expect("the suite finishes");
+        match outcome(&report, check) {
+            Outcome::Fail { reason } => assert!(reason.contains(expected), "{check}: {reason}"),
+            other => panic!("{check} should fail, got {other:?}"),
+        }
+        assert!(
+            served.plugin.volumes().is_empty(),
+            "{check} left volumes behind"
+        );
+        served.server.shutdown().await.expect("the mock shuts down");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_only_plugin_skips_node_checks() {
     let served = Served::start(MockPlugin::builder().role(Role::Controller)).await;
@@ -330,6 +386,80 @@ async fn a_plugin_not_ready_fails_probe() {
         .only(|check| check == Check::Probe);
     let report = suite.run().await;
     assert!(outcome(&report, Check::Probe).is_fail(), "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_mid_lifecycle_still_cleans_up_everything() {
+    let served = Served::start(MockPlugin::builder()).await;
+    served
+        .server
+        .faults()
+        .on(Rpc::NodePublishVolume)
+        .fail(Code::Internal, "mount helper crashed")
+        .install();
+    let suite = Suite::connect(served.options())
+        .await
+        .expect("the suite can connect to the mock")
+        .only(|check| check == Check::NodeLifecycle);
+    let report = tokio::time::timeout(HANG_GUARD, suite.run())
+        .await
+        .expect("the suite finishes");
+    match outcome(&report, Check::NodeLifecycle) {
+        Outcome::Fail { reason } => assert!(reason.contains("INTERNAL"), "{reason}"),
+        other => panic!("NodeLifecycle should fail, got {other:?}"),
+    }
+    // The volume was created, published to the node and staged before the failure; all undone.
+    let calls = served.server.calls();
+    assert_eq!(
+        calls.count(Rpc::NodeStageVolume),
+        2,
+        "staged (and repeated) before the failure"
+    );
+    assert_eq!(
+        calls.count(Rpc::NodeUnstageVolume),
+        1,
+        "unstaged by cleanup"
+    );
+    assert_eq!(
+        calls.count(Rpc::ControllerUnpublishVolume),
+        1,
+        "unpublished by cleanup"
+    );
+    assert_eq!(calls.count(Rpc::DeleteVolume), 1, "deleted by cleanup");
+    assert!(
+        served.plugin.volumes().is_empty(),
+        "volumes left: {:?}",
+        served.plugin.volumes()
+    );
+    assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
+    assert!(report.cleanup_problems.is_empty(), "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_never_answers_fails_its_check_after_the_per_call_deadline() {
+    let served = Served::start(MockPlugin::builder()).await;
+    served.server.faults().on(Rpc::Probe).hang().install();
+    // A short deadline keeps the test quick; the assertion is on the outcome, not the time.
+    let options = served.options().timeout(Duration::from_millis(300));
+    let suite = Suite::connect(options)
+        .await
+        .expect("the suite can connect to the mock")
+        .only(|check| matches!(check, Check::Probe | Check::PluginInfo));
+    let report = tokio::time::timeout(HANG_GUARD, suite.run())
+        .await
+        .expect("the suite finishes");
+    match outcome(&report, Check::Probe) {
+        Outcome::Fail { reason } => assert!(reason.starts_with("Probe "), "{reason}"),
+        other => panic!("Probe should fail, got {other:?}"),
+    }
+    // The next call is served normally: one hung call does not poison the run.
+    assert_eq!(
+        outcome(&report, Check::PluginInfo),
+        Outcome::Pass,
+        "{report}"
+    );
     served.server.shutdown().await.expect("the mock shuts down");
 }
 

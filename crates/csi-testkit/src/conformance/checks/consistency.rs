@@ -207,19 +207,32 @@ pub(crate) async fn unadvertised_unimplemented(ctx: &mut Ctx) -> Step {
     }
     let mut problems = Vec::new();
     for (cap, rpc) in absent {
-        let call = well_formed(ctx, rpc)?;
-        match ctx.send(call).await {
-            Err(err) if err.code() == Some(Code::Unimplemented) => {}
-            Ok(()) => problems.push(format!(
-                "{} answered OK although {cap} is not advertised",
-                rpc.name()
-            )),
-            Err(err) => problems.push(format!(
-                "{err}, expected UNIMPLEMENTED ({cap} is not advertised)"
-            )),
-        }
+        let result = match well_formed(ctx, rpc)? {
+            // Should it succeed after all, remember to delete what it made.
+            Call::CreateVolume(request) => ctx.create_volume(request).await.map(|answer| {
+                if let Some(volume) = answer.volume {
+                    ctx.undo(Undo::DeleteVolume(volume.volume_id));
+                }
+            }),
+            call => ctx.send(call).await,
+        };
+        problems.extend(unimplemented_problem(rpc, &cap, result));
     }
     verdict(problems)
+}
+
+/// What is wrong with the answer of `rpc` whose capability `cap` is not advertised, if anything.
+fn unimplemented_problem(rpc: Rpc, cap: &str, result: Result<(), CallError>) -> Option<String> {
+    match result {
+        Err(err) if err.code() == Some(Code::Unimplemented) => None,
+        Ok(()) => Some(format!(
+            "{} answered OK although {cap} is not advertised",
+            rpc.name()
+        )),
+        Err(err) => Some(format!(
+            "{err}, expected UNIMPLEMENTED ({cap} is not advertised)"
+        )),
+    }
 }
 
 pub(crate) async fn advertised_answer(ctx: &mut Ctx) -> Step {
@@ -271,12 +284,10 @@ pub(crate) async fn advertised_answer(ctx: &mut Ctx) -> Step {
 
     // RPCs about one volume: create it (skipped silently when the plugin cannot).
     if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
-        let volume = match ctx.new_volume().await {
-            Ok(volume) => volume,
-            Err(Stop::Fail(why)) => return Err(Stop::Fail(advertised_problem(&why, None))),
-            Err(skip) => return Err(skip),
-        };
-        problems.extend(per_volume(ctx, &volume).await);
+        match ctx.new_volume().await {
+            Ok(volume) => problems.extend(per_volume(ctx, &volume).await),
+            Err(Stop::Fail(why) | Stop::Skip(why)) => problems.push(advertised_problem(&why, None)),
+        }
     }
     verdict(problems)
 }
@@ -409,5 +420,57 @@ async fn per_volume(ctx: &mut Ctx, volume: &v1::Volume) -> Vec<String> {
 fn note(problems: &mut Vec<String>, result: Result<(), CallError>) {
     if let Err(err) = result {
         problems.push(advertised_problem(&err.to_string(), err.code()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Code) -> Result<(), CallError> {
+        Err(CallError::Status {
+            rpc: Rpc::ListSnapshots,
+            code,
+            message: "m".into(),
+        })
+    }
+
+    #[test]
+    fn only_unimplemented_is_right_for_an_unadvertised_rpc() {
+        let cap = "controller LIST_SNAPSHOTS";
+        assert_eq!(
+            unimplemented_problem(Rpc::ListSnapshots, cap, status(Code::Unimplemented)),
+            None
+        );
+        let ok = unimplemented_problem(Rpc::ListSnapshots, cap, Ok(())).unwrap_or_default();
+        assert!(
+            ok.contains("answered OK although controller LIST_SNAPSHOTS is not advertised"),
+            "{ok}"
+        );
+        let internal = unimplemented_problem(Rpc::ListSnapshots, cap, status(Code::Internal))
+            .unwrap_or_default();
+        assert!(
+            internal.starts_with("ListSnapshots answered INTERNAL"),
+            "{internal}"
+        );
+        let timed_out = CallError::TimedOut {
+            rpc: Rpc::ListSnapshots,
+            after: std::time::Duration::from_secs(1),
+        };
+        assert!(unimplemented_problem(Rpc::ListSnapshots, cap, Err(timed_out)).is_some());
+    }
+
+    #[test]
+    fn an_advertised_rpc_answering_unimplemented_is_named_as_such() {
+        let text = advertised_problem(
+            "GetCapacity answered UNIMPLEMENTED",
+            Some(Code::Unimplemented),
+        );
+        assert!(
+            text.ends_with("although its capability is advertised"),
+            "{text}"
+        );
+        let text = advertised_problem("GetCapacity answered INTERNAL", Some(Code::Internal));
+        assert!(text.contains("expected OK, got INTERNAL"), "{text}");
     }
 }
