@@ -77,12 +77,19 @@ impl Caller {
         &self.shared.budget
     }
 
-    /// The policy a call of `rpc` with `options` runs under.
+    /// The policy a call of `rpc` with `options` runs under. Probe is never retried, whatever
+    /// the table or the call options say: its caller (a health loop) is the retry loop, and a
+    /// retried probe would hide exactly the flapping it exists to report.
     pub(crate) fn policy(&self, context: &CallContext, options: &CallOptions) -> RpcPolicy {
-        self.shared
+        let mut policy = self
+            .shared
             .policies
             .get(context.rpc())
-            .with_options(options)
+            .with_options(options);
+        if context.rpc() == csi_proto::Rpc::Probe {
+            policy.max_attempts = 1;
+        }
+        policy
     }
 
     /// Reports a call that failed before any attempt (an invalid request) and builds its error.

@@ -475,7 +475,8 @@ impl RpcPolicy {
     }
 }
 
-/// Per-call overrides of an [`RpcPolicy`]. Unset fields keep the client's policy.
+/// Per-call overrides of an [`RpcPolicy`]. Unset fields keep the client's policy. Probe stays
+/// at one attempt whatever `max_attempts` says.
 ///
 /// ```
 /// use std::time::Duration;
@@ -526,7 +527,8 @@ impl CallOptions {
     }
 }
 
-/// The policy of every RPC for one client: [`default_policy`] unless overridden.
+/// The policy of every RPC for one client: [`default_policy`] unless overridden. Probe is
+/// sent once per call even if its row is changed to allow more attempts.
 ///
 /// ```
 /// use std::time::Duration;

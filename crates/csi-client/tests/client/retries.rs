@@ -109,6 +109,25 @@ async fn probe_is_never_retried() {
     assert_eq!(err.attempts(), 1);
     assert_eq!(mock.count(Rpc::Probe), 1);
 
+    // Not even when the table and the call ask for more attempts.
+    let eager = mock.client(|t| {
+        t.update(Rpc::Probe, |p| {
+            p.max_attempts = 5;
+            p.retry_codes = csi_client::CodeSet::of(&[Code::Unavailable]);
+            p.retry_uncertain = true;
+        })
+    });
+    let err = guard(
+        eager
+            .identity()
+            .with_options(csi_client::CallOptions::new().max_attempts(5))
+            .probe(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(mock.count(Rpc::Probe), 2);
+
     mock.faults().clear();
     mock.faults()
         .on(Rpc::Probe)
