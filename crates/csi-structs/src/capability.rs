@@ -182,6 +182,32 @@ impl fmt::Display for AccessMode {
     }
 }
 
+/// A string that names no [`AccessMode`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown access mode {value:?} (expected e.g. single-node-writer, single_node_writer or SINGLE_NODE_WRITER)"
+)]
+pub struct UnknownAccessMode {
+    /// The string received.
+    pub value: String,
+}
+
+impl std::str::FromStr for AccessMode {
+    type Err = UnknownAccessMode;
+
+    /// Parses the spec's name (`SINGLE_NODE_WRITER`) in any case, with `_` or `-` between
+    /// words (`single-node-writer`, the form job files commonly use).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let normalized = s.trim().replace('-', "_").to_ascii_uppercase();
+        AccessMode::ALL
+            .into_iter()
+            .find(|m| m.wire_name() == normalized)
+            .ok_or_else(|| UnknownAccessMode {
+                value: s.to_string(),
+            })
+    }
+}
+
 impl TryFrom<i32> for AccessMode {
     type Error = AccessModeError;
     fn try_from(value: i32) -> Result<Self, Self::Error> {
@@ -310,10 +336,18 @@ impl<S: Into<String>> FromIterator<S> for MountFlags {
 /// builders store an empty string as `None` too, so there is one representation of "unset".
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct MountOptions {
+    #[serde(default, deserialize_with = "empty_as_none")]
     fs_type: Option<String>,
     #[serde(default)]
     mount_flags: MountFlags,
+    #[serde(default, deserialize_with = "empty_as_none")]
     volume_mount_group: Option<String>,
+}
+
+/// Deserializes `""` as `None`, keeping one representation of "unspecified".
+fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let value: Option<String> = serde::Deserialize::deserialize(d)?;
+    Ok(value.filter(|v| !v.is_empty()))
 }
 
 fn non_empty(value: String) -> Option<String> {
@@ -604,6 +638,24 @@ mod tests {
     }
 
     #[test]
+    fn mode_names_parse() {
+        for mode in AccessMode::ALL {
+            assert_eq!(mode.wire_name().parse::<AccessMode>(), Ok(mode));
+            assert_eq!(
+                mode.wire_name()
+                    .to_lowercase()
+                    .replace('_', "-")
+                    .parse::<AccessMode>(),
+                Ok(mode)
+            );
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(json.trim_matches('"').parse::<AccessMode>(), Ok(mode));
+        }
+        assert!("single-node".parse::<AccessMode>().is_err());
+        assert!("".parse::<AccessMode>().is_err());
+    }
+
+    #[test]
     fn mode_predicates_table() {
         // mode, multi-node, read-only, multiple writers, multiple publications per node
         let table = [
@@ -713,6 +765,16 @@ mod tests {
         );
         let none = validate_capabilities("volume_capabilities", &[]).unwrap_err();
         assert_eq!(none.violations()[0].problem, Problem::Missing);
+    }
+
+    #[test]
+    fn empty_strings_deserialize_as_unspecified() {
+        let m: MountOptions =
+            serde_json::from_str(r#"{"fs_type":"","volume_mount_group":"","mount_flags":[]}"#)
+                .unwrap();
+        assert_eq!(m, MountOptions::new());
+        let m: MountOptions = serde_json::from_str("{}").unwrap();
+        assert_eq!(m, MountOptions::new());
     }
 
     #[test]

@@ -704,6 +704,37 @@ impl Capabilities {
         controller_ok && self.node.contains(NodeCapability::SingleNodeMultiWriter)
     }
 
+    /// The advertised capabilities `cap` needs but the plugin lacks: `SINGLE_NODE_MULTI_WRITER`
+    /// (controller side when there is a Controller service, and node side) for the alpha
+    /// modes 6 and 7, and node `VOLUME_MOUNT_GROUP` when a mount group is set. Empty when the
+    /// plugin can serve `cap`.
+    pub fn missing_for(&self, cap: &crate::VolumeCapability) -> Vec<Requirement> {
+        let mut out = Vec::new();
+        if cap.access_mode.needs_single_node_multi_writer_capability() {
+            if self.plugin.has_controller_service()
+                && !self
+                    .controller
+                    .contains(ControllerCapability::SingleNodeMultiWriter)
+            {
+                out.push(Requirement::Controller(
+                    ControllerCapability::SingleNodeMultiWriter,
+                ));
+            }
+            if !self.node.contains(NodeCapability::SingleNodeMultiWriter) {
+                out.push(Requirement::Node(NodeCapability::SingleNodeMultiWriter));
+            }
+        }
+        if cap
+            .mount_options()
+            .and_then(crate::MountOptions::volume_mount_group)
+            .is_some()
+            && !self.node.supports_volume_mount_group()
+        {
+            out.push(Requirement::Node(NodeCapability::VolumeMountGroup));
+        }
+        out
+    }
+
     /// Every rule of spec §3.8 the advertised capabilities break, in a stable order. Empty
     /// when consistent. Callers decide whether to refuse the plugin or only warn.
     pub fn rule_violations(&self) -> Vec<CapabilityRule> {
@@ -931,5 +962,34 @@ mod tests {
         assert!(both.supports_access_mode(AccessMode::SingleNodeSingleWriter));
         let node_only = caps(&[], &[], &[], &[N::SingleNodeMultiWriter]);
         assert!(node_only.supports_access_mode(AccessMode::SingleNodeMultiWriter));
+    }
+
+    #[test]
+    fn missing_for_capability() {
+        use crate::{AccessMode, MountOptions, VolumeCapability};
+        let with_group = VolumeCapability::mount(
+            AccessMode::SingleNodeMultiWriter,
+            MountOptions::new().with_volume_mount_group("1000"),
+        );
+        let none = caps(&[PluginService::ControllerService], &[], &[], &[]);
+        assert_eq!(
+            none.missing_for(&with_group),
+            vec![
+                Requirement::Controller(C::SingleNodeMultiWriter),
+                Requirement::Node(N::SingleNodeMultiWriter),
+                Requirement::Node(N::VolumeMountGroup),
+            ]
+        );
+        let all = caps(
+            &[PluginService::ControllerService],
+            &[],
+            &[C::SingleNodeMultiWriter],
+            &[N::SingleNodeMultiWriter, N::VolumeMountGroup],
+        );
+        assert!(all.missing_for(&with_group).is_empty());
+        assert!(
+            none.missing_for(&VolumeCapability::block(AccessMode::SingleNodeWriter))
+                .is_empty()
+        );
     }
 }

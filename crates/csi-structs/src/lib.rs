@@ -4,7 +4,7 @@
 //! This crate is what the rest of the workspace speaks instead of prost messages. It is pure:
 //! no I/O, no tokio, no tonic. It depends on `csi-proto` only to convert at the edge.
 //!
-//! What it holds:
+//! What it holds, one concern per module:
 //! - [`ids`]: one type per kind of identifier, so an orchestrator node id can never be sent
 //!   where the plugin's node id belongs.
 //! - [`error_class`]: the [`ErrorClass`] every failed call is sorted into.
@@ -12,20 +12,37 @@
 //!   which RPCs that makes mandatory (spec §3.8).
 //! - [`validation`] and [`limits`]: the spec's size and syntax rules, reported all at once as
 //!   typed [`ValidationErrors`].
-//! - [`maps`] and [`secrets`]: the opaque maps of CSI, and a secret map that never prints a
-//!   value.
+//! - [`capacity`], [`topology`], [`maps`], [`secrets`]: the value types of the spec with their
+//!   rules; [`Secrets`] never prints a value.
+//! - [`info`], [`volume`], [`snapshot`]: what a plugin says about itself, its node, its
+//!   volumes and snapshots.
+//! - [`registration`]: the orchestrator's record of a volume, and how a user's update merges
+//!   onto it.
+//! - [`confirm`]: whether a `ValidateVolumeCapabilities` answer really confirms the request.
+//! - [`wire`]: conversions to and from `csi-proto` messages; a message that breaks the spec
+//!   becomes a typed [`WireError`].
 //!
 //! What it is not: a client (see `csi-client`), a claim tracker (see `csi-claims`), or a
-//! place for policy about timeouts and retries.
+//! place for policy about timeouts and retries. Nothing here does I/O or reads a clock.
 //!
 //! ```
-//! use csi_structs::{AccessMode, ErrorClass, ExternalVolumeId, PluginNodeId, VolumeCapability};
+//! use csi_proto::v1;
+//! use csi_structs::{AccessMode, ErrorClass, ExternalVolumeId, NodeInfo, PluginNodeId, VolumeCapability};
 //!
+//! // Ids are distinct types, checked on construction.
 //! let volume = ExternalVolumeId::new("vol-0abc")?;
 //! let node = PluginNodeId::new("i-0123456789")?;
-//! let cap = VolumeCapability::block(AccessMode::SingleNodeWriter);
-//! assert!(cap.is_single_node());
 //! assert_eq!(format!("{volume} on {node}"), "vol-0abc on i-0123456789");
+//!
+//! // Capabilities convert to the wire and back.
+//! let cap = VolumeCapability::block(AccessMode::SingleNodeWriter);
+//! let wire = v1::VolumeCapability::from(&cap);
+//! assert_eq!(VolumeCapability::try_from(&wire).unwrap(), cap);
+//!
+//! // A plugin answer that breaks the spec is a typed error, not a panic.
+//! let bad = v1::NodeGetInfoResponse::default(); // empty node_id
+//! assert!(NodeInfo::try_from(bad).is_err());
+//!
 //! assert!(ErrorClass::Retry.is_retryable());
 //! # Ok::<(), csi_structs::ValidationErrors>(())
 //! ```
@@ -50,7 +67,7 @@ pub mod wire;
 #[doc(inline)]
 pub use capability::{
     AccessMode, AccessModeError, AccessType, AccessTypeKind, MountFlags, MountOptions,
-    VolumeCapability,
+    UnknownAccessMode, VolumeCapability,
 };
 #[doc(inline)]
 pub use capability_set::{
