@@ -1,0 +1,11 @@
+//! Integration tests: several agents in one process over loopback TCP, fake plugins behind
+//! `LocalPlugins`. No timing assertions: timeouts below are hang guards or deadlines whose
+//! *kind* of failure is checked.
+
+mod auth;
+mod deadline;
+mod failover;
+mod forwarding;
+mod node_calls;
+mod support;
+mod validation;
