@@ -149,6 +149,7 @@ pub struct SeedVolume {
 pub struct MockPluginBuilder {
     config: Config,
     plugin_caps_set: bool,
+    expansion: Option<Option<VolumeExpansion>>,
     quirks: Vec<Quirk>,
     seeds: Vec<SeedVolume>,
 }
@@ -175,6 +176,7 @@ impl Default for MockPluginBuilder {
                 call_log_limit: None,
             },
             plugin_caps_set: false,
+            expansion: None,
             quirks: Vec::new(),
             seeds: Vec::new(),
         }
@@ -257,6 +259,13 @@ impl MockPluginBuilder {
             expansion,
         };
         self.plugin_caps_set = true;
+        self
+    }
+
+    /// Only the volume expansion mode `GetPluginCapabilities` reports (`None`: no mode),
+    /// keeping the services.
+    pub fn volume_expansion(mut self, expansion: Option<VolumeExpansion>) -> Self {
+        self.expansion = Some(expansion);
         self
     }
 
@@ -352,6 +361,9 @@ impl MockPluginBuilder {
                 self.config.role,
                 !self.config.topology.is_empty(),
             );
+        }
+        if let Some(expansion) = self.expansion {
+            self.config.plugin_caps.expansion = expansion;
         }
         validate(&self.config)?;
         let mut quirks = Quirks::default();
@@ -456,6 +468,17 @@ mod tests {
                 .build(),
             Err(ConfigError::Negative { .. })
         ));
+    }
+
+    #[test]
+    fn expansion_override_keeps_services() {
+        let plugin = MockPluginBuilder::default()
+            .volume_expansion(Some(VolumeExpansion::Offline))
+            .build()
+            .unwrap();
+        let caps = &plugin.config().plugin_caps;
+        assert_eq!(caps.expansion, Some(VolumeExpansion::Offline));
+        assert!(caps.services.contains(&PluginService::ControllerService));
     }
 
     #[test]

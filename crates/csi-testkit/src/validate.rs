@@ -1,6 +1,7 @@
 //! Request checks the spec demands of every plugin (csi-spec §3.4, §3.5, §3.6, §3.9): required
 //! fields, size limits, well-formed capabilities. Each failure is INVALID_ARGUMENT naming the
-//! field and, for sizes, the limit.
+//! field and, for sizes, the limit. The limits and the map-size rule are csi-structs' (one
+//! home for them); the checks answer with gRPC statuses because that is what a plugin sends.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -10,14 +11,11 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::{CapacityRange, VolumeCapability};
 use tonic::Status;
 
-/// The limit for any string field, id, name or token.
-pub(crate) const MAX_STRING_BYTES: usize = 128;
-/// The limit for any map field, counted as key plus value bytes.
-pub(crate) const MAX_MAP_BYTES: usize = 4096;
-/// The limit for all mount flags together.
-pub(crate) const MAX_MOUNT_FLAGS_BYTES: usize = 4096;
-/// The limit on node ids (`NodeGetInfoResponse.node_id`), also accepted in requests.
-pub(crate) const MAX_NODE_ID_BYTES: usize = 256;
+use csi_structs::limits::{MAX_MAP_BYTES, MAX_MOUNT_FLAGS_BYTES, MAX_STRING_BYTES};
+
+/// The limit on node ids (`NodeGetInfoResponse.node_id`), also accepted in requests (csi-spec
+/// §5: requests only inherit the 128-byte limit, but must accept what NodeGetInfo may return).
+pub(crate) const MAX_NODE_ID_BYTES: usize = csi_structs::limits::MAX_PLUGIN_NODE_ID_BYTES;
 
 fn invalid(message: String) -> Status {
     Status::invalid_argument(message)
@@ -54,8 +52,7 @@ fn optional_within(field: &str, value: &str, limit: usize) -> Result<(), Status>
 /// A `name` field: required, within the size limit, without the banned control characters.
 pub(crate) fn name(field: &str, value: &str) -> Result<(), Status> {
     required(field, value)?;
-    let banned = |c: char| matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}');
-    if value.chars().any(banned) {
+    if value.chars().any(csi_structs::limits::is_banned_in_name) {
         return Err(invalid(format!(
             "{field} contains a control character the spec forbids"
         )));
@@ -65,7 +62,7 @@ pub(crate) fn name(field: &str, value: &str) -> Result<(), Status> {
 
 /// A map field: at most 4 KiB of keys and values.
 pub(crate) fn map(field: &str, value: &HashMap<String, String>) -> Result<(), Status> {
-    let size: usize = value.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let size = csi_structs::limits::map_size(value);
     if size > MAX_MAP_BYTES {
         return Err(invalid(format!(
             "{field} is {size} bytes; the limit is {MAX_MAP_BYTES} bytes"

@@ -162,29 +162,10 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
         ExpansionArg::Offline => Some(VolumeExpansion::Offline),
         ExpansionArg::None => None,
     };
-    let services = match &args.plugin_caps {
-        Some(services) => Some(services.clone()),
-        None if !matches!(args.expansion, ExpansionArg::Online) => {
-            // Keep the role's default services, only the expansion mode changes.
-            let defaults = MockPlugin::builder()
-                .role(role)
-                .topology_if(!args.topology.is_empty())
-                .build()?;
-            Some(
-                defaults
-                    .config()
-                    .plugin_caps
-                    .services
-                    .iter()
-                    .copied()
-                    .collect(),
-            )
-        }
-        None => None,
-    };
-    if let Some(services) = services {
-        builder = builder.plugin_capabilities(services, expansion);
+    if let Some(services) = &args.plugin_caps {
+        builder = builder.plugin_capabilities(services.iter().copied(), expansion);
     }
+    builder = builder.volume_expansion(expansion);
     if let Some(caps) = &args.controller_caps {
         builder = builder.controller_capabilities(caps.iter().copied());
     }
@@ -195,21 +176,6 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
         builder = builder.group_controller_capabilities(caps.iter().copied());
     }
     builder.build()
-}
-
-/// Adds a placeholder topology so the default plugin capabilities include accessibility.
-trait TopologyIf {
-    fn topology_if(self, yes: bool) -> Self;
-}
-
-impl TopologyIf for csi_testkit::MockPluginBuilder {
-    fn topology_if(self, yes: bool) -> Self {
-        if yes {
-            self.topology("zone", "default")
-        } else {
-            self
-        }
-    }
 }
 
 fn report(error: &dyn std::error::Error) {
