@@ -6,7 +6,7 @@
 //! production incident, so each is its own type here, with no conversion between them and no
 //! `Deref<Target = str>`:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0308
 //! use csi_structs::{NodeId, PluginNodeId};
 //!
 //! fn publish_to(node: &PluginNodeId) -> &str { node.as_str() }

@@ -5,7 +5,7 @@ use csi_proto::v1::volume_content_source as vcs;
 
 use super::{by_ref_and_value, collect, finish, optional_size, size_to_wire};
 use crate::ids::{ExternalVolumeId, SnapshotId};
-use crate::maps::VolumeContext;
+use crate::maps::{PublishContext, VolumeContext};
 use crate::validation::{FieldPath, Problem, ValidationErrors};
 use crate::volume::{ContentSource, Volume};
 
@@ -150,6 +150,30 @@ impl From<&Volume> for v1::CreateVolumeResponse {
     }
 }
 
+impl TryFrom<&v1::ControllerPublishVolumeResponse> for PublishContext {
+    type Error = super::WireError;
+    fn try_from(w: &v1::ControllerPublishVolumeResponse) -> Result<Self, Self::Error> {
+        let mut errs = ValidationErrors::new();
+        let value = collect(
+            &mut errs,
+            PublishContext::from_wire_at(
+                w.publish_context.clone(),
+                &FieldPath::named("publish_context"),
+            ),
+        );
+        finish("ControllerPublishVolumeResponse", errs, value)
+    }
+}
+by_ref_and_value!(v1::ControllerPublishVolumeResponse => PublishContext);
+
+impl From<&PublishContext> for v1::ControllerPublishVolumeResponse {
+    fn from(c: &PublishContext) -> Self {
+        v1::ControllerPublishVolumeResponse {
+            publish_context: c.to_wire(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +208,25 @@ mod tests {
                 ),
                 ("volume.content_source.type".into(), Problem::Missing),
             ]
+        );
+    }
+
+    #[test]
+    fn publish_context_rules() {
+        let ok = v1::ControllerPublishVolumeResponse {
+            publish_context: [("device".to_string(), "/dev/xvdb".to_string())].into(),
+        };
+        let ctx = PublishContext::try_from(&ok).unwrap();
+        assert_eq!(ctx.get("device"), Some("/dev/xvdb"));
+        assert_eq!(v1::ControllerPublishVolumeResponse::from(&ctx), ok);
+        let big = v1::ControllerPublishVolumeResponse {
+            publish_context: [("k".to_string(), "v".repeat(5000))].into(),
+        };
+        let err = PublishContext::try_from(big).unwrap_err();
+        assert_eq!(err.message, "ControllerPublishVolumeResponse");
+        assert_eq!(
+            err.errors.violations()[0].field.to_string(),
+            "publish_context"
         );
     }
 
