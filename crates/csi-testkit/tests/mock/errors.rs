@@ -396,6 +396,21 @@ async fn validate_capabilities_quirks() {
         .unwrap();
     assert_eq!(unknown.volume_capabilities[0].access_mode.unwrap().mode, 0);
 
+    h.plugin().clear_quirks();
+    h.plugin().set_quirk(Quirk::ConfirmDifferentCapability);
+    let different = h
+        .controller()
+        .validate_volume_capabilities(validate(vec![mount(Mode::SingleNodeWriter)]))
+        .await
+        .unwrap()
+        .into_inner()
+        .confirmed
+        .unwrap();
+    assert_ne!(
+        different.volume_capabilities,
+        vec![mount(Mode::SingleNodeWriter)]
+    );
+
     h.plugin().set_quirk(Quirk::NeverConfirm);
     let never = h
         .controller()

@@ -2,6 +2,7 @@
 //! clients. One test binary (link time is precious); one module per concern.
 
 mod binary;
+mod controller;
 mod errors;
 mod faults;
 mod lifecycle;
