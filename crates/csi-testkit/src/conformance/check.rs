@@ -77,6 +77,7 @@ pub const NOT_FOUND_RPCS: &[Rpc] = &[
     Rpc::ControllerExpandVolume,
     Rpc::ControllerModifyVolume,
     Rpc::GetSnapshot,
+    Rpc::GetVolumeGroupSnapshot,
     Rpc::NodeGetVolumeStats,
 ];
 
@@ -91,6 +92,8 @@ pub const IDEMPOTENT_RPCS: &[Rpc] = &[
     Rpc::ControllerModifyVolume,
     Rpc::CreateSnapshot,
     Rpc::DeleteSnapshot,
+    Rpc::CreateVolumeGroupSnapshot,
+    Rpc::DeleteVolumeGroupSnapshot,
 ];
 
 /// RPCs with a [`Check::Pagination`] check.

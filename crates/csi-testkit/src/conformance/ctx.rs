@@ -8,6 +8,7 @@ use csi_proto::v1;
 use csi_proto::v1::controller_client::ControllerClient;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_client::GroupControllerClient;
+use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
 use csi_proto::v1::identity_client::IdentityClient;
 use csi_proto::v1::node_client::NodeClient;
 use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
@@ -58,6 +59,7 @@ pub(crate) fn verdict(problems: Vec<String>) -> Step {
 pub(crate) enum Undo {
     DeleteVolume(String),
     DeleteSnapshot(String),
+    DeleteGroupSnapshot { group: String, members: Vec<String> },
     ControllerUnpublish { volume: String, node: String },
     NodeUnstage { volume: String, path: String },
     NodeUnpublish { volume: String, path: String },
@@ -218,6 +220,39 @@ impl Ctx {
         Ok(snapshot)
     }
 
+    /// Creates a group snapshot of `sources` that is deleted after the check.
+    pub(crate) async fn new_group_snapshot(
+        &mut self,
+        sources: Vec<String>,
+    ) -> Result<v1::VolumeGroupSnapshot, Stop> {
+        self.require(Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot))?;
+        let name = self.unique_name("group");
+        let group = self
+            .create_volume_group_snapshot(v1::CreateVolumeGroupSnapshotRequest {
+                name: name.clone(),
+                source_volume_ids: sources,
+                secrets: self.secrets(),
+                parameters: Default::default(),
+            })
+            .await?
+            .group_snapshot
+            .ok_or_else(|| {
+                Stop::fail(format!(
+                    "CreateVolumeGroupSnapshot {name:?} answered OK without a group snapshot"
+                ))
+            })?;
+        if group.group_snapshot_id.is_empty() {
+            return Err(Stop::fail(format!(
+                "CreateVolumeGroupSnapshot {name:?} returned an empty group_snapshot_id"
+            )));
+        }
+        self.undo(Undo::DeleteGroupSnapshot {
+            group: group.group_snapshot_id.clone(),
+            members: member_ids(&group),
+        });
+        Ok(group)
+    }
+
     /// The plugin's node id; skips when the node service did not give one.
     pub(crate) fn require_node_id(&self) -> Result<String, Stop> {
         self.require(Gate::NodeService)?;
@@ -285,6 +320,16 @@ impl Ctx {
                     .await
                     .map(drop),
                 ),
+                Undo::DeleteGroupSnapshot { group, members } => (
+                    format!("group snapshot {group}"),
+                    self.delete_volume_group_snapshot(v1::DeleteVolumeGroupSnapshotRequest {
+                        group_snapshot_id: group.clone(),
+                        snapshot_ids: members.clone(),
+                        secrets: self.secrets(),
+                    })
+                    .await
+                    .map(drop),
+                ),
                 Undo::DeleteVolume(id) => (
                     format!("volume {id}"),
                     self.delete_volume(v1::DeleteVolumeRequest {
@@ -304,4 +349,13 @@ impl Ctx {
         }
         problems
     }
+}
+
+/// The ids of a group snapshot's members, in the order the plugin listed them.
+pub(crate) fn member_ids(group: &v1::VolumeGroupSnapshot) -> Vec<String> {
+    group
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id.clone())
+        .collect()
 }

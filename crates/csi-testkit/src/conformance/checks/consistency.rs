@@ -3,6 +3,7 @@
 use csi_proto::Rpc;
 use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
+use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use tonic::Code;
@@ -10,7 +11,7 @@ use tonic::Code;
 use super::required::path_string;
 use crate::conformance::calls::{Call, CallError, code_name};
 use crate::conformance::caps::{Gate, NodeService};
-use crate::conformance::ctx::{Ctx, Step, Stop, Undo, verdict};
+use crate::conformance::ctx::{Ctx, Step, Stop, Undo, member_ids, verdict};
 
 /// Controller capabilities and the RPCs each one enables.
 const CONTROLLER_RPCS: &[(CtrlCap, &[Rpc])] = &[
@@ -411,6 +412,34 @@ async fn per_volume(ctx: &mut Ctx, volume: &v1::Volume) -> Vec<String> {
             Err(Stop::Fail(why)) | Err(Stop::Skip(why)) => {
                 problems.push(advertised_problem(&why, None))
             }
+        }
+    }
+    if ctx.caps.plugin.contains(&PluginCap::GroupControllerService)
+        && ctx
+            .require(Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot))
+            .is_ok()
+    {
+        match ctx.new_group_snapshot(vec![id.clone()]).await {
+            Ok(group) => {
+                let members = member_ids(&group);
+                let result = ctx
+                    .get_volume_group_snapshot(v1::GetVolumeGroupSnapshotRequest {
+                        group_snapshot_id: group.group_snapshot_id.clone(),
+                        snapshot_ids: members.clone(),
+                        secrets: ctx.secrets(),
+                    })
+                    .await;
+                note(&mut problems, result.map(drop));
+                let result = ctx
+                    .delete_volume_group_snapshot(v1::DeleteVolumeGroupSnapshotRequest {
+                        group_snapshot_id: group.group_snapshot_id.clone(),
+                        snapshot_ids: members,
+                        secrets: ctx.secrets(),
+                    })
+                    .await;
+                note(&mut problems, result.map(drop));
+            }
+            Err(Stop::Fail(why) | Stop::Skip(why)) => problems.push(advertised_problem(&why, None)),
         }
     }
     problems

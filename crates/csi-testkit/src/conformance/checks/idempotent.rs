@@ -5,7 +5,7 @@ use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 
 use crate::conformance::caps::{Gate, gate_of};
-use crate::conformance::ctx::{Ctx, Step, Stop, Undo};
+use crate::conformance::ctx::{Ctx, Step, Stop, Undo, member_ids};
 
 pub(crate) async fn check(ctx: &mut Ctx, rpc: Rpc) -> Step {
     if let Some(gate) = gate_of(rpc) {
@@ -20,6 +20,8 @@ pub(crate) async fn check(ctx: &mut Ctx, rpc: Rpc) -> Step {
         Rpc::ControllerModifyVolume => controller_modify(ctx).await,
         Rpc::CreateSnapshot => create_snapshot(ctx).await,
         Rpc::DeleteSnapshot => delete_snapshot(ctx).await,
+        Rpc::CreateVolumeGroupSnapshot => create_group_snapshot(ctx).await,
+        Rpc::DeleteVolumeGroupSnapshot => delete_group_snapshot(ctx).await,
         other => Err(Stop::skip(format!(
             "no idempotency case for {}",
             other.name()
@@ -278,5 +280,108 @@ async fn delete_snapshot(ctx: &mut Ctx) -> Step {
     })
     .await
     .map_err(|err| Stop::fail(format!("delete of never-created snapshot {absent}: {err}")))?;
+    Ok(())
+}
+
+async fn create_group_snapshot(ctx: &mut Ctx) -> Step {
+    ctx.require(Gate::Controller(CtrlCap::CreateDeleteVolume))?;
+    let sources = vec![
+        ctx.new_volume().await?.volume_id,
+        ctx.new_volume().await?.volume_id,
+    ];
+    let name = ctx.unique_name("idem-group");
+    let request = v1::CreateVolumeGroupSnapshotRequest {
+        name: name.clone(),
+        source_volume_ids: sources.clone(),
+        secrets: ctx.secrets(),
+        parameters: Default::default(),
+    };
+    let mut seen = Vec::new();
+    for attempt in ["first", "repeated"] {
+        let group = ctx
+            .create_volume_group_snapshot(request.clone())
+            .await
+            .map_err(|err| {
+                Stop::fail(format!(
+                    "{attempt} CreateVolumeGroupSnapshot {name:?}: {err}"
+                ))
+            })?
+            .group_snapshot
+            .ok_or_else(|| {
+                Stop::fail(format!(
+                    "CreateVolumeGroupSnapshot {name:?} answered OK without a group"
+                ))
+            })?;
+        let mut members = member_ids(&group);
+        ctx.undo(Undo::DeleteGroupSnapshot {
+            group: group.group_snapshot_id.clone(),
+            members: members.clone(),
+        });
+        let mut sources_seen: Vec<String> = group
+            .snapshots
+            .iter()
+            .map(|s| s.source_volume_id.clone())
+            .collect();
+        sources_seen.sort();
+        let mut wanted = sources.clone();
+        wanted.sort();
+        if sources_seen != wanted {
+            return Err(Stop::fail(format!(
+                "group snapshot {name:?} has members of volumes {sources_seen:?}, expected {wanted:?}"
+            )));
+        }
+        if let Some(stray) = group
+            .snapshots
+            .iter()
+            .find(|s| s.group_snapshot_id != group.group_snapshot_id)
+        {
+            return Err(Stop::fail(format!(
+                "member snapshot {} carries group_snapshot_id {:?}, expected {:?}",
+                stray.snapshot_id, stray.group_snapshot_id, group.group_snapshot_id
+            )));
+        }
+        members.sort();
+        seen.push((group.group_snapshot_id, members));
+    }
+    if seen[0] != seen[1] {
+        return Err(Stop::fail(format!(
+            "repeated CreateVolumeGroupSnapshot {name:?} returned {:?} then {:?}",
+            seen[0], seen[1]
+        )));
+    }
+    Ok(())
+}
+
+async fn delete_group_snapshot(ctx: &mut Ctx) -> Step {
+    ctx.require(Gate::Controller(CtrlCap::CreateDeleteVolume))?;
+    let volume = ctx.new_volume().await?;
+    let group = ctx.new_group_snapshot(vec![volume.volume_id]).await?;
+    let request = v1::DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: group.group_snapshot_id.clone(),
+        snapshot_ids: member_ids(&group),
+        secrets: ctx.secrets(),
+    };
+    for attempt in ["first", "repeated"] {
+        ctx.delete_volume_group_snapshot(request.clone())
+            .await
+            .map_err(|err| {
+                Stop::fail(format!(
+                    "{attempt} delete of group snapshot {}: {err}",
+                    group.group_snapshot_id
+                ))
+            })?;
+    }
+    let absent = ctx.absent_id("group");
+    ctx.delete_volume_group_snapshot(v1::DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: absent.clone(),
+        snapshot_ids: vec![ctx.absent_id("snapshot")],
+        secrets: ctx.secrets(),
+    })
+    .await
+    .map_err(|err| {
+        Stop::fail(format!(
+            "delete of never-created group snapshot {absent}: {err}"
+        ))
+    })?;
     Ok(())
 }

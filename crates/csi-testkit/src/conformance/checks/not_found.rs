@@ -148,6 +148,17 @@ async fn cases(ctx: &mut Ctx, rpc: Rpc) -> Result<Vec<(String, Call)>, Stop> {
                 }),
             )]
         }
+        Rpc::GetVolumeGroupSnapshot => {
+            let group = ctx.absent_id("group");
+            vec![(
+                format!("unknown group snapshot {group}"),
+                Call::GetVolumeGroupSnapshot(v1::GetVolumeGroupSnapshotRequest {
+                    group_snapshot_id: group.clone(),
+                    snapshot_ids: vec![ctx.absent_id("snapshot")],
+                    secrets,
+                }),
+            )]
+        }
         Rpc::NodeGetVolumeStats => vec![(
             format!("unknown volume {absent_volume}"),
             Call::NodeGetVolumeStats(v1::NodeGetVolumeStatsRequest {
