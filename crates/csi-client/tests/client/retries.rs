@@ -147,6 +147,8 @@ async fn a_hung_plugin_hits_the_attempt_deadline() {
             p.max_attempts = 2;
         })
     });
+    // Connect first, so a slow dial on a busy machine cannot eat the short deadline.
+    guard(client.identity().get_plugin_info()).await.unwrap();
     let err = guard(client.node().node_get_info()).await.unwrap_err();
     let elapsed = err.timeout().expect("our own deadline, not a status code");
     assert_eq!(elapsed.scope(), DeadlineScope::Attempt);
@@ -165,6 +167,8 @@ async fn a_deadline_on_node_publish_is_uncertain() {
     let opts = csi_client::CallOptions::new()
         .attempt_deadline(Duration::from_millis(200))
         .max_attempts(1);
+    // Connect first, so a slow dial on a busy machine cannot eat the short deadline.
+    guard(client.identity().get_plugin_info()).await.unwrap();
     let err = guard(
         client
             .node()
@@ -194,6 +198,8 @@ async fn the_total_budget_bounds_all_attempts() {
             p.max_attempts = 50;
         })
     });
+    // Connect first, so a slow dial on a busy machine cannot eat the short deadline.
+    guard(client.identity().get_plugin_info()).await.unwrap();
     let err = guard(client.node().node_get_info()).await.unwrap_err();
     assert!(err.timeout().is_some(), "{err:?}");
     assert!(
