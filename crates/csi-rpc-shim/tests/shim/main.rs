@@ -4,6 +4,7 @@
 
 mod auth;
 mod deadline;
+mod every_call;
 mod failover;
 mod forwarding;
 mod node_calls;
