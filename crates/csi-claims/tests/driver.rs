@@ -91,6 +91,10 @@ async fn release_calls_unpublish_unstage_then_controller_then_frees() {
             DetachRpc::ControllerUnpublish
         ]
     );
+    assert!(matches!(
+        events.recv().await.unwrap(),
+        Event::ReleaseDurable { .. }
+    ));
     assert!(matches!(events.recv().await.unwrap(), Event::Freed(_)));
     assert!(claims.record(&v.id).is_none());
     driver.shutdown().await;
@@ -162,7 +166,7 @@ async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
     ))
     .await
     .unwrap();
-    claims.release(&v.id, a.workload()).unwrap();
+    claims.release(&v.id, a.workload()).await.unwrap();
     // Wait (bounded) until the controller call has failed.
     let mut status = None;
     for _ in 0..1000 {

@@ -41,6 +41,7 @@ type Key = (VolumeId, WorkloadId);
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     durable: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
+    released: HashMap<Key, Vec<oneshot::Sender<()>>>,
     freed: HashMap<Key, Vec<oneshot::Sender<Claim>>>,
 }
 
@@ -59,6 +60,12 @@ impl Waiters {
                         workload: workload.clone(),
                     });
                     let _ = tx.send(answer);
+                }
+            }
+            Event::ReleaseDurable { volume, workload } => {
+                let key = (volume.clone(), workload.clone());
+                for tx in self.released.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(());
                 }
             }
             Event::ClaimLost { volume, workload } => {
@@ -121,23 +128,34 @@ impl ClaimsHandle {
         rx.await.map_err(|_| DriverError::Stopped)?
     }
 
-    /// Starts releasing a claim and returns at once; the claim keeps its capacity until it is
-    /// freed ([`Event::Freed`]).
+    /// Starts releasing a claim and returns once the release request is durable (a crash can
+    /// no longer lose it). The claim keeps its capacity until it is freed ([`Event::Freed`]).
     ///
     /// # Errors
     ///
     /// [`DriverError::Release`] when there is no such claim, [`DriverError::Stopped`].
-    pub fn release(
+    pub async fn release(
         &self,
         volume: &VolumeId,
         workload: &WorkloadId,
     ) -> Result<ReleaseStarted, DriverError> {
-        let started = self
-            .shared
-            .lock()
-            .machine
-            .release(volume, workload, now())?;
+        let (started, rx) = {
+            let mut state = self.shared.lock();
+            if state.stopped {
+                return Err(DriverError::Stopped);
+            }
+            let started = state.machine.release(volume, workload, now())?;
+            let (tx, rx) = oneshot::channel();
+            state
+                .waiters
+                .released
+                .entry((volume.clone(), workload.clone()))
+                .or_default()
+                .push(tx);
+            (started, rx)
+        };
         self.shared.wake.notify_one();
+        rx.await.map_err(|_| DriverError::Stopped)?;
         Ok(started)
     }
 

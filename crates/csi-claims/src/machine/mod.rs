@@ -171,6 +171,30 @@ impl Retry {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitFor {
+    Claim,
+    Release,
+}
+
+/// A claim or release that is announced once the revision holding it is durable.
+#[derive(Clone, Debug)]
+struct Waiter {
+    rev: u64,
+    workload: WorkloadId,
+    what: WaitFor,
+}
+
+impl Waiter {
+    fn event(self, volume: &VolumeId) -> Event {
+        let (volume, workload) = (volume.clone(), self.workload);
+        match self.what {
+            WaitFor::Claim => Event::ClaimDurable { volume, workload },
+            WaitFor::Release => Event::ReleaseDurable { volume, workload },
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     record: VolumeRecord,
@@ -185,8 +209,8 @@ struct Entry {
     op: Op,
     step_retry: Retry,
     store_retry: Retry,
-    /// Claims waiting to be durable: (revision that holds them, workload).
-    waiters: Vec<(u64, WorkloadId)>,
+    /// Claims and releases waiting to be durable.
+    waiters: Vec<Waiter>,
     /// Claims freed in memory, announced once durable: (revision, claim in state Freed).
     frees: Vec<(u64, Claim)>,
     queued: bool,
@@ -381,7 +405,11 @@ impl ReleaseMachine {
             }
         };
         if !durable {
-            entry.waiters.push((entry.rev, workload.clone()));
+            entry.waiters.push(Waiter {
+                rev: entry.rev,
+                workload: workload.clone(),
+                what: WaitFor::Claim,
+            });
         }
         let claim = entry
             .record
@@ -393,7 +421,8 @@ impl ReleaseMachine {
     }
 
     /// Starts releasing the claim of `workload` on `volume`. The claim keeps its capacity
-    /// until it is freed.
+    /// until it is freed. [`Event::ReleaseDurable`] follows once the release request is
+    /// durable (at once if it already is): from then on a crash cannot lose it.
     ///
     /// # Errors
     ///
@@ -417,13 +446,25 @@ impl ReleaseMachine {
         }
         let index = entry.record.position(workload).ok_or_else(no_claim)?;
         let claim = &mut entry.record.claims[index];
-        if claim.state.is_releasing() {
-            return Ok(ReleaseStarted::AlreadyReleasing);
+        let started = if claim.state.is_releasing() {
+            ReleaseStarted::AlreadyReleasing
+        } else {
+            claim.state = ClaimState::Releasing;
+            entry.rev += 1;
+            ReleaseStarted::Started
+        };
+        let waiter = Waiter {
+            rev: entry.rev,
+            workload: workload.clone(),
+            what: WaitFor::Release,
+        };
+        if entry.clean() {
+            self.events.push_back(waiter.event(volume));
+        } else {
+            entry.waiters.push(waiter);
         }
-        claim.state = ClaimState::Releasing;
-        entry.rev += 1;
         self.queue(volume);
-        Ok(ReleaseStarted::Started)
+        Ok(started)
     }
 
     // ----------------------------------------------------------------------------------
@@ -533,14 +574,11 @@ impl ReleaseMachine {
                 entry.durable_rev = rev;
                 entry.store_retry.succeeded();
                 let mut kept = Vec::new();
-                for (r, workload) in entry.waiters.drain(..) {
-                    if r <= rev {
-                        self.events.push_back(Event::ClaimDurable {
-                            volume: volume.clone(),
-                            workload,
-                        });
+                for waiter in entry.waiters.drain(..) {
+                    if waiter.rev <= rev {
+                        self.events.push_back(waiter.event(&volume));
                     } else {
-                        kept.push((r, workload));
+                        kept.push(waiter);
                     }
                 }
                 entry.waiters = kept;
@@ -602,25 +640,41 @@ impl ReleaseMachine {
                         Format::V2,
                     ),
                 };
-                for (_, workload) in entry.waiters.drain(..) {
-                    let event = match record.claim(&workload) {
-                        Some(_) => Event::ClaimDurable {
+                let mut record = record;
+                let mut rev = u64::from(format == Format::V1);
+                let mut kept = Vec::new();
+                for mut waiter in entry.waiters.drain(..) {
+                    let position = record.position(&waiter.workload);
+                    match (waiter.what, position) {
+                        (WaitFor::Claim, Some(_)) => {
+                            self.events.push_back(waiter.event(&volume));
+                        }
+                        (WaitFor::Claim, None) => self.events.push_back(Event::ClaimLost {
                             volume: volume.clone(),
-                            workload,
-                        },
-                        None => Event::ClaimLost {
-                            volume: volume.clone(),
-                            workload,
-                        },
-                    };
-                    self.events.push_back(event);
+                            workload: waiter.workload,
+                        }),
+                        // A release the other writer did not see is asked for again.
+                        (WaitFor::Release, Some(i))
+                            if record.claims[i].state == ClaimState::Taken =>
+                        {
+                            record.claims[i].state = ClaimState::Releasing;
+                            rev += 1;
+                            waiter.rev = rev;
+                            kept.push(waiter);
+                        }
+                        (WaitFor::Release, _) => self.events.push_back(waiter.event(&volume)),
+                    }
                 }
+                for waiter in &mut kept {
+                    waiter.rev = rev;
+                }
+                entry.waiters = kept;
                 // Frees not yet durable: if the claim is gone from the store, someone freed
                 // it; if not, it will be released again from its stored state.
                 entry.frees.clear();
                 entry.record = record;
                 entry.version = version;
-                entry.rev = u64::from(format == Format::V1);
+                entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
                 entry.store_retry.succeeded();

@@ -68,6 +68,14 @@ pub enum Event {
         /// The workload.
         workload: WorkloadId,
     },
+    /// The release of `workload`'s claim on `volume` is durable: a crash can no longer lose
+    /// it, and it will run to completion.
+    ReleaseDurable {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+    },
     /// A claim that was not yet durable was lost: another writer changed the volume's record
     /// first, and the reloaded record does not have it. Claim again.
     ClaimLost {

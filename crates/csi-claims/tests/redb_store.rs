@@ -1,0 +1,158 @@
+//! The durable store: compare-and-swap, reopen, and reading the older record format.
+
+use csi_claims::store::{ClaimStore, Format, RedbStore, StoreError, Version};
+use csi_claims::{Action, ControllerRequirement, MachineConfig, ReleaseMachine};
+use csi_structs::{AccessMode, AccessTypeKind, VolumeId};
+use redb::{Database, TableDefinition};
+
+fn older_record(volume: &str) -> Vec<u8> {
+    format!(
+        r#"{{"volume": {{"id": "{volume}", "external_id": "ext", "plugin": "p",
+             "controller": "required",
+             "capabilities": [{{"access_mode": "single_node_writer",
+                                "access_type": {{"mount": {{"fs_type": "ext4"}}}}}}]}},
+            "claims": [{{"workload": "w", "node": "n1", "plugin_node": "sp-n1",
+                         "mode": "write", "state": {{"state": "taken"}}}}]}}"#
+    )
+    .into_bytes()
+}
+
+#[test]
+fn compare_and_swap_refuses_stale_writers_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let volume = VolumeId::new("v").unwrap();
+    // Build a record through the machine (records are only made by it).
+    let mut m = ReleaseMachine::new(MachineConfig::default());
+    let info = csi_claims::VolumeInfo {
+        id: volume.clone(),
+        external_id: csi_structs::ExternalVolumeId::new("ext").unwrap(),
+        plugin: csi_structs::PluginId::new("p").unwrap(),
+        controller: ControllerRequirement::Required,
+    };
+    let request = csi_claims::ClaimRequest {
+        volume: volume.clone(),
+        workload: csi_structs::WorkloadId::new("w").unwrap(),
+        node: csi_structs::NodeId::new("n1").unwrap(),
+        plugin_node: csi_structs::PluginNodeId::new("sp-n1").unwrap(),
+        mode: csi_claims::ClaimMode::Write,
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment: AccessTypeKind::Mount,
+    };
+    m.claim(&info, request, std::time::Instant::now()).unwrap();
+    let Some(Action::Persist(write)) = m.poll_action() else {
+        panic!("a write is asked for");
+    };
+    let record = write.record.unwrap();
+
+    {
+        let store = RedbStore::open(&path).unwrap();
+        let v1 = store
+            .compare_and_swap(&volume, None, Some(&record))
+            .unwrap();
+        assert_eq!(v1, Some(Version::FIRST));
+        // A second writer that also believed there was no record is refused.
+        let stale = store
+            .compare_and_swap(&volume, None, Some(&record))
+            .unwrap_err();
+        assert!(matches!(
+            stale,
+            StoreError::Conflict { expected: None, found: Some(v), .. } if v == Version::FIRST
+        ));
+        let v2 = store.compare_and_swap(&volume, v1, Some(&record)).unwrap();
+        assert_eq!(v2.map(Version::get), Some(2));
+        assert!(
+            store
+                .compare_and_swap(&volume, v1, None)
+                .unwrap_err()
+                .is_conflict()
+        );
+        // A record cannot be written under another volume's key.
+        let other = VolumeId::new("other").unwrap();
+        assert!(matches!(
+            store.compare_and_swap(&other, None, Some(&record)),
+            Err(StoreError::WrongKey { .. })
+        ));
+    }
+    // Reopened: the last committed write is there.
+    let store = RedbStore::open(&path).unwrap();
+    let stored = store.load(&volume).unwrap().unwrap();
+    assert_eq!(stored.version.get(), 2);
+    assert_eq!(stored.record, record);
+    assert_eq!(stored.format, Format::V2);
+    assert_eq!(store.load_all().unwrap().len(), 1);
+    assert_eq!(
+        store
+            .compare_and_swap(&volume, Some(stored.version), None)
+            .unwrap(),
+        None
+    );
+    assert!(store.load(&volume).unwrap().is_none());
+}
+
+#[test]
+fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    // Write an older-format record the way an older version laid it out.
+    {
+        let db = Database::create(&path).unwrap();
+        let table: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.volumes");
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(table).unwrap();
+            let mut value = 7u64.to_be_bytes().to_vec();
+            value.extend_from_slice(&older_record("old"));
+            t.insert("old", value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let store = RedbStore::open(&path).unwrap();
+    let stored = store.load(&VolumeId::new("old").unwrap()).unwrap().unwrap();
+    assert_eq!(stored.format, Format::V1);
+    assert_eq!(stored.version.get(), 7);
+    let claim = &stored.record.claims()[0];
+    assert_eq!(claim.access_mode(), AccessMode::SingleNodeWriter);
+    assert_eq!(claim.attachment(), AccessTypeKind::Mount);
+
+    let mut m = ReleaseMachine::new(MachineConfig::default());
+    m.load(stored).unwrap();
+    let Some(Action::Persist(write)) = m.poll_action() else {
+        panic!("an older record is rewritten at once");
+    };
+    let version = store
+        .compare_and_swap(&write.volume, write.expected, write.record.as_ref())
+        .unwrap();
+    m.persisted(write.ticket, Ok(version), std::time::Instant::now());
+    let again = store.load(&VolumeId::new("old").unwrap()).unwrap().unwrap();
+    assert_eq!(again.format, Format::V2);
+    assert_eq!(again.version.get(), 8);
+    assert_eq!(
+        again.record.claims()[0].access_mode(),
+        AccessMode::SingleNodeWriter
+    );
+}
+
+#[test]
+fn undecodable_records_are_reported_with_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let table: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.volumes");
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(table).unwrap();
+            let mut value = 1u64.to_be_bytes().to_vec();
+            value.extend_from_slice(br#"{"format": 9}"#);
+            t.insert("bad", value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let store = RedbStore::open(&path).unwrap();
+    let err = store.load_all().unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Decode { key, .. } if key == "bad"),
+        "{err:?}"
+    );
+}
