@@ -284,7 +284,7 @@ impl MountFlags {
     }
 
     /// The total size of all flags in bytes, as limited by
-    /// [`MAX_MOUNT_FLAGS_BYTES`](crate::limits::MAX_MOUNT_FLAGS_BYTES).
+    /// [`MAX_MOUNT_FLAGS_BYTES`].
     pub fn total_bytes(&self) -> usize {
         self.0.iter().map(String::len).sum()
     }

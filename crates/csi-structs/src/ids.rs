@@ -26,9 +26,9 @@
 //! assert_eq!(publish_to(&theirs), "i-0abc123");
 //! ```
 //!
-//! Every id is non-empty and at most [`MAX_STRING_BYTES`](crate::limits::MAX_STRING_BYTES)
+//! Every id is non-empty and at most [`MAX_STRING_BYTES`]
 //! bytes, except [`PluginNodeId`] which may be
-//! [`MAX_PLUGIN_NODE_ID_BYTES`](crate::limits::MAX_PLUGIN_NODE_ID_BYTES). Deserializing checks
+//! [`MAX_PLUGIN_NODE_ID_BYTES`]. Deserializing checks
 //! the same rules as [`new`](VolumeId::new).
 
 use std::fmt;

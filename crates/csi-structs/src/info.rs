@@ -5,15 +5,18 @@
 //! use csi_structs::{PluginName, NodeInfo, PluginNodeId};
 //! use std::num::NonZeroU64;
 //!
+//! use csi_structs::{Manifest, PluginInfo};
+//!
 //! let name = PluginName::new("ebs.csi.example.com")?;
 //! assert!(PluginName::new("-bad").is_err());
+//! let plugin = PluginInfo::new(name, "1.4.0", Manifest::new())?;
+//! assert!(PluginInfo::new(plugin.name.clone(), "", Manifest::new()).is_err());
 //! let info = NodeInfo {
 //!     node_id: PluginNodeId::new("i-0abc")?,
 //!     max_volumes: NonZeroU64::new(25),
 //!     topology: None,
 //! };
 //! assert_eq!(info.max_volumes.map(NonZeroU64::get), Some(25));
-//! # let _ = name;
 //! # Ok::<(), csi_structs::ValidationErrors>(())
 //! ```
 
@@ -93,6 +96,35 @@ pub struct PluginInfo {
     pub vendor_version: String,
     /// Anything else the plugin wants to say, opaque.
     pub manifest: Manifest,
+}
+
+impl PluginInfo {
+    /// Checks `vendor_version` (non-empty, at most 128 bytes; the name and manifest are
+    /// checked by their types) and builds the info.
+    ///
+    /// # Errors
+    ///
+    /// `vendor_version` [`Problem::Missing`](crate::Problem::Missing) or
+    /// [`Problem::TooLong`](crate::Problem::TooLong).
+    pub fn new(
+        name: PluginName,
+        vendor_version: impl Into<String>,
+        manifest: Manifest,
+    ) -> Result<Self, ValidationErrors> {
+        let vendor_version = vendor_version.into();
+        let mut errs = ValidationErrors::new();
+        crate::limits::check_required(
+            &mut errs,
+            &FieldPath::named("vendor_version"),
+            &vendor_version,
+            crate::limits::MAX_STRING_BYTES,
+        );
+        errs.into_result(Self {
+            name,
+            vendor_version,
+            manifest,
+        })
+    }
 }
 
 /// The answer of `NodeGetInfo`: who the node is to the plugin.

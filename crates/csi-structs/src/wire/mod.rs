@@ -61,7 +61,7 @@ pub(crate) fn finish<T>(
     }
 }
 
-/// Records the violations of `result` under `at` and returns its value.
+/// Records the violations of `result` (paths as they are) and returns its value.
 pub(crate) fn collect<T>(
     errs: &mut ValidationErrors,
     result: Result<T, ValidationErrors>,
