@@ -263,6 +263,11 @@ mod tests {
         );
         let t = Token::new("0123456789abcdef").unwrap();
         assert!(!format!("{t:?}").contains("0123"));
+        let creds = Credentials {
+            node: NodeId::new("a").unwrap(),
+            token: t,
+        };
+        assert!(!format!("{creds:?}").contains("0123"));
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl GrpcCode {
     }
 }
 
+impl From<tonic::Code> for GrpcCode {
+    /// The same code, for a composing layer mapping a plugin client's error.
+    fn from(code: tonic::Code) -> Self {
+        GrpcCode::from_i32(code as i32)
+    }
+}
+
 impl fmt::Display for GrpcCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
@@ -161,6 +168,11 @@ pub struct CallContext {
 }
 
 /// The plugins on this agent's node, as the shim needs them.
+///
+/// An implementation over `csi-client` maps each client error to a [`PluginError`] with the
+/// client's class, its gRPC code (`GrpcCode::from(code)`; a failure without a status, such
+/// as a lost socket, keeps the client's class with [`GrpcCode::Unavailable`] or
+/// [`GrpcCode::Unknown`]) and its message. The class is never re-derived here.
 ///
 /// Every method serves one call of the agent protocol against the local plugin and must
 /// respect `ctx.deadline` (the shim also drops the future when the deadline passes).
@@ -259,6 +271,10 @@ mod tests {
         }
         assert_eq!(GrpcCode::from_i32(17), GrpcCode::Unknown);
         assert_eq!(GrpcCode::from_i32(-1), GrpcCode::Unknown);
+        assert_eq!(
+            GrpcCode::from(tonic::Code::Unavailable),
+            GrpcCode::Unavailable
+        );
     }
 
     #[test]
