@@ -4,8 +4,8 @@ use csi_proto::v1 as pb;
 use csi_proto::v1::controller_client::ControllerClient as Raw;
 use csi_structs::confirm::{AskedCapabilities, ValidationResponse, confirm};
 use csi_structs::{
-    ConfirmPolicy, Confirmation, ControllerCapabilities, ExternalVolumeId, Secrets, Snapshot,
-    Volume,
+    ConfirmPolicy, Confirmation, ControllerCapabilities, ExternalVolumeId, PluginNodeId,
+    PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext,
 };
 
 use crate::convert;
@@ -34,10 +34,10 @@ impl ControllerClient {
         /// `DeleteVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
         delete_volume, Raw<tonic::transport::Channel>, pb::DeleteVolumeRequest => ()
     );
-    raw_rpc!(
-        /// `ControllerPublishVolume`; the answer's `publish_context` goes to the node calls.
+    typed_rpc!(
+        /// `ControllerPublishVolume`; the returned `publish_context` goes to the node calls.
         controller_publish_volume, Raw<tonic::transport::Channel>,
-        pb::ControllerPublishVolumeRequest => pb::ControllerPublishVolumeResponse
+        pb::ControllerPublishVolumeRequest => PublishContext, convert::wire
     );
     raw_rpc!(
         /// `ControllerUnpublishVolume` (an empty `node_id` means every node). NOT_FOUND is
@@ -93,6 +93,66 @@ impl ControllerClient {
         /// `ControllerModifyVolume`.
         controller_modify_volume, Raw<tonic::transport::Channel>, pb::ControllerModifyVolumeRequest => ()
     );
+
+    /// `ControllerPublishVolume` from domain values: makes `volume` usable on `node` (the id
+    /// the node's `NodeGetInfo` returned) with `capability`.
+    ///
+    /// # Errors
+    ///
+    /// As [`controller_publish_volume`](Self::controller_publish_volume).
+    pub async fn publish(
+        &self,
+        volume: &ExternalVolumeId,
+        node: &PluginNodeId,
+        capability: &VolumeCapability,
+        readonly: bool,
+        volume_context: &VolumeContext,
+        secrets: &Secrets,
+    ) -> Result<PublishContext, Error> {
+        self.controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: volume.as_str().to_owned(),
+            node_id: node.as_str().to_owned(),
+            volume_capability: Some(capability.into()),
+            readonly,
+            secrets: secrets.to_wire(),
+            volume_context: volume_context.to_wire(),
+        })
+        .await
+    }
+
+    /// `ControllerUnpublishVolume` from domain values; `node: None` unpublishes from every
+    /// node. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+    ///
+    /// # Errors
+    ///
+    /// As [`controller_unpublish_volume`](Self::controller_unpublish_volume).
+    pub async fn unpublish(
+        &self,
+        volume: &ExternalVolumeId,
+        node: Option<&PluginNodeId>,
+        secrets: &Secrets,
+    ) -> Result<(), Error> {
+        self.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: volume.as_str().to_owned(),
+            node_id: node.map(|n| n.as_str().to_owned()).unwrap_or_default(),
+            secrets: secrets.to_wire(),
+        })
+        .await
+    }
+
+    /// `DeleteVolume` from domain values. NOT_FOUND is
+    /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+    ///
+    /// # Errors
+    ///
+    /// As [`delete_volume`](Self::delete_volume).
+    pub async fn delete(&self, volume: &ExternalVolumeId, secrets: &Secrets) -> Result<(), Error> {
+        self.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: volume.as_str().to_owned(),
+            secrets: secrets.to_wire(),
+        })
+        .await
+    }
 
     /// `ValidateVolumeCapabilities` through `csi-structs`' confirmation (spec §3.10): the
     /// plugin's `confirmed` is compared field by field with what was asked. The answer is

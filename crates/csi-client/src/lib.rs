@@ -84,7 +84,7 @@ pub use fingerprint::Fingerprint;
 pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
-pub use node::NodeClient;
+pub use node::{NodeClient, NodePublish, NodeStage};
 pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 pub use policy::{
     Backoff, CallOptions, CodeSet, Effect, Failure, PolicyTable, RpcPolicy, classify,

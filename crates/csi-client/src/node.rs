@@ -2,7 +2,10 @@
 
 use csi_proto::v1 as pb;
 use csi_proto::v1::node_client::NodeClient as Raw;
-use csi_structs::{NodeCapabilities, NodeInfo};
+use csi_structs::{
+    ExternalVolumeId, NodeCapabilities, NodeInfo, PublishContext, Secrets, VolumeCapability,
+    VolumeContext,
+};
 
 use crate::convert;
 use crate::error::Error;
@@ -57,6 +60,78 @@ impl NodeClient {
         pb::NodeExpandVolumeRequest => pb::NodeExpandVolumeResponse
     );
 
+    /// `NodeStageVolume` from domain values.
+    ///
+    /// # Errors
+    ///
+    /// As [`node_stage_volume`](Self::node_stage_volume).
+    pub async fn stage(&self, stage: &NodeStage<'_>) -> Result<(), Error> {
+        self.node_stage_volume(pb::NodeStageVolumeRequest {
+            volume_id: stage.volume.as_str().to_owned(),
+            publish_context: stage.publish_context.to_wire(),
+            staging_target_path: stage.staging_target_path.to_owned(),
+            volume_capability: Some(stage.capability.into()),
+            secrets: stage.secrets.to_wire(),
+            volume_context: stage.volume_context.to_wire(),
+        })
+        .await
+    }
+
+    /// `NodeUnstageVolume` from domain values. NOT_FOUND is
+    /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+    ///
+    /// # Errors
+    ///
+    /// As [`node_unstage_volume`](Self::node_unstage_volume).
+    pub async fn unstage(
+        &self,
+        volume: &ExternalVolumeId,
+        staging_target_path: &str,
+    ) -> Result<(), Error> {
+        self.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: volume.as_str().to_owned(),
+            staging_target_path: staging_target_path.to_owned(),
+        })
+        .await
+    }
+
+    /// `NodePublishVolume` from domain values.
+    ///
+    /// # Errors
+    ///
+    /// As [`node_publish_volume`](Self::node_publish_volume).
+    pub async fn publish(&self, publish: &NodePublish<'_>) -> Result<(), Error> {
+        self.node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_id: publish.volume.as_str().to_owned(),
+            publish_context: publish.publish_context.to_wire(),
+            staging_target_path: publish.staging_target_path.unwrap_or_default().to_owned(),
+            target_path: publish.target_path.to_owned(),
+            volume_capability: Some(publish.capability.into()),
+            readonly: publish.readonly,
+            secrets: publish.secrets.to_wire(),
+            volume_context: publish.volume_context.to_wire(),
+        })
+        .await
+    }
+
+    /// `NodeUnpublishVolume` from domain values. NOT_FOUND is
+    /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+    ///
+    /// # Errors
+    ///
+    /// As [`node_unpublish_volume`](Self::node_unpublish_volume).
+    pub async fn unpublish(
+        &self,
+        volume: &ExternalVolumeId,
+        target_path: &str,
+    ) -> Result<(), Error> {
+        self.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: volume.as_str().to_owned(),
+            target_path: target_path.to_owned(),
+        })
+        .await
+    }
+
     /// `NodeGetCapabilities`. Unknown numbers are kept aside and ignored (spec §3.15).
     ///
     /// # Errors
@@ -90,4 +165,43 @@ impl NodeClient {
             )
             .await
     }
+}
+
+/// What [`NodeClient::stage`] sends: stage `volume` at `staging_target_path` (a directory the
+/// orchestrator created).
+#[derive(Clone, Copy, Debug)]
+pub struct NodeStage<'a> {
+    /// The plugin's volume id.
+    pub volume: &'a ExternalVolumeId,
+    /// Where to stage (absolute; no size limit beyond the OS's).
+    pub staging_target_path: &'a str,
+    /// How the volume will be used.
+    pub capability: &'a VolumeCapability,
+    /// What `ControllerPublishVolume` returned for this node (empty without controller publish).
+    pub publish_context: &'a PublishContext,
+    /// The volume's context from `CreateVolume`.
+    pub volume_context: &'a VolumeContext,
+    /// Secrets for the plugin; never logged.
+    pub secrets: &'a Secrets,
+}
+
+/// What [`NodeClient::publish`] sends: publish `volume` at `target_path`.
+#[derive(Clone, Copy, Debug)]
+pub struct NodePublish<'a> {
+    /// The plugin's volume id.
+    pub volume: &'a ExternalVolumeId,
+    /// Where the volume was staged; required when the plugin has `STAGE_UNSTAGE_VOLUME`.
+    pub staging_target_path: Option<&'a str>,
+    /// Where to publish (the plugin creates it; its parent exists).
+    pub target_path: &'a str,
+    /// How the volume will be used.
+    pub capability: &'a VolumeCapability,
+    /// Publish read-only.
+    pub readonly: bool,
+    /// What `ControllerPublishVolume` returned for this node (empty without controller publish).
+    pub publish_context: &'a PublishContext,
+    /// The volume's context from `CreateVolume`.
+    pub volume_context: &'a VolumeContext,
+    /// Secrets for the plugin; never logged.
+    pub secrets: &'a Secrets,
 }

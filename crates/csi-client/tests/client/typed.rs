@@ -372,3 +372,72 @@ async fn metadata_streams_are_read_to_their_clean_end() {
     assert_eq!(stream.resume_offset(), last_offset);
     assert!(guard(stream.message()).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_full_attach_cycle_with_domain_values() {
+    use csi_client::{NodePublish, NodeStage};
+    use csi_structs::{PluginNodeId, PublishContext, VolumeContext};
+
+    let mock = Mock::start(
+        csi_testkit::MockPlugin::builder()
+            .volume("vol-1", 1 << 30)
+            .quirk(Quirk::NotFoundOnRepeatedUnpublish)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = mock.client(|_| {});
+    let (controller, node) = (client.controller(), client.node());
+    let info = guard(node.node_get_info()).await.unwrap();
+    let node_id: PluginNodeId = info.node_id;
+    let volume = vol1();
+    let cap = VolumeCapability::mount(
+        AccessMode::SingleNodeWriter,
+        MountOptions::new().with_fs_type("ext4"),
+    );
+    let secrets = Secrets::default();
+    let context = VolumeContext::default();
+
+    let publish_context: PublishContext =
+        guard(controller.publish(&volume, &node_id, &cap, false, &context, &secrets))
+            .await
+            .unwrap();
+    let staging = mock.dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let staging = staging.to_str().unwrap().to_owned();
+    let target = mock.dir.path().join("target");
+    let target = target.to_str().unwrap().to_owned();
+    guard(node.stage(&NodeStage {
+        volume: &volume,
+        staging_target_path: &staging,
+        capability: &cap,
+        publish_context: &publish_context,
+        volume_context: &context,
+        secrets: &secrets,
+    }))
+    .await
+    .unwrap();
+    guard(node.publish(&NodePublish {
+        volume: &volume,
+        staging_target_path: Some(&staging),
+        target_path: &target,
+        capability: &cap,
+        readonly: false,
+        publish_context: &publish_context,
+        volume_context: &context,
+        secrets: &secrets,
+    }))
+    .await
+    .unwrap();
+    assert_eq!(mock.plugin.published().len(), 1);
+
+    guard(node.unpublish(&volume, &target)).await.unwrap();
+    // The plugin answers NOT_FOUND to a repeated unpublish: already done.
+    let again = guard(node.unpublish(&volume, &target)).await.unwrap_err();
+    assert_eq!(again.class(), ErrorClass::AlreadyDone, "{again}");
+    guard(node.unstage(&volume, &staging)).await.unwrap();
+    guard(controller.unpublish(&volume, Some(&node_id), &secrets))
+        .await
+        .unwrap();
+    assert!(mock.plugin.published_nodes("vol-1").is_empty());
+}
