@@ -20,7 +20,8 @@
 //! - [`store`]: [`ClaimStore`] with compare-and-swap per volume; [`MemoryStore`] and the
 //!   durable [`RedbStore`].
 //! - [`driver`]: a thin tokio loop that performs the machine's actions through the
-//!   [`NodeDetacher`] and [`ControllerDetacher`] traits and the store.
+//!   [`NodeDetacher`](driver::NodeDetacher) and [`ControllerDetacher`](driver::ControllerDetacher)
+//!   traits and the store.
 //!
 //! What it is not: a CSI client. The detacher traits are implemented in `csi-client` terms by
 //! the layer that composes the crates (the reference agent), so this crate is testable

@@ -3,7 +3,9 @@
 //! [`next_step`] reads a [`VolumeRecord`] and the set of nodes known to be gone, and returns
 //! one [`Step`]. It never mutates anything; the [machine](crate::machine) applies the step,
 //! checkpoints it, and performs nothing else until the checkpoint is durable. Claims are
-//! released one at a time per volume, in the order they were made.
+//! released one at a time per volume, in the order they were made, except that the claim
+//! whose step failed last goes after the others (so one claim stuck on an unhealthy node
+//! does not hold up the releases of the same volume on healthy nodes).
 //!
 //! The rules, one arm each:
 //! - `Releasing` on a node that is gone for good → record `NodeDetached(SkippedNodeGone)`.
@@ -19,7 +21,7 @@
 //! - `ControllerDetached` → record `ReadyToFree`.
 //! - `ReadyToFree` → free (drop the claim from the record; capacity comes back).
 
-use csi_structs::NodeId;
+use csi_structs::{NodeId, WorkloadId};
 
 use crate::model::{ControllerRequirement, VolumeRecord};
 use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
@@ -55,8 +57,26 @@ pub enum Step {
     },
 }
 
-/// Decides the next step for `record`. `node_gone` says whether a node is gone for good.
-pub fn next_step(record: &VolumeRecord, node_gone: impl Fn(&NodeId) -> bool) -> Step {
+/// Decides the next step for `record`. `node_gone` says whether a node is gone for good;
+/// `deferred` names the workload whose step failed last, which goes after every other claim
+/// with a step to take.
+pub fn next_step(
+    record: &VolumeRecord,
+    node_gone: impl Fn(&NodeId) -> bool,
+    deferred: Option<&WorkloadId>,
+) -> Step {
+    let first = step_for(record, &node_gone, |w| Some(w) != deferred);
+    match (first, deferred) {
+        (Step::Idle, Some(d)) => step_for(record, &node_gone, |w| w == d),
+        (step, _) => step,
+    }
+}
+
+fn step_for(
+    record: &VolumeRecord,
+    node_gone: &impl Fn(&NodeId) -> bool,
+    consider: impl Fn(&WorkloadId) -> bool,
+) -> Step {
     let claims = &record.claims;
     let other_user = |index: usize| {
         let me = &claims[index];
@@ -67,6 +87,9 @@ pub fn next_step(record: &VolumeRecord, node_gone: impl Fn(&NodeId) -> bool) -> 
             .map(|(_, c)| c)
     };
     for (index, claim) in claims.iter().enumerate() {
+        if !consider(&claim.workload) {
+            continue;
+        }
         match &claim.state {
             ClaimState::Taken => continue,
             ClaimState::Releasing if node_gone(&claim.node) => {

@@ -139,6 +139,8 @@ struct Retry {
     attempts: u32,
     not_before: Option<Instant>,
     last_error: Option<LastError>,
+    /// The workload whose step failed last (step retries only).
+    failed_for: Option<WorkloadId>,
 }
 
 impl Retry {
@@ -148,6 +150,14 @@ impl Retry {
 
     fn succeeded(&mut self) {
         *self = Retry::default();
+    }
+
+    /// A step of `workload` succeeded. The backoff only starts over when it was the claim
+    /// that failed; another claim's progress does not reset a stuck claim's backoff.
+    fn succeeded_for(&mut self, workload: &WorkloadId) {
+        if self.failed_for.is_none() || self.failed_for.as_ref() == Some(workload) {
+            *self = Retry::default();
+        }
     }
 
     fn failed(
@@ -723,6 +733,7 @@ impl ReleaseMachine {
         match result {
             Err(e) if e.class != ErrorClass::AlreadyDone => {
                 let fatal = e.class == ErrorClass::Fatal;
+                entry.step_retry.failed_for = Some(workload.clone());
                 let at = entry.step_retry.failed(
                     now,
                     LastError::Detach { error: e, at: now },
@@ -733,7 +744,7 @@ impl ReleaseMachine {
                 self.timers.push(Reverse((at, volume.clone())));
             }
             _ => {
-                entry.step_retry.succeeded();
+                entry.step_retry.succeeded_for(&workload);
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut entry.record.claims[i];
                     if claim.state == ClaimState::Releasing {
@@ -779,6 +790,7 @@ impl ReleaseMachine {
         match result {
             Err(e) if e.class != ErrorClass::AlreadyDone => {
                 let fatal = e.class == ErrorClass::Fatal;
+                entry.step_retry.failed_for = Some(workload.clone());
                 let at = entry.step_retry.failed(
                     now,
                     LastError::Detach { error: e, at: now },
@@ -789,7 +801,7 @@ impl ReleaseMachine {
                 self.timers.push(Reverse((at, volume.clone())));
             }
             _ => {
-                entry.step_retry.succeeded();
+                entry.step_retry.succeeded_for(&workload);
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut entry.record.claims[i];
                     if let ClaimState::NodeDetached(done) = &claim.state {
@@ -987,7 +999,8 @@ impl ReleaseMachine {
         if entry.op != Op::Idle || !entry.clean() || !entry.step_retry.ready() {
             return None;
         }
-        match next_step(&entry.record, |n| gone.contains(n)) {
+        let deferred = entry.step_retry.failed_for.as_ref();
+        match next_step(&entry.record, |n| gone.contains(n), deferred) {
             Step::Idle => None,
             Step::Record { index, to } => {
                 entry.record.claims[index].state = to;

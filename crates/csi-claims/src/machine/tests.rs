@@ -900,3 +900,36 @@ fn node_returned_wakes_a_backing_off_volume() {
     h.pump();
     assert_eq!(h.node_calls.len(), 1);
 }
+
+#[test]
+fn a_claim_stuck_on_one_node_does_not_hold_up_the_others() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let req = |w: &str, n: &str| {
+        request(
+            "v",
+            w,
+            n,
+            ClaimMode::Write,
+            AccessMode::MultiNodeMultiWriter,
+        )
+    };
+    h.claim(&v, req("a", "n1")).unwrap();
+    h.claim(&v, req("b", "n2")).unwrap();
+    h.release("v", "a");
+    h.release("v", "b");
+    assert_eq!(h.node_calls.len(), 1, "one call in flight per volume");
+    let first = h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    assert_eq!(first.workload, wid("a"));
+    h.advance(Duration::from_secs(1));
+    // After the backoff, b goes first and is released completely.
+    assert_eq!(h.node_calls[0].workload, wid("b"));
+    h.answer_node(Ok(()));
+    h.answer_controller(Ok(()));
+    assert_eq!(h.freed(), ["b"]);
+    // a is tried again; its backoff was not reset by b's progress.
+    assert_eq!(h.node_calls[0].workload, wid("a"));
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    assert_eq!(h.m.status(&vid("v")).unwrap().attempts, 2);
+    assert_eq!(h.m.poll_timeout(), Some(h.now + Duration::from_secs(2)));
+}
