@@ -1,0 +1,1 @@
+//! csi-claims' detacher traits implemented with csi-client.

@@ -1,0 +1,17 @@
+//! The reference CSI agent (`csi-agent`), composing every crate of csi-sdk.
+//!
+//! - [`demo`]: walk one volume through its whole life (create, claim, publish, write, release,
+//!   delete) against the built-in csi-testkit mock or any external plugin.
+//! - [`adapters`]: csi-claims' detacher traits implemented with csi-client.
+//! - [`serve`], [`ops`]: the long-running agent and the operator commands.
+
+pub mod adapters;
+pub mod demo;
+pub mod ops;
+pub mod serve;
+
+/// How an error of a subcommand maps to the process exit code.
+pub trait ExitStatus {
+    /// The exit code to use; never 0.
+    fn exit_code(&self) -> u8;
+}
