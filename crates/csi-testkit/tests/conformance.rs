@@ -513,12 +513,17 @@ async fn an_absent_socket_is_an_error_not_a_report() {
 // ---- the csi-conformance binary ----
 
 async fn conformance_binary(args: Vec<String>) -> Output {
+    conformance_binary_with_env(args, None).await
+}
+
+async fn conformance_binary_with_env(args: Vec<String>, csi_endpoint: Option<String>) -> Output {
     tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_csi-conformance"))
-            .args(args)
-            .env_remove("CSI_ENDPOINT")
-            .output()
-            .expect("the csi-conformance binary runs")
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_csi-conformance"));
+        command.args(args).env_remove("CSI_ENDPOINT");
+        if let Some(endpoint) = csi_endpoint {
+            command.env("CSI_ENDPOINT", endpoint);
+        }
+        command.output().expect("the csi-conformance binary runs")
     })
     .await
     .expect("the blocking task completes")
@@ -560,6 +565,20 @@ async fn the_binary_exits_zero_when_nothing_fails_and_one_when_something_does() 
         json["results"].as_array().map(Vec::len),
         Some(Check::all().len())
     );
+
+    // CSI_ENDPOINT stands in for --endpoint.
+    let scratch = good.dir.path().join("scratch-env").display().to_string();
+    let output = conformance_binary_with_env(
+        vec!["--staging-dir".into(), scratch],
+        Some(format!("unix://{}", good.socket().display())),
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     good.server.shutdown().await.expect("the mock shuts down");
 
     let broken = Served::start(MockPlugin::builder().quirk(Quirk::NeverConfirm)).await;
@@ -577,35 +596,39 @@ async fn the_binary_exits_zero_when_nothing_fails_and_one_when_something_does() 
 async fn the_binary_exits_two_for_bad_flags_and_endpoints() {
     let dir = tempfile::tempdir().expect("a temporary directory can be created");
     let missing = format!("unix://{}", dir.path().join("absent.sock").display());
-    for args in [
-        vec!["--no-such-flag".to_owned()],
-        vec![],
-        vec!["--endpoint".into(), "tcp://127.0.0.1:10000".into()],
-        vec!["--endpoint".into(), "unix://relative/csi.sock".into()],
-        vec!["--endpoint".into(), missing],
+    let with = |flag: &str, value: &str| {
         vec![
-            "--endpoint".into(),
-            "unix:///tmp/x.sock".into(),
-            "--timeout".into(),
-            "0".into(),
-        ],
-        vec![
-            "--endpoint".into(),
-            "unix:///tmp/x.sock".into(),
-            "--secret".into(),
-            "no-equals".into(),
-        ],
-    ] {
+            "--endpoint".to_owned(),
+            missing.clone(),
+            flag.to_owned(),
+            value.to_owned(),
+        ]
+    };
+    // Each case and a fragment its stderr must contain, so the exit code has the right cause.
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--no-such-flag".to_owned()], "--no-such-flag"),
+        (vec![], "--endpoint"),
+        (
+            vec!["--endpoint".into(), "tcp://127.0.0.1:10000".into()],
+            "not a unix socket",
+        ),
+        (
+            vec!["--endpoint".into(), "unix://relative/csi.sock".into()],
+            "absolute",
+        ),
+        (vec!["--endpoint".into(), missing.clone()], "cannot connect"),
+        (with("--timeout", "0"), "--timeout"),
+        (with("--secret", "no-equals"), "KEY=VALUE"),
+        (with("--secret", "bad key=v"), "secret key"),
+        (with("--volume-size", "0"), "--volume-size"),
+    ];
+    for (args, fragment) in cases {
         let output = conformance_binary(args.clone()).await;
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(
-            !output.stderr.is_empty(),
-            "{args:?} should explain itself on stderr"
+            stderr.contains(fragment),
+            "{args:?}: stderr lacks {fragment:?}: {stderr}"
         );
     }
 }

@@ -12,11 +12,13 @@ use super::ctx::Ctx;
 /// A call that did not answer OK.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum CallError {
-    /// The plugin answered with a non-OK status.
+    /// The plugin answered with a non-OK status; `has_details` when it carried
+    /// `status.details`, which the spec requires to be empty.
     Status {
         rpc: Rpc,
         code: Code,
         message: String,
+        has_details: bool,
     },
     /// No answer within the per-call deadline.
     TimedOut { rpc: Rpc, after: Duration },
@@ -35,7 +37,9 @@ impl CallError {
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Status { rpc, code, message } => {
+            CallError::Status {
+                rpc, code, message, ..
+            } => {
                 write!(f, "{} answered {}", rpc.name(), code_name(*code))?;
                 if !message.is_empty() {
                     write!(f, " ({message})")?;
@@ -72,21 +76,41 @@ pub(crate) fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// `Ok(())` when `result` is the error `want`, else a sentence saying what came instead.
+/// `Ok(())` when `result` is the error `want` with a message and no details (spec §3.7),
+/// else a sentence saying what came instead.
 pub(crate) fn expect_code<T>(
     result: Result<T, CallError>,
     rpc: Rpc,
     want: Code,
     case: &str,
 ) -> Result<(), String> {
+    let name = code_name(want);
     match result {
         Ok(_) => Err(format!(
-            "{case}: {} answered OK, expected {}",
-            rpc.name(),
-            code_name(want)
+            "{case}: {} answered OK, expected {name}",
+            rpc.name()
         )),
-        Err(err) if err.code() == Some(want) => Ok(()),
-        Err(err) => Err(format!("{case}: {err}, expected {}", code_name(want))),
+        Err(CallError::Status {
+            code,
+            message,
+            has_details,
+            ..
+        }) if code == want => {
+            if message.is_empty() {
+                Err(format!(
+                    "{case}: {} answered {name} without a status message (required for every error)",
+                    rpc.name()
+                ))
+            } else if has_details {
+                Err(format!(
+                    "{case}: {} answered {name} with status details (the spec requires them empty)",
+                    rpc.name()
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        Err(err) => Err(format!("{case}: {err}, expected {name}")),
     }
 }
 
@@ -104,6 +128,7 @@ impl Ctx {
                 rpc,
                 code: status.code(),
                 message: status.message().to_owned(),
+                has_details: !status.details().is_empty(),
             }),
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
@@ -179,4 +204,45 @@ unary_rpcs! {
     NodeExpandVolume => node.node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse;
     NodeGetCapabilities => node.node_get_capabilities(NodeGetCapabilitiesRequest) -> NodeGetCapabilitiesResponse;
     NodeGetInfo => node.node_get_info(NodeGetInfoRequest) -> NodeGetInfoResponse;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Code, message: &str, has_details: bool) -> Result<(), CallError> {
+        Err(CallError::Status {
+            rpc: Rpc::DeleteVolume,
+            code,
+            message: message.into(),
+            has_details,
+        })
+    }
+
+    #[test]
+    fn the_expected_code_needs_a_message_and_no_details() {
+        let want = Code::InvalidArgument;
+        let rpc = Rpc::DeleteVolume;
+        assert_eq!(
+            expect_code(status(want, "volume_id is required", false), rpc, want, "c"),
+            Ok(())
+        );
+        let silent = expect_code(status(want, "", false), rpc, want, "c").unwrap_err();
+        assert!(silent.contains("without a status message"), "{silent}");
+        let detailed = expect_code(status(want, "m", true), rpc, want, "c").unwrap_err();
+        assert!(detailed.contains("status details"), "{detailed}");
+        let wrong = expect_code(
+            status(Code::NotFound, "m", false),
+            rpc,
+            want,
+            "without volume_id",
+        )
+        .unwrap_err();
+        assert_eq!(
+            wrong,
+            "without volume_id: DeleteVolume answered NOT_FOUND (m), expected INVALID_ARGUMENT"
+        );
+        let ok = expect_code(Ok(()), rpc, want, "c").unwrap_err();
+        assert_eq!(ok, "c: DeleteVolume answered OK, expected INVALID_ARGUMENT");
+    }
 }

@@ -17,6 +17,16 @@ pub enum Error {
         #[source]
         source: Box<crate::Error>,
     },
+    /// An option is outside what the suite or the spec allows.
+    #[error("option {option} = {value}: {limit}")]
+    InvalidOption {
+        /// Which option (`volume_size`, `timeout`, `secret key`).
+        option: &'static str,
+        /// The offending value (for a secret, only its key).
+        value: String,
+        /// The rule it breaks.
+        limit: &'static str,
+    },
     /// The scratch directory for staging and target paths could not be created.
     #[error("cannot create the scratch directory {path}")]
     ScratchDir {

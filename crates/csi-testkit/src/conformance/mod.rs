@@ -61,9 +61,11 @@ impl Suite {
     ///
     /// # Errors
     ///
-    /// [`Error::Connect`] when nothing accepts connections on the socket,
+    /// [`Error::InvalidOption`] for a volume size below 1 byte, a zero timeout or a secret key
+    /// the spec does not allow, [`Error::Connect`] when nothing accepts connections on the socket,
     /// [`Error::ScratchDir`] when the scratch directory cannot be created.
     pub async fn connect(options: Options) -> Result<Self, Error> {
+        options.validate()?;
         std::fs::create_dir_all(&options.scratch_dir).map_err(|source| Error::ScratchDir {
             path: options.scratch_dir.clone(),
             source,

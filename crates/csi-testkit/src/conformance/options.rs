@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::Error;
+
 /// Settings of one conformance run.
 ///
 /// Only the socket and a scratch directory are required; the rest has defaults that suit a
@@ -114,6 +116,40 @@ impl Options {
     }
 }
 
+impl Options {
+    /// Checks the options against the suite's and the spec's limits.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if self.volume_size < 1 {
+            return Err(Error::InvalidOption {
+                option: "volume_size",
+                value: self.volume_size.to_string(),
+                limit: "must be at least 1 byte",
+            });
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidOption {
+                option: "timeout",
+                value: format!("{:?}", self.timeout),
+                limit: "must be longer than zero",
+            });
+        }
+        let valid_key = |key: &str| {
+            !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        if let Some(key) = self.secrets.keys().find(|key| !valid_key(key)) {
+            return Err(Error::InvalidOption {
+                option: "secret key",
+                value: format!("{key:?}"),
+                limit: "secret keys are non-empty and use only letters, digits, '-', '_' and '.' (spec 3.6)",
+            });
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Debug for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Options")
@@ -126,5 +162,47 @@ impl fmt::Debug for Options {
             .field("volume_size", &self.volume_size)
             .field("page_volumes", &self.page_volumes)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Options {
+        Options::new("/tmp/csi.sock", "/tmp/scratch")
+    }
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_named() {
+        assert!(options().validate().is_ok());
+        let err = options().volume_size(0).validate().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidOption {
+                    option: "volume_size",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = options().timeout(Duration::ZERO).validate().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidOption {
+                    option: "timeout",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = options()
+            .secret("bad key", "hunter2")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("\"bad key\""), "{err}");
+        assert!(!err.to_string().contains("hunter2"));
     }
 }

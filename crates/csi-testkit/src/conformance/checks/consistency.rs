@@ -461,6 +461,7 @@ mod tests {
             rpc: Rpc::ListSnapshots,
             code,
             message: "m".into(),
+            has_details: false,
         })
     }
 

@@ -319,3 +319,87 @@ async fn list_snapshots(ctx: &mut Ctx) -> Step {
     }
     verdict(problems)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `pages` in order: each call returns the next page, whatever token it got.
+    fn scripted(
+        pages: Vec<(Vec<&'static str>, &'static str)>,
+    ) -> impl FnMut(String, i32) -> std::future::Ready<Result<Page, CallError>> {
+        let mut pages = pages.into_iter();
+        move |_token, _max| {
+            let (ids, next) = pages.next().unwrap_or((vec![], ""));
+            std::future::ready(Ok(Page {
+                ids: ids.into_iter().map(String::from).collect(),
+                next_token: next.to_owned(),
+            }))
+        }
+    }
+
+    fn run<T>(future: impl Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime builds")
+            .block_on(future)
+    }
+
+    #[test]
+    fn a_correct_walk_sees_every_entry() {
+        let fetch = scripted(vec![(vec!["a", "b"], "t1"), (vec!["c"], "")]);
+        let seen =
+            run(walk(Rpc::ListVolumes, 2, 10, fetch)).unwrap_or_else(|_| panic!("walk failed"));
+        assert_eq!(seen.ids, ["a", "b", "c"]);
+        assert!(seen.problems.is_empty());
+    }
+
+    #[test]
+    fn oversized_pages_repeated_tokens_and_endless_walks_are_problems() {
+        let fetch = scripted(vec![(vec!["a", "b", "c"], "")]);
+        let seen =
+            run(walk(Rpc::ListVolumes, 2, 10, fetch)).unwrap_or_else(|_| panic!("walk failed"));
+        assert!(
+            seen.problems[0].contains("max_entries 2 returned 3 entries"),
+            "{:?}",
+            seen.problems
+        );
+
+        let fetch = scripted(vec![(vec!["a"], "t1"), (vec!["b"], "t1")]);
+        let seen =
+            run(walk(Rpc::ListSnapshots, 1, 10, fetch)).unwrap_or_else(|_| panic!("walk failed"));
+        assert!(
+            seen.problems[0].contains("next_token \"t1\" twice"),
+            "{:?}",
+            seen.problems
+        );
+
+        let endless = |_token: String, _max: i32| {
+            std::future::ready(Ok(Page {
+                ids: vec!["x".into()],
+                next_token: format!("t{}", _token.len()),
+            }))
+        };
+        let seen =
+            run(walk(Rpc::ListVolumes, 1, 3, endless)).unwrap_or_else(|_| panic!("walk failed"));
+        assert!(!seen.problems.is_empty());
+    }
+
+    #[test]
+    fn comparison_names_missed_entries() {
+        let full = Walk {
+            ids: vec!["a".into(), "b".into()],
+            problems: vec![],
+        };
+        let paged = Walk {
+            ids: vec!["a".into()],
+            problems: vec![],
+        };
+        let problems = compare(Rpc::ListVolumes, "volume", &full, &paged, &["b".to_owned()]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("missed created volume b"));
+        let problems = compare(Rpc::ListVolumes, "volume", &full, &paged, &[]);
+        assert!(problems[0].contains("missed"), "{problems:?}");
+        assert!(compare(Rpc::ListVolumes, "volume", &full, &full, &["a".to_owned()]).is_empty());
+    }
+}
