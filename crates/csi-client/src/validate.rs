@@ -12,11 +12,9 @@ use std::collections::HashMap;
 
 use csi_proto::Rpc;
 use csi_proto::v1 as pb;
-use csi_structs::ValidationErrors;
-use csi_structs::limits::{
-    MAX_MAP_BYTES, MAX_MOUNT_FLAGS_BYTES, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES, map_size,
-};
+use csi_structs::limits::{MAX_MAP_BYTES, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES, map_size};
 use csi_structs::validation::{FieldPath, Problem, SizeUnit};
+use csi_structs::{CapacityRange, Secrets, ValidationErrors, VolumeCapability};
 
 use crate::error::CallContext;
 
@@ -130,40 +128,25 @@ impl Checker {
         }
     }
 
+    /// A required capability, checked by `csi-structs`' wire conversion (access mode known,
+    /// access type set, mount option limits).
     pub(crate) fn capability(&mut self, field: FieldPath, cap: &Option<pb::VolumeCapability>) {
         let Some(cap) = cap else {
             self.push(field, Problem::Missing);
             return;
         };
-        match &cap.access_mode {
-            Some(mode) if mode.mode != 0 => {}
-            _ => self.push(
-                field.clone().field("access_mode").field("mode"),
-                Problem::Missing,
-            ),
+        if let Err(e) = VolumeCapability::try_from(cap) {
+            self.errs.extend_under(&field, e.errors);
         }
-        match &cap.access_type {
-            None => self.push(field.clone().field("access_type"), Problem::Missing),
-            Some(pb::volume_capability::AccessType::Block(_)) => {}
-            Some(pb::volume_capability::AccessType::Mount(m)) => {
-                let mount = field.clone().field("mount");
-                self.optional(mount.clone().field("fs_type"), &m.fs_type);
-                self.optional(
-                    mount.clone().field("volume_mount_group"),
-                    &m.volume_mount_group,
-                );
-                let total: usize = m.mount_flags.iter().map(String::len).sum();
-                if total > MAX_MOUNT_FLAGS_BYTES {
-                    self.push(
-                        mount.field("mount_flags"),
-                        Problem::TooLong {
-                            size: total,
-                            limit: MAX_MOUNT_FLAGS_BYTES,
-                            unit: SizeUnit::Bytes,
-                        },
-                    );
-                }
-            }
+    }
+
+    /// A secrets map, checked by `csi-structs` (key syntax, 4 KiB); values are never reported.
+    pub(crate) fn secrets(&mut self, map: &HashMap<String, String>) {
+        if map.is_empty() {
+            return;
+        }
+        if let Err(errs) = Secrets::from_wire_at(map.clone(), &at("secrets")) {
+            self.errs.extend(errs);
         }
     }
 
@@ -181,6 +164,8 @@ impl Checker {
         }
     }
 
+    /// A capacity range, checked by `csi-structs` (non-negative, one bound set, limit not
+    /// below required).
     pub(crate) fn capacity_range(
         &mut self,
         field: FieldPath,
@@ -193,19 +178,8 @@ impl Checker {
             }
             return;
         };
-        let (req, lim) = (range.required_bytes, range.limit_bytes);
-        self.non_negative(field.clone().field("required_bytes"), req);
-        self.non_negative(field.clone().field("limit_bytes"), lim);
-        if req == 0 && lim == 0 {
-            self.push(field, Problem::CapacityRangeEmpty);
-        } else if req > 0 && lim > 0 && lim < req {
-            self.push(
-                field,
-                Problem::LimitBelowRequired {
-                    required_bytes: req,
-                    limit_bytes: lim,
-                },
-            );
+        if let Err(e) = CapacityRange::try_from(range) {
+            self.errs.extend_under(&field, e.errors);
         }
     }
 
@@ -305,7 +279,7 @@ request!(pb::CreateVolumeRequest, Rpc::CreateVolume, |r| context ctx(Rpc::Create
     c.capacity_range(at("capacity_range"), &r.capacity_range, false);
     c.capabilities(at("volume_capabilities"), &r.volume_capabilities, true);
     c.map(at("parameters"), &r.parameters);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("mutable_parameters"), &r.mutable_parameters);
     if let Some(src) = &r.volume_content_source {
         use pb::volume_content_source::Type;
@@ -321,7 +295,7 @@ no_checks!(pb::CreateVolumeResponse);
 
 request!(pb::DeleteVolumeRequest, Rpc::DeleteVolume, |r| context ctx(Rpc::DeleteVolume).volume(&r.volume_id), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 
 request!(pb::ControllerPublishVolumeRequest, Rpc::ControllerPublishVolume,
@@ -330,7 +304,7 @@ request!(pb::ControllerPublishVolumeRequest, Rpc::ControllerPublishVolume,
     // A plugin node id may be 256 bytes (NodeGetInfo's limit), so accept that here too.
     c.required(at("node_id"), &r.node_id, MAX_PLUGIN_NODE_ID_BYTES);
     c.capability(at("volume_capability"), &r.volume_capability);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("volume_context"), &r.volume_context);
 });
 // Checked by the csi-structs conversion the typed client applies.
@@ -341,7 +315,7 @@ request!(pb::ControllerUnpublishVolumeRequest, Rpc::ControllerUnpublishVolume,
     c.id(at("volume_id"), &r.volume_id);
     // Empty node_id means "from every node" (spec), so it is optional.
     c.len(&at("node_id"), &r.node_id, MAX_PLUGIN_NODE_ID_BYTES);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 
 request!(pb::ValidateVolumeCapabilitiesRequest, Rpc::ValidateVolumeCapabilities,
@@ -350,7 +324,7 @@ request!(pb::ValidateVolumeCapabilitiesRequest, Rpc::ValidateVolumeCapabilities,
     c.map(at("volume_context"), &r.volume_context);
     c.capabilities(at("volume_capabilities"), &r.volume_capabilities, true);
     c.map(at("parameters"), &r.parameters);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("mutable_parameters"), &r.mutable_parameters);
 });
 impl CsiResponse for pb::ValidateVolumeCapabilitiesResponse {
@@ -381,7 +355,7 @@ impl CsiResponse for pb::ListVolumesResponse {
 request!(pb::ControllerListVolumeHealthRequest, Rpc::ControllerListVolumeHealth, |r| context ctx(Rpc::ControllerListVolumeHealth), |r, c| {
     c.non_negative(at("max_entries"), i64::from(r.max_entries));
     c.optional(at("starting_token"), &r.starting_token);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 impl CsiResponse for pb::ControllerListVolumeHealthResponse {
     fn check(&self, c: &mut Checker) {
@@ -394,7 +368,7 @@ impl CsiResponse for pb::ControllerListVolumeHealthResponse {
 request!(pb::ControllerGetVolumeHealthRequest, Rpc::ControllerGetVolumeHealth,
     |r| context ctx(Rpc::ControllerGetVolumeHealth).volume(&r.volume_id), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 impl CsiResponse for pb::ControllerGetVolumeHealthResponse {
     fn check(&self, c: &mut Checker) {
@@ -428,7 +402,7 @@ request!(pb::CreateSnapshotRequest, Rpc::CreateSnapshot,
     |r| context ctx(Rpc::CreateSnapshot).volume(&r.source_volume_id), |r, c| {
     c.id(at("source_volume_id"), &r.source_volume_id);
     c.id(at("name"), &r.name);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("parameters"), &r.parameters);
 });
 // Checked by the csi-structs conversion the typed client applies.
@@ -437,7 +411,7 @@ no_checks!(pb::CreateSnapshotResponse);
 request!(pb::DeleteSnapshotRequest, Rpc::DeleteSnapshot,
     |r| context ctx(Rpc::DeleteSnapshot).snapshot(&r.snapshot_id), |r, c| {
     c.id(at("snapshot_id"), &r.snapshot_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 
 request!(pb::ListSnapshotsRequest, Rpc::ListSnapshots,
@@ -446,7 +420,7 @@ request!(pb::ListSnapshotsRequest, Rpc::ListSnapshots,
     c.optional(at("starting_token"), &r.starting_token);
     c.optional(at("source_volume_id"), &r.source_volume_id);
     c.optional(at("snapshot_id"), &r.snapshot_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 impl CsiResponse for pb::ListSnapshotsResponse {
     fn check(&self, c: &mut Checker) {
@@ -460,7 +434,7 @@ impl CsiResponse for pb::ListSnapshotsResponse {
 request!(pb::GetSnapshotRequest, Rpc::GetSnapshot,
     |r| context ctx(Rpc::GetSnapshot).snapshot(&r.snapshot_id), |r, c| {
     c.id(at("snapshot_id"), &r.snapshot_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 // Checked by the csi-structs conversion the typed client applies.
 no_checks!(pb::GetSnapshotResponse);
@@ -469,7 +443,7 @@ request!(pb::ControllerExpandVolumeRequest, Rpc::ControllerExpandVolume,
     |r| context ctx(Rpc::ControllerExpandVolume).volume(&r.volume_id), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.capacity_range(at("capacity_range"), &r.capacity_range, true);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     if r.volume_capability.is_some() {
         c.capability(at("volume_capability"), &r.volume_capability);
     }
@@ -494,7 +468,7 @@ impl CsiResponse for pb::ControllerGetVolumeResponse {
 request!(pb::ControllerModifyVolumeRequest, Rpc::ControllerModifyVolume,
     |r| context ctx(Rpc::ControllerModifyVolume).volume(&r.volume_id), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     if r.mutable_parameters.is_empty() {
         c.push(at("mutable_parameters"), Problem::Missing);
     }
@@ -518,7 +492,7 @@ no_checks!(pb::GroupControllerGetCapabilitiesResponse);
 request!(pb::CreateVolumeGroupSnapshotRequest, Rpc::CreateVolumeGroupSnapshot, |r| context ctx(Rpc::CreateVolumeGroupSnapshot), |r, c| {
     c.id(at("name"), &r.name);
     c.ids(at("source_volume_ids"), &r.source_volume_ids);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("parameters"), &r.parameters);
 });
 // Checked by the csi-structs conversion the typed client applies.
@@ -527,14 +501,14 @@ no_checks!(pb::CreateVolumeGroupSnapshotResponse);
 request!(pb::DeleteVolumeGroupSnapshotRequest, Rpc::DeleteVolumeGroupSnapshot, |r| context ctx(Rpc::DeleteVolumeGroupSnapshot), |r, c| {
     c.id(at("group_snapshot_id"), &r.group_snapshot_id);
     c.ids(at("snapshot_ids"), &r.snapshot_ids);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 no_checks!(pb::DeleteVolumeGroupSnapshotResponse);
 
 request!(pb::GetVolumeGroupSnapshotRequest, Rpc::GetVolumeGroupSnapshot, |r| context ctx(Rpc::GetVolumeGroupSnapshot), |r, c| {
     c.id(at("group_snapshot_id"), &r.group_snapshot_id);
     c.ids(at("snapshot_ids"), &r.snapshot_ids);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 // Checked by the csi-structs conversion the typed client applies.
 no_checks!(pb::GetVolumeGroupSnapshotResponse);
@@ -545,7 +519,7 @@ request!(pb::GetMetadataAllocatedRequest, Rpc::GetMetadataAllocated,
     c.id(at("snapshot_id"), &r.snapshot_id);
     c.non_negative(at("starting_offset"), r.starting_offset);
     c.non_negative(at("max_results"), i64::from(r.max_results));
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 request!(pb::GetMetadataDeltaRequest, Rpc::GetMetadataDelta,
     |r| context ctx(Rpc::GetMetadataDelta).snapshot(&r.target_snapshot_id), |r, c| {
@@ -553,7 +527,7 @@ request!(pb::GetMetadataDeltaRequest, Rpc::GetMetadataDelta,
     c.id(at("target_snapshot_id"), &r.target_snapshot_id);
     c.non_negative(at("starting_offset"), r.starting_offset);
     c.non_negative(at("max_results"), i64::from(r.max_results));
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 
 /// Checks one message of a snapshot-metadata stream (shape only; ordering is the stream's job).
@@ -579,7 +553,7 @@ request!(pb::NodeStageVolumeRequest, Rpc::NodeStageVolume,
     c.map(at("publish_context"), &r.publish_context);
     c.path(at("staging_target_path"), &r.staging_target_path);
     c.capability(at("volume_capability"), &r.volume_capability);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("volume_context"), &r.volume_context);
 });
 request!(pb::NodeUnstageVolumeRequest, Rpc::NodeUnstageVolume,
@@ -593,7 +567,7 @@ request!(pb::NodePublishVolumeRequest, Rpc::NodePublishVolume,
     c.map(at("publish_context"), &r.publish_context);
     c.path(at("target_path"), &r.target_path);
     c.capability(at("volume_capability"), &r.volume_capability);
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
     c.map(at("volume_context"), &r.volume_context);
 });
 request!(pb::NodeUnpublishVolumeRequest, Rpc::NodeUnpublishVolume,
@@ -626,7 +600,7 @@ impl CsiResponse for pb::NodeGetVolumeHealthResponse {
     }
 }
 request!(pb::NodeGetStorageHealthRequest, Rpc::NodeGetStorageHealth, |r| context ctx(Rpc::NodeGetStorageHealth), |r, c| {
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 no_checks!(pb::NodeGetStorageHealthResponse);
 request!(pb::NodeExpandVolumeRequest, Rpc::NodeExpandVolume,
@@ -637,7 +611,7 @@ request!(pb::NodeExpandVolumeRequest, Rpc::NodeExpandVolume,
     if r.volume_capability.is_some() {
         c.capability(at("volume_capability"), &r.volume_capability);
     }
-    c.map(at("secrets"), &r.secrets);
+    c.secrets(&r.secrets);
 });
 impl CsiResponse for pb::NodeExpandVolumeResponse {
     fn check(&self, c: &mut Checker) {
@@ -705,6 +679,20 @@ mod tests {
             errs.violations()[0].problem,
             Problem::TooLong { limit: 4096, .. }
         ));
+
+        // Secret keys follow the spec's syntax (csi-structs checks it); the value never shows.
+        let mut req = pb::DeleteVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        };
+        req.secrets.insert("bad key".into(), "hunter2".into());
+        let errs = check_request(&req).unwrap_err();
+        assert!(fields(&errs)[0].starts_with("secrets"), "{errs}");
+        assert!(matches!(
+            errs.violations()[0].problem,
+            Problem::InvalidCharacter { character: ' ', .. }
+        ));
+        assert!(!format!("{errs} {errs:?}").contains("hunter2"));
     }
 
     #[test]
