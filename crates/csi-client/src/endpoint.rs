@@ -3,6 +3,9 @@
 //! The spec (§3.1) says plugins listen on `unix:///abs/path.sock`. Operators also write a bare
 //! absolute path, and plugins behind a local proxy are reached over `tcp://host:port`. Anything
 //! else is refused with an [`EndpointError`] that says what is wrong.
+//!
+//! The spec asks *plugins* to name their socket `*.sock`; the client does not insist, so a
+//! plugin that bends that rule can still be reached.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -88,3 +88,51 @@ async fn a_missing_plugin_is_retry_elsewhere() {
         client.policies().get(Rpc::NodeGetCapabilities).max_attempts
     );
 }
+
+#[tokio::test]
+async fn a_plugin_down_for_a_while_is_waited_for_on_reconnect() {
+    let mut mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    guard(client.identity().get_plugin_info()).await.unwrap();
+    mock.stop().await;
+
+    let identity = client.identity();
+    let call = tokio::spawn(async move { identity.get_plugin_info().await });
+    // The channel is redialling a socket that is gone.
+    let dials = client.connection().dial_attempts();
+    assert!(eventually(|| client.connection().dial_attempts() >= dials + 2).await);
+    assert!(!call.is_finished());
+
+    mock.restart().await;
+    let info = guard(call).await.unwrap().unwrap();
+    assert_eq!(info.name.as_str(), "mock.csi.example");
+}
+
+#[tokio::test]
+async fn a_plugin_gone_for_good_is_retry_elsewhere_after_the_wait() {
+    let mut mock = Mock::default().await;
+    let options = csi_client::ConnectOptions {
+        socket_wait: std::time::Duration::from_millis(50),
+        ..csi_client::ConnectOptions::DEFAULT
+    };
+    let client = csi_client::CsiClient::builder(mock.endpoint())
+        .connect_options(options)
+        .policies(crate::support::fast_policies())
+        .build();
+    guard(client.node().node_get_capabilities()).await.unwrap();
+    mock.stop().await;
+    let err = guard(client.node().node_get_capabilities())
+        .await
+        .unwrap_err();
+    // The first attempt may still find the old connection closing (a lost connection); the
+    // last one could not dial at all.
+    assert_eq!(
+        err.class(),
+        csi_client::ErrorClass::RetryElsewhere,
+        "{err:?}"
+    );
+    assert!(
+        matches!(err.kind(), csi_client::ErrorKind::NotConnected(_)),
+        "{err:?}"
+    );
+}
