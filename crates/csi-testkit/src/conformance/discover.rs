@@ -8,14 +8,21 @@ use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::plugin_capability::volume_expansion::Type as Expansion;
 use tonic::Code;
 
+use super::PluginIdentity;
 use super::caps::NodeService;
 use super::ctx::Ctx;
 
 impl Ctx {
-    /// Fills `caps` and `node_id`. Nothing here fails the run: problems are kept for the
+    /// Fills `plugin`, `caps` and `node_id`. Nothing here fails the run: problems are kept for the
     /// `CapabilitiesCoherent` and `NodeGetInfo` checks to report.
     pub(crate) async fn discover(&mut self) {
         let mut problems = Vec::new();
+        if let Ok(info) = self.get_plugin_info(v1::GetPluginInfoRequest {}).await {
+            self.plugin = Some(PluginIdentity {
+                name: info.name,
+                vendor_version: info.vendor_version,
+            });
+        }
         match self
             .get_plugin_capabilities(v1::GetPluginCapabilitiesRequest {})
             .await

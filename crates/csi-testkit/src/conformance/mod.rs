@@ -138,3 +138,18 @@ fn run_id() -> String {
         .unwrap_or_default();
     format!("{:x}{:x}", std::process::id(), nanos)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Compile-only: a run can be spawned on a multi-threaded runtime.
+    #[allow(dead_code, reason = "type-checked, never called")]
+    fn futures_are_send(suite: Suite, options: Options) {
+        assert_send(&suite.run());
+        assert_send(&run(options));
+        assert_send(&Suite::connect(Options::new("/a.sock", "/tmp")));
+    }
+}

@@ -195,6 +195,20 @@ async fn list_volumes(ctx: &mut Ctx) -> Step {
     .await?;
     let mut problems = compare(Rpc::ListVolumes, "volume", &full, &paged, &created);
 
+    if ctx.caps.has_controller(CtrlCap::ListVolumesPublishedNodes) {
+        let listing = ctx.list_volumes(v1::ListVolumesRequest::default()).await?;
+        if let Some(entry) = listing.entries.iter().find(|entry| entry.status.is_none()) {
+            let id = entry
+                .volume
+                .as_ref()
+                .map(|v| v.volume_id.as_str())
+                .unwrap_or_default();
+            problems.push(format!(
+                "ListVolumes entry {id:?} has no status although LIST_VOLUMES_PUBLISHED_NODES is advertised"
+            ));
+        }
+    }
+
     let bad_token = ctx.absent_id("token");
     let result = ctx
         .list_volumes(v1::ListVolumesRequest {
