@@ -307,6 +307,11 @@ impl Error {
         self.inner.context.node_id()
     }
 
+    /// The snapshot id, where the request had one.
+    pub fn snapshot_id(&self) -> Option<&SnapshotId> {
+        self.inner.context.snapshot_id()
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> &ErrorKind {
         &self.inner.kind
