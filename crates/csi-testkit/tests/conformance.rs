@@ -346,6 +346,41 @@ async fn online_expansion_without_an_expand_capability_fails_coherence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_only_plugin_skips_controller_checks() {
+    let served = Served::start(MockPlugin::builder().role(Role::Node)).await;
+    let report = served.run(served.options()).await;
+    assert_no_failures_and_stated_skips(&report);
+    assert_eq!(
+        outcome(&report, Check::NodeGetInfo),
+        Outcome::Pass,
+        "{report}"
+    );
+    assert_eq!(
+        outcome(&report, Check::RequiredFields(Rpc::NodePublishVolume)),
+        Outcome::Pass,
+        "{report}"
+    );
+    match outcome(&report, Check::ValidateConfirms) {
+        Outcome::Skip { reason } => assert!(reason.contains("CONTROLLER_SERVICE"), "{reason}"),
+        other => panic!("ValidateConfirms should be skipped, got {other:?}"),
+    }
+    assert!(outcome(&report, Check::NodeLifecycle).is_skip(), "{report}");
+
+    // With a pre-provisioned volume the node lifecycle runs on a node-only plugin too.
+    let report = served
+        .run(served.options().existing_volume("pre-provisioned-1"))
+        .await;
+    assert_no_failures_and_stated_skips(&report);
+    assert_eq!(
+        outcome(&report, Check::NodeLifecycle),
+        Outcome::Pass,
+        "{report}"
+    );
+    assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_that_never_confirms_fails_validation() {
     let served = Served::start(MockPlugin::builder().quirk(Quirk::NeverConfirm)).await;
     let report = served.run(served.options()).await;

@@ -44,6 +44,9 @@ struct Args {
     /// A CreateVolume parameter (repeatable).
     #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = key_value)]
     parameters: Vec<(String, String)>,
+    /// An existing volume for the node lifecycle of a plugin that cannot create volumes.
+    #[arg(long, value_name = "VOLUME_ID")]
+    existing_volume: Option<String>,
     /// A ControllerModifyVolume mutable parameter (repeatable).
     #[arg(long = "mutable-parameter", value_name = "KEY=VALUE", value_parser = key_value)]
     mutable_parameters: Vec<(String, String)>,
@@ -87,6 +90,9 @@ fn main() -> ExitCode {
     let mut options = Options::new(socket, scratch)
         .timeout(Duration::from_secs(args.timeout))
         .volume_size(args.volume_size);
+    if let Some(volume_id) = args.existing_volume {
+        options = options.existing_volume(volume_id);
+    }
     for (key, value) in args.secrets {
         options = options.secret(key, value);
     }

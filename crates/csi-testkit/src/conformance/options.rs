@@ -32,6 +32,7 @@ pub struct Options {
     pub(crate) timeout: Duration,
     pub(crate) volume_size: i64,
     pub(crate) page_volumes: usize,
+    pub(crate) existing_volume: Option<String>,
 }
 
 /// Default per-call deadline.
@@ -52,6 +53,7 @@ impl Options {
             timeout: DEFAULT_TIMEOUT,
             volume_size: DEFAULT_VOLUME_SIZE,
             page_volumes: 3,
+            existing_volume: None,
         }
     }
 
@@ -102,6 +104,14 @@ impl Options {
     #[must_use]
     pub fn page_volumes(mut self, count: usize) -> Self {
         self.page_volumes = count.max(2);
+        self
+    }
+
+    /// A volume that already exists on the backend, for the node lifecycle of a plugin that
+    /// cannot create volumes (no CREATE_DELETE_VOLUME, e.g. node-only). It is never deleted.
+    #[must_use]
+    pub fn existing_volume(mut self, volume_id: impl Into<String>) -> Self {
+        self.existing_volume = Some(volume_id.into());
         self
     }
 
@@ -161,6 +171,7 @@ impl fmt::Debug for Options {
             .field("timeout", &self.timeout)
             .field("volume_size", &self.volume_size)
             .field("page_volumes", &self.page_volumes)
+            .field("existing_volume", &self.existing_volume)
             .finish()
     }
 }

@@ -16,7 +16,18 @@ fn exists(path: &Path) -> bool {
 
 pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
     ctx.require(Gate::NodeService)?;
-    let volume = ctx.new_volume().await?;
+    let volume = if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
+        ctx.new_volume().await?
+    } else if let Some(volume_id) = ctx.options.existing_volume.clone() {
+        v1::Volume {
+            volume_id,
+            ..Default::default()
+        }
+    } else {
+        return Err(Stop::skip(
+            "controller capability CREATE_DELETE_VOLUME not advertised and no existing volume configured (Options::existing_volume)",
+        ));
+    };
     let volume_id = volume.volume_id.clone();
     let cap = ctx.capability();
 
