@@ -79,6 +79,7 @@ impl Target {
 /// finished (the caller gave up) is recorded as [`Outcome::Abandoned`].
 pub(crate) struct CallScope {
     plugin: MockPlugin,
+    rpc: Rpc,
     seq: u64,
     finished: bool,
     lock: Option<String>,
@@ -95,6 +96,12 @@ impl fmt::Debug for CallScope {
 impl CallScope {
     fn record(&mut self, outcome: Outcome) {
         self.finished = true;
+        tracing::debug!(
+            rpc = self.rpc.name(),
+            seq = self.seq,
+            ?outcome,
+            "csi mock call"
+        );
         self.plugin.shared.lock().calls.finish(self.seq, outcome);
         self.plugin.shared.log_changed.notify_waiters();
     }
@@ -196,6 +203,7 @@ impl MockPlugin {
         self.shared.log_changed.notify_waiters();
         let mut scope = CallScope {
             plugin: self.clone(),
+            rpc,
             seq,
             finished: false,
             lock: None,

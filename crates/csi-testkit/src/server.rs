@@ -94,6 +94,25 @@ impl MockPlugin {
     /// [`Error::NotASocket`] when another kind of file sits at `path` (it is left alone),
     /// [`Error::SocketInUse`] when a live server answers there, [`Error::SocketDirMissing`],
     /// [`Error::SocketPathTooLong`], [`Error::Bind`], [`Error::Permissions`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_proto::v1::{identity_client::IdentityClient, ProbeRequest};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let plugin = csi_testkit::MockPlugin::builder().build()?;
+    /// let server = plugin.serve_unix(dir.path().join("csi.sock")).await?;
+    /// assert!(server.endpoint().starts_with("unix:///"));
+    ///
+    /// let mut identity = IdentityClient::new(server.channel().await?);
+    /// assert_eq!(identity.probe(ProbeRequest {}).await?.into_inner().ready, Some(true));
+    /// server.shutdown().await?; // also removes the socket
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn serve_unix(&self, path: impl AsRef<Path>) -> Result<MockServer, Error> {
         let endpoint = UnixEndpoint::from_path(path)?;
         let path = endpoint.path().to_path_buf();
