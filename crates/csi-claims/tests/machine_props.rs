@@ -298,7 +298,7 @@ impl World {
             Action::Persist(p) => {
                 let r = self
                     .store
-                    .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+                    .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
                 self.machine.persisted(p.ticket, r, now);
             }
             Action::Reload(r) => {
@@ -380,7 +380,7 @@ impl World {
                     };
                     let _ = self
                         .store
-                        .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+                        .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
                     return self.restart();
                 }
             }

@@ -78,7 +78,7 @@ fn compare_and_swap_refuses_stale_writers_and_survives_reopen() {
     let store = RedbStore::open(&path).unwrap();
     let stored = store.load(&volume).unwrap().unwrap();
     assert_eq!(stored.version.get(), 2);
-    assert_eq!(stored.record, record);
+    assert_eq!(stored.record, *record);
     assert_eq!(stored.format, Format::V2);
     assert_eq!(store.load_all().unwrap().len(), 1);
     assert_eq!(
@@ -121,7 +121,7 @@ fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
         panic!("an older record is rewritten at once");
     };
     let version = store
-        .compare_and_swap(&write.volume, write.expected, write.record.as_ref())
+        .compare_and_swap(&write.volume, write.expected, write.record.as_deref())
         .unwrap();
     m.persisted(write.ticket, Ok(version), std::time::Instant::now());
     let again = store.load(&VolumeId::new("old").unwrap()).unwrap().unwrap();

@@ -315,7 +315,7 @@ async fn persist<S: ClaimStore + ?Sized>(
     } = request;
     let key = volume.clone();
     let result = tokio::task::spawn_blocking(move || {
-        store.compare_and_swap(&key, expected, record.as_ref())
+        store.compare_and_swap(&key, expected, record.as_deref())
     })
     .await
     .unwrap_or(Err(StoreError::Interrupted { volume }));

@@ -74,6 +74,7 @@ mod status;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
@@ -207,7 +208,8 @@ impl Waiter {
 
 #[derive(Debug)]
 struct Entry {
-    record: VolumeRecord,
+    /// Shared with the store write in flight; changed copy-on-write.
+    record: Arc<VolumeRecord>,
     /// Revision of `record` in memory; bumped by every change.
     rev: u64,
     /// Revision last acknowledged durable.
@@ -229,7 +231,7 @@ struct Entry {
 impl Entry {
     fn new(record: VolumeRecord, version: Option<Version>) -> Self {
         Self {
-            record,
+            record: Arc::new(record),
             rev: 0,
             durable_rev: 0,
             version,
@@ -409,7 +411,9 @@ impl ReleaseMachine {
         let durable = match admission {
             Admission::AlreadyHeld => entry.clean(),
             Admission::New => {
-                entry.record.claims.push(Claim::taken(request));
+                Arc::make_mut(&mut entry.record)
+                    .claims
+                    .push(Claim::taken(request));
                 entry.rev += 1;
                 false
             }
@@ -455,7 +459,7 @@ impl ReleaseMachine {
             });
         }
         let index = entry.record.position(workload).ok_or_else(no_claim)?;
-        let claim = &mut entry.record.claims[index];
+        let claim = &mut Arc::make_mut(&mut entry.record).claims[index];
         let started = if claim.state.is_releasing() {
             ReleaseStarted::AlreadyReleasing
         } else {
@@ -491,7 +495,10 @@ impl ReleaseMachine {
         let mut touched = Vec::new();
         for (volume, entry) in &mut self.volumes {
             let mut hit = false;
-            for claim in &mut entry.record.claims {
+            if !entry.record.claims.iter().any(|c| &c.node == node) {
+                continue;
+            }
+            for claim in &mut Arc::make_mut(&mut entry.record).claims {
                 if &claim.node == node {
                     hit = true;
                     if claim.state == ClaimState::Taken {
@@ -557,8 +564,9 @@ impl ReleaseMachine {
     // ----------------------------------------------------------------------------------
 
     /// The result of an [`Action::Persist`]: the new version (`None` after a delete) or the
-    /// store's error. A stale write ([`StoreError::Conflict`]) makes the machine reload the
-    /// volume; any other error retries the write after a backoff.
+    /// store's error. A stale write ([`StoreError::Conflict`]) or a write whose outcome is
+    /// unknown ([`StoreError::Interrupted`]) makes the machine reload the volume
+    /// ([`Action::Reload`]); any other error retries the write after a backoff.
     pub fn persisted(
         &mut self,
         ticket: Ticket,
@@ -682,7 +690,7 @@ impl ReleaseMachine {
                 // Frees not yet durable: if the claim is gone from the store, someone freed
                 // it; if not, it will be released again from its stored state.
                 entry.frees.clear();
-                entry.record = record;
+                entry.record = Arc::new(record);
                 entry.version = version;
                 entry.rev = rev;
                 entry.durable_rev = 0;
@@ -746,7 +754,7 @@ impl ReleaseMachine {
             _ => {
                 entry.step_retry.succeeded_for(&workload);
                 if let Some(i) = entry.record.position(&workload) {
-                    let claim = &mut entry.record.claims[i];
+                    let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if claim.state == ClaimState::Releasing {
                         claim.state = ClaimState::NodeDetached(NodeDetached {
                             node: NodeStep::Detached { unstaged: unstage },
@@ -803,7 +811,7 @@ impl ReleaseMachine {
             _ => {
                 entry.step_retry.succeeded_for(&workload);
                 if let Some(i) = entry.record.position(&workload) {
-                    let claim = &mut entry.record.claims[i];
+                    let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if let ClaimState::NodeDetached(done) = &claim.state {
                         claim.state = ClaimState::ControllerDetached(Detached {
                             node: done.node,
@@ -866,7 +874,7 @@ impl ReleaseMachine {
 
     /// The claims on `volume` as the machine sees them (possibly not yet durable).
     pub fn record(&self, volume: &VolumeId) -> Option<&VolumeRecord> {
-        self.volumes.get(volume).map(|e| &e.record)
+        self.volumes.get(volume).map(|e| &*e.record)
     }
 
     /// Every volume the machine manages.
@@ -1003,12 +1011,12 @@ impl ReleaseMachine {
         match next_step(&entry.record, |n| gone.contains(n), deferred) {
             Step::Idle => None,
             Step::Record { index, to } => {
-                entry.record.claims[index].state = to;
+                Arc::make_mut(&mut entry.record).claims[index].state = to;
                 entry.rev += 1;
                 Some(self.persist_action(volume))
             }
             Step::Free { index } => {
-                let mut claim = entry.record.claims.remove(index);
+                let mut claim = Arc::make_mut(&mut entry.record).claims.remove(index);
                 claim.state = match claim.state {
                     ClaimState::ReadyToFree(d) | ClaimState::Freed(d) => ClaimState::Freed(d),
                     other => other,
@@ -1095,7 +1103,7 @@ impl ReleaseMachine {
             ticket,
             volume: volume.clone(),
             expected: entry.version,
-            record: (!entry.record.claims.is_empty()).then(|| entry.record.clone()),
+            record: (!entry.record.claims.is_empty()).then(|| Arc::clone(&entry.record)),
         })
     }
 }

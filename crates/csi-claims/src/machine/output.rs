@@ -1,5 +1,7 @@
 //! What the machine asks its driver to do ([`Action`]) and tells it ([`Event`]).
 
+use std::sync::Arc;
+
 use csi_structs::{VolumeId, WorkloadId};
 
 use crate::detach::{ControllerDetachRequest, NodeDetachRequest};
@@ -45,8 +47,9 @@ pub struct PersistRequest {
     pub volume: VolumeId,
     /// The version the machine last saw durable (`None`: no record).
     pub expected: Option<Version>,
-    /// The whole new record, or `None` to delete.
-    pub record: Option<VolumeRecord>,
+    /// The whole new record, or `None` to delete. Shared with the machine (which changes
+    /// its copy on write), so asking for a write does not copy the record.
+    pub record: Option<Arc<VolumeRecord>>,
 }
 
 /// "Reload this volume": its record changed under the machine.

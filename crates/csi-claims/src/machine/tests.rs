@@ -113,7 +113,7 @@ impl Harness {
                     );
                     let result =
                         self.store
-                            .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+                            .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
                     self.m.persisted(p.ticket, result, self.now);
                 }
                 Action::Reload(r) => {
@@ -323,7 +323,7 @@ fn no_call_is_made_while_a_change_is_not_durable() {
     );
     let result = h
         .store
-        .compare_and_swap(&p.volume, p.expected, p.record.as_ref());
+        .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
     h.m.persisted(p.ticket, result, h.now);
     let Some(Action::NodeDetach(n)) = h.m.poll_action() else {
         panic!("node call after the write");
