@@ -319,6 +319,42 @@ async fn stopping_the_driver_answers_waiters() {
     assert_eq!(guard(waiting).await.unwrap(), Err(DriverError::Stopped));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_call_that_never_answers_is_cut_off_and_retried() {
+    let plugin = Plugin::new();
+    // The first call (NodeUnpublish) hangs forever.
+    *plugin.hang_at.lock().unwrap() = Some(1);
+    let mut cfg = config(Duration::from_secs(1), Duration::from_secs(8));
+    cfg.call_timeout = Duration::from_secs(30);
+    let (claims, driver) = start(&plugin, cfg).await;
+    let v = info("v", "p", ControllerRequirement::NotRequired);
+    let a = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    let started = tokio::time::Instant::now();
+    let freed = guard(claims.release_and_wait(&v.id, a.workload()))
+        .await
+        .unwrap();
+    assert!(matches!(freed.state(), ClaimState::Freed(_)));
+    assert!(tokio::time::Instant::now() - started >= Duration::from_secs(30));
+    let unpublishes = plugin
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == DetachRpc::NodeUnpublish)
+        .count();
+    assert_eq!(unpublishes, 2, "the hung call, then its retry");
+    driver.shutdown().await;
+}
+
 /// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.
 #[allow(dead_code)]
 fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {

@@ -25,6 +25,8 @@ pub trait NodeDetacher: Send + Sync + 'static {
     async fn node_unpublish(&self, request: &NodeDetachRequest) -> Result<(), DetachError>;
 
     /// `NodeUnstageVolume` on the claim's node (only asked when it was the last user there).
+    /// For a plugin without the `STAGE_UNSTAGE_VOLUME` node capability there is nothing to
+    /// unstage: answer `Ok(())` without a call.
     async fn node_unstage(&self, request: &NodeDetachRequest) -> Result<(), DetachError>;
 }
 
