@@ -176,8 +176,8 @@ impl Drop for CallScope {
                 .lock()
                 .calls
                 .finish(self.seq, Outcome::Abandoned);
+            self.plugin.shared.log_changed.notify_waiters();
         }
-        self.plugin.shared.log_changed.notify_waiters();
     }
 }
 
@@ -195,35 +195,38 @@ impl MockPlugin {
         let node = target.node.clone().or_else(|| {
             (rpc.service() == csi_proto::Service::Node).then(|| self.shared.config.node_id.clone())
         });
-        let seq = self
-            .shared
-            .lock()
-            .calls
-            .push(rpc, target.volume.clone(), node, text);
+        // One critical section: once the call is visible in the log it also holds its volume,
+        // so a test that waits for the log can rely on a second call being ABORTED.
+        let (seq, busy, step) = {
+            let mut inner = self.shared.lock();
+            let seq = inner.calls.push(rpc, target.volume.clone(), node, text);
+            let busy = target
+                .lock
+                .as_ref()
+                .is_some_and(|key| !inner.in_flight.insert(key.clone()));
+            let step = if busy {
+                None
+            } else {
+                inner.faults.take(rpc, target.volume.as_deref())
+            };
+            (seq, busy, step)
+        };
         self.shared.log_changed.notify_waiters();
         let mut scope = CallScope {
             plugin: self.clone(),
             rpc,
             seq,
             finished: false,
-            lock: None,
+            lock: if busy { None } else { target.lock.clone() },
             stream_fault: None,
         };
-
-        let step = {
-            let mut inner = self.shared.lock();
-            if let Some(key) = &target.lock {
-                if !inner.in_flight.insert(key.clone()) {
-                    drop(inner);
-                    return Err(scope.fail(Status::aborted(format!(
-                        "{}: another operation on {key} is still in progress",
-                        rpc.name()
-                    ))));
-                }
-                scope.lock = Some(key.clone());
-            }
-            inner.faults.take(rpc, target.volume.as_deref())
-        };
+        if busy {
+            return Err(scope.fail(Status::aborted(format!(
+                "{}: another operation on {} is still in progress",
+                rpc.name(),
+                target.lock.as_deref().unwrap_or_default()
+            ))));
+        }
 
         // A scripted outcome wins over everything, even UNIMPLEMENTED: a test may want a
         // plugin that answers an rpc it does not advertise.
