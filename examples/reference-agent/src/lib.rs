@@ -3,10 +3,12 @@
 //! - [`demo`]: walk one volume through its whole life (create, claim, publish, write, release,
 //!   delete) against the built-in csi-testkit mock or any external plugin.
 //! - [`adapters`]: csi-claims' detacher traits implemented with csi-client.
+//! - [`layout`]: where staging and publish paths live under the data directory.
 //! - [`serve`], [`ops`]: the long-running agent and the operator commands.
 
 pub mod adapters;
 pub mod demo;
+pub mod layout;
 pub mod ops;
 pub mod serve;
 

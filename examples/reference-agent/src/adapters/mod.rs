@@ -1,1 +1,55 @@
 //! csi-claims' detacher traits implemented with csi-client.
+//!
+//! The release pipeline of `csi-claims` asks for three calls through two traits:
+//! [`NodeDetacher`](csi_claims::driver::NodeDetacher) (`NodeUnpublishVolume`, then
+//! `NodeUnstageVolume` when the claim was the last user on its node) and
+//! [`ControllerDetacher`](csi_claims::driver::ControllerDetacher)
+//! (`ControllerUnpublishVolume`). [`ClientNodeDetacher`] and [`ClientControllerDetacher`]
+//! make those calls with a [`CsiClient`](csi_client::CsiClient):
+//!
+//! - The plugin's answer keeps the [`ErrorClass`](csi_structs::ErrorClass) csi-client gave
+//!   it ([`detach_error`]); nothing is reclassified, and never from message text.
+//! - Node paths come from the agent's [`Layout`](crate::layout::Layout), derived from the
+//!   ids in the request, so a restarted agent finds the same paths.
+//! - Directories the orchestrator created (the staging directory, the target's parents) are
+//!   removed once the plugin is done with them.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+//! use csi_agent::layout::Layout;
+//! use csi_claims::MemoryStore;
+//! use csi_claims::driver::{ClaimsDriver, DriverConfig};
+//! use csi_client::{CsiClient, Endpoint};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = CsiClient::new("unix:///run/csi/csi.sock".parse::<Endpoint>()?);
+//! let fingerprint = client.fingerprint().await?;
+//! let node = ClientNodeDetacher::new(
+//!     client.clone(),
+//!     Layout::new("/var/lib/csi-agent"),
+//!     fingerprint.capabilities.node.requires_staging(),
+//! );
+//! let controller = ClientControllerDetacher::new(client, Arc::new(NoSecrets));
+//! let (claims, driver) = ClaimsDriver::start(
+//!     Arc::new(MemoryStore::new()),
+//!     Arc::new(node),
+//!     Arc::new(controller),
+//!     DriverConfig::default(),
+//! )
+//! .await?;
+//! # drop((claims, driver));
+//! # Ok(()) }
+//! ```
+
+mod cleanup;
+mod controller;
+mod error;
+mod node;
+
+pub use cleanup::remove_empty_dirs;
+pub use controller::{ClientControllerDetacher, NoSecrets, SecretsLookup};
+pub use error::detach_error;
+pub use node::ClientNodeDetacher;

@@ -1,0 +1,117 @@
+//! How the demo fails.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use csi_claims::DetachError;
+use csi_claims::driver::DriverError;
+
+use super::plan::PlanError;
+use super::step::Step;
+use crate::layout::LayoutError;
+
+/// Why one step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The plugin call failed (the error names the RPC, volume, node and class).
+    #[error(transparent)]
+    Rpc(#[from] csi_client::Error),
+    /// The plugin did not confirm the capabilities asked for.
+    #[error("the plugin did not confirm the capabilities ({mismatches} mismatches){}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
+    NotConfirmed {
+        /// How many fields differed.
+        mismatches: usize,
+        /// The plugin's message.
+        message: Option<String>,
+    },
+    /// The plugin's answer is unusable for the next steps.
+    #[error("the plugin's answer is unusable: {0}")]
+    BadAnswer(#[source] csi_structs::ValidationErrors),
+    /// The claim store refused or lost the claim, or the claims driver stopped.
+    #[error(transparent)]
+    Claim(#[from] DriverError),
+    /// A release call failed in a way the release pipeline will not fix by itself soon
+    /// (fatal, needs another instance, or failed repeatedly).
+    #[error("{error} (attempt {attempts})")]
+    Detach {
+        /// The last failure.
+        #[source]
+        error: DetachError,
+        /// How many times the release calls failed so far.
+        attempts: u32,
+    },
+    /// The release did not finish within the hang guard.
+    #[error("the release did not finish within {0:?}")]
+    ReleaseTimedOut(Duration),
+    /// A path could not be derived.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A path is not valid UTF-8, which CSI requires.
+    #[error("path {} is not valid UTF-8", .0.display())]
+    PathNotUtf8(PathBuf),
+    /// A filesystem operation failed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`creating directory`, `writing`, ...).
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The file read back differs from what was written.
+    #[error("{} read back different content than written", .0.display())]
+    ReadBack(PathBuf),
+}
+
+/// Why `csi-agent demo` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] io::Error),
+    /// The temporary directory could not be created.
+    #[error("cannot create a temporary directory: {0}")]
+    TempDir(#[source] io::Error),
+    /// The data directory could not be created.
+    #[error("cannot create the data directory {}: {source}", path.display())]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The built-in mock plugin could not be configured.
+    #[error("cannot configure the built-in mock plugin: {0}")]
+    MockConfig(#[from] csi_testkit::ConfigError),
+    /// The built-in mock plugin could not start.
+    #[error("cannot start the built-in mock plugin: {0}")]
+    Mock(#[from] csi_testkit::Error),
+    /// The claims driver could not start.
+    #[error("cannot start the claims driver: {0}")]
+    Claims(#[from] csi_claims::StoreError),
+    /// The plugin cannot run the demo as asked.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Writing the output failed.
+    #[error("cannot write the output: {0}")]
+    Output(#[source] io::Error),
+    /// A step failed.
+    #[error("step '{step}' ({}) failed: {cause}", step.call())]
+    Step {
+        /// The step.
+        step: Step,
+        /// Why.
+        #[source]
+        cause: StepError,
+    },
+}
+
+impl crate::ExitStatus for DemoError {
+    fn exit_code(&self) -> u8 {
+        1
+    }
+}

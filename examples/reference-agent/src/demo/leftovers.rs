@@ -1,0 +1,119 @@
+//! What the demo has set up so far, so a failure can say what it left and how to remove it.
+
+use std::path::PathBuf;
+
+use csi_structs::{ExternalVolumeId, PluginNodeId};
+
+/// Everything the demo made that still exists, updated as each step ends.
+///
+/// Each field is an independent fact about the outside world (a volume can be created and not
+/// published, staged and not published, ...), so this is a ledger, not a state.
+#[derive(Debug, Default, Clone)]
+pub struct Leftovers {
+    /// A volume the demo created (not one given with `--volume-id`).
+    pub created: Option<ExternalVolumeId>,
+    /// Published by the controller to this plugin node.
+    pub controller_published: Option<(ExternalVolumeId, PluginNodeId)>,
+    /// Staged at this path.
+    pub staged: Option<(ExternalVolumeId, PathBuf)>,
+    /// Published at this target path.
+    pub published: Option<(ExternalVolumeId, PathBuf)>,
+    /// The file the workload wrote.
+    pub file: Option<PathBuf>,
+    /// A claim that is not freed yet, with its state.
+    pub claim: Option<String>,
+    /// Directories the demo created, deepest last (only those that still exist count).
+    pub dirs: Vec<PathBuf>,
+}
+
+impl Leftovers {
+    /// The directories that still exist, deepest first.
+    fn remaining_dirs(&self) -> Vec<&PathBuf> {
+        self.dirs.iter().rev().filter(|d| d.exists()).collect()
+    }
+
+    /// Whether nothing is left.
+    pub fn is_empty(&self) -> bool {
+        self.created.is_none()
+            && self.controller_published.is_none()
+            && self.staged.is_none()
+            && self.published.is_none()
+            && self.file.as_ref().is_none_or(|f| !f.exists())
+            && self.claim.is_none()
+            && self.remaining_dirs().is_empty()
+    }
+
+    /// What is left and how to remove it, one line each, in the order to do it.
+    pub fn report(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Some(state) = &self.claim {
+            lines.push(format!(
+                "claim of the demo workload ({state}), in this process's in-memory claim store: gone with the process"
+            ));
+        }
+        if let Some(file) = self.file.as_ref().filter(|f| f.exists()) {
+            lines.push(format!("file {}: rm {}", file.display(), file.display()));
+        }
+        if let Some((volume, target)) = &self.published {
+            lines.push(format!(
+                "published at {}: call NodeUnpublishVolume volume_id={volume} target_path={}",
+                target.display(),
+                target.display()
+            ));
+        }
+        if let Some((volume, staging)) = &self.staged {
+            lines.push(format!(
+                "staged at {}: call NodeUnstageVolume volume_id={volume} staging_target_path={}",
+                staging.display(),
+                staging.display()
+            ));
+        }
+        if let Some((volume, node)) = &self.controller_published {
+            lines.push(format!(
+                "published to node {node} by the controller: call ControllerUnpublishVolume volume_id={volume} node_id={node}"
+            ));
+        }
+        if let Some(volume) = &self.created {
+            lines.push(format!(
+                "volume {volume} exists: call DeleteVolume volume_id={volume}"
+            ));
+        }
+        for dir in self.remaining_dirs() {
+            lines.push(format!(
+                "directory {}: rmdir {}",
+                dir.display(),
+                dir.display()
+            ));
+        }
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_each_leftover_with_its_removal_in_order() {
+        let vol = ExternalVolumeId::new("v-1").unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("staging");
+        std::fs::create_dir(&dir).unwrap();
+        let gone = tmp.path().join("gone");
+        let left = Leftovers {
+            created: Some(vol.clone()),
+            controller_published: Some((vol.clone(), PluginNodeId::new("n-1").unwrap())),
+            staged: Some((vol.clone(), dir.clone())),
+            dirs: vec![dir.clone(), gone],
+            ..Leftovers::default()
+        };
+        assert!(!left.is_empty());
+        let lines = left.report();
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert!(lines[0].contains("NodeUnstageVolume volume_id=v-1"));
+        assert!(lines[1].contains("ControllerUnpublishVolume volume_id=v-1 node_id=n-1"));
+        assert!(lines[2].contains("DeleteVolume volume_id=v-1"));
+        assert!(lines[3].starts_with("directory "));
+        assert!(Leftovers::default().is_empty());
+    }
+}

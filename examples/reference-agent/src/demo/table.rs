@@ -1,0 +1,110 @@
+//! The demo's aligned output table, one row per step as it ends.
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use super::step::Step;
+
+const STEP_WIDTH: usize = 30;
+const CALL_WIDTH: usize = 27;
+const TIME_WIDTH: usize = 10;
+
+/// Writes the table to a writer (stdout for the command), flushing each row.
+#[derive(Debug)]
+pub struct Table<W: Write> {
+    out: W,
+    rows: usize,
+}
+
+impl<W: Write> Table<W> {
+    /// A table writing to `out`; call [`header`](Self::header) first.
+    pub fn new(out: W) -> Self {
+        Self { out, rows: 0 }
+    }
+
+    /// Prints the header.
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn header(&mut self) -> io::Result<()> {
+        writeln!(
+            self.out,
+            "{:>2}  {:<STEP_WIDTH$}  {:<CALL_WIDTH$}  {:>TIME_WIDTH$}  result",
+            "#", "step", "rpc", "duration"
+        )?;
+        writeln!(
+            self.out,
+            "{:>2}  {:-<STEP_WIDTH$}  {:-<CALL_WIDTH$}  {:->TIME_WIDTH$}  {:-<6}",
+            "--", "", "", "", ""
+        )?;
+        self.out.flush()
+    }
+
+    /// Prints one row: the step, what it called, how long it took (`None`: not run) and the
+    /// result text.
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn row(&mut self, step: Step, took: Option<Duration>, result: &str) -> io::Result<()> {
+        self.rows += 1;
+        let took = match took {
+            Some(d) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
+            None => "-".to_owned(),
+        };
+        writeln!(
+            self.out,
+            "{:>2}  {:<STEP_WIDTH$}  {:<CALL_WIDTH$}  {:>TIME_WIDTH$}  {result}",
+            self.rows,
+            step.name(),
+            step.call(),
+            took
+        )?;
+        self.out.flush()
+    }
+
+    /// Prints a free-form line (a note, the summary).
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn line(&mut self, text: &str) -> io::Result<()> {
+        writeln!(self.out, "{text}")?;
+        self.out.flush()
+    }
+
+    /// How many rows were printed.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_aligned_whatever_the_step() {
+        let mut table = Table::new(Vec::new());
+        table.header().unwrap();
+        for step in Step::ALL {
+            table
+                .row(step, Some(Duration::from_micros(1500)), "ok")
+                .unwrap();
+        }
+        table.row(Step::NodeStage, None, "skipped").unwrap();
+        let text = String::from_utf8(table.out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2 + Step::ALL.len() + 1);
+        let column = lines[0].find("result").unwrap();
+        for line in &lines[2..] {
+            let result = &line[column..];
+            assert!(
+                result == "ok" || result == "skipped",
+                "result column misaligned in {line:?}"
+            );
+        }
+        assert!(lines[2].contains("1.5 ms"));
+    }
+}

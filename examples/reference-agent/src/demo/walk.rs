@@ -1,0 +1,538 @@
+//! The forward half of the lifecycle: fingerprint, create, validate, claim, publish, write,
+//! stop; then the release (see `release.rs`) and delete.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use csi_claims::driver::ClaimsHandle;
+use csi_claims::{ClaimMode, ClaimRequest, ControllerRequirement, VolumeInfo};
+use csi_client::{CsiClient, ErrorClass, NodePublish, NodeStage, proto};
+use csi_structs::confirm::AskedCapabilities;
+use csi_structs::{
+    AccessMode, AccessTypeKind, ConfirmPolicy, ExternalVolumeId, MountOptions, NodeId, PluginId,
+    PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+};
+
+use super::error::{DemoError, StepError};
+use super::leftovers::Leftovers;
+use super::plan::{Plan, VolumeSource};
+use super::step::Step;
+use super::table::Table;
+use crate::layout::{Layout, Usage};
+
+/// The orchestrator-side ids the demo uses.
+pub(crate) const DEMO_VOLUME: &str = "demo-volume";
+pub(crate) const DEMO_WORKLOAD: &str = "demo-workload";
+pub(crate) const DEMO_NODE: &str = "local";
+const FILE_NAME: &str = "hello-from-csi-agent.txt";
+const FILE_CONTENT: &[u8] = b"written by csi-agent demo through the published path\n";
+
+/// The volume once it exists.
+#[derive(Debug, Clone)]
+pub(crate) struct Volume {
+    pub(crate) id: VolumeId,
+    pub(crate) external: ExternalVolumeId,
+    pub(crate) context: VolumeContext,
+}
+
+/// One run of the demo: the client, where paths go, the table, and what is left so far.
+#[derive(Debug)]
+pub(crate) struct Walk<'t, W: Write> {
+    pub(crate) client: CsiClient,
+    pub(crate) layout: Layout,
+    pub(crate) table: &'t mut Table<W>,
+    pub(crate) left: Leftovers,
+    pub(crate) skipped: usize,
+    pub(crate) capability: VolumeCapability,
+    pub(crate) workload: WorkloadId,
+}
+
+fn ids_invariant<T>(result: Result<T, csi_structs::ValidationErrors>) -> T {
+    result.expect("the demo's constant ids are short, non-empty and valid")
+}
+
+impl<'t, W: Write> Walk<'t, W> {
+    pub(crate) fn new(client: CsiClient, layout: Layout, table: &'t mut Table<W>) -> Self {
+        Self {
+            client,
+            layout,
+            table,
+            left: Leftovers::default(),
+            skipped: 0,
+            capability: VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new()),
+            workload: ids_invariant(WorkloadId::new(DEMO_WORKLOAD)),
+        }
+    }
+
+    pub(crate) fn usage(&self) -> Usage {
+        Usage {
+            read_only: false,
+            attachment: AccessTypeKind::Mount,
+            access_mode: AccessMode::SingleNodeWriter,
+        }
+    }
+
+    /// Prints a row; an output error becomes [`DemoError::Output`].
+    pub(crate) fn row(
+        &mut self,
+        step: Step,
+        took: Option<Duration>,
+        result: &str,
+    ) -> Result<(), DemoError> {
+        self.table
+            .row(step, took, result)
+            .map_err(DemoError::Output)
+    }
+
+    /// Prints a skipped row.
+    pub(crate) fn skip(&mut self, step: Step, why: &str) -> Result<(), DemoError> {
+        self.skipped += 1;
+        self.row(step, None, &format!("skipped: {why}"))
+    }
+
+    /// Prints the failed row and makes the error.
+    pub(crate) fn fail(
+        &mut self,
+        step: Step,
+        took: Option<Duration>,
+        cause: StepError,
+    ) -> DemoError {
+        // The step's failure is what matters; an output error here cannot be reported anyway.
+        let _ = self.table.row(step, took, &format!("FAILED: {cause}"));
+        DemoError::Step { step, cause }
+    }
+
+    /// Creates `path` and any missing parents, recording each directory it made.
+    fn make_dirs(&mut self, path: &Path) -> Result<(), StepError> {
+        let missing: Vec<PathBuf> = path
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        for dir in missing.into_iter().rev() {
+            std::fs::create_dir(&dir).map_err(|source| StepError::Io {
+                what: "creating directory",
+                path: dir.clone(),
+                source,
+            })?;
+            self.left.dirs.push(dir);
+        }
+        Ok(())
+    }
+
+    /// Step 1: fingerprint and plan.
+    pub(crate) async fn fingerprint(
+        &mut self,
+        existing: Option<ExternalVolumeId>,
+    ) -> Result<(Plan, PluginId), DemoError> {
+        let started = Instant::now();
+        let fingerprint = match self.client.fingerprint().await {
+            Ok(f) => f,
+            Err(e) => return Err(self.fail(Step::Fingerprint, Some(started.elapsed()), e.into())),
+        };
+        let took = started.elapsed();
+        let plan = match Plan::for_plugin(&fingerprint, existing) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let _ = self
+                    .table
+                    .row(Step::Fingerprint, Some(took), &format!("FAILED: {e}"));
+                return Err(e.into());
+            }
+        };
+        let plugin = match PluginId::new(fingerprint.plugin.name.to_string()) {
+            Ok(id) => id,
+            Err(e) => {
+                return Err(self.fail(Step::Fingerprint, Some(took), StepError::BadAnswer(e)));
+            }
+        };
+        self.row(
+            Step::Fingerprint,
+            Some(took),
+            &format!(
+                "ok: {} {}; {}",
+                fingerprint.plugin.name,
+                fingerprint.plugin.vendor_version,
+                plan.describe()
+            ),
+        )?;
+        Ok((plan, plugin))
+    }
+
+    /// Step 2: create the volume (or take the given one).
+    pub(crate) async fn create(&mut self, plan: &Plan) -> Result<Volume, DemoError> {
+        let id = ids_invariant(VolumeId::new(DEMO_VOLUME));
+        match &plan.volume {
+            VolumeSource::Existing(external) => {
+                self.skip(
+                    Step::CreateVolume,
+                    &format!("using existing volume {external}"),
+                )?;
+                Ok(Volume {
+                    id,
+                    external: external.clone(),
+                    context: VolumeContext::new(),
+                })
+            }
+            VolumeSource::Create => {
+                let name = format!(
+                    "csi-agent-demo-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis())
+                        .unwrap_or_default()
+                );
+                let request = proto::CreateVolumeRequest {
+                    name: name.clone(),
+                    volume_capabilities: vec![(&self.capability).into()],
+                    ..Default::default()
+                };
+                let started = Instant::now();
+                let created = self.client.controller().create_volume(request).await;
+                let took = started.elapsed();
+                let volume = match created {
+                    Ok(v) => v,
+                    Err(e) => return Err(self.fail(Step::CreateVolume, Some(took), e.into())),
+                };
+                self.left.created = Some(volume.volume_id.clone());
+                let size = volume
+                    .capacity_bytes
+                    .map(|b| format!("{} MiB", b >> 20))
+                    .unwrap_or_else(|| "size unknown".to_owned());
+                self.row(
+                    Step::CreateVolume,
+                    Some(took),
+                    &format!("ok: {} (name {name}, {size})", volume.volume_id),
+                )?;
+                Ok(Volume {
+                    id,
+                    external: volume.volume_id,
+                    context: volume.volume_context,
+                })
+            }
+        }
+    }
+
+    /// Step 3: validate the capabilities.
+    pub(crate) async fn validate(&mut self, plan: &Plan, volume: &Volume) -> Result<(), DemoError> {
+        if !plan.validate {
+            return self.skip(
+                Step::ValidateCapabilities,
+                "the plugin has no Controller service",
+            );
+        }
+        let mut asked = AskedCapabilities::new(vec![self.capability.clone()]);
+        asked.volume_context = volume.context.clone();
+        let started = Instant::now();
+        let answer = self
+            .client
+            .controller()
+            .validate_volume_capabilities(
+                &volume.external,
+                &asked,
+                &Secrets::default(),
+                ConfirmPolicy::Strict,
+            )
+            .await;
+        let took = started.elapsed();
+        match answer {
+            Ok(c) if c.is_accepted() => self.row(
+                Step::ValidateCapabilities,
+                Some(took),
+                "ok: mount, single-node-writer confirmed",
+            ),
+            Ok(c) => {
+                let message = match &c {
+                    csi_structs::Confirmation::NotConfirmed { message, .. } => message.clone(),
+                    _ => None,
+                };
+                let cause = StepError::NotConfirmed {
+                    mismatches: c.mismatches().len(),
+                    message,
+                };
+                Err(self.fail(Step::ValidateCapabilities, Some(took), cause))
+            }
+            Err(e) => Err(self.fail(Step::ValidateCapabilities, Some(took), e.into())),
+        }
+    }
+
+    /// Step 4: claim for writing.
+    pub(crate) async fn claim(
+        &mut self,
+        claims: &ClaimsHandle,
+        plan: &Plan,
+        plugin: &PluginId,
+        volume: &Volume,
+    ) -> Result<VolumeInfo, DemoError> {
+        let info = VolumeInfo {
+            id: volume.id.clone(),
+            external_id: volume.external.clone(),
+            plugin: plugin.clone(),
+            controller: if plan.controller_publish {
+                ControllerRequirement::Required
+            } else {
+                ControllerRequirement::NotRequired
+            },
+        };
+        let request = ClaimRequest {
+            volume: volume.id.clone(),
+            workload: self.workload.clone(),
+            node: ids_invariant(NodeId::new(DEMO_NODE)),
+            plugin_node: plan.plugin_node.clone(),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment: AccessTypeKind::Mount,
+        };
+        let started = Instant::now();
+        let claimed = claims.claim(&info, request).await;
+        let took = started.elapsed();
+        match claimed {
+            Ok(claim) => {
+                self.left.claim = Some(claim.state().name().to_owned());
+                self.row(
+                    Step::Claim,
+                    Some(took),
+                    &format!(
+                        "ok: {} {} by workload {}",
+                        volume.id,
+                        claim.state().name(),
+                        self.workload
+                    ),
+                )?;
+                Ok(info)
+            }
+            Err(e) => Err(self.fail(Step::Claim, Some(took), e.into())),
+        }
+    }
+
+    /// Step 5: controller publish.
+    pub(crate) async fn controller_publish(
+        &mut self,
+        plan: &Plan,
+        volume: &Volume,
+    ) -> Result<PublishContext, DemoError> {
+        if !plan.controller_publish {
+            self.skip(
+                Step::ControllerPublish,
+                "the plugin lacks PUBLISH_UNPUBLISH_VOLUME",
+            )?;
+            return Ok(PublishContext::new());
+        }
+        let started = Instant::now();
+        let published = self
+            .client
+            .controller()
+            .publish(
+                &volume.external,
+                &plan.plugin_node,
+                &self.capability,
+                false,
+                &volume.context,
+                &Secrets::default(),
+            )
+            .await;
+        let took = started.elapsed();
+        match published {
+            Ok(context) => {
+                self.left.controller_published =
+                    Some((volume.external.clone(), plan.plugin_node.clone()));
+                self.row(
+                    Step::ControllerPublish,
+                    Some(took),
+                    &format!(
+                        "ok: published to node {} ({} publish context keys)",
+                        plan.plugin_node,
+                        context.len()
+                    ),
+                )?;
+                Ok(context)
+            }
+            Err(e) => Err(self.fail(Step::ControllerPublish, Some(took), e.into())),
+        }
+    }
+
+    /// Step 6: node stage; returns the staging path when staged.
+    pub(crate) async fn stage(
+        &mut self,
+        plan: &Plan,
+        volume: &Volume,
+        publish_context: &PublishContext,
+    ) -> Result<Option<String>, DemoError> {
+        if !plan.stage {
+            self.skip(Step::NodeStage, "the plugin lacks STAGE_UNSTAGE_VOLUME")?;
+            return Ok(None);
+        }
+        let staging = self
+            .layout
+            .staging_path(&volume.id, &self.usage())
+            .map_err(|e| self.fail(Step::NodeStage, None, e.into()))?;
+        let Some(path) = staging.to_str().map(str::to_owned) else {
+            return Err(self.fail(Step::NodeStage, None, StepError::PathNotUtf8(staging)));
+        };
+        if let Err(e) = self.make_dirs(&staging) {
+            return Err(self.fail(Step::NodeStage, None, e));
+        }
+        let started = Instant::now();
+        let staged = self
+            .client
+            .node()
+            .stage(&NodeStage {
+                volume: &volume.external,
+                staging_target_path: &path,
+                capability: &self.capability,
+                publish_context,
+                volume_context: &volume.context,
+                secrets: &Secrets::default(),
+            })
+            .await;
+        let took = started.elapsed();
+        match staged {
+            Ok(()) => {
+                self.left.staged = Some((volume.external.clone(), staging));
+                self.row(
+                    Step::NodeStage,
+                    Some(took),
+                    &format!("ok: staged at {path}"),
+                )?;
+                Ok(Some(path))
+            }
+            Err(e) => Err(self.fail(Step::NodeStage, Some(took), e.into())),
+        }
+    }
+
+    /// Step 7: node publish; returns the target path.
+    pub(crate) async fn publish(
+        &mut self,
+        volume: &Volume,
+        staging: Option<&str>,
+        publish_context: &PublishContext,
+    ) -> Result<PathBuf, DemoError> {
+        let target = self
+            .layout
+            .target_path(&volume.id, &self.workload, &self.usage())
+            .map_err(|e| self.fail(Step::NodePublish, None, e.into()))?;
+        let Some(path) = target.to_str().map(str::to_owned) else {
+            return Err(self.fail(Step::NodePublish, None, StepError::PathNotUtf8(target)));
+        };
+        if let Some(parent) = target.parent()
+            && let Err(e) = self.make_dirs(parent)
+        {
+            return Err(self.fail(Step::NodePublish, None, e));
+        }
+        let started = Instant::now();
+        let published = self
+            .client
+            .node()
+            .publish(&NodePublish {
+                volume: &volume.external,
+                staging_target_path: staging,
+                target_path: &path,
+                capability: &self.capability,
+                readonly: false,
+                publish_context,
+                volume_context: &volume.context,
+                secrets: &Secrets::default(),
+            })
+            .await;
+        let took = started.elapsed();
+        match published {
+            Ok(()) => {
+                // The plugin made the target; the agent removes it if the plugin leaves it.
+                self.left.dirs.push(target.clone());
+                self.left.published = Some((volume.external.clone(), target.clone()));
+                self.row(
+                    Step::NodePublish,
+                    Some(took),
+                    &format!("ok: published at {path}"),
+                )?;
+                Ok(target)
+            }
+            Err(e) => Err(self.fail(Step::NodePublish, Some(took), e.into())),
+        }
+    }
+
+    /// Steps 8 and 9: the workload writes a file through the target, reads it back, removes
+    /// it and stops.
+    pub(crate) async fn workload(&mut self, target: &Path) -> Result<(), DemoError> {
+        let file = target.join(FILE_NAME);
+        let started = Instant::now();
+        let io = |what| {
+            let path = file.clone();
+            move |source| StepError::Io { what, path, source }
+        };
+        let written = async {
+            tokio::fs::write(&file, FILE_CONTENT)
+                .await
+                .map_err(io("writing"))?;
+            let back = tokio::fs::read(&file).await.map_err(io("reading back"))?;
+            if back != FILE_CONTENT {
+                return Err(StepError::ReadBack(file.clone()));
+            }
+            Ok(())
+        }
+        .await;
+        self.left.file = Some(file.clone());
+        if let Err(e) = written {
+            return Err(self.fail(Step::WriteFile, Some(started.elapsed()), e));
+        }
+        self.row(
+            Step::WriteFile,
+            Some(started.elapsed()),
+            &format!(
+                "ok: wrote and read back {} bytes in {}",
+                FILE_CONTENT.len(),
+                file.display()
+            ),
+        )?;
+        let started = Instant::now();
+        if let Err(e) = tokio::fs::remove_file(&file).await {
+            return Err(self.fail(
+                Step::StopWorkload,
+                Some(started.elapsed()),
+                io("removing")(e),
+            ));
+        }
+        self.left.file = None;
+        self.row(
+            Step::StopWorkload,
+            Some(started.elapsed()),
+            "ok: file removed, workload stopped",
+        )
+    }
+
+    /// Step 14: delete the volume if the demo created it.
+    pub(crate) async fn delete(&mut self, volume: &Volume) -> Result<(), DemoError> {
+        if self.left.created.is_none() {
+            return self.skip(
+                Step::DeleteVolume,
+                &format!("existing volume {} is kept", volume.external),
+            );
+        }
+        let started = Instant::now();
+        let deleted = self
+            .client
+            .controller()
+            .delete(&volume.external, &Secrets::default())
+            .await;
+        let took = started.elapsed();
+        let result = match deleted {
+            Ok(()) => "ok: deleted",
+            Err(e) if e.class() == ErrorClass::AlreadyDone => "ok: already gone",
+            Err(e) => return Err(self.fail(Step::DeleteVolume, Some(took), e.into())),
+        };
+        self.left.created = None;
+        self.row(Step::DeleteVolume, Some(took), result)
+    }
+
+    /// Removes the (empty) directories the demo made, deepest first.
+    pub(crate) fn remove_dirs(&mut self) {
+        for dir in self.left.dirs.iter().rev() {
+            // Gone already (the plugin or the release removed it) or still in use: either
+            // way the report lists what remains.
+            let _ = std::fs::remove_dir(dir);
+        }
+        self.left.dirs.retain(|d| d.exists());
+    }
+}
