@@ -490,6 +490,10 @@ impl ReleaseMachine {
     /// node steps are recorded as skipped ([`NodeStep::SkippedNodeGone`]) before their
     /// controller steps run. A node that is merely unreachable must not be reported here:
     /// its node steps fail and retry instead.
+    ///
+    /// The set of gone nodes is not stored (it is a fact about the cluster, not about a
+    /// volume): after a restart, report gone nodes again. Claims already recorded as
+    /// [`NodeStep::SkippedNodeGone`] keep that record.
     pub fn node_gone(&mut self, node: &NodeId, _now: Instant) {
         self.gone.insert(node.clone());
         let mut touched = Vec::new();

@@ -328,6 +328,69 @@ mod tests {
         }
     }
 
+    fn arb_state() -> impl proptest::strategy::Strategy<Value = ClaimState> {
+        use proptest::prelude::*;
+        let node = prop_oneof![
+            any::<bool>().prop_map(|unstaged| NodeStep::Detached { unstaged }),
+            Just(NodeStep::SkippedNodeGone),
+        ];
+        let controller = prop_oneof![
+            Just(ControllerStep::Detached),
+            Just(ControllerStep::SkippedNotRequired),
+            "[a-z]{1,8}".prop_map(|w| ControllerStep::SkippedStillUsedOnNode {
+                by: WorkloadId::new(w).unwrap()
+            }),
+        ];
+        (0..5u8, node, controller).prop_map(|(k, node, controller)| match k {
+            0 => ClaimState::Taken,
+            1 => ClaimState::Releasing,
+            2 => ClaimState::NodeDetached(NodeDetached { node }),
+            3 => ClaimState::ControllerDetached(Detached { node, controller }),
+            _ => ClaimState::ReadyToFree(Detached { node, controller }),
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_record_round_trips(
+            claims in proptest::collection::vec(
+                (
+                    "[a-z0-9.-]{1,12}",
+                    proptest::sample::select(AccessMode::ALL.to_vec()),
+                    proptest::bool::ANY,
+                    proptest::bool::ANY,
+                    arb_state(),
+                ),
+                0..6,
+            ),
+            controller in proptest::bool::ANY,
+        ) {
+            let mut record = sample();
+            record.info.controller = if controller {
+                ControllerRequirement::Required
+            } else {
+                ControllerRequirement::NotRequired
+            };
+            record.claims = claims
+                .into_iter()
+                .enumerate()
+                .map(|(i, (node, access_mode, write, block, state))| Claim {
+                    volume: record.info.id.clone(),
+                    workload: WorkloadId::new(format!("w{i}")).unwrap(),
+                    node: NodeId::new(node.clone()).unwrap(),
+                    plugin_node: PluginNodeId::new(format!("sp-{node}")).unwrap(),
+                    mode: if write { ClaimMode::Write } else { ClaimMode::Read },
+                    access_mode,
+                    attachment: if block { AccessTypeKind::Block } else { AccessTypeKind::Mount },
+                    state,
+                })
+                .collect();
+            let (back, format) = decode(&encode(&record).unwrap()).unwrap();
+            proptest::prop_assert_eq!(format, Format::V2);
+            proptest::prop_assert_eq!(back, record);
+        }
+    }
+
     #[test]
     fn current_format_round_trips_every_field() {
         let record = sample();
