@@ -119,6 +119,7 @@ async fn the_mock_passes_every_check_and_nothing_is_left_behind() {
         Check::ValidateConfirms,
         Check::NodeLifecycle,
         Check::SecretsPassedThrough,
+        Check::SizeLimits,
     ] {
         assert_eq!(outcome(&report, check), Outcome::Pass, "{check}:\n{report}");
     }

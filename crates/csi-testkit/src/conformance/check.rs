@@ -42,6 +42,9 @@ pub enum Check {
     NodeLifecycle,
     /// A full volume lifecycle succeeds with the configured secrets in every request.
     SecretsPassedThrough,
+    /// CreateVolume accepts a name of exactly 128 bytes (the spec's string limit), and the ids
+    /// and volume context the plugin returns stay within the spec's limits.
+    SizeLimits,
 }
 
 /// RPCs with a [`Check::RequiredFields`] check, in run order.
@@ -122,6 +125,7 @@ impl Check {
             Check::ValidateConfirms,
             Check::NodeLifecycle,
             Check::SecretsPassedThrough,
+            Check::SizeLimits,
         ]);
         all
     }
@@ -144,6 +148,7 @@ impl Check {
             Check::ValidateConfirms => "controller/validate-confirms".into(),
             Check::NodeLifecycle => "node/lifecycle".into(),
             Check::SecretsPassedThrough => "secrets/passed-through".into(),
+            Check::SizeLimits => "limits/string-sizes".into(),
         }
     }
 
@@ -186,6 +191,10 @@ impl Check {
             }
             Check::SecretsPassedThrough => {
                 "a volume lifecycle succeeds with the configured secrets".into()
+            }
+            Check::SizeLimits => {
+                "a 128-byte name is accepted; returned ids and contexts fit the spec's limits"
+                    .into()
             }
         }
     }

@@ -3,6 +3,7 @@
 mod consistency;
 mod idempotent;
 mod identity;
+mod limits;
 mod node;
 mod not_found;
 mod pagination;
@@ -29,5 +30,6 @@ pub(crate) async fn run(ctx: &mut Ctx, check: Check) -> Step {
         Check::ValidateConfirms => validate::confirms(ctx).await,
         Check::NodeLifecycle => node::lifecycle(ctx).await,
         Check::SecretsPassedThrough => secrets::passed_through(ctx).await,
+        Check::SizeLimits => limits::string_sizes(ctx).await,
     }
 }
