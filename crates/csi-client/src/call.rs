@@ -399,3 +399,45 @@ pub(crate) fn kind_of_status(status: tonic::Status, deadline: Elapsed) -> ErrorK
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::Endpoint;
+    use tonic::Code;
+
+    fn deadline() -> Elapsed {
+        Elapsed::new(DeadlineScope::Attempt, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn statuses_are_sorted_by_the_types_in_their_source_chain() {
+        let plugin = kind_of_status(tonic::Status::new(Code::NotFound, "gone"), deadline());
+        assert!(
+            matches!(plugin, ErrorKind::Status { code: Code::NotFound, ref message } if message == "gone")
+        );
+
+        // tonic's own enforcement of the grpc-timeout we set: our deadline, whatever the code.
+        let tonic_timeout = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(tonic_timeout.code(), Code::Cancelled);
+        assert!(
+            matches!(kind_of_status(tonic_timeout, deadline()), ErrorKind::Timeout(e) if e == deadline())
+        );
+
+        // Our connector gave up: nothing was sent.
+        let endpoint: Endpoint = "/run/none.sock".parse().unwrap();
+        let dial = ConnectError::timed_out(&endpoint, Duration::from_millis(5));
+        let not_connected = tonic::Status::from_error(Box::new(dial));
+        assert!(matches!(
+            kind_of_status(not_connected, deadline()),
+            ErrorKind::NotConnected(_)
+        ));
+
+        // Any other transport error: the connection broke under the call.
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        assert!(matches!(
+            kind_of_status(broken, deadline()),
+            ErrorKind::ConnectionLost { .. }
+        ));
+    }
+}
