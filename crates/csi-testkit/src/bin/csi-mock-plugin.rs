@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use csi_testkit::{
     ControllerCapability, GroupControllerCapability, MockPlugin, NodeCapability, PluginService,
-    Role, UnixEndpoint, VolumeExpansion,
+    Quirk, Role, UnixEndpoint, VolumeExpansion,
 };
 
 /// Capability enums whose wire names can be parsed.
@@ -67,6 +67,38 @@ enum RoleArg {
     Node,
     /// Controller and node in one process.
     Both,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum QuirkArg {
+    /// ValidateVolumeCapabilities never sets `confirmed`.
+    NeverConfirm,
+    /// ValidateVolumeCapabilities confirms another access mode.
+    ConfirmDifferentCapability,
+    /// ValidateVolumeCapabilities confirms access mode UNKNOWN.
+    ConfirmUnknownAccessMode,
+    /// ValidateVolumeCapabilities echoes another fs_type.
+    EchoDifferentFsType,
+    /// Probe answers without `ready`.
+    ProbeReadyAbsent,
+    /// Probe answers `ready = false`.
+    ProbeNotReady,
+    /// A repeated unpublish or unstage answers NOT_FOUND.
+    NotFoundOnRepeatedUnpublish,
+}
+
+impl QuirkArg {
+    fn quirk(self) -> Quirk {
+        match self {
+            QuirkArg::NeverConfirm => Quirk::NeverConfirm,
+            QuirkArg::ConfirmDifferentCapability => Quirk::ConfirmDifferentCapability,
+            QuirkArg::ConfirmUnknownAccessMode => Quirk::ConfirmUnknownAccessMode,
+            QuirkArg::EchoDifferentFsType => Quirk::EchoDifferentFsType,
+            QuirkArg::ProbeReadyAbsent => Quirk::ProbeReadyAbsent,
+            QuirkArg::ProbeNotReady => Quirk::ProbeNotReady,
+            QuirkArg::NotFoundOnRepeatedUnpublish => Quirk::NotFoundOnRepeatedUnpublish,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -125,6 +157,12 @@ struct Args {
     /// Node capabilities, comma-separated wire names, or `none` (default: all implemented).
     #[arg(long, value_parser = parse_list::<NodeCapability>)]
     node_caps: Option<Vec<NodeCapability>>,
+    /// Behave like a plugin with this quirk (repeatable).
+    #[arg(long = "quirk", value_enum)]
+    quirks: Vec<QuirkArg>,
+    /// Create the socket only this many milliseconds after start-up.
+    #[arg(long)]
+    late_socket_ms: Option<u64>,
     /// Group controller capabilities, comma-separated wire names, or `none`.
     #[arg(long, value_parser = parse_list::<GroupControllerCapability>)]
     group_caps: Option<Vec<GroupControllerCapability>>,
@@ -166,6 +204,12 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
         builder = builder.plugin_capabilities(services.iter().copied(), expansion);
     }
     builder = builder.volume_expansion(expansion);
+    for quirk in &args.quirks {
+        builder = builder.quirk(quirk.quirk());
+    }
+    if let Some(ms) = args.late_socket_ms {
+        builder = builder.quirk(Quirk::LateSocket(std::time::Duration::from_millis(ms)));
+    }
     if let Some(caps) = &args.controller_caps {
         builder = builder.controller_capabilities(caps.iter().copied());
     }

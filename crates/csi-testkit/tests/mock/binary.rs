@@ -3,8 +3,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use csi_proto::v1::GetPluginInfoRequest;
 use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::{GetPluginInfoRequest, ProbeRequest};
 
 use crate::support::GUARD;
 
@@ -65,6 +65,7 @@ async fn serves_from_csi_endpoint_and_stops_on_sigterm() {
     let mut child = Command::new(BIN)
         .env("CSI_ENDPOINT", format!("unix://{}", path.display()))
         .args(["--name", "bin.mock.example", "--role", "node"])
+        .args(["--quirk", "probe-not-ready"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -83,6 +84,13 @@ async fn serves_from_csi_endpoint_and_stops_on_sigterm() {
     .await
     .expect("the binary starts serving");
     assert_eq!(info.name, "bin.mock.example");
+    let channel = csi_testkit::transport::connect_unix(&path).await.unwrap();
+    let probe = IdentityClient::new(channel)
+        .probe(ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(false), "--quirk reaches the plugin");
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
