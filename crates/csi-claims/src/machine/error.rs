@@ -35,8 +35,8 @@ pub enum ClaimError {
         /// The node.
         node: NodeId,
     },
-    /// A controller detach of this volume from this node is in flight; a claim now would race
-    /// with it. Retry after it settles.
+    /// An unstage or a controller detach of this volume from this node is in flight; a claim
+    /// now would race with it. Retry after it settles.
     #[error("volume {volume} is being detached from node {node}; retry the claim later")]
     DetachInFlight {
         /// The volume.

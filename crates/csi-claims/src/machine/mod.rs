@@ -396,17 +396,28 @@ impl ReleaseMachine {
         if entry.reload != Reload::None {
             return Err(ClaimError::Reloading { volume });
         }
-        if let Op::Controller { workload, .. } = &entry.op {
-            let detaching = entry.record.claim(workload).map(|c| &c.node);
-            if detaching == Some(&request.node) {
+        let admission = admit(&entry.record.claims, &request)
+            .map_err(|denied| ClaimError::Denied(Box::new(denied)))?;
+        // An unstage or a controller detach in flight on the claim's node would pull the
+        // volume from under the new claim's stage and publish.
+        let detaching = match &entry.op {
+            Op::Node {
+                workload,
+                unstage: true,
+                ..
+            }
+            | Op::Controller { workload, .. } => Some(workload),
+            _ => None,
+        };
+        if let Some(workload) = detaching {
+            let node = entry.record.claim(workload).map(|c| &c.node);
+            if node == Some(&request.node) {
                 return Err(ClaimError::DetachInFlight {
                     volume,
                     node: request.node,
                 });
             }
         }
-        let admission = admit(&entry.record.claims, &request)
-            .map_err(|denied| ClaimError::Denied(Box::new(denied)))?;
         let workload = request.workload.clone();
         let durable = match admission {
             Admission::AlreadyHeld => entry.clean(),

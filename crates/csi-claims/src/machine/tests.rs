@@ -677,6 +677,23 @@ fn a_claim_cannot_race_a_controller_detach_on_the_same_node() {
 }
 
 #[test]
+fn a_claim_cannot_race_an_unstage_on_the_same_node() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::NotRequired);
+    let req =
+        |w: &str, n: &str| request("v", w, n, ClaimMode::Read, AccessMode::MultiNodeReaderOnly);
+    h.claim(&v, req("a", "n1")).unwrap();
+    h.release("v", "a");
+    assert!(h.node_calls[0].unstage);
+    assert!(matches!(
+        h.claim(&v, req("b", "n1")),
+        Err(ClaimError::DetachInFlight { .. })
+    ));
+    h.answer_node(Ok(()));
+    h.claim(&v, req("b", "n1")).unwrap();
+}
+
+#[test]
 fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
