@@ -4,11 +4,14 @@
 //!   delete) against the built-in csi-testkit mock or any external plugin.
 //! - [`adapters`]: csi-claims' detacher traits implemented with csi-client.
 //! - [`layout`]: where staging and publish paths live under the data directory.
-//! - [`serve`], [`ops`]: the long-running agent and the operator commands.
+//! - [`serve`], [`ops`]: the long-running agent and the operator commands; [`config`]: its
+//!   configuration; [`metrics`]: its Prometheus metrics.
 
 pub mod adapters;
+pub mod config;
 pub mod demo;
 pub mod layout;
+pub mod metrics;
 pub mod ops;
 pub mod serve;
 

@@ -1,54 +1,536 @@
-//! Operator commands (`plugin`, `volume`, `status`) (placeholder until the ops work lands).
+//! Operator commands against a running `csi-agent serve`: `plugin list|info`,
+//! `volume register|create|claim|release|status|delete` and `status`, as tables by default
+//! or JSON with `--json`.
+//!
+//! The agent is found through its data directory (`--data-dir` / `CSI_AGENT_DATA_DIR`):
+//! `agent.json` names its address and `control.token` holds the token; `--agent` and
+//! `--token-file` override them.
+
+pub mod api;
+pub mod client;
+mod table;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyper::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::config::parse_duration;
+use client::ClientError;
+
+/// How to reach the agent, and how to print.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The agent's data directory (holds `agent.json` and `control.token`).
+    #[arg(long, env = "CSI_AGENT_DATA_DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// The agent's control address (`IP:PORT`), instead of reading `agent.json`.
+    #[arg(long, env = "CSI_AGENT_ADDR", global = true)]
+    pub agent: Option<String>,
+    /// The control token file, instead of `<data-dir>/control.token`.
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// How long to wait for the agent (e.g. `30s`).
+    #[arg(long, default_value = "60s", global = true)]
+    pub timeout: String,
+}
 
 /// Arguments of `csi-agent plugin`.
 #[derive(Debug, clap::Args)]
-pub struct PluginArgs {}
+pub struct PluginArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: PluginCommand,
+    /// The agent.
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `csi-agent plugin` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum PluginCommand {
+    /// Every plugin the agent knows (local and on peers).
+    List,
+    /// One plugin in detail.
+    Info {
+        /// The plugin id.
+        id: String,
+    },
+}
 
 /// Arguments of `csi-agent volume`.
 #[derive(Debug, clap::Args)]
-pub struct VolumeArgs {}
+pub struct VolumeArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: VolumeCommand,
+    /// The agent.
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `csi-agent volume` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum VolumeCommand {
+    /// Register an existing volume.
+    Register {
+        /// The orchestrator's volume id.
+        id: String,
+        /// The plugin's volume id.
+        #[arg(long)]
+        external_id: String,
+        /// The plugin id.
+        #[arg(long)]
+        plugin: String,
+        /// Access mode (e.g. `single-node-writer`).
+        #[arg(long, default_value = "single-node-writer")]
+        access_mode: String,
+        /// `mount` or `block`.
+        #[arg(long, default_value = "mount")]
+        attachment: String,
+        /// Whether releases need ControllerUnpublishVolume (default: from the plugin).
+        #[arg(long)]
+        controller_publish: Option<bool>,
+        /// Volume context entries, `KEY=VALUE` (repeatable).
+        #[arg(long = "context")]
+        context: Vec<String>,
+    },
+    /// Create a volume through the plugin's controller, then register it.
+    Create {
+        /// The orchestrator's volume id (also the name sent to the plugin).
+        id: String,
+        /// The plugin id.
+        #[arg(long)]
+        plugin: String,
+        /// Capacity in bytes, or with a suffix: `K`, `M`, `G`, `Ki`, `Mi`, `Gi`.
+        #[arg(long, default_value = "0")]
+        capacity: String,
+        /// Access mode.
+        #[arg(long, default_value = "single-node-writer")]
+        access_mode: String,
+        /// `mount` or `block`.
+        #[arg(long, default_value = "mount")]
+        attachment: String,
+        /// Plugin parameters, `KEY=VALUE` (repeatable).
+        #[arg(long = "parameter")]
+        parameters: Vec<String>,
+    },
+    /// Claim a volume for a workload on the agent's node and publish it there.
+    Claim {
+        /// The volume id.
+        id: String,
+        /// The workload.
+        #[arg(long)]
+        workload: String,
+        /// `read` or `write`.
+        #[arg(long, default_value = "write")]
+        mode: String,
+    },
+    /// Release a workload's claim (node unpublish/unstage, controller unpublish, free).
+    Release {
+        /// The volume id.
+        id: String,
+        /// The workload.
+        #[arg(long)]
+        workload: String,
+        /// Wait until the claim is freed (bounded by `--timeout`).
+        #[arg(long)]
+        wait: bool,
+    },
+    /// One volume (or all), with claims and release progress.
+    Status {
+        /// The volume id; all volumes when left out.
+        id: Option<String>,
+    },
+    /// Delete a volume without claims (in the plugin too when the agent created it).
+    Delete {
+        /// The volume id.
+        id: String,
+    },
+}
 
 /// Arguments of `csi-agent status`.
 #[derive(Debug, clap::Args)]
-pub struct StatusArgs {}
+pub struct StatusArgs {
+    /// The agent.
+    #[command(flatten)]
+    pub target: Target,
+}
 
 /// Error of the operator commands.
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
-    /// The subcommand is not built yet.
-    #[error("`{0}` is not built yet")]
-    NotBuilt(&'static str),
+    /// A flag is wrong.
+    #[error("flag --{flag}: {reason}")]
+    Usage {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The agent cannot be found.
+    #[error("cannot find the agent: {0}")]
+    Locate(String),
+    /// The call failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// `--wait` ran out of time.
+    #[error("claim of {workload} on {volume} not freed within {limit:?}; see `csi-agent status`")]
+    WaitTimedOut {
+        /// The volume.
+        volume: String,
+        /// The workload.
+        workload: String,
+        /// The limit.
+        limit: Duration,
+    },
+    /// The async runtime could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl crate::ExitStatus for OpsError {
     fn exit_code(&self) -> u8 {
-        2
+        match self {
+            OpsError::Usage { .. } | OpsError::Locate(_) => 2,
+            _ => 1,
+        }
     }
+}
+
+struct Conn {
+    addr: SocketAddr,
+    token: String,
+    json: bool,
+    limit: Duration,
+}
+
+impl Conn {
+    fn open(t: &Target) -> Result<Self, OpsError> {
+        let limit = parse_duration("timeout", &t.timeout).map_err(|e| OpsError::Usage {
+            flag: "timeout",
+            reason: e.to_string(),
+        })?;
+        let addr_text = match (&t.agent, &t.data_dir) {
+            (Some(a), _) => a.clone(),
+            (None, Some(dir)) => {
+                let path = dir.join("agent.json");
+                let info: api::AgentInfo = crate::serve::store::load_json(&path)
+                    .map_err(|e| OpsError::Locate(e.to_string()))?
+                    .ok_or_else(|| {
+                        OpsError::Locate(format!(
+                            "{} does not exist: is `csi-agent serve --data-dir {}` running?",
+                            path.display(),
+                            dir.display()
+                        ))
+                    })?;
+                info.http
+            }
+            (None, None) => {
+                return Err(OpsError::Usage {
+                    flag: "data-dir",
+                    reason: "give --data-dir (or CSI_AGENT_DATA_DIR) or --agent".into(),
+                });
+            }
+        };
+        let addr = addr_text.parse().map_err(|_| OpsError::Usage {
+            flag: "agent",
+            reason: format!("{addr_text:?} is not IP:PORT"),
+        })?;
+        let token_path = match (&t.token_file, &t.data_dir) {
+            (Some(p), _) => p.clone(),
+            (None, Some(d)) => d.join("control.token"),
+            (None, None) => {
+                return Err(OpsError::Usage {
+                    flag: "token-file",
+                    reason: "give --token-file or --data-dir".into(),
+                });
+            }
+        };
+        let token = std::fs::read_to_string(&token_path)
+            .map_err(|e| OpsError::Locate(format!("cannot read {}: {e}", token_path.display())))?
+            .trim()
+            .to_owned();
+        Ok(Self {
+            addr,
+            token,
+            json: t.json,
+            limit,
+        })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, OpsError> {
+        Ok(client::call::<(), T>(
+            self.addr,
+            Some(&self.token),
+            Method::GET,
+            path,
+            None,
+            self.limit,
+        )
+        .await?)
+    }
+
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, OpsError> {
+        Ok(client::call(self.addr, Some(&self.token), method, path, body, self.limit).await?)
+    }
+
+    fn print<T: Serialize>(&self, value: &T, human: impl FnOnce(&T) -> String) {
+        if self.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".into())
+            );
+        } else {
+            print!("{}", human(value));
+        }
+    }
+}
+
+fn block_on<T>(f: impl Future<Output = Result<T, OpsError>>) -> Result<T, OpsError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(OpsError::Runtime)?
+        .block_on(f)
+}
+
+fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>, OpsError> {
+    items
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| OpsError::Usage {
+                    flag,
+                    reason: format!("{kv:?} is not KEY=VALUE"),
+                })
+        })
+        .collect()
+}
+
+/// Parses `1073741824`, `10G`, `1Gi`, `512Mi`, ….
+///
+/// # Errors
+///
+/// [`OpsError::Usage`] for `--capacity`.
+pub fn parse_bytes(text: &str) -> Result<i64, OpsError> {
+    let bad = || OpsError::Usage {
+        flag: "capacity",
+        reason: format!("{text:?} is not a size (e.g. 1073741824, 10G, 1Gi)"),
+    };
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: i64 = digits.parse().map_err(|_| bad())?;
+    let mult: i64 = match unit {
+        "" => 1,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).ok_or_else(bad)
 }
 
 /// Runs `csi-agent plugin`.
 ///
 /// # Errors
 ///
-/// Always [`OpsError::NotBuilt`] for now.
-pub fn plugin(_args: PluginArgs) -> Result<(), OpsError> {
-    Err(OpsError::NotBuilt("plugin"))
+/// [`OpsError`].
+pub fn plugin(args: PluginArgs) -> Result<(), OpsError> {
+    let conn = Conn::open(&args.target)?;
+    block_on(async {
+        match args.command {
+            PluginCommand::List => {
+                let list: Vec<api::PluginView> = conn.get("/v1/plugins").await?;
+                conn.print(&list, |l| table::plugins(l));
+            }
+            PluginCommand::Info { id } => {
+                let p: api::PluginView = conn.get(&format!("/v1/plugins/{id}")).await?;
+                conn.print(&p, table::plugin_detail);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Runs `csi-agent volume`.
 ///
 /// # Errors
 ///
-/// Always [`OpsError::NotBuilt`] for now.
-pub fn volume(_args: VolumeArgs) -> Result<(), OpsError> {
-    Err(OpsError::NotBuilt("volume"))
+/// [`OpsError`].
+pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
+    let conn = Conn::open(&args.target)?;
+    block_on(async {
+        match args.command {
+            VolumeCommand::Register {
+                id,
+                external_id,
+                plugin,
+                access_mode,
+                attachment,
+                controller_publish,
+                context,
+            } => {
+                let body = api::RegisterVolume {
+                    id,
+                    external_id,
+                    plugin,
+                    access_mode,
+                    attachment,
+                    controller_publish,
+                    context: pairs("context", &context)?,
+                };
+                let v: api::VolumeView =
+                    conn.send(Method::POST, "/v1/volumes", Some(&body)).await?;
+                conn.print(&v, table::volume_detail);
+            }
+            VolumeCommand::Create {
+                id,
+                plugin,
+                capacity,
+                access_mode,
+                attachment,
+                parameters,
+            } => {
+                let body = api::CreateVolume {
+                    id,
+                    plugin,
+                    capacity_bytes: parse_bytes(&capacity)?,
+                    access_mode,
+                    attachment,
+                    parameters: pairs("parameter", &parameters)?,
+                };
+                let v: api::VolumeView = conn
+                    .send(Method::POST, "/v1/volumes/create", Some(&body))
+                    .await?;
+                conn.print(&v, table::volume_detail);
+            }
+            VolumeCommand::Claim { id, workload, mode } => {
+                let body = api::ClaimVolume { workload, mode };
+                let c: api::ClaimView = conn
+                    .send(
+                        Method::POST,
+                        &format!("/v1/volumes/{id}/claim"),
+                        Some(&body),
+                    )
+                    .await?;
+                conn.print(&c, |c| table::claims(std::slice::from_ref(c)));
+            }
+            VolumeCommand::Release { id, workload, wait } => {
+                let body = api::ReleaseVolume {
+                    workload: workload.clone(),
+                };
+                let mut v: api::VolumeView = conn
+                    .send(
+                        Method::POST,
+                        &format!("/v1/volumes/{id}/release"),
+                        Some(&body),
+                    )
+                    .await?;
+                if wait {
+                    v = wait_freed(&conn, &id, &workload).await?;
+                }
+                conn.print(&v, table::volume_detail);
+            }
+            VolumeCommand::Status { id: Some(id) } => {
+                let v: api::VolumeView = conn.get(&format!("/v1/volumes/{id}")).await?;
+                conn.print(&v, table::volume_detail);
+            }
+            VolumeCommand::Status { id: None } => {
+                let list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
+                conn.print(&list, |l| table::volumes(l));
+            }
+            VolumeCommand::Delete { id } => {
+                let v: api::VolumeView = conn
+                    .send::<(), _>(Method::DELETE, &format!("/v1/volumes/{id}"), None)
+                    .await?;
+                conn.print(&v, |v| format!("deleted volume {}\n", v.id));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Polls until `workload`'s claim on `id` is gone, within the connection's limit.
+async fn wait_freed(conn: &Conn, id: &str, workload: &str) -> Result<api::VolumeView, OpsError> {
+    let deadline = tokio::time::Instant::now() + conn.limit;
+    loop {
+        let v: api::VolumeView = conn.get(&format!("/v1/volumes/{id}")).await?;
+        if !v.claims.iter().any(|c| c.workload == workload) {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(OpsError::WaitTimedOut {
+                volume: id.to_owned(),
+                workload: workload.to_owned(),
+                limit: conn.limit,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Runs `csi-agent status`.
 ///
 /// # Errors
 ///
-/// Always [`OpsError::NotBuilt`] for now.
-pub fn status(_args: StatusArgs) -> Result<(), OpsError> {
-    Err(OpsError::NotBuilt("status"))
+/// [`OpsError`].
+pub fn status(args: StatusArgs) -> Result<(), OpsError> {
+    let conn = Conn::open(&args.target)?;
+    block_on(async {
+        let s: api::StatusView = conn.get("/v1/status").await?;
+        conn.print(&s, table::status);
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table::Table;
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1Gi").ok(), Some(1 << 30));
+        assert_eq!(parse_bytes("10G").ok(), Some(10_000_000_000));
+        assert_eq!(parse_bytes("42").ok(), Some(42));
+        for bad in ["", "G", "1X", "-1", "99999999999999Ti"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn key_value_pairs() {
+        assert_eq!(
+            pairs("context", &["a=b=c".into()]).ok(),
+            Some(BTreeMap::from([("a".into(), "b=c".into())]))
+        );
+        assert!(pairs("context", &["nope".into()]).is_err());
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let mut t = Table::new(&["A", "LONGER"]);
+        t.row(vec!["xxxx".into(), "y".into()]);
+        assert_eq!(t.render(), "A     LONGER\nxxxx  y\n");
+    }
 }

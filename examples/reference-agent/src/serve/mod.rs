@@ -1,28 +1,342 @@
-//! `csi-agent serve` (placeholder until the serve work lands).
+//! `csi-agent serve`: the long-running agent.
+//!
+//! It composes every crate:
+//! - [`plugins`]: a plugin directory watched for `<plugin-id>.sock` sockets, each
+//!   fingerprinted and health-checked with csi-client, transitions logged;
+//! - [`node`]: the node volume manager (staging and publish paths under the data dir, a
+//!   persisted usage tracker, idempotent unmount, uncertain outcomes recorded);
+//! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
+//!   driver, whose detachers ([`detach`]) go through the csi-rpc-shim so a release reaches the
+//!   node and the controller wherever they run; [`local`] serves the shim's calls with this
+//!   node's plugins; [`peers`] learns which plugins peers host;
+//! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`.
+//!
+//! Stopping: SIGTERM (or SIGINT) stops accepting requests, stops the release driver (every
+//! release step is checkpointed before its call, so nothing in flight is lost; the next start
+//! repeats the step) and exits 0. Starting resumes every unfinished release from the store.
+
+pub mod agent;
+pub mod book;
+pub mod detach;
+pub mod http;
+pub mod local;
+pub mod node;
+pub mod peers;
+pub mod plugins;
+pub mod store;
+
+use std::hash::{Hash, Hasher};
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use csi_claims::driver::{ClaimsDriver, DriverConfig};
+use csi_claims::{MachineConfig, RedbStore, StoreError};
+use csi_rpc_shim::NodeStatus;
+use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
+
+use crate::config::{AgentConfig, ConfigArgs, ConfigError};
+use crate::metrics::Metrics;
+use crate::ops::api::AgentInfo;
 
 /// Arguments of `csi-agent serve`.
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Configuration (flags, `CSI_AGENT_*` variables, `--config` file).
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
 
-/// Error of `csi-agent serve`.
+/// Why `csi-agent serve` could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The subcommand is not built yet.
-    #[error("`serve` is not built yet")]
-    NotBuilt,
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The data directory or one of its files cannot be used.
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A state file is damaged or unwritable.
+    #[error(transparent)]
+    State(#[from] store::StateFileError),
+    /// The claim store cannot be opened or read.
+    #[error("claim store: {0}")]
+    Store(#[from] StoreError),
+    /// An address cannot be bound.
+    #[error("cannot listen on {addr} (config key `{key}`): {source}")]
+    Bind {
+        /// The config key.
+        key: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The async runtime or signal handling could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl crate::ExitStatus for ServeError {
     fn exit_code(&self) -> u8 {
-        2
+        match self {
+            ServeError::Config(_) => 2,
+            _ => 1,
+        }
     }
 }
 
-/// Runs `csi-agent serve`.
+/// Runs `csi-agent serve` until SIGTERM or SIGINT.
 ///
 /// # Errors
 ///
-/// Always [`ServeError::NotBuilt`] for now.
-pub fn run(_args: ServeArgs) -> Result<(), ServeError> {
-    Err(ServeError::NotBuilt)
+/// A [`ServeError`]; configuration errors come before anything starts.
+pub fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let config = AgentConfig::load(&args.config)?;
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&config.log).map_err(|_| ConfigError::Invalid {
+            key: "log",
+            value: config.log.clone(),
+            reason: "not a log filter".into(),
+        })?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    runtime.block_on(serve(config))
+}
+
+fn data_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
+    move |source| ServeError::DataDir {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Random hex from the system's generator.
+fn random_hex(bytes: usize) -> std::io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The operator token: `<data_dir>/control.token`, created (mode 0600) when missing.
+fn control_token(data_dir: &Path) -> Result<String, ServeError> {
+    let path = data_dir.join("control.token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(data_err(&path)(e)),
+    }
+    let token = random_hex(32).map_err(data_err(&path))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(data_err(&path))?;
+    std::io::Write::write_all(&mut f, token.as_bytes()).map_err(data_err(&path))?;
+    Ok(token)
+}
+
+async fn bind(key: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { key, addr, source })
+}
+
+async fn serve(config: AgentConfig) -> Result<(), ServeError> {
+    let data = config.data_dir.clone();
+    std::fs::create_dir_all(&data).map_err(data_err(&data))?;
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+        .map_err(data_err(&data))?;
+    let me = config.node_id.clone();
+    let control = control_token(&data)?;
+    let metrics = Metrics::new();
+    let registry = Arc::new(Registry::new());
+    registry.set_node_status(&me, NodeStatus::Ready);
+    let plugins = plugins::Plugins::new(
+        me.clone(),
+        config.plugin_dir.clone(),
+        Arc::clone(&registry),
+        metrics.clone(),
+        config.health_interval,
+        config.scan_interval,
+    );
+    let volumes = node::VolumeManager::open(&data, plugins.clone())?;
+    let book = book::Book::open(&data)?;
+
+    // The shim: this node serves its own plugins; peers are trusted with cluster scope.
+    let own_token = match &config.cluster_token {
+        Some(t) => t.token.clone(),
+        None => {
+            let local = random_hex(24).map_err(data_err(&data))?;
+            Token::new(local).map_err(|e| ServeError::Runtime(std::io::Error::other(e)))?
+        }
+    };
+    let mut tokens = TokenBook::new();
+    let mut routes = Routes::new();
+    for peer in &config.peers {
+        tokens.insert(peer.node.clone(), own_token.clone(), Scope::Cluster);
+        routes.set_direct(peer.node.clone(), peer.shim);
+        registry.set_node_status(&peer.node, NodeStatus::Down);
+    }
+    let mut shim_config = ShimConfig::new(
+        Credentials {
+            node: me.clone(),
+            token: own_token.clone(),
+        },
+        Scope::Cluster,
+    );
+    shim_config.connect_timeout = config.call_timeout.min(Duration::from_secs(10));
+    let backend = Arc::new(local::LocalBackend {
+        plugins: plugins.clone(),
+        volumes: volumes.clone(),
+    });
+    let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
+
+    // The claim store and the release driver.
+    let store_path = data.join("claims.redb");
+    let store = tokio::task::spawn_blocking(move || RedbStore::open(store_path))
+        .await
+        .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+    let detacher = Arc::new(detach::ShimDetacher {
+        shim: shim.clone(),
+        timeout: config.call_timeout,
+    });
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    me.hash(&mut hasher);
+    let driver_config = DriverConfig {
+        machine: MachineConfig::with_seed(hasher.finish()),
+        call_timeout: config.call_timeout.saturating_mul(2),
+        ..DriverConfig::default()
+    };
+    let (claims, driver) = ClaimsDriver::start(
+        Arc::new(store),
+        Arc::clone(&detacher),
+        detacher,
+        driver_config,
+    )
+    .await?;
+    plugins.set_claims(claims.clone());
+    let resumed = claims.stuck().len();
+    let agent = Arc::new(agent::Agent {
+        me: me.clone(),
+        plugins: plugins.clone(),
+        volumes,
+        book,
+        claims,
+        shim: shim.clone(),
+        metrics,
+        peers: Mutex::new(Default::default()),
+        call_timeout: config.call_timeout,
+    });
+
+    let http_listener = bind("listen", config.listen).await?;
+    let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
+    let shim_listener = match config.shim_listen {
+        Some(addr) => Some(bind("shim_listen", addr).await?),
+        None => None,
+    };
+    let shim_addr = shim_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
+        .map_err(ServeError::Runtime)?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
+    tasks.spawn(http::serve(
+        http_listener,
+        Arc::clone(&agent),
+        Arc::new(http::Access {
+            control_token: control,
+            cluster_token: config.cluster_token.as_ref().map(|t| t.expose().to_owned()),
+        }),
+        stop_rx.clone(),
+    ));
+    if let Some(listener) = shim_listener {
+        let shim = shim.clone();
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            let shutdown = async move {
+                let _ = stop.changed().await;
+            };
+            if let Err(e) = shim.serve(listener, shutdown).await {
+                tracing::error!(error = %e, "agent-to-agent server stopped");
+            }
+        });
+    }
+    if let (false, Some(token)) = (config.peers.is_empty(), &config.cluster_token) {
+        tasks.spawn(peers::run(
+            Arc::clone(&agent),
+            config.peers.clone(),
+            token.expose().to_owned(),
+            config.peer_interval,
+            stop_rx.clone(),
+        ));
+    }
+
+    let info = AgentInfo {
+        node: me.to_string(),
+        http: http_addr.to_string(),
+        shim: shim_addr.map(|a| a.to_string()),
+        pid: std::process::id(),
+    };
+    let info_path = data.join("agent.json");
+    store::save_json(&info_path, &info)?;
+    tracing::info!(
+        node = %me,
+        http = %http_addr,
+        shim = %shim_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+        plugin_dir = %config.plugin_dir.display(),
+        resumed_releases = resumed,
+        "csi-agent serving"
+    );
+
+    wait_for_signal().await?;
+    tracing::info!("stop signal received; checkpointing and stopping");
+    let _ = stop_tx.send(true);
+    // Every release step was checkpointed before its call; stopping drops calls in flight,
+    // and the next start repeats the step from the store.
+    driver.shutdown().await;
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("some tasks did not stop within 10s; exiting anyway");
+    }
+    let _ = std::fs::remove_file(&info_path);
+    tracing::info!("csi-agent stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<(), ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
 }

@@ -1,0 +1,495 @@
+//! `csi-agent serve` configuration: flags, then environment variables, then an optional TOML
+//! file, then defaults (the first source that sets a key wins).
+//!
+//! Every key has one name, used in all three places: `health_interval` is the flag
+//! `--health-interval`, the variable `CSI_AGENT_HEALTH_INTERVAL` and the file key
+//! `health_interval`. Every value is checked before anything starts; a bad one is a
+//! [`ConfigError`] naming the key.
+//!
+//! ```toml
+//! node_id = "node-a"
+//! data_dir = "/var/lib/csi-agent"
+//! listen = "127.0.0.1:7600"
+//! shim_listen = "127.0.0.1:7400"
+//! peers = ["node-b=127.0.0.1:7401,127.0.0.1:7601"]
+//! cluster_token_file = "/etc/csi-agent/cluster.token"
+//! health_interval = "10s"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use csi_rpc_shim::Token;
+use csi_structs::NodeId;
+use serde::Deserialize;
+
+/// The configuration flags of `csi-agent serve` (each also read from `CSI_AGENT_<KEY>`).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// A TOML file with any of the keys below.
+    #[arg(long, env = "CSI_AGENT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This agent's node id (default `node-1`).
+    #[arg(long, env = "CSI_AGENT_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Where the agent keeps its state: claim store, volume book, usage, mount paths.
+    #[arg(long, env = "CSI_AGENT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The directory watched for plugin sockets, one `<plugin-id>.sock` per plugin
+    /// (default `<data_dir>/plugins`).
+    #[arg(long, env = "CSI_AGENT_PLUGIN_DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// Loopback address of the control API and `/metrics` (default `127.0.0.1:7600`; port 0
+    /// picks one, written to `<data_dir>/agent.json`).
+    #[arg(long, env = "CSI_AGENT_LISTEN")]
+    pub listen: Option<String>,
+    /// Address of the agent-to-agent (shim) gRPC server; none by default.
+    #[arg(long, env = "CSI_AGENT_SHIM_LISTEN")]
+    pub shim_listen: Option<String>,
+    /// A peer agent: `NODE=SHIM_ADDR,HTTP_ADDR` (repeatable; `;` between peers in the variable).
+    #[arg(long = "peer", env = "CSI_AGENT_PEERS", value_delimiter = ';')]
+    pub peers: Vec<String>,
+    /// File holding the token agents present to each other (required with peers).
+    #[arg(long, env = "CSI_AGENT_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+    /// How often the plugin directory is scanned (default `1s`).
+    #[arg(long, env = "CSI_AGENT_SCAN_INTERVAL")]
+    pub scan_interval: Option<String>,
+    /// How often each plugin is probed (default `5s`).
+    #[arg(long, env = "CSI_AGENT_HEALTH_INTERVAL")]
+    pub health_interval: Option<String>,
+    /// How often peers are asked for their plugins (default `2s`).
+    #[arg(long, env = "CSI_AGENT_PEER_INTERVAL")]
+    pub peer_interval: Option<String>,
+    /// The deadline of one plugin or agent-to-agent call (default `60s`).
+    #[arg(long, env = "CSI_AGENT_CALL_TIMEOUT")]
+    pub call_timeout: Option<String>,
+    /// Log filter, e.g. `info` or `csi_agent=debug` (default `info`).
+    #[arg(long, env = "CSI_AGENT_LOG")]
+    pub log: Option<String>,
+}
+
+/// The TOML file: the same keys, all optional; unknown keys are refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    node_id: Option<String>,
+    data_dir: Option<PathBuf>,
+    plugin_dir: Option<PathBuf>,
+    listen: Option<String>,
+    shim_listen: Option<String>,
+    peers: Option<Vec<String>>,
+    cluster_token_file: Option<PathBuf>,
+    scan_interval: Option<String>,
+    health_interval: Option<String>,
+    peer_interval: Option<String>,
+    call_timeout: Option<String>,
+    log: Option<String>,
+}
+
+/// A peer agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its node id.
+    pub node: NodeId,
+    /// Its shim (agent-to-agent gRPC) address.
+    pub shim: SocketAddr,
+    /// Its HTTP address (for its plugin list).
+    pub http: SocketAddr,
+}
+
+/// The checked configuration of `csi-agent serve`.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This agent's node id.
+    pub node_id: NodeId,
+    /// The state directory.
+    pub data_dir: PathBuf,
+    /// The watched plugin directory.
+    pub plugin_dir: PathBuf,
+    /// Control API and metrics address (loopback only).
+    pub listen: SocketAddr,
+    /// Shim server address, if any.
+    pub shim_listen: Option<SocketAddr>,
+    /// Peer agents.
+    pub peers: Vec<Peer>,
+    /// The cluster token (never printed).
+    pub cluster_token: Option<ClusterToken>,
+    /// Plugin directory scan interval.
+    pub scan_interval: Duration,
+    /// Plugin probe interval.
+    pub health_interval: Duration,
+    /// Peer poll interval.
+    pub peer_interval: Duration,
+    /// Deadline of one plugin or agent call.
+    pub call_timeout: Duration,
+    /// Log filter.
+    pub log: String,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration file could not be read.
+    #[error("config file {path}: cannot read it")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration file is not valid TOML or has an unknown key or a wrong type.
+    #[error("config file {path}: {message}")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// The parser's explanation (it names the key and line).
+        message: String,
+    },
+    /// A key has a value that cannot be used.
+    #[error("config key `{key}` = {value:?}: {reason}")]
+    Invalid {
+        /// The key (flag `--key-name`, variable `CSI_AGENT_KEY_NAME`, file key `key_name`).
+        key: &'static str,
+        /// The value given (never a secret: token values are not shown).
+        value: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+    /// A required key has no value.
+    #[error("config key `{key}` is required: {reason}")]
+    Missing {
+        /// The key.
+        key: &'static str,
+        /// When and why it is needed.
+        reason: &'static str,
+    },
+}
+
+fn invalid(key: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// The longest interval or timeout accepted (one day).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses `500ms`, `10s`, `2m` or `1h` (a whole number and a unit).
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming `key` when the text is not such a duration, is zero or is
+/// longer than [`MAX_DURATION`].
+pub fn parse_duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let expected = "expected a whole number with a unit: ms, s, m or h (e.g. 500ms, 10s)";
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| invalid(key, text, expected))?;
+    let (digits, unit) = trimmed.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| invalid(key, text, expected))?;
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => return Err(invalid(key, text, expected)),
+    }
+    .ok_or_else(|| invalid(key, text, "too large"))?;
+    let d = Duration::from_millis(millis);
+    if d.is_zero() {
+        return Err(invalid(key, text, "must be greater than zero"));
+    }
+    if d > MAX_DURATION {
+        return Err(invalid(key, text, "must be at most 24h"));
+    }
+    Ok(d)
+}
+
+fn parse_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.trim()
+        .parse()
+        .map_err(|_| invalid(key, text, "expected IP:PORT, e.g. 127.0.0.1:7600"))
+}
+
+/// Parses one peer, `NODE=SHIM_ADDR,HTTP_ADDR`.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for key `peers` naming what is wrong.
+pub fn parse_peer(text: &str) -> Result<Peer, ConfigError> {
+    let expected = "expected NODE=SHIM_ADDR,HTTP_ADDR, e.g. node-b=127.0.0.1:7401,127.0.0.1:7601";
+    let (node, addrs) = text
+        .split_once('=')
+        .ok_or_else(|| invalid("peers", text, expected))?;
+    let (shim, http) = addrs
+        .split_once(',')
+        .ok_or_else(|| invalid("peers", text, expected))?;
+    let node = NodeId::new(node.trim())
+        .map_err(|e| invalid("peers", text, format!("bad node id: {e}")))?;
+    let shim = shim
+        .trim()
+        .parse()
+        .map_err(|_| invalid("peers", text, "bad shim address; expected IP:PORT"))?;
+    let http = http
+        .trim()
+        .parse()
+        .map_err(|_| invalid("peers", text, "bad http address; expected IP:PORT"))?;
+    Ok(Peer { node, shim, http })
+}
+
+/// The token agents present to each other: the shim's [`Token`] and the same value for the
+/// peer HTTP endpoint. `Debug` prints nothing of it.
+#[derive(Clone)]
+pub struct ClusterToken {
+    /// For the shim.
+    pub token: Token,
+    text: String,
+}
+
+impl ClusterToken {
+    /// The value, for the peer HTTP endpoint's bearer header.
+    pub fn expose(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::fmt::Debug for ClusterToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterToken(<redacted>)")
+    }
+}
+
+fn read_token(path: &Path) -> Result<ClusterToken, ConfigError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        invalid(
+            "cluster_token_file",
+            &shown,
+            format!("cannot read the file: {e}"),
+        )
+    })?;
+    // The token's own error names only its length rule, never its value.
+    let text = text.trim().to_owned();
+    let token = Token::new(text.clone())
+        .map_err(|e| invalid("cluster_token_file", &shown, format!("bad token: {e}")))?;
+    Ok(ClusterToken { token, text })
+}
+
+impl AgentConfig {
+    /// Merges flags (and their variables, which clap already read) over the file named by
+    /// `--config`, over defaults, and checks every value.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first bad or missing key.
+    pub fn load(args: &ConfigArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::ParseFile {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        Self::merge(args.clone(), file)
+    }
+
+    fn merge(a: ConfigArgs, f: FileConfig) -> Result<Self, ConfigError> {
+        let node_text = a
+            .node_id
+            .or(f.node_id)
+            .unwrap_or_else(|| "node-1".to_owned());
+        let node_id = NodeId::new(node_text.clone())
+            .map_err(|e| invalid("node_id", &node_text, e.to_string()))?;
+        let data_dir = a
+            .data_dir
+            .or(f.data_dir)
+            .unwrap_or_else(|| PathBuf::from("/var/lib/csi-agent"));
+        if data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "", "must not be empty"));
+        }
+        let plugin_dir = a
+            .plugin_dir
+            .or(f.plugin_dir)
+            .unwrap_or_else(|| data_dir.join("plugins"));
+        let listen_text = a
+            .listen
+            .or(f.listen)
+            .unwrap_or_else(|| "127.0.0.1:7600".to_owned());
+        let listen = parse_addr("listen", &listen_text)?;
+        if !listen.ip().is_loopback() {
+            return Err(invalid(
+                "listen",
+                &listen_text,
+                "the control API only listens on a loopback address (127.0.0.1 or ::1)",
+            ));
+        }
+        let shim_listen = a
+            .shim_listen
+            .or(f.shim_listen)
+            .map(|t| parse_addr("shim_listen", &t))
+            .transpose()?;
+        let peer_texts = if a.peers.is_empty() {
+            f.peers.unwrap_or_default()
+        } else {
+            a.peers
+        };
+        let peers = peer_texts
+            .iter()
+            .map(|p| parse_peer(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(dup) = peers.iter().find(|p| p.node == node_id) {
+            return Err(invalid(
+                "peers",
+                dup.node.as_str(),
+                "a peer has this agent's own node id",
+            ));
+        }
+        let cluster_token = a
+            .cluster_token_file
+            .or(f.cluster_token_file)
+            .map(|p| read_token(&p))
+            .transpose()?;
+        if cluster_token.is_none() && (!peers.is_empty() || shim_listen.is_some()) {
+            return Err(ConfigError::Missing {
+                key: "cluster_token_file",
+                reason: "agents authenticate each other with it when peers or shim_listen are set",
+            });
+        }
+        let duration = |key, flag: Option<String>, file: Option<String>, default: &str| {
+            parse_duration(key, flag.or(file).as_deref().unwrap_or(default))
+        };
+        let log = a.log.or(f.log).unwrap_or_else(|| "info".to_owned());
+        if tracing_subscriber::EnvFilter::try_new(&log).is_err() {
+            return Err(invalid(
+                "log",
+                &log,
+                "not a log filter (e.g. info, csi_agent=debug)",
+            ));
+        }
+        Ok(Self {
+            node_id,
+            data_dir,
+            plugin_dir,
+            listen,
+            shim_listen,
+            peers,
+            cluster_token,
+            scan_interval: duration("scan_interval", a.scan_interval, f.scan_interval, "1s")?,
+            health_interval: duration(
+                "health_interval",
+                a.health_interval,
+                f.health_interval,
+                "5s",
+            )?,
+            peer_interval: duration("peer_interval", a.peer_interval, f.peer_interval, "2s")?,
+            call_timeout: duration("call_timeout", a.call_timeout, f.call_timeout, "60s")?,
+            log,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(e: ConfigError) -> &'static str {
+        match e {
+            ConfigError::Invalid { key, .. } | ConfigError::Missing { key, .. } => key,
+            other => panic!("not a key error: {other}"),
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("k", "500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_duration("k", "2m").ok(),
+            Some(Duration::from_secs(120))
+        );
+        for bad in [
+            "",
+            "10",
+            "s",
+            "10x",
+            "0s",
+            "25h",
+            "-1s",
+            "99999999999999999999h",
+        ] {
+            assert!(parse_duration("k", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn peers_parse_and_name_the_key() {
+        let p = parse_peer("b=127.0.0.1:1,127.0.0.1:2").expect("valid peer");
+        assert_eq!(p.node.as_str(), "b");
+        assert_eq!(p.http.port(), 2);
+        for bad in [
+            "b",
+            "b=127.0.0.1:1",
+            "=1.1.1.1:1,1.1.1.1:2",
+            "b=x,127.0.0.1:2",
+        ] {
+            assert_eq!(key_of(parse_peer(bad).unwrap_err()), "peers", "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_bad_values_name_their_key() {
+        let file: FileConfig = toml::from_str(
+            "node_id = \"from-file\"\ndata_dir = \"/d\"\nhealth_interval = \"3s\"\n",
+        )
+        .expect("valid toml");
+        let args = ConfigArgs {
+            node_id: Some("from-flag".into()),
+            ..ConfigArgs::default()
+        };
+        let c = AgentConfig::merge(args, file).expect("valid");
+        assert_eq!(c.node_id.as_str(), "from-flag");
+        assert_eq!(c.health_interval, Duration::from_secs(3));
+        assert_eq!(c.plugin_dir, PathBuf::from("/d/plugins"));
+
+        let bad =
+            |args: ConfigArgs| key_of(AgentConfig::merge(args, FileConfig::default()).unwrap_err());
+        let with = |f: fn(&mut ConfigArgs)| {
+            let mut a = ConfigArgs::default();
+            f(&mut a);
+            a
+        };
+        assert_eq!(
+            bad(with(|a| a.health_interval = Some("soon".into()))),
+            "health_interval"
+        );
+        assert_eq!(bad(with(|a| a.listen = Some("0.0.0.0:1".into()))), "listen");
+        assert_eq!(bad(with(|a| a.listen = Some("nope".into()))), "listen");
+        assert_eq!(bad(with(|a| a.node_id = Some(String::new()))), "node_id");
+        assert_eq!(
+            bad(with(|a| a.peers = vec!["b=127.0.0.1:1,127.0.0.1:2".into()])),
+            "cluster_token_file"
+        );
+        assert_eq!(bad(with(|a| a.log = Some("[[[".into()))), "log");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_refused() {
+        let e = toml::from_str::<FileConfig>("helth_interval = \"1s\"").unwrap_err();
+        assert!(e.to_string().contains("helth_interval"));
+    }
+}

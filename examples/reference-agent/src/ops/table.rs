@@ -1,0 +1,265 @@
+//! Human-readable tables for the operator commands.
+
+use std::fmt::Write as _;
+
+use super::api::{ClaimView, PluginView, ReleaseView, StatusView, VolumeView};
+
+/// A left-aligned text table.
+pub(crate) struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub(crate) fn new(headers: &[&str]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub(crate) fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                if let Some(w) = widths.get_mut(i) {
+                    *w = (*w).max(c.chars().count());
+                }
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.headers).chain(&self.rows) {
+            let mut text = String::new();
+            for (i, c) in line.iter().enumerate() {
+                if i + 1 == line.len() {
+                    text.push_str(c);
+                } else {
+                    let w = widths.get(i).copied().unwrap_or(0);
+                    let _ = write!(text, "{c:<w$}  ");
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn opt(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
+}
+
+fn yes(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
+}
+
+pub(crate) fn plugins(list: &[PluginView]) -> String {
+    if list.is_empty() {
+        return "no plugins\n".into();
+    }
+    let mut t = Table::new(&[
+        "PLUGIN",
+        "NODE",
+        "HEALTH",
+        "CONTROLLER",
+        "NODE-SERVICE",
+        "PLUGIN-NODE",
+        "FINGERPRINTS",
+        "VERSION",
+    ]);
+    for p in list {
+        t.row(vec![
+            p.id.clone(),
+            p.node.clone(),
+            p.health.clone(),
+            yes(p.controller),
+            yes(p.node_service),
+            opt(&p.plugin_node),
+            p.fingerprints.to_string(),
+            opt(&p.version),
+        ]);
+    }
+    t.render()
+}
+
+pub(crate) fn plugin_detail(p: &PluginView) -> String {
+    let mut t = Table::new(&["FIELD", "VALUE"]);
+    for (k, v) in [
+        ("id", p.id.clone()),
+        ("node", p.node.clone()),
+        ("socket", opt(&p.socket)),
+        ("name", opt(&p.name)),
+        ("version", opt(&p.version)),
+        ("health", p.health.clone()),
+        ("health reason", opt(&p.health_reason)),
+        ("controller", yes(p.controller)),
+        ("controller publish", yes(p.controller_publish)),
+        ("node service", yes(p.node_service)),
+        ("staging", yes(p.staging)),
+        ("plugin node id", opt(&p.plugin_node)),
+        ("fingerprints", p.fingerprints.to_string()),
+        ("last error", opt(&p.last_error)),
+    ] {
+        t.row(vec![k.into(), v]);
+    }
+    t.render()
+}
+
+pub(crate) fn claims(list: &[ClaimView]) -> String {
+    if list.is_empty() {
+        return "no claims\n".into();
+    }
+    let mut t = Table::new(&["VOLUME", "WORKLOAD", "NODE", "MODE", "STATE", "TARGET"]);
+    for c in list {
+        t.row(vec![
+            c.volume.clone(),
+            c.workload.clone(),
+            c.node.clone(),
+            c.mode.clone(),
+            c.state.clone(),
+            opt(&c.target_path),
+        ]);
+    }
+    t.render()
+}
+
+fn retry_in(ms: Option<u64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 1000 => format!("{ms}ms"),
+        Some(ms) => format!("{}s", ms / 1000),
+    }
+}
+
+pub(crate) fn releases(list: &[ReleaseView]) -> String {
+    let mut t = Table::new(&[
+        "VOLUME",
+        "STATES",
+        "PENDING",
+        "ATTEMPTS",
+        "CLASS",
+        "NEXT-RETRY",
+        "LAST-ERROR",
+    ]);
+    for r in list {
+        let states: Vec<String> = r
+            .claims
+            .iter()
+            .map(|c| format!("{}:{}", c.workload, c.state))
+            .collect();
+        t.row(vec![
+            r.volume.clone(),
+            states.join(","),
+            match &r.pending_workload {
+                Some(w) => format!("{} ({w})", r.pending),
+                None => r.pending.clone(),
+            },
+            r.attempts.to_string(),
+            opt(&r.last_error_class),
+            retry_in(r.next_retry_ms),
+            opt(&r.last_error),
+        ]);
+    }
+    t.render()
+}
+
+pub(crate) fn volumes(list: &[VolumeView]) -> String {
+    if list.is_empty() {
+        return "no volumes\n".into();
+    }
+    let mut t = Table::new(&[
+        "VOLUME",
+        "PLUGIN",
+        "EXTERNAL-ID",
+        "ACCESS-MODE",
+        "CLAIMS",
+        "RELEASE",
+    ]);
+    for v in list {
+        t.row(vec![
+            v.id.clone(),
+            v.plugin.clone(),
+            v.external_id.clone(),
+            v.access_mode.clone(),
+            v.claims.len().to_string(),
+            v.release
+                .as_ref()
+                .map(|r| match &r.last_error_class {
+                    Some(c) => format!("stuck ({c})"),
+                    None => "in progress".into(),
+                })
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t.render()
+}
+
+pub(crate) fn volume_detail(v: &VolumeView) -> String {
+    let mut out = format!(
+        "volume {}  plugin {}  external id {}  {} {}  controller publish {}\n",
+        v.id,
+        v.plugin,
+        v.external_id,
+        v.access_mode,
+        v.attachment,
+        yes(v.controller_publish)
+    );
+    out.push_str(&claims(&v.claims));
+    if let Some(r) = &v.release {
+        out.push_str("release:\n");
+        out.push_str(&releases(std::slice::from_ref(r)));
+    }
+    out
+}
+
+pub(crate) fn status(s: &StatusView) -> String {
+    let counts: Vec<String> = s.claims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut out = format!(
+        "node {}  volumes {}  claims {}\n\nPLUGINS\n",
+        s.node,
+        s.volumes,
+        if counts.is_empty() {
+            "none".into()
+        } else {
+            counts.join(" ")
+        }
+    );
+    out.push_str(&plugins(&s.plugins));
+    if !s.peers.is_empty() {
+        out.push_str("\nPEERS\n");
+        let mut t = Table::new(&["NODE", "REACHABLE", "PLUGINS", "LAST-ERROR"]);
+        for p in &s.peers {
+            t.row(vec![
+                p.node.clone(),
+                yes(p.reachable),
+                p.plugins.to_string(),
+                opt(&p.last_error),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out.push_str("\nSTUCK RELEASES\n");
+    if s.stuck.is_empty() {
+        out.push_str("none\n");
+    } else {
+        out.push_str(&releases(&s.stuck));
+    }
+    if !s.uncertain.is_empty() {
+        out.push_str("\nUNCERTAIN NODE OPERATIONS (cleaned up by their release)\n");
+        let mut t = Table::new(&["VOLUME", "WORKLOAD", "STEP", "PATH"]);
+        for u in &s.uncertain {
+            t.row(vec![
+                u.volume.clone(),
+                u.workload.clone(),
+                u.step.clone(),
+                u.path.clone(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}

@@ -1,0 +1,629 @@
+//! The decision side of `serve`: the operations behind the control API (register, create,
+//! claim, release, delete, status), composed from the claim driver, the shim and the node
+//! volume manager.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use csi_claims::driver::{ClaimsHandle, DriverError};
+use csi_claims::machine::{LastError, Pending};
+use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
+use csi_rpc_shim::{ControllerAttach, ControllerQuery, CreateVolume, DeleteVolume, Shim};
+use csi_structs::{
+    AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
+    PublishContext, Secrets, VolumeContext, VolumeId, WorkloadId,
+};
+
+use super::book::{Book, BookEntry};
+use super::node::{MountRequest, VolumeManager};
+use super::plugins::Plugins;
+use super::store::StateFileError;
+use crate::metrics::{Gauges, Metrics};
+use crate::ops::api;
+
+/// What the agent knows about a peer.
+#[derive(Clone, Debug, Default)]
+pub struct PeerState {
+    /// Whether the last poll answered.
+    pub reachable: bool,
+    /// Its plugins, from the last answer.
+    pub plugins: Vec<api::PeerPlugin>,
+    /// The last poll error.
+    pub last_error: Option<String>,
+}
+
+/// A failed control operation.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No such volume or plugin.
+    #[error("no {what} {id:?}")]
+    NotFound {
+        /// `volume` or `plugin`.
+        what: &'static str,
+        /// The id asked for.
+        id: String,
+    },
+    /// A field of the request is invalid.
+    #[error("field `{field}`: {reason}")]
+    BadRequest {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The request conflicts with the current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// The claim layer refused or stopped.
+    #[error(transparent)]
+    Claims(#[from] DriverError),
+    /// A plugin call (local or through a peer) failed.
+    #[error("{step}: {detail}")]
+    Plugin {
+        /// What was being done.
+        step: &'static str,
+        /// The error class.
+        class: ErrorClass,
+        /// The error.
+        detail: String,
+    },
+    /// A state file could not be written.
+    #[error(transparent)]
+    State(#[from] StateFileError),
+}
+
+impl AgentError {
+    /// The HTTP status, the kind and the class of the error answer.
+    pub fn parts(&self) -> (u16, &'static str, Option<ErrorClass>) {
+        match self {
+            AgentError::NotFound { .. } => (404, "not_found", None),
+            AgentError::BadRequest { .. } => (400, "bad_request", None),
+            AgentError::Conflict(_) => (409, "conflict", None),
+            AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
+            AgentError::Claims(_) => (409, "claim", None),
+            AgentError::Plugin { class, .. } => (502, "plugin", Some(*class)),
+            AgentError::State(_) => (500, "state", None),
+        }
+    }
+}
+
+fn bad(field: &'static str, reason: impl std::fmt::Display) -> AgentError {
+    AgentError::BadRequest {
+        field,
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_volume_id(id: &str) -> Result<VolumeId, AgentError> {
+    VolumeId::new(id).map_err(|e| bad("id", e))
+}
+
+fn parse_attachment(text: &str) -> Result<AccessTypeKind, AgentError> {
+    match text {
+        "mount" | "file-system" | "filesystem" => Ok(AccessTypeKind::Mount),
+        "block" | "block-device" => Ok(AccessTypeKind::Block),
+        other => Err(bad(
+            "attachment",
+            format!("{other:?} is not `mount` or `block`"),
+        )),
+    }
+}
+
+fn parse_access_mode(text: &str) -> Result<AccessMode, AgentError> {
+    text.parse::<AccessMode>()
+        .map_err(|e| bad("access_mode", e))
+}
+
+/// The running agent's decision side.
+#[derive(Debug)]
+pub struct Agent {
+    /// This node.
+    pub me: NodeId,
+    /// The local plugins.
+    pub plugins: Plugins,
+    /// The node volume manager.
+    pub volumes: VolumeManager,
+    /// Registered volumes.
+    pub book: Book,
+    /// The claim driver.
+    pub claims: ClaimsHandle,
+    /// The shim.
+    pub shim: Shim,
+    /// Call metrics.
+    pub metrics: Metrics,
+    /// Peers, by node.
+    pub peers: Mutex<BTreeMap<NodeId, PeerState>>,
+    /// The deadline of one call.
+    pub call_timeout: Duration,
+}
+
+impl Agent {
+    fn entry(&self, id: &str) -> Result<BookEntry, AgentError> {
+        let vid = parse_volume_id(id)?;
+        self.book.get(&vid).ok_or_else(|| AgentError::NotFound {
+            what: "volume",
+            id: id.to_owned(),
+        })
+    }
+
+    fn peers(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, PeerState>> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `plugin` needs controller publish, from any fingerprint seen (here or on a peer).
+    fn controller_publish_of(&self, plugin: &PluginId) -> Option<bool> {
+        let local = self
+            .plugins
+            .views()
+            .into_iter()
+            .find(|v| v.id == plugin.as_str() && v.name.is_some())
+            .filter(|v| v.controller)
+            .map(|v| v.controller_publish);
+        local.or_else(|| {
+            self.peers()
+                .values()
+                .flat_map(|p| p.plugins.iter())
+                .find(|p| p.id == plugin.as_str() && p.controller.is_some())
+                .map(|p| p.controller_publish)
+        })
+    }
+
+    /// Registers an existing volume.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError`] naming the bad field, or a conflict when the id is taken.
+    pub fn register(&self, r: api::RegisterVolume) -> Result<api::VolumeView, AgentError> {
+        let id = parse_volume_id(&r.id)?;
+        let plugin = PluginId::new(r.plugin.clone()).map_err(|e| bad("plugin", e))?;
+        let controller_publish = match r.controller_publish {
+            Some(c) => c,
+            None => self.controller_publish_of(&plugin).ok_or_else(|| {
+                bad(
+                    "controller_publish",
+                    format!(
+                        "plugin {plugin} has no fingerprinted controller here or on a peer; \
+                         say whether the volume needs controller publish"
+                    ),
+                )
+            })?,
+        };
+        VolumeContext::try_new(r.context.clone()).map_err(|e| bad("context", e))?;
+        let entry = BookEntry {
+            id,
+            external_id: ExternalVolumeId::new(r.external_id).map_err(|e| bad("external_id", e))?,
+            plugin,
+            access_mode: parse_access_mode(&r.access_mode)?,
+            attachment: parse_attachment(&r.attachment)?,
+            controller_publish,
+            created: false,
+            capacity_bytes: None,
+            context: r.context,
+        };
+        self.insert(entry)
+    }
+
+    fn insert(&self, entry: BookEntry) -> Result<api::VolumeView, AgentError> {
+        let id = entry.id.clone();
+        if !self.book.insert(entry)? {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} is already registered"
+            )));
+        }
+        tracing::info!(volume = %id, "volume registered");
+        self.volume(id.as_str())
+    }
+
+    /// Creates a volume through a controller of its plugin (here or on a peer) and registers it.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError`].
+    pub async fn create(&self, r: api::CreateVolume) -> Result<api::VolumeView, AgentError> {
+        let id = parse_volume_id(&r.id)?;
+        if self.book.get(&id).is_some() {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} is already registered"
+            )));
+        }
+        let plugin = PluginId::new(r.plugin.clone()).map_err(|e| bad("plugin", e))?;
+        let access_mode = parse_access_mode(&r.access_mode)?;
+        let attachment = parse_attachment(&r.attachment)?;
+        if r.capacity_bytes < 0 {
+            return Err(bad("capacity_bytes", "must not be negative"));
+        }
+        let parameters = Parameters::try_new(r.parameters).map_err(|e| bad("parameters", e))?;
+        let draft = BookEntry {
+            id: id.clone(),
+            external_id: ExternalVolumeId::new("pending").map_err(|e| bad("id", e))?,
+            plugin: plugin.clone(),
+            access_mode,
+            attachment,
+            controller_publish: false,
+            created: true,
+            capacity_bytes: None,
+            context: BTreeMap::new(),
+        };
+        let created = self
+            .shim
+            .create_volume(
+                CreateVolume {
+                    query: ControllerQuery::new(plugin.clone()),
+                    volume: id.clone(),
+                    required_bytes: r.capacity_bytes,
+                    limit_bytes: 0,
+                    capabilities: vec![draft.capability()],
+                    parameters,
+                    secrets: Secrets::default(),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::Plugin {
+                step: "CreateVolume",
+                class: e.class(),
+                detail: e.to_string(),
+            })?;
+        let controller_publish = self.controller_publish_of(&plugin).unwrap_or(true);
+        self.insert(BookEntry {
+            external_id: created.external_volume,
+            controller_publish,
+            capacity_bytes: Some(created.capacity_bytes),
+            context: created.volume_context.into_inner(),
+            ..draft
+        })
+    }
+
+    /// Claims a volume for a workload on this node and publishes it here: claim (durable),
+    /// controller publish through the shim when the plugin needs it, then stage and publish.
+    /// When publishing fails after the claim, the claim is released at once so the release
+    /// pipeline undoes whatever may have happened (including uncertain outcomes).
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError`].
+    pub async fn claim(&self, id: &str, r: api::ClaimVolume) -> Result<api::ClaimView, AgentError> {
+        let entry = self.entry(id)?;
+        let workload = WorkloadId::new(r.workload).map_err(|e| bad("workload", e))?;
+        let mode = match r.mode.as_str() {
+            "read" => ClaimMode::Read,
+            "write" => ClaimMode::Write,
+            other => return Err(bad("mode", format!("{other:?} is not `read` or `write`"))),
+        };
+        let (_, fp) = self
+            .plugins
+            .client(&entry.plugin)
+            .filter(|(_, fp)| fp.serves_node())
+            .ok_or_else(|| AgentError::Plugin {
+                step: "claim",
+                class: ErrorClass::RetryElsewhere,
+                detail: format!(
+                    "plugin {} has no fingerprinted node service on node {}",
+                    entry.plugin, self.me
+                ),
+            })?;
+        let plugin_node = fp
+            .node
+            .as_ref()
+            .map(|n| n.node_id.clone())
+            .ok_or_else(|| AgentError::Conflict("node plugin reported no node id".into()))?;
+        let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
+        let claim = self
+            .claims
+            .claim(
+                &entry.info(),
+                ClaimRequest {
+                    volume: entry.id.clone(),
+                    workload: workload.clone(),
+                    node: self.me.clone(),
+                    plugin_node: plugin_node.clone(),
+                    mode,
+                    access_mode: entry.access_mode,
+                    attachment: entry.attachment,
+                },
+            )
+            .await?;
+        tracing::info!(volume = %entry.id, workload = %workload, "claim durable");
+        match self
+            .publish(&entry, &workload, &plugin_node, read_only)
+            .await
+        {
+            Ok(target) => Ok(claim_view(&claim, Some(target.display().to_string()))),
+            Err(e) => {
+                tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
+                if let Err(r) = self.claims.release(&entry.id, &workload).await {
+                    tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish was refused");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn publish(
+        &self,
+        entry: &BookEntry,
+        workload: &WorkloadId,
+        plugin_node: &csi_structs::PluginNodeId,
+        read_only: bool,
+    ) -> Result<std::path::PathBuf, AgentError> {
+        let publish_context = if entry.controller_publish {
+            self.shim
+                .controller_attach(
+                    ControllerAttach {
+                        query: ControllerQuery::new(entry.plugin.clone()),
+                        volume: entry.id.clone(),
+                        external_volume: entry.external_id.clone(),
+                        node: self.me.clone(),
+                        plugin_node: plugin_node.clone(),
+                        capability: entry.capability(),
+                        read_only,
+                        secrets: Secrets::default(),
+                        volume_context: entry.volume_context(),
+                    },
+                    self.call_timeout,
+                )
+                .await
+                .map_err(|e| AgentError::Plugin {
+                    step: "ControllerPublishVolume",
+                    class: e.class(),
+                    detail: e.to_string(),
+                })?
+                .publish_context
+        } else {
+            PublishContext::default()
+        };
+        self.volumes
+            .mount(&MountRequest {
+                plugin: entry.plugin.clone(),
+                volume: entry.id.clone(),
+                external_id: entry.external_id.clone(),
+                capability: entry.capability(),
+                read_only,
+                workload: workload.clone(),
+                publish_context,
+                volume_context: entry.volume_context(),
+            })
+            .await
+            .map_err(|e| AgentError::Plugin {
+                step: "mount",
+                class: e.class(),
+                detail: e.to_string(),
+            })
+    }
+
+    /// Starts releasing a claim; returns once the release is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError`].
+    pub async fn release(
+        &self,
+        id: &str,
+        r: api::ReleaseVolume,
+    ) -> Result<api::VolumeView, AgentError> {
+        let entry = self.entry(id)?;
+        let workload = WorkloadId::new(r.workload).map_err(|e| bad("workload", e))?;
+        self.claims.release(&entry.id, &workload).await?;
+        tracing::info!(volume = %entry.id, workload = %workload, "release durable");
+        self.volume(id)
+    }
+
+    /// Deletes a volume with no claims: in the plugin when the agent created it, then from
+    /// the book.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Conflict`] while claims remain.
+    pub async fn delete(&self, id: &str) -> Result<api::VolumeView, AgentError> {
+        let entry = self.entry(id)?;
+        let view = self.volume(id)?;
+        if !view.claims.is_empty() {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} still has {} claim(s); release them first",
+                view.claims.len()
+            )));
+        }
+        if entry.created {
+            self.shim
+                .delete_volume(
+                    DeleteVolume {
+                        query: ControllerQuery::new(entry.plugin.clone()),
+                        volume: entry.id.clone(),
+                        external_volume: entry.external_id.clone(),
+                        secrets: Secrets::default(),
+                    },
+                    self.call_timeout,
+                )
+                .await
+                .map_err(|e| AgentError::Plugin {
+                    step: "DeleteVolume",
+                    class: e.class(),
+                    detail: e.to_string(),
+                })?;
+        }
+        self.book.remove(&entry.id)?;
+        tracing::info!(volume = %entry.id, "volume deleted");
+        Ok(view)
+    }
+
+    /// One volume with its claims and release.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::NotFound`].
+    pub fn volume(&self, id: &str) -> Result<api::VolumeView, AgentError> {
+        let entry = self.entry(id)?;
+        Ok(self.view(&entry))
+    }
+
+    fn view(&self, entry: &BookEntry) -> api::VolumeView {
+        let claims: Vec<api::ClaimView> = self
+            .claims
+            .record(&entry.id)
+            .map(|r| {
+                r.claims()
+                    .iter()
+                    .map(|c| {
+                        let target = (c.node() == &self.me)
+                            .then(|| {
+                                self.volumes
+                                    .published(c.volume().as_str(), c.workload().as_str())
+                            })
+                            .flatten();
+                        claim_view(c, target.map(|t| t.display().to_string()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let release = self
+            .claims
+            .status(&entry.id)
+            .filter(|s| s.last_error.is_some() || s.claims.iter().any(|c| c.state().is_releasing()))
+            .map(|s| release_view(&s));
+        api::VolumeView {
+            id: entry.id.to_string(),
+            external_id: entry.external_id.to_string(),
+            plugin: entry.plugin.to_string(),
+            access_mode: entry.access_mode.wire_name().to_owned(),
+            attachment: entry.attachment.to_string(),
+            controller_publish: entry.controller_publish,
+            created: entry.created,
+            capacity_bytes: entry.capacity_bytes,
+            claims,
+            release,
+        }
+    }
+
+    /// Every registered volume.
+    pub fn volumes(&self) -> Vec<api::VolumeView> {
+        self.book.list().iter().map(|e| self.view(e)).collect()
+    }
+
+    /// Local plugins, then the plugins peers reported.
+    pub fn plugin_views(&self) -> Vec<api::PluginView> {
+        let mut out = self.plugins.views();
+        for (node, peer) in self.peers().iter() {
+            for p in &peer.plugins {
+                let healthy = p.controller.unwrap_or(true) && p.node.as_ref().is_none_or(|n| n.1);
+                out.push(api::PluginView {
+                    id: p.id.clone(),
+                    node: node.to_string(),
+                    socket: None,
+                    health: if !peer.reachable {
+                        "unknown".into()
+                    } else if healthy {
+                        "healthy".into()
+                    } else {
+                        "unhealthy".into()
+                    },
+                    health_reason: None,
+                    name: None,
+                    version: None,
+                    controller: p.controller.is_some(),
+                    node_service: p.node.is_some(),
+                    plugin_node: p.node.as_ref().map(|n| n.0.clone()),
+                    controller_publish: p.controller_publish,
+                    staging: false,
+                    fingerprints: 0,
+                    last_error: None,
+                });
+            }
+        }
+        out
+    }
+
+    /// Claims per state over every registered volume.
+    pub fn claim_counts(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for e in self.book.list() {
+            if let Some(r) = self.claims.record(&e.id) {
+                for c in r.claims() {
+                    *counts.entry(c.state().name().to_owned()).or_default() += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    /// `csi-agent status`.
+    pub fn status(&self) -> api::StatusView {
+        api::StatusView {
+            node: self.me.to_string(),
+            plugins: self.plugin_views(),
+            peers: self
+                .peers()
+                .iter()
+                .map(|(n, p)| api::PeerView {
+                    node: n.to_string(),
+                    reachable: p.reachable,
+                    plugins: p.plugins.len(),
+                    last_error: p.last_error.clone(),
+                })
+                .collect(),
+            volumes: self.book.list().len(),
+            claims: self.claim_counts(),
+            stuck: self.claims.stuck().iter().map(release_view).collect(),
+            uncertain: self.volumes.uncertain(),
+        }
+    }
+
+    /// The metrics page.
+    pub fn metrics_text(&self) -> String {
+        let mut plugins = BTreeMap::new();
+        for v in self.plugin_views() {
+            *plugins.entry(v.health).or_default() += 1;
+        }
+        self.metrics.render(&Gauges {
+            claims: self.claim_counts(),
+            stuck_releases: self.claims.stuck().len() as u64,
+            plugins,
+        })
+    }
+}
+
+/// A claim for the API.
+pub fn claim_view(c: &Claim, target_path: Option<String>) -> api::ClaimView {
+    api::ClaimView {
+        volume: c.volume().to_string(),
+        workload: c.workload().to_string(),
+        node: c.node().to_string(),
+        plugin_node: c.plugin_node().to_string(),
+        mode: c.mode().as_str().to_owned(),
+        access_mode: c.access_mode().wire_name().to_owned(),
+        state: c.state().name().to_owned(),
+        target_path,
+    }
+}
+
+/// A release for the API.
+pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
+    let (pending, pending_workload) = match &s.pending {
+        Pending::Nothing => ("nothing", None),
+        Pending::NodeDetach(w) => ("node_detach", Some(w.to_string())),
+        Pending::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
+        Pending::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
+    };
+    let (last_error, last_error_class) = match &s.last_error {
+        Some(LastError::Detach { error, .. }) => (
+            Some(error.to_string()),
+            Some(error.class.as_str().to_owned()),
+        ),
+        Some(LastError::Store { detail, .. }) => (Some(detail.clone()), Some("store".to_owned())),
+        None => (None, None),
+    };
+    let now = Instant::now();
+    api::ReleaseView {
+        volume: s.volume.to_string(),
+        pending: pending.to_owned(),
+        pending_workload,
+        attempts: s.attempts,
+        last_error,
+        last_error_class,
+        next_retry_ms: s.next_retry.map(|at| {
+            u64::try_from(at.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
+        }),
+        durable: s.durable,
+        claims: s.claims.iter().map(|c| claim_view(c, None)).collect(),
+    }
+}

@@ -1,0 +1,212 @@
+//! The HTTP server of `serve`: the control API (see [`crate::ops::api`]), the peer plugin
+//! list and `/metrics`, over HTTP/1.1 on a loopback address.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+
+use super::agent::{Agent, AgentError};
+use crate::ops::api;
+
+/// The largest request body accepted (bytes).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Who may call what.
+#[derive(Debug)]
+pub struct Access {
+    /// The operator token (`<data_dir>/control.token`).
+    pub control_token: String,
+    /// The cluster token, for peers (none: the peer endpoint is closed).
+    pub cluster_token: Option<String>,
+}
+
+type Answer = Response<Full<Bytes>>;
+
+fn json<T: Serialize>(status: u16, value: &T) -> Answer {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn error(status: u16, kind: &str, message: String, class: Option<&str>) -> Answer {
+    json(
+        status,
+        &api::ApiError {
+            kind: kind.to_owned(),
+            error: message,
+            class: class.map(str::to_owned),
+        },
+    )
+}
+
+fn agent_error(e: &AgentError) -> Answer {
+    let (status, kind, class) = e.parts();
+    error(status, kind, e.to_string(), class.map(|c| c.as_str()))
+}
+
+fn reply<T: Serialize>(r: Result<T, AgentError>) -> Answer {
+    match r {
+        Ok(v) => json(200, &v),
+        Err(e) => agent_error(&e),
+    }
+}
+
+/// Constant-time comparison of a presented bearer token.
+fn token_matches(req: &Request<Incoming>, expected: &str) -> bool {
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let (a, b) = (presented.as_bytes(), expected.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in b.iter().enumerate() {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ x);
+    }
+    diff == 0
+}
+
+async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Answer> {
+    let bytes = Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            error(
+                400,
+                "bad_request",
+                format!("cannot read the body: {e}"),
+                None,
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .map_err(|e| error(400, "bad_request", format!("invalid JSON body: {e}"), None))
+}
+
+async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -> Answer {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if parts.first() == Some(&"metrics") && method == Method::GET {
+        return Response::builder()
+            .header(hyper::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(Full::new(Bytes::from(agent.metrics_text())))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+    }
+    if parts.first() == Some(&"peer") {
+        let allowed = access
+            .cluster_token
+            .as_deref()
+            .is_some_and(|t| token_matches(&req, t));
+        if !allowed {
+            return error(
+                401,
+                "unauthorized",
+                "peer token missing or wrong".into(),
+                None,
+            );
+        }
+        if parts == ["peer", "v1", "plugins"] && method == Method::GET {
+            return json(
+                200,
+                &api::PeerPlugins {
+                    node: agent.me.to_string(),
+                    plugins: agent.plugins.peer_view(),
+                },
+            );
+        }
+        return error(404, "not_found", format!("no route {method} {path}"), None);
+    }
+    if !token_matches(&req, &access.control_token) {
+        return error(
+            401,
+            "unauthorized",
+            "control token missing or wrong (see <data_dir>/control.token)".into(),
+            None,
+        );
+    }
+    match (method.clone(), parts.as_slice()) {
+        (Method::GET, ["v1", "status"]) => json(200, &agent.status()),
+        (Method::GET, ["v1", "plugins"]) => json(200, &agent.plugin_views()),
+        (Method::GET, ["v1", "plugins", id]) => {
+            match agent.plugin_views().into_iter().find(|p| p.id == *id) {
+                Some(p) => json(200, &p),
+                None => error(404, "not_found", format!("no plugin {id:?}"), None),
+            }
+        }
+        (Method::GET, ["v1", "volumes"]) => json(200, &agent.volumes()),
+        (Method::GET, ["v1", "volumes", id]) => reply(agent.volume(id)),
+        (Method::POST, ["v1", "volumes"]) => match body(req).await {
+            Ok(r) => reply(agent.register(r)),
+            Err(a) => a,
+        },
+        (Method::POST, ["v1", "volumes", "create"]) => match body(req).await {
+            Ok(r) => reply(agent.create(r).await),
+            Err(a) => a,
+        },
+        (Method::POST, ["v1", "volumes", id, "claim"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.claim(&id, r).await),
+                Err(a) => a,
+            }
+        }
+        (Method::POST, ["v1", "volumes", id, "release"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.release(&id, r).await),
+                Err(a) => a,
+            }
+        }
+        (Method::DELETE, ["v1", "volumes", id]) => reply(agent.delete(id).await),
+        _ => error(404, "not_found", format!("no route {method} {path}"), None),
+    }
+}
+
+/// Serves until `stop` is set. Each connection is served on its own task.
+pub async fn serve(
+    listener: TcpListener,
+    agent: Arc<Agent>,
+    access: Arc<Access>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => break,
+        };
+        let (stream, _) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "control API accept failed");
+                continue;
+            }
+        };
+        let agent = Arc::clone(&agent);
+        let access = Arc::clone(&access);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let agent = Arc::clone(&agent);
+                let access = Arc::clone(&access);
+                async move { Ok::<_, Infallible>(route(agent, access, req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "control API connection ended with an error");
+            }
+        });
+    }
+}

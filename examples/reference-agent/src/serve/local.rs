@@ -1,0 +1,265 @@
+//! The shim's backend: this node's plugins, reached with csi-client. Controller calls go to
+//! the local plugin's controller service; node detach goes through the [`VolumeManager`] so
+//! the usage tracker decides about unstaging.
+
+use async_trait::async_trait;
+use csi_client::ErrorClass;
+use csi_rpc_shim::{
+    Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
+    ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
+    DeleteSnapshot, DeleteVolume, GrpcCode, ListSnapshots, ListVolumes, LocalPlugins, LocalStatus,
+    NodeDetach, NodeExpand, NodeExpanded, PluginError, ServiceKind, SnapshotInfo, SnapshotPage,
+    Validated, VolumePage,
+};
+use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, PluginId};
+
+use super::node::{NodeError, UnmountRequest, VolumeManager};
+use super::plugins::Plugins;
+
+/// [`LocalPlugins`] over csi-client.
+#[derive(Debug)]
+pub struct LocalBackend {
+    /// The local plugins.
+    pub plugins: Plugins,
+    /// The node volume manager.
+    pub volumes: VolumeManager,
+}
+
+fn client_error(e: csi_client::Error) -> PluginError {
+    let code = e.code().map(GrpcCode::from).unwrap_or(match e.class() {
+        ErrorClass::Uncertain | ErrorClass::Retry | ErrorClass::RetryElsewhere => {
+            GrpcCode::Unavailable
+        }
+        _ => GrpcCode::Unknown,
+    });
+    PluginError::new(e.class(), code, e.to_string())
+}
+
+fn node_error(e: NodeError) -> PluginError {
+    let code = e
+        .code()
+        .map(GrpcCode::from)
+        .unwrap_or(GrpcCode::Unavailable);
+    PluginError::new(e.class(), code, e.to_string())
+}
+
+fn unsupported(what: &str) -> PluginError {
+    PluginError::new(
+        ErrorClass::Fatal,
+        GrpcCode::Unimplemented,
+        format!("csi-agent does not serve {what} for other agents"),
+    )
+}
+
+impl LocalBackend {
+    fn controller(&self, plugin: &PluginId) -> Result<csi_client::ControllerClient, PluginError> {
+        match self.plugins.client(plugin) {
+            Some((client, fp)) if fp.capabilities.plugin.has_controller_service() => {
+                Ok(client.controller())
+            }
+            _ => Err(PluginError::new(
+                ErrorClass::RetryElsewhere,
+                GrpcCode::Unavailable,
+                format!("plugin {plugin} has no controller service here"),
+            )),
+        }
+    }
+}
+
+async fn within<T>(
+    ctx: &CallContext,
+    call: impl Future<Output = Result<T, PluginError>>,
+) -> Result<T, PluginError> {
+    let deadline = ctx.deadline;
+    tokio::time::timeout_at(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(PluginError::new(
+                ErrorClass::Uncertain,
+                GrpcCode::DeadlineExceeded,
+                "the caller's deadline passed",
+            ))
+        })
+}
+
+#[async_trait]
+impl LocalPlugins for LocalBackend {
+    fn status(&self, plugin: &PluginId, service: ServiceKind) -> LocalStatus {
+        self.plugins.status(plugin, service)
+    }
+
+    async fn controller_attach(
+        &self,
+        ctx: &CallContext,
+        req: ControllerAttach,
+    ) -> Result<Attached, PluginError> {
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let publish_context = c
+                .publish(
+                    &req.external_volume,
+                    &req.plugin_node,
+                    &req.capability,
+                    req.read_only,
+                    &req.volume_context,
+                    &req.secrets,
+                )
+                .await
+                .map_err(client_error)?;
+            Ok(Attached { publish_context })
+        })
+        .await
+    }
+
+    async fn controller_detach(
+        &self,
+        ctx: &CallContext,
+        req: ControllerDetach,
+    ) -> Result<(), PluginError> {
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            c.unpublish(&req.external_volume, Some(&req.plugin_node), &req.secrets)
+                .await
+                .map_err(client_error)
+        })
+        .await
+    }
+
+    async fn controller_validate(
+        &self,
+        ctx: &CallContext,
+        req: ControllerValidate,
+    ) -> Result<Validated, PluginError> {
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let asked = csi_structs::confirm::AskedCapabilities {
+                volume_capabilities: req.capabilities.clone(),
+                volume_context: req.volume_context.clone(),
+                parameters: req.parameters.clone(),
+                mutable_parameters: Default::default(),
+            };
+            match c
+                .validate_volume_capabilities(
+                    &req.external_volume,
+                    &asked,
+                    &req.secrets,
+                    ConfirmPolicy::Lenient,
+                )
+                .await
+                .map_err(client_error)?
+            {
+                Confirmation::NotConfirmed { message, .. } => Ok(Validated::NotConfirmed {
+                    message: message.unwrap_or_else(|| "not confirmed".into()),
+                }),
+                _ => Ok(Validated::Confirmed),
+            }
+        })
+        .await
+    }
+
+    async fn create_volume(
+        &self,
+        ctx: &CallContext,
+        req: CreateVolume,
+    ) -> Result<CreatedVolume, PluginError> {
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let range = CapacityRange::new(
+                u64::try_from(req.required_bytes).ok(),
+                u64::try_from(req.limit_bytes).ok(),
+            )
+            .ok();
+            let wire = csi_client::proto::CreateVolumeRequest {
+                name: req.volume.as_str().to_owned(),
+                capacity_range: range.as_ref().map(Into::into),
+                volume_capabilities: req.capabilities.iter().map(Into::into).collect(),
+                parameters: req.parameters.to_wire(),
+                secrets: req.secrets.to_wire(),
+                ..Default::default()
+            };
+            let volume = c.create_volume(wire).await.map_err(client_error)?;
+            Ok(CreatedVolume {
+                external_volume: volume.volume_id,
+                capacity_bytes: volume
+                    .capacity_bytes
+                    .map(|b| i64::try_from(b).unwrap_or(i64::MAX))
+                    .unwrap_or(0),
+                volume_context: volume.volume_context,
+            })
+        })
+        .await
+    }
+
+    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError> {
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            c.delete(&req.external_volume, &req.secrets)
+                .await
+                .map_err(client_error)
+        })
+        .await
+    }
+
+    async fn controller_expand(
+        &self,
+        _ctx: &CallContext,
+        _req: ControllerExpand,
+    ) -> Result<ControllerExpanded, PluginError> {
+        Err(unsupported("ControllerExpandVolume"))
+    }
+
+    async fn list_volumes(
+        &self,
+        _ctx: &CallContext,
+        _req: ListVolumes,
+    ) -> Result<VolumePage, PluginError> {
+        Err(unsupported("ListVolumes"))
+    }
+
+    async fn create_snapshot(
+        &self,
+        _ctx: &CallContext,
+        _req: CreateSnapshot,
+    ) -> Result<SnapshotInfo, PluginError> {
+        Err(unsupported("CreateSnapshot"))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _ctx: &CallContext,
+        _req: DeleteSnapshot,
+    ) -> Result<(), PluginError> {
+        Err(unsupported("DeleteSnapshot"))
+    }
+
+    async fn list_snapshots(
+        &self,
+        _ctx: &CallContext,
+        _req: ListSnapshots,
+    ) -> Result<SnapshotPage, PluginError> {
+        Err(unsupported("ListSnapshots"))
+    }
+
+    async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError> {
+        let request = UnmountRequest {
+            plugin: req.plugin,
+            volume: req.volume,
+            external_id: req.external_volume,
+            capability: req.capability,
+            read_only: req.read_only,
+            workload: req.workload,
+        };
+        within(ctx, async move {
+            self.volumes.unmount(&request).await.map_err(node_error)
+        })
+        .await
+    }
+
+    async fn node_expand(
+        &self,
+        _ctx: &CallContext,
+        _req: NodeExpand,
+    ) -> Result<NodeExpanded, PluginError> {
+        Err(unsupported("NodeExpandVolume"))
+    }
+}

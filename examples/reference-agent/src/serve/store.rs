@@ -1,0 +1,108 @@
+//! Small JSON state files under the data directory, written atomically (a temporary file,
+//! `fsync`, then `rename`), so a crash leaves either the old or the new content.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A state file that cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// Reading, writing or renaming failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not the JSON this agent writes.
+    #[error("state file {path} is damaged: {detail}")]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// The parser's explanation.
+        detail: String,
+    },
+}
+
+/// The largest state file read (bytes).
+pub const MAX_STATE_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads `path`; `None` when it does not exist.
+///
+/// # Errors
+///
+/// [`StateFileError`] when it exists but cannot be read or parsed, or is too large.
+pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateFileError> {
+    let io = |source| StateFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+        Ok(m) if m.len() > MAX_STATE_FILE_BYTES => {
+            return Err(StateFileError::Damaged {
+                path: path.to_owned(),
+                detail: format!("{} bytes, more than {MAX_STATE_FILE_BYTES}", m.len()),
+            });
+        }
+        Ok(_) => {}
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StateFileError::Damaged {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })
+}
+
+/// Writes `value` to `path` atomically.
+///
+/// # Errors
+///
+/// [`StateFileError::Io`].
+pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
+    let io = |source| StateFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| StateFileError::Damaged {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    })?;
+    let tmp = path.with_extension("json.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_missing_and_damaged() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("x.json");
+        assert_eq!(load_json::<Vec<u32>>(&p).expect("missing is fine"), None);
+        save_json(&p, &vec![1u32, 2]).expect("write");
+        assert_eq!(load_json::<Vec<u32>>(&p).expect("read"), Some(vec![1, 2]));
+        std::fs::write(&p, b"{nope").expect("write");
+        assert!(matches!(
+            load_json::<Vec<u32>>(&p),
+            Err(StateFileError::Damaged { .. })
+        ));
+    }
+}
