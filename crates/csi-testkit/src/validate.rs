@@ -185,6 +185,32 @@ pub(crate) fn is_block(cap: &VolumeCapability) -> bool {
     matches!(cap.access_type, Some(AccessType::Block(_)))
 }
 
+/// The single-node modes a plugin may only be sent with its `SINGLE_NODE_MULTI_WRITER`
+/// capability (csi-spec §3.8); `Err` names the field and the capability.
+pub(crate) fn single_node_modes(
+    field: &str,
+    caps: &[&VolumeCapability],
+    advertised: bool,
+    service: &str,
+) -> Result<(), Status> {
+    if advertised {
+        return Ok(());
+    }
+    match caps.iter().map(|c| mode_of(c)).find(|m| {
+        matches!(
+            m,
+            Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter
+        )
+    }) {
+        Some(mode) => Err(invalid(format!(
+            "{field}: access mode {} needs {service} capability SINGLE_NODE_MULTI_WRITER, which \
+             this plugin does not advertise",
+            mode.as_str_name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Whether an access mode allows use from several nodes.
 pub(crate) fn is_multi_node(mode: Mode) -> bool {
     matches!(

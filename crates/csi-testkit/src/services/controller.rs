@@ -32,6 +32,12 @@ impl MockPlugin {
         let config = self.config();
         validate::name("name", &req.name)?;
         validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
+        validate::single_node_modes(
+            "volume_capabilities",
+            &req.volume_capabilities.iter().collect::<Vec<_>>(),
+            self.has_controller_cap(ControllerCapability::SingleNodeMultiWriter),
+            "controller",
+        )?;
         validate::map("parameters", &req.parameters)?;
         validate::map("mutable_parameters", &req.mutable_parameters)?;
         validate::secrets(&req.secrets)?;
@@ -226,6 +232,12 @@ impl MockPlugin {
         validate::map("volume_context", &req.volume_context)?;
         validate::secrets(&req.secrets)?;
         let capability = req.volume_capability.unwrap_or_default();
+        validate::single_node_modes(
+            "volume_capability",
+            &[&capability],
+            self.has_controller_cap(ControllerCapability::SingleNodeMultiWriter),
+            "controller",
+        )?;
         let mut inner = self.shared.lock();
         let state = &mut inner.state;
         let volume = state

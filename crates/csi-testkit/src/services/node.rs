@@ -121,6 +121,12 @@ impl MockPlugin {
         validate::map("volume_context", &req.volume_context)?;
         validate::secrets(&req.secrets)?;
         let capability = req.volume_capability.unwrap_or_default();
+        validate::single_node_modes(
+            "volume_capability",
+            &[&capability],
+            self.has_node_cap(NodeCapability::SingleNodeMultiWriter),
+            "node",
+        )?;
         let mut inner = self.shared.lock();
         let state = &mut inner.state;
         if let Some(volume) = self.node_volume(state, &req.volume_id)? {
@@ -242,6 +248,12 @@ impl MockPlugin {
         validate::map("volume_context", &req.volume_context)?;
         validate::secrets(&req.secrets)?;
         let capability = req.volume_capability.unwrap_or_default();
+        validate::single_node_modes(
+            "volume_capability",
+            &[&capability],
+            self.has_node_cap(NodeCapability::SingleNodeMultiWriter),
+            "node",
+        )?;
         let mut inner = self.shared.lock();
         let state = &mut inner.state;
         if let Some(volume) = self.node_volume(state, &req.volume_id)? {

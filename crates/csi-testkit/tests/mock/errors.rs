@@ -217,6 +217,31 @@ async fn single_node_volume_published_elsewhere_fails_precondition() {
 }
 
 #[tokio::test]
+async fn single_node_modes_need_their_capability() {
+    let h = start(MockPlugin::builder().controller_capabilities([
+        ControllerCapability::CreateDeleteVolume,
+        ControllerCapability::PublishUnpublishVolume,
+    ]))
+    .await;
+    let status = code(
+        h.controller()
+            .create_volume(create_with("snsw", mount(Mode::SingleNodeSingleWriter)))
+            .await,
+    );
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("SINGLE_NODE_MULTI_WRITER"),
+        "{}",
+        status.message()
+    );
+    let h = start_default().await;
+    h.controller()
+        .create_volume(create_with("snsw", mount(Mode::SingleNodeSingleWriter)))
+        .await
+        .expect("advertised by default");
+}
+
+#[tokio::test]
 async fn max_volumes_per_node_is_resource_exhausted() {
     let h = start(MockPlugin::builder().max_volumes_per_node(1)).await;
     let a = h.create("a").await;
