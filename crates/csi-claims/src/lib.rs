@@ -19,6 +19,8 @@
 //! - [`backoff`]: per-volume capped exponential backoff with seeded jitter.
 //! - [`store`]: [`ClaimStore`] with compare-and-swap per volume; [`MemoryStore`] and the
 //!   durable [`RedbStore`].
+//! - [`error`]: [`Error`], every error of the crate with its
+//!   [`ErrorClass`](csi_structs::ErrorClass).
 //! - [`driver`]: a thin tokio loop that performs the machine's actions through the
 //!   [`NodeDetacher`](driver::NodeDetacher) and [`ControllerDetacher`](driver::ControllerDetacher)
 //!   traits and the store.
@@ -95,6 +97,7 @@ pub mod accounting;
 pub mod backoff;
 pub mod detach;
 pub mod driver;
+pub mod error;
 pub mod machine;
 pub mod model;
 pub mod state;
@@ -105,6 +108,8 @@ pub mod transition;
 pub use accounting::{ClaimDenied, DenyReason};
 #[doc(inline)]
 pub use detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
+#[doc(inline)]
+pub use error::Error;
 #[doc(inline)]
 pub use machine::{
     Action, Admitted, ClaimError, Event, MachineConfig, ReleaseError, ReleaseMachine,

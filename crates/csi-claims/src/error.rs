@@ -1,0 +1,127 @@
+//! [`Error`]: every error of this crate in one enum, with its [`ErrorClass`].
+//!
+//! The narrow errors live next to the code that produces them ([`ClaimError`],
+//! [`ReleaseError`], [`LoadError`], [`StoreError`], [`DecodeError`](crate::store::DecodeError),
+//! [`BackoffPolicyError`], [`DriverError`]); this enum gathers them for callers that want one
+//! type, and says what to do about each through [`Error::class`].
+
+use csi_structs::ErrorClass;
+
+use crate::accounting::DenyReason;
+use crate::backoff::BackoffPolicyError;
+use crate::driver::DriverError;
+use crate::machine::{ClaimError, LoadError, ReleaseError};
+use crate::store::StoreError;
+
+/// Any error of `csi-claims`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A claim was refused.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// A release was refused.
+    #[error(transparent)]
+    Release(#[from] ReleaseError),
+    /// A stored record could not be taken over.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The claim store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A backoff policy was refused.
+    #[error(transparent)]
+    Backoff(#[from] BackoffPolicyError),
+    /// A call through the driver failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
+
+impl Error {
+    /// What the caller should do about it.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Claim(e) => e.class(),
+            Error::Release(e) => e.class(),
+            Error::Load(_) | Error::Backoff(_) => ErrorClass::Fatal,
+            Error::Store(e) => match e {
+                StoreError::Conflict { .. } | StoreError::Interrupted { .. } => ErrorClass::Retry,
+                StoreError::LoadInterrupted | StoreError::Redb { .. } => ErrorClass::Retry,
+                StoreError::WrongKey { .. }
+                | StoreError::Decode { .. }
+                | StoreError::Encode { .. } => ErrorClass::Fatal,
+            },
+            Error::Driver(e) => match e {
+                DriverError::Claim(c) => c.class(),
+                DriverError::Release(r) => r.class(),
+                DriverError::Lost { .. } => ErrorClass::Retry,
+                DriverError::Stopped => ErrorClass::Fatal,
+            },
+        }
+    }
+}
+
+impl ClaimError {
+    /// What the caller should do about it: [`ErrorClass::Retry`] when waiting can help (the
+    /// holders may release the volume, a detach or reload settles), [`ErrorClass::Fatal`]
+    /// when the request itself must change.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ClaimError::Denied(denied) => match denied.reason {
+                DenyReason::WritersExhausted { .. }
+                | DenyReason::ReadersExhausted { .. }
+                | DenyReason::SingleWorkload
+                | DenyReason::OtherNode { .. }
+                | DenyReason::AccessModeChange { .. }
+                | DenyReason::AttachmentModeChange { .. }
+                | DenyReason::ReleaseInProgress { .. } => ErrorClass::Retry,
+                DenyReason::ReadOnlyMode | DenyReason::ReclaimWithDifferentTerms => {
+                    ErrorClass::Fatal
+                }
+            },
+            ClaimError::DetachInFlight { .. } | ClaimError::Reloading { .. } => ErrorClass::Retry,
+            ClaimError::VolumeMismatch { .. }
+            | ClaimError::VolumeInfoMismatch { .. }
+            | ClaimError::NodeGone { .. } => ErrorClass::Fatal,
+        }
+    }
+}
+
+impl ReleaseError {
+    /// [`ErrorClass::AlreadyDone`] when there is no such claim (a release is idempotent: the
+    /// claim may have been freed already), [`ErrorClass::Retry`] while the volume reloads.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ReleaseError::NoSuchClaim { .. } => ErrorClass::AlreadyDone,
+            ReleaseError::Reloading { .. } => ErrorClass::Retry,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use csi_structs::{VolumeId, WorkloadId};
+
+    use super::*;
+
+    #[test]
+    fn classes() {
+        let volume = VolumeId::new("v").unwrap();
+        let workload = WorkloadId::new("w").unwrap();
+        let gone = Error::from(ReleaseError::NoSuchClaim {
+            volume: volume.clone(),
+            workload,
+        });
+        assert_eq!(gone.class(), ErrorClass::AlreadyDone);
+        let busy = Error::from(ClaimError::Reloading {
+            volume: volume.clone(),
+        });
+        assert_eq!(busy.class(), ErrorClass::Retry);
+        let conflict = Error::from(StoreError::Conflict {
+            volume,
+            expected: None,
+            found: None,
+        });
+        assert_eq!(conflict.class(), ErrorClass::Retry);
+        assert_eq!(Error::from(DriverError::Stopped).class(), ErrorClass::Fatal);
+    }
+}
