@@ -12,7 +12,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use csi_testkit::UnixEndpoint;
 use csi_testkit::conformance::{self, Options};
 
 /// Check a CSI plugin against the CSI spec. The plugin's backend must be a test backend:
@@ -76,18 +75,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let socket = match UnixEndpoint::parse(&args.endpoint) {
-        Ok(endpoint) => endpoint.path().to_path_buf(),
+    let scratch = args
+        .staging_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("csi-conformance"));
+    let options = match Options::from_endpoint(&args.endpoint, scratch) {
+        Ok(options) => options,
         Err(err) => {
             eprintln!("csi-conformance: --endpoint: {err}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let scratch = args
-        .staging_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("csi-conformance"));
-    let mut options = Options::new(socket, scratch)
+    let mut options = options
         .timeout(Duration::from_secs(args.timeout))
         .volume_size(args.volume_size);
     if let Some(volume_id) = args.existing_volume {

@@ -57,6 +57,27 @@ impl Options {
         }
     }
 
+    /// Like [`Options::new`], from an endpoint written `unix:///absolute/path.sock`.
+    ///
+    /// # Errors
+    ///
+    /// [`EndpointError`](crate::EndpointError) when the text is not such an endpoint.
+    ///
+    /// ```
+    /// use csi_testkit::conformance::Options;
+    ///
+    /// let options = Options::from_endpoint("unix:///run/csi/csi.sock", "/tmp/scratch").unwrap();
+    /// assert_eq!(options.socket().to_str(), Some("/run/csi/csi.sock"));
+    /// assert!(Options::from_endpoint("tcp://10.0.0.1:9000", "/tmp/scratch").is_err());
+    /// ```
+    pub fn from_endpoint(
+        endpoint: &str,
+        scratch_dir: impl Into<PathBuf>,
+    ) -> Result<Self, crate::EndpointError> {
+        let endpoint = crate::UnixEndpoint::parse(endpoint)?;
+        Ok(Self::new(endpoint.path(), scratch_dir))
+    }
+
     /// Adds a secret passed in the `secrets` field of every request that has one.
     #[must_use]
     pub fn secret(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
