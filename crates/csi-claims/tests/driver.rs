@@ -7,13 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::backoff::BackoffPolicy;
-use csi_claims::driver::{ClaimsDriver, DriverConfig, DriverError};
-use csi_claims::machine::{LastError, Pending};
-use csi_claims::{
-    ClaimError, ClaimMode, ClaimState, ControllerRequirement, ControllerStep, DetachRpc, Event,
-    MachineConfig, MemoryStore, NodeStep,
+use csi_claims::driver::{
+    ClaimsDriver, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
 };
-use csi_structs::{AccessMode, ErrorClass, PluginId, WorkloadId};
+use csi_claims::machine::{LastError, Pending};
+use csi_claims::store::{ClaimStore, RedbStore};
+use csi_claims::{
+    ClaimError, ClaimMode, ClaimState, ControllerDetachRequest, ControllerRequirement,
+    ControllerStep, DetachError, DetachRpc, Event, MachineConfig, MemoryStore, NodeDetachRequest,
+    NodeStep,
+};
+use csi_structs::{AccessMode, ErrorClass, PluginId, VolumeId, WorkloadId};
 use support::{FakeController, FakeNode, Plugin, info, request};
 
 fn config(initial: Duration, max: Duration) -> DriverConfig {
@@ -353,6 +357,100 @@ async fn a_call_that_never_answers_is_cut_off_and_retried() {
         .count();
     assert_eq!(unpublishes, 2, "the hung call, then its retry");
     driver.shutdown().await;
+}
+
+/// A detacher that, at every call, reads the store and records the claim's durable state.
+struct Witness {
+    store: Arc<RedbStore>,
+    seen: std::sync::Mutex<Vec<(DetachRpc, String, Option<&'static str>)>>,
+}
+
+impl Witness {
+    fn see(&self, rpc: DetachRpc, volume: &VolumeId, workload: &WorkloadId) {
+        let state = self
+            .store
+            .load(volume)
+            .unwrap()
+            .and_then(|s| s.record.claim(workload).map(|c| c.state().name()));
+        self.seen
+            .lock()
+            .unwrap()
+            .push((rpc, workload.to_string(), state));
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeDetacher for Witness {
+    async fn node_unpublish(&self, r: &NodeDetachRequest) -> Result<(), DetachError> {
+        self.see(DetachRpc::NodeUnpublish, &r.volume, &r.workload);
+        Ok(())
+    }
+
+    async fn node_unstage(&self, r: &NodeDetachRequest) -> Result<(), DetachError> {
+        self.see(DetachRpc::NodeUnstage, &r.volume, &r.workload);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ControllerDetacher for Witness {
+    async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
+        self.see(DetachRpc::ControllerUnpublish, &r.volume, &r.workload);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_call_sees_the_previous_step_durable_in_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(dir.path().join("claims.redb")).unwrap());
+    let witness = Arc::new(Witness {
+        store: Arc::clone(&store),
+        seen: std::sync::Mutex::default(),
+    });
+    let (claims, driver) = ClaimsDriver::start(
+        Arc::clone(&store),
+        Arc::clone(&witness),
+        Arc::clone(&witness),
+        DriverConfig::default(),
+    )
+    .await
+    .unwrap();
+    let mut waits = Vec::new();
+    for i in 0..4 {
+        let v = info(&format!("v{i}"), "p", ControllerRequirement::Required);
+        for (w, n) in [("a", "n1"), ("b", "n1"), ("c", "n2")] {
+            guard(claims.claim(
+                &v,
+                request(&v, w, n, ClaimMode::Read, AccessMode::MultiNodeReaderOnly),
+            ))
+            .await
+            .unwrap();
+        }
+        for w in ["a", "b", "c"] {
+            let (claims, id, w) = (claims.clone(), v.id.clone(), WorkloadId::new(w).unwrap());
+            waits.push(tokio::spawn(async move {
+                claims.release_and_wait(&id, &w).await
+            }));
+        }
+    }
+    for w in waits {
+        guard(w).await.unwrap().unwrap();
+    }
+    driver.shutdown().await;
+    let seen = witness.seen.lock().unwrap().clone();
+    assert!(
+        seen.len() >= 4 * (3 + 2 + 2),
+        "unpublish x3, unstage x2, controller x2 per volume"
+    );
+    for (rpc, workload, state) in seen {
+        let expected = match rpc {
+            DetachRpc::NodeUnpublish | DetachRpc::NodeUnstage => "releasing",
+            DetachRpc::ControllerUnpublish => "node_detached",
+        };
+        assert_eq!(state, Some(expected), "{rpc} for {workload}");
+    }
+    assert!(store.load_all().unwrap().is_empty());
 }
 
 /// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.
