@@ -1,5 +1,5 @@
 //! Transports: a real unix socket, and an in-memory duplex pipe for fast unit tests. Both wrap
-//! each connection in a [`killable::KillableIo`] so fault scripts can drop it.
+//! each connection in an IO wrapper a fault script can tear down (see [`crate::FaultStep`]).
 
 pub(crate) mod killable;
 pub(crate) mod memory;
