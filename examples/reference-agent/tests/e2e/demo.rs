@@ -1,0 +1,348 @@
+//! `csi-agent demo`: the built-in mock, external plugins with fewer capabilities, failures.
+
+use std::path::Path;
+
+use csi_agent::demo::Step;
+use csi_client::{Code, Rpc};
+use csi_testkit::{ControllerCapability, MockPlugin, MockServer, NodeCapability, Role};
+
+use crate::support::{Run, csi_agent};
+
+/// The table row of `step` (rows start with the step number, then the name).
+fn row(run: &Run, step: Step) -> &str {
+    run.stdout
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+                && l.contains(&format!("  {}  ", step.name()))
+        })
+        .unwrap_or_else(|| panic!("no row for step {step:?}\n{}", run.dump()))
+}
+
+fn result_of(run: &Run, step: Step) -> String {
+    let row = row(run, step);
+    let after_call = row
+        .split_once(step.call())
+        .map(|(_, rest)| rest.trim_start())
+        .unwrap_or_default();
+    // Skip the duration column ("1.2 ms" or "-").
+    let rest = after_call
+        .strip_prefix('-')
+        .map(str::trim_start)
+        .or_else(|| after_call.split_once(" ms").map(|(_, r)| r.trim_start()))
+        .unwrap_or(after_call);
+    rest.to_owned()
+}
+
+async fn serve(plugin: MockPlugin, dir: &Path) -> MockServer {
+    plugin
+        .serve_unix(dir.join("csi.sock"))
+        .await
+        .expect("the mock serves on a fresh socket path")
+}
+
+fn endpoint(server: &MockServer) -> String {
+    let path = server.socket_path().expect("served on a unix socket");
+    format!("unix://{}", path.display())
+}
+
+/// Entries left in a directory (recursively counted at the top level).
+fn entries(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir) {
+        Ok(list) => list
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn demo_walks_every_step_against_the_built_in_mock() {
+    let run = csi_agent(&["demo"]).await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    for step in Step::ALL {
+        let result = result_of(&run, step);
+        assert!(
+            result.starts_with("ok"),
+            "step {step:?}: {result:?}\n{}",
+            run.dump()
+        );
+    }
+    let summary = run.stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("demo ok: volume "), "{}", run.dump());
+    assert!(summary.contains("in 14 steps (0 skipped)"), "{summary}");
+    assert!(summary.ends_with("nothing left behind"), "{summary}");
+}
+
+#[tokio::test]
+async fn demo_adapts_to_a_plugin_without_staging_or_controller_publish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let plugin = MockPlugin::builder()
+        .controller_capabilities([ControllerCapability::CreateDeleteVolume])
+        .node_capabilities(Vec::<NodeCapability>::new())
+        .build()
+        .unwrap();
+    let server = serve(plugin, tmp.path()).await;
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    server
+        .calls()
+        .snapshot()
+        .without_discovery()
+        .assert_runs(&[
+            (Rpc::CreateVolume, 1),
+            (Rpc::ValidateVolumeCapabilities, 1),
+            (Rpc::NodePublishVolume, 1),
+            (Rpc::NodeUnpublishVolume, 1),
+            (Rpc::DeleteVolume, 1),
+        ])
+        .unwrap();
+    for (step, why) in [
+        (Step::ControllerPublish, "PUBLISH_UNPUBLISH_VOLUME"),
+        (Step::NodeStage, "STAGE_UNSTAGE_VOLUME"),
+        (Step::NodeUnstage, "STAGE_UNSTAGE_VOLUME"),
+        (Step::ControllerUnpublish, "PUBLISH_UNPUBLISH_VOLUME"),
+    ] {
+        let result = result_of(&run, step);
+        assert!(
+            result.starts_with("skipped") && result.contains(why),
+            "{step:?}: {result}"
+        );
+    }
+    assert!(run.stdout.contains("(4 skipped)"), "{}", run.dump());
+    assert!(
+        server.plugin().volumes().is_empty(),
+        "the volume was deleted"
+    );
+    assert!(
+        !data.exists(),
+        "the data dir the demo made is gone: {:?}",
+        entries(&data)
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn demo_uses_an_existing_volume_on_a_node_only_plugin_and_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let plugin = MockPlugin::builder().role(Role::Node).build().unwrap();
+    let server = serve(plugin, tmp.path()).await;
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--volume-id",
+        "pre-existing-7",
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    let calls = server.calls().snapshot().without_discovery();
+    calls
+        .assert_runs(&[
+            (Rpc::NodeStageVolume, 1),
+            (Rpc::NodePublishVolume, 1),
+            (Rpc::NodeUnpublishVolume, 1),
+            (Rpc::NodeUnstageVolume, 1),
+        ])
+        .unwrap();
+    assert!(
+        calls
+            .records()
+            .iter()
+            .all(|c| c.volume_id.as_deref() == Some("pre-existing-7")),
+        "{calls:#?}"
+    );
+    assert!(result_of(&run, Step::CreateVolume).contains("using existing volume pre-existing-7"));
+    assert!(result_of(&run, Step::DeleteVolume).contains("is kept"));
+    assert!(result_of(&run, Step::ValidateCapabilities).contains("no Controller service"));
+    assert!(data.exists(), "a data dir the user gave is kept");
+    assert!(
+        entries(&data).is_empty(),
+        "nothing left in it: {:?}",
+        entries(&data)
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn demo_cannot_create_on_a_node_only_plugin_without_a_volume_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugin = MockPlugin::builder().role(Role::Node).build().unwrap();
+    let server = serve(plugin, tmp.path()).await;
+    let endpoint = endpoint(&server);
+    let data = tmp.path().join("data");
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(run.stderr.contains("--volume-id"), "{}", run.dump());
+    assert!(
+        run.stdout.contains("left behind: nothing"),
+        "{}",
+        run.dump()
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_publish_names_the_step_and_what_was_left_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server
+        .faults()
+        .on(Rpc::NodePublishVolume)
+        .fail(Code::InvalidArgument, "scripted: target refused");
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        run.stderr
+            .contains("step 'node publish' (NodePublishVolume) failed"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        result_of(&run, Step::NodePublish).starts_with("FAILED"),
+        "{}",
+        run.dump()
+    );
+
+    // What the report lists is what the plugin still has.
+    let volumes = server.plugin().volumes();
+    assert_eq!(volumes.len(), 1, "the volume is still there");
+    let staged = server.plugin().staged();
+    assert_eq!(staged.len(), 1, "the volume is still staged");
+    let left = run
+        .stdout
+        .split_once("left behind")
+        .map(|(_, r)| r)
+        .unwrap_or_default();
+    for expected in [
+        "NodeUnstageVolume volume_id=",
+        "ControllerUnpublishVolume volume_id=",
+        "DeleteVolume volume_id=",
+        "claim of the demo workload (taken)",
+    ] {
+        assert!(
+            left.contains(expected),
+            "missing {expected:?}\n{}",
+            run.dump()
+        );
+    }
+    assert!(
+        !left.contains("NodeUnpublishVolume"),
+        "it was never published\n{}",
+        run.dump()
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unstage_failing_twice_with_unavailable_is_retried_to_success() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .fail_times(2, Code::Unavailable, "scripted: busy");
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    let unstages = server.calls().of(Rpc::NodeUnstageVolume);
+    assert_eq!(unstages.len(), 3, "{unstages:#?}");
+    assert!(server.plugin().volumes().is_empty());
+    assert!(server.plugin().staged().is_empty());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_release_call_that_keeps_failing_stops_the_demo_and_lists_the_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server.faults().on(Rpc::NodeUnpublishVolume).fail_times(
+        10,
+        Code::InvalidArgument,
+        "scripted: refused",
+    );
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        run.stderr
+            .contains("step 'release: node unpublish' (NodeUnpublishVolume) failed"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.stderr.contains("fatal"),
+        "the class is shown: {}",
+        run.dump()
+    );
+    // A fatal answer is not retried by the demo: exactly one call.
+    assert_eq!(server.calls().count(Rpc::NodeUnpublishVolume), 1);
+    let left = run
+        .stdout
+        .split_once("left behind")
+        .map(|(_, r)| r)
+        .unwrap_or_default();
+    for expected in [
+        "claim of the demo workload (releasing)",
+        "NodeUnpublishVolume volume_id=",
+        "NodeUnstageVolume volume_id=",
+        "ControllerUnpublishVolume volume_id=",
+        "DeleteVolume volume_id=",
+    ] {
+        assert!(
+            left.contains(expected),
+            "missing {expected:?}\n{}",
+            run.dump()
+        );
+    }
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,8 @@
+//! End-to-end tests of the `csi-agent` binary and the agent's adapters, against the csi-testkit
+//! mock plugin served on unix sockets in temporary directories.
+//!
+//! One test binary (one link) with a module per area.
+
+mod adapters;
+mod demo;
+mod support;
