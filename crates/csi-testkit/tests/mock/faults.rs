@@ -217,3 +217,40 @@ async fn faults_work_in_memory_too() {
     assert_eq!(server.calls().count(Rpc::Probe), 2);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_script_wins_over_unimplemented_then_unimplemented_again() {
+    let h = start(MockPlugin::builder().role(Role::Node)).await;
+    h.server
+        .faults()
+        .on(Rpc::CreateVolume)
+        .fail(Code::Internal, "answers anyway");
+    let first = code(h.controller().create_volume(create_req("x")).await);
+    assert_eq!(first.code(), Code::Internal);
+    let second = code(h.controller().create_volume(create_req("x")).await);
+    assert_eq!(second.code(), Code::Unimplemented);
+}
+
+#[tokio::test]
+async fn dropping_an_in_memory_connection_fails_the_call() {
+    let plugin = MockPlugin::builder().build().unwrap();
+    plugin.faults().on(Rpc::Probe).drop_connection();
+    let (server, channel) = plugin.serve_in_memory().await.unwrap();
+    let mut identity = csi_proto::v1::identity_client::IdentityClient::new(channel);
+    let status = tokio::time::timeout(GUARD, identity.probe(ProbeRequest {}))
+        .await
+        .expect("the call ends when the pipe is torn down")
+        .unwrap_err();
+    assert_ne!(status.code(), Code::Ok);
+    assert_eq!(
+        server.calls().last(Rpc::Probe).unwrap().outcome,
+        Outcome::ConnectionDropped
+    );
+    let mut fresh =
+        csi_proto::v1::identity_client::IdentityClient::new(server.channel().await.unwrap());
+    fresh
+        .probe(ProbeRequest {})
+        .await
+        .expect("a new pipe is served");
+    server.shutdown().await.unwrap();
+}
