@@ -7,6 +7,9 @@
 //!   controller detach only for one whose durable state is `node_detached`;
 //! - a freed claim's node and controller steps succeeded or were skipped by rule;
 //! - nothing is freed twice;
+//! - at most one detach call per volume and one controller call per plugin are in flight;
+//! - a failed volume is not retried until time moves or an event may have fixed the cause
+//!   (no tight loop);
 //!
 //! and at the end, once failures stop, every claim is released and freed (the store is
 //! empty).
@@ -134,12 +137,22 @@ struct World {
     /// defined.
     names: HashMap<(usize, usize), u32>,
     used: HashSet<(VolumeId, WorkloadId)>,
+    /// Volumes whose last detach call failed, until time moves or an event may wake them.
+    failed: HashSet<VolumeId>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Progress {
     node_ok: bool,
     controller_ok: bool,
+}
+
+fn detach_volume(action: &Action) -> Option<&VolumeId> {
+    match action {
+        Action::NodeDetach(n) => Some(&n.volume),
+        Action::ControllerDetach(c) => Some(&c.volume),
+        Action::Persist(_) | Action::Reload(_) => None,
+    }
 }
 
 fn config() -> MachineConfig {
@@ -175,6 +188,7 @@ impl World {
             freed: HashSet::new(),
             names: HashMap::new(),
             used: HashSet::new(),
+            failed: HashSet::new(),
         }
     }
 
@@ -219,6 +233,33 @@ impl World {
                     );
                 }
                 Action::Persist(_) | Action::Reload(_) => {}
+            }
+            if let Some(volume) = detach_volume(&action) {
+                prop_assert!(
+                    !self
+                        .outstanding
+                        .iter()
+                        .any(|a| detach_volume(a) == Some(volume)),
+                    "two detach calls in flight for volume {}",
+                    volume
+                );
+                prop_assert!(
+                    !self.failed.contains(volume),
+                    "volume {} retried at once after a failure, with nothing new to wake it",
+                    volume
+                );
+            }
+            if let Action::ControllerDetach(c) = &action {
+                let busy = self
+                    .outstanding
+                    .iter()
+                    .filter(|a| matches!(a, Action::ControllerDetach(o) if o.plugin == c.plugin))
+                    .count();
+                prop_assert!(
+                    busy == 0,
+                    "more than one controller call for plugin {}",
+                    c.plugin
+                );
             }
             self.outstanding.push(action);
         }
@@ -277,6 +318,7 @@ impl World {
 
     fn restart(&mut self) -> Result<(), TestCaseError> {
         self.outstanding.clear();
+        self.failed.clear();
         self.machine = ReleaseMachine::new(config());
         for stored in self.store.load_all().unwrap() {
             self.machine.load(stored).unwrap();
@@ -313,6 +355,9 @@ impl World {
                         .or_default()
                         .node_ok = true;
                 }
+                if matches!(outcome, Outcome::Fail(_)) {
+                    self.failed.insert(n.volume.clone());
+                }
                 self.machine.node_detached(n.ticket, r, now);
             }
             Action::ControllerDetach(c) => {
@@ -322,6 +367,9 @@ impl World {
                         .entry((c.volume.clone(), c.workload.clone()))
                         .or_default()
                         .controller_ok = true;
+                }
+                if matches!(outcome, Outcome::Fail(_)) {
+                    self.failed.insert(c.volume.clone());
                 }
                 self.machine.controller_detached(c.ticket, r, now);
             }
@@ -385,15 +433,20 @@ impl World {
                 }
             }
             Op::Advance { secs } => {
+                if secs > 0 {
+                    self.failed.clear();
+                }
                 self.now += Duration::from_secs(secs);
                 self.machine.handle_timeout(self.now);
             }
             Op::Restart => return self.restart(),
             Op::NodeGone { n } => {
                 self.gone.insert(nid(n));
+                self.failed.clear();
                 self.machine.node_gone(&nid(n), self.now);
             }
             Op::PluginBack => {
+                self.failed.clear();
                 for plugin in ["p0", "p1"] {
                     let plugin = PluginId::new(plugin).unwrap();
                     self.machine.plugin_available(&plugin, None, self.now);
@@ -427,6 +480,7 @@ impl World {
                 return Ok(());
             }
             self.now += Duration::from_secs(25);
+            self.failed.clear();
             self.machine.handle_timeout(self.now);
             self.pump()?;
             prop_assert!(
