@@ -467,4 +467,19 @@ mod tests {
             vec![Rpc::NodeStageVolume]
         );
     }
+
+    #[tokio::test]
+    async fn wait_for_gives_up_with_the_log_size() {
+        let plugin = crate::MockPlugin::builder().build().unwrap();
+        let calls = plugin.calls();
+        let err = calls
+            .wait_for(Duration::from_millis(10), |c| c.len() == 1)
+            .await
+            .unwrap_err();
+        assert_eq!(err.len, 0);
+        calls
+            .wait_for(Duration::from_secs(5), CallList::is_empty)
+            .await
+            .expect("an already-true condition returns at once");
+    }
 }
