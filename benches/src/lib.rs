@@ -1,1 +1,149 @@
-//! Benchmarks and the `csi-bench` load generator (not built yet).
+//! Benchmarks and the `csi-bench` load generator.
+//!
+//! `csi-bench` drives any CSI plugin through `csi-client` and prints one line per run:
+//!
+//! ```text
+//! client=csi-client rpc=probe n=200000 c=32 ops_per_s=… p50_us=… p99_us=…
+//! ```
+//!
+//! It also measures the floor (a raw 100-byte unix-socket ping-pong between two processes),
+//! compares sequential Probe with it, measures resident memory per open connection and per
+//! claim, and releases many claims through the `csi-claims` driver against the mock plugin.
+//! See `benches/README.md` for every command, its target and the numbers measured.
+//!
+//! The binary is a thin wrapper around [`run`], which tests call directly:
+//!
+//! ```no_run
+//! use clap::Parser;
+//! use csi_benches::{Cli, Line, run};
+//!
+//! let cli = Cli::parse_from(["csi-bench", "--mock", "--rpc", "probe", "-n", "200", "-c", "4"]);
+//! let lines = run(&cli, std::path::Path::new("/proc/self/exe")).unwrap();
+//! let line: Line = lines[0].parse().unwrap();
+//! assert_eq!(line.n, 200);
+//! ```
+//!
+//! # Layout
+//!
+//! - [`cli`]: the flags and the [`Mode`] they select; [`error`]: [`BenchError`].
+//! - [`rpc`]: the rpcs driven, their set-up and clean-up; [`load`]: the caller loop;
+//!   [`report`]: the result [`Line`].
+//! - [`target`]: an endpoint or the in-process mock; [`baseline`]: the ping-pong floor;
+//!   [`child`]: the re-executed child processes; [`memory`]: resident memory from `/proc`;
+//!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks.
+
+pub mod baseline;
+pub mod child;
+pub mod claims;
+pub mod cli;
+pub mod conn_memory;
+pub mod error;
+pub mod load;
+pub mod memory;
+pub mod report;
+pub mod rpc;
+pub mod target;
+
+use std::path::Path;
+
+pub use cli::{Cli, Mode};
+pub use error::BenchError;
+pub use report::{Line, LineError};
+pub use rpc::BenchRpc;
+
+use crate::rpc::{Given, Plan};
+use crate::target::{Target, TargetSpec};
+
+/// The most the sequential Probe p50 may be, as a multiple of the baseline's p50 (issue 4).
+pub const COMPARE_TARGET_RATIO: f64 = 4.0;
+
+/// Runs what `cli` asks for and returns the lines to print (none for the internal child
+/// modes). `exe` is the executable to re-run as a child process (the ping-pong peer, the
+/// out-of-process mock); the binary passes its own path.
+///
+/// # Errors
+///
+/// Whatever stopped the run; see [`BenchError`].
+pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
+    match cli.mode()? {
+        Mode::BaselineChild(path) => baseline::serve_pongs(&path).map(|()| Vec::new()),
+        Mode::ServeMock(path) => {
+            conn_memory::serve_mock_until_stdin_closes(&path).map(|()| Vec::new())
+        }
+        Mode::Baseline => Ok(vec![
+            baseline::run_baseline(exe, cli.n, cli.warmup)?.to_string(),
+        ]),
+        Mode::ClaimsMemory(claims) => Ok(vec![
+            claims::claims_memory(claims, cli.volumes)?.to_string(),
+        ]),
+        Mode::Load(spec) => {
+            let rt = runtime()?;
+            let line = rt.block_on(drive(&spec, cli, cli.rpc, cli.c))?;
+            Ok(vec![line.to_string()])
+        }
+        Mode::Compare(spec) => {
+            let floor = baseline::run_baseline(exe, cli.n, cli.warmup)?;
+            let rt = runtime()?;
+            let probe = rt.block_on(drive(&spec, cli, BenchRpc::Probe, 1))?;
+            let ratio = if floor.p50_us > 0.0 {
+                probe.p50_us / floor.p50_us
+            } else {
+                f64::INFINITY
+            };
+            let met = if ratio <= COMPARE_TARGET_RATIO {
+                "yes"
+            } else {
+                "no"
+            };
+            Ok(vec![
+                floor.to_string(),
+                probe.to_string(),
+                format!(
+                    "compare probe_p50_over_baseline_p50={ratio:.2} target_max={COMPARE_TARGET_RATIO:.0} met={met}"
+                ),
+            ])
+        }
+        Mode::ConnMemory(spec, k) => {
+            let rt = runtime()?;
+            Ok(vec![
+                conn_memory::run_conn_memory(&rt, &spec, k, exe)?.to_string(),
+            ])
+        }
+        Mode::ClaimsRelease(claims) => {
+            let rt = runtime()?;
+            Ok(vec![
+                claims::claims_release(&rt, claims, cli.volumes)?.to_string(),
+            ])
+        }
+    }
+}
+
+/// The multi-threaded runtime every run uses (one worker per core).
+///
+/// # Errors
+///
+/// [`BenchError::Runtime`].
+pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)
+}
+
+async fn drive(spec: &TargetSpec, cli: &Cli, rpc: BenchRpc, c: u32) -> Result<Line, BenchError> {
+    let target = Target::start(spec).await?;
+    let client = target.client();
+    let given = Given {
+        volume: cli.volume_id.clone(),
+        node: cli.node_id.clone(),
+    };
+    let mut plan = Plan::prepare(&client, rpc, c, &given).await?;
+    let measured = load::run_load(&client, &mut plan, cli.n, c, cli.warmup).await;
+    let cleaned = plan.clean_up(&client).await;
+    drop(client);
+    let stopped = target.stop().await;
+    let line = measured?;
+    cleaned?;
+    stopped?;
+    Ok(line)
+}

@@ -1,0 +1,251 @@
+//! The command line of `csi-bench`.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Parser};
+
+use crate::error::BenchError;
+use crate::rpc::BenchRpc;
+use crate::target::TargetSpec;
+
+/// Most measured calls one run may make.
+pub const MAX_CALLS: u64 = 100_000_000;
+/// Most concurrent callers.
+pub const MAX_CALLERS: u32 = 10_000;
+/// Most connections `--conn-memory` opens.
+pub const MAX_CONNECTIONS: u32 = 50_000;
+/// Most claims `--claims-memory` and `--claims-release` make.
+pub const MAX_CLAIMS: u32 = 10_000_000;
+
+/// Load generator for CSI plugins: drives any plugin through `csi-client` and prints one line,
+/// `client=csi-client rpc=<rpc> n=<n> c=<c> ops_per_s=<x> p50_us=<x> p99_us=<x>`.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "csi-bench", version)]
+#[command(group(ArgGroup::new("target").args(["endpoint", "mock"])))]
+#[command(group(ArgGroup::new("mode").args([
+    "baseline", "compare", "conn_memory", "claims_memory", "claims_release",
+    "baseline_child", "serve_mock",
+])))]
+pub struct Cli {
+    /// The plugin's endpoint, `unix:///path/to/csi.sock`.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+
+    /// Start the csi-testkit mock plugin in this process on a temporary socket and drive it.
+    #[arg(long)]
+    pub mock: bool,
+
+    /// The rpc to drive.
+    #[arg(long, value_enum, default_value_t = BenchRpc::Probe)]
+    pub rpc: BenchRpc,
+
+    /// Measured calls (after the warm-up).
+    #[arg(short = 'n', long = "calls", default_value_t = 10_000)]
+    pub n: u64,
+
+    /// Concurrent callers, sharing one client and its connection.
+    #[arg(short = 'c', long = "callers", default_value_t = 1)]
+    pub c: u32,
+
+    /// Unmeasured calls before the measured ones (connection set-up, caches).
+    #[arg(long, default_value_t = 200)]
+    pub warmup: u64,
+
+    /// The volume `validate` and `publish` use, instead of creating one (`publish` then needs
+    /// `-c 1`).
+    #[arg(long, value_name = "ID")]
+    pub volume_id: Option<String>,
+
+    /// The node id `publish` publishes to, instead of asking `NodeGetInfo`.
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+
+    /// Print the floor instead: a raw 100-byte unix-socket ping-pong between two processes
+    /// (`client=baseline rpc=pingpong`).
+    #[arg(long)]
+    pub baseline: bool,
+
+    /// Run the baseline and sequential Probe (`-c 1`) with the same `-n` in one run; print
+    /// both lines and the ratio of their p50s (target: at most 4).
+    #[arg(long)]
+    pub compare: bool,
+
+    /// Open this many connections (one client each, one Probe each) and print resident
+    /// memory per connection; with `--mock` the mock runs in a child process and both sides
+    /// are measured.
+    #[arg(long, value_name = "K")]
+    pub conn_memory: Option<u32>,
+
+    /// Make this many claims in the release machine (all durable) and print resident memory
+    /// per claim and per 10,000 claims.
+    #[arg(long, value_name = "CLAIMS")]
+    pub claims_memory: Option<u32>,
+
+    /// Make this many claims over `--volumes` volumes and release them all through the claims
+    /// driver, whose detachers call the mock plugin through csi-client (needs `--mock`).
+    #[arg(long, value_name = "CLAIMS")]
+    pub claims_release: Option<u32>,
+
+    /// How many volumes `--claims-memory` and `--claims-release` spread their claims over.
+    #[arg(long, default_value_t = 100)]
+    pub volumes: u32,
+
+    /// Internal: be the ping-pong peer on this socket.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub baseline_child: Option<PathBuf>,
+
+    /// Internal: serve the mock plugin at this socket until stdin closes.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub serve_mock: Option<PathBuf>,
+}
+
+/// What a run does, decided from the flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Drive `rpc` and print one line.
+    Load(TargetSpec),
+    /// The raw ping-pong floor.
+    Baseline,
+    /// Baseline and sequential Probe, with their ratio.
+    Compare(TargetSpec),
+    /// Memory per connection.
+    ConnMemory(TargetSpec, u32),
+    /// Memory per claim.
+    ClaimsMemory(u32),
+    /// Releasing claims through the driver against the mock.
+    ClaimsRelease(u32),
+    /// Internal: ping-pong peer.
+    BaselineChild(PathBuf),
+    /// Internal: mock server child.
+    ServeMock(PathBuf),
+}
+
+fn bad<T: ToString>(flag: &'static str, value: T, limit: &'static str) -> BenchError {
+    BenchError::BadFlag {
+        flag,
+        value: value.to_string(),
+        limit,
+    }
+}
+
+impl Cli {
+    fn target(&self, mode: &'static str) -> Result<TargetSpec, BenchError> {
+        match (&self.endpoint, self.mock) {
+            (Some(endpoint), _) => Ok(TargetSpec::Endpoint(endpoint.clone())),
+            (None, true) => Ok(TargetSpec::Mock),
+            (None, false) => Err(BenchError::NoTarget { mode }),
+        }
+    }
+
+    /// Checks the numbers and decides the mode.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::BadFlag`] naming the flag and its limit, [`BenchError::NoTarget`].
+    pub fn mode(&self) -> Result<Mode, BenchError> {
+        if !(1..=MAX_CALLS).contains(&self.n) {
+            return Err(bad("calls", self.n, "must be 1..=100000000"));
+        }
+        if !(1..=MAX_CALLERS).contains(&self.c) {
+            return Err(bad("callers", self.c, "must be 1..=10000"));
+        }
+        if self.warmup > MAX_CALLS {
+            return Err(bad("warmup", self.warmup, "must be at most 100000000"));
+        }
+        if self.volumes == 0 || self.volumes > MAX_CLAIMS {
+            return Err(bad("volumes", self.volumes, "must be 1..=10000000"));
+        }
+        if let Some(path) = &self.baseline_child {
+            return Ok(Mode::BaselineChild(path.clone()));
+        }
+        if let Some(path) = &self.serve_mock {
+            return Ok(Mode::ServeMock(path.clone()));
+        }
+        if self.baseline {
+            return Ok(Mode::Baseline);
+        }
+        if self.compare {
+            return Ok(Mode::Compare(self.target("--compare")?));
+        }
+        if let Some(k) = self.conn_memory {
+            if !(1..=MAX_CONNECTIONS).contains(&k) {
+                return Err(bad("conn-memory", k, "must be 1..=50000"));
+            }
+            return Ok(Mode::ConnMemory(self.target("--conn-memory")?, k));
+        }
+        if let Some(claims) = self.claims_memory {
+            if !(1..=MAX_CLAIMS).contains(&claims) {
+                return Err(bad("claims-memory", claims, "must be 1..=10000000"));
+            }
+            return Ok(Mode::ClaimsMemory(claims));
+        }
+        if let Some(claims) = self.claims_release {
+            if !(1..=MAX_CLAIMS).contains(&claims) {
+                return Err(bad("claims-release", claims, "must be 1..=10000000"));
+            }
+            if !self.mock || self.endpoint.is_some() {
+                return Err(bad(
+                    "claims-release",
+                    claims,
+                    "needs --mock (its volumes are seeded into the mock)",
+                ));
+            }
+            return Ok(Mode::ClaimsRelease(claims));
+        }
+        Ok(Mode::Load(self.target("a load run")?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Mode, BenchError> {
+        let cli = Cli::try_parse_from(std::iter::once("csi-bench").chain(args.iter().copied()))
+            .map_err(|e| bad("parse", e, "clap refused it"))?;
+        cli.mode()
+    }
+
+    #[test]
+    fn modes_follow_the_flags() {
+        assert_eq!(
+            parse(&["--mock", "-n", "5"]).ok(),
+            Some(Mode::Load(TargetSpec::Mock))
+        );
+        assert_eq!(
+            parse(&["--endpoint", "unix:///x.sock"]).ok(),
+            Some(Mode::Load(TargetSpec::Endpoint("unix:///x.sock".into())))
+        );
+        assert_eq!(parse(&["--baseline"]).ok(), Some(Mode::Baseline));
+        assert_eq!(
+            parse(&["--mock", "--conn-memory", "10"]).ok(),
+            Some(Mode::ConnMemory(TargetSpec::Mock, 10))
+        );
+        assert_eq!(
+            parse(&["--claims-memory", "10"]).ok(),
+            Some(Mode::ClaimsMemory(10))
+        );
+    }
+
+    #[test]
+    fn bad_numbers_name_their_flag() {
+        for (args, flag) in [
+            (&["--mock", "-n", "0"][..], "calls"),
+            (&["--mock", "-c", "0"][..], "callers"),
+            (&["--mock", "--conn-memory", "0"][..], "conn-memory"),
+            (&["--claims-release", "10"][..], "claims-release"),
+            (&["--mock", "--volumes", "0"][..], "volumes"),
+        ] {
+            match parse(args) {
+                Err(BenchError::BadFlag { flag: f, .. }) => assert_eq!(f, flag, "{args:?}"),
+                other => panic!("{args:?}: expected a bad --{flag}, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            parse(&["-n", "5"]),
+            Err(BenchError::NoTarget { .. })
+        ));
+        assert!(parse(&["--baseline", "--compare"]).is_err());
+        assert!(parse(&["--mock", "--endpoint", "unix:///x.sock"]).is_err());
+    }
+}

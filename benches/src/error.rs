@@ -1,0 +1,179 @@
+//! [`BenchError`]: everything that can stop a `csi-bench` run, each naming what it was doing.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+
+use crate::rpc::BenchRpc;
+
+/// Why a `csi-bench` run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A flag value outside what the run can use.
+    #[error("--{flag} {value}: {limit}")]
+    BadFlag {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// The limit it broke.
+        limit: &'static str,
+    },
+    /// The mode needs a plugin and neither `--endpoint` nor `--mock` was given.
+    #[error("{mode} needs a plugin: give --endpoint unix:///path.sock or --mock")]
+    NoTarget {
+        /// The mode that needed one.
+        mode: &'static str,
+    },
+    /// `--endpoint` is not a CSI endpoint.
+    #[error("--endpoint {endpoint:?} is not a plugin endpoint")]
+    Endpoint {
+        /// The text given.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: csi_client::EndpointError,
+    },
+    /// An id flag (`--volume-id`, `--node-id`) or an id made for the run is not a valid id.
+    #[error("{what} {value:?} is not a valid id")]
+    InvalidId {
+        /// Which id.
+        what: &'static str,
+        /// The text.
+        value: String,
+        /// Why.
+        #[source]
+        source: csi_structs::ValidationErrors,
+    },
+    /// The tokio runtime could not be built.
+    #[error("cannot start the tokio runtime")]
+    Runtime(#[source] io::Error),
+    /// A temporary directory could not be made.
+    #[error("cannot create a temporary directory for {purpose}")]
+    TempDir {
+        /// What it was for.
+        purpose: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The mock plugin's configuration was refused.
+    #[error("the mock plugin's configuration was refused")]
+    MockConfig(#[source] csi_testkit::ConfigError),
+    /// The mock plugin could not be served.
+    #[error("the mock plugin could not be served")]
+    MockServe(#[source] csi_testkit::Error),
+    /// The plugin cannot run the requested rpc's set-up and no id was given for it.
+    #[error("rpc {rpc}: {reason}")]
+    Unsupported {
+        /// The rpc asked for.
+        rpc: BenchRpc,
+        /// What is missing, and which flag supplies it.
+        reason: &'static str,
+    },
+    /// A set-up or clean-up call failed (creating, publishing or deleting the bench volumes,
+    /// asking the plugin's capabilities or node id).
+    #[error("{step} failed")]
+    Setup {
+        /// The step.
+        step: &'static str,
+        /// The client's error (class, rpc, volume).
+        #[source]
+        source: Box<csi_client::Error>,
+    },
+    /// A call failed; the run stops at the first failure.
+    #[error("rpc {rpc}: {phase} call #{index} failed")]
+    Call {
+        /// The rpc.
+        rpc: BenchRpc,
+        /// `warm-up` or `measured`.
+        phase: &'static str,
+        /// Which call (0-based, counted across all callers).
+        index: u64,
+        /// The client's error (class, rpc, volume).
+        #[source]
+        source: Box<csi_client::Error>,
+    },
+    /// A caller task panicked or was cancelled.
+    #[error("a caller task of rpc {rpc} did not finish")]
+    CallerTask {
+        /// The rpc.
+        rpc: BenchRpc,
+    },
+    /// A step of the raw socket baseline failed.
+    #[error("baseline ping-pong: {step}")]
+    Baseline {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A child process (ping-pong peer or mock server) could not be started or failed.
+    #[error("child process {exe} ({role}) failed: {status}")]
+    Child {
+        /// The executable re-executed.
+        exe: PathBuf,
+        /// What the child was for.
+        role: &'static str,
+        /// How it ended.
+        status: ExitStatus,
+    },
+    /// A child process could not be started.
+    #[error("cannot start child process {exe} ({role})")]
+    Spawn {
+        /// The executable re-executed.
+        exe: PathBuf,
+        /// What the child was for.
+        role: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The child's socket did not appear in time.
+    #[error("child process ({role}) did not create {path} within {waited_ms} ms")]
+    ChildSocket {
+        /// What the child was for.
+        role: &'static str,
+        /// The socket it should have created.
+        path: PathBuf,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// `/proc/<pid>/statm` could not be read or parsed (Linux only).
+    #[error("cannot read resident memory from {path}: {detail}")]
+    Statm {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
+    /// The release machine refused a claim the run made.
+    #[error("claims bench: claim refused")]
+    ClaimRefused(#[source] Box<csi_claims::ClaimError>),
+    /// The release machine refused a release the run asked for.
+    #[error("claims bench: release refused")]
+    ReleaseRefused(#[source] Box<csi_claims::ReleaseError>),
+    /// The claims driver failed (start, claim or release).
+    #[error("claims bench: the driver failed at {step}")]
+    ClaimsDriver {
+        /// The step.
+        step: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<csi_claims::driver::DriverError>,
+    },
+    /// The claim store failed when the driver started.
+    #[error("claims bench: the claim store failed")]
+    ClaimsStore(#[source] Box<csi_claims::StoreError>),
+    /// A claim the run released did not end freed.
+    #[error("claims bench: the claim of {workload} on {volume} ended {state:?}, not freed")]
+    NotFreed {
+        /// The volume.
+        volume: String,
+        /// The workload.
+        workload: String,
+        /// The state it ended in.
+        state: Box<csi_claims::ClaimState>,
+    },
+}

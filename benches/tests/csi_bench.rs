@@ -1,0 +1,162 @@
+//! `csi-bench` output format and clean-up. These check fields and behaviour, never speed: the
+//! numbers are only checked to be present, parseable and consistent (p50 <= p99).
+
+use std::process::Command;
+
+use clap::Parser;
+use csi_benches::load::run_load;
+use csi_benches::rpc::{BenchRpc, Given, Plan};
+use csi_benches::{BenchError, Cli, Line, run};
+use csi_client::{CsiClient, Endpoint};
+use csi_testkit::MockPlugin;
+
+const EXE: &str = env!("CARGO_BIN_EXE_csi-bench");
+
+fn cli(args: &[&str]) -> Cli {
+    Cli::try_parse_from(std::iter::once("csi-bench").chain(args.iter().copied()))
+        .expect("test flags parse")
+}
+
+fn check(line: &Line, client: &str, rpc: &str, n: u64, c: u32) {
+    assert_eq!(line.client, client);
+    assert_eq!(line.rpc, rpc);
+    assert_eq!(line.n, n);
+    assert_eq!(line.c, c);
+    assert!(line.ops_per_s > 0.0, "{line}");
+    assert!(line.p50_us > 0.0 && line.p50_us <= line.p99_us, "{line}");
+}
+
+#[test]
+fn mock_probe_prints_one_parseable_line() {
+    let lines = run(
+        &cli(&["--mock", "--rpc", "probe", "-n", "200", "-c", "4"]),
+        EXE.as_ref(),
+    )
+    .expect("a mock run succeeds");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let text = &lines[0];
+    assert!(
+        text.starts_with("client=csi-client rpc=probe n=200 c=4 ops_per_s="),
+        "{text}"
+    );
+    let line: Line = text.parse().expect("the line parses back");
+    check(&line, "csi-client", "probe", 200, 4);
+}
+
+#[test]
+fn every_rpc_runs_against_the_mock() {
+    for rpc in ["nodecaps", "validate", "publish"] {
+        let lines = run(
+            &cli(&[
+                "--mock", "--rpc", rpc, "-n", "40", "-c", "2", "--warmup", "4",
+            ]),
+            EXE.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("rpc {rpc}: {e}"));
+        let line: Line = lines[0].parse().expect("the line parses back");
+        check(&line, "csi-client", rpc, 40, 2);
+    }
+}
+
+#[test]
+fn publish_cleans_up_what_it_made() {
+    let rt = csi_benches::runtime().expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.sock");
+        let plugin = MockPlugin::builder().build().expect("mock builds");
+        let server = plugin.serve_unix(&path).await.expect("mock serves");
+        let client = CsiClient::new(Endpoint::unix(&path).expect("endpoint"));
+        let mut plan = Plan::prepare(&client, BenchRpc::Publish, 3, &Given::default())
+            .await
+            .expect("set-up creates one volume per caller");
+        assert_eq!(plugin.volumes().len(), 3);
+        let line = run_load(&client, &mut plan, 30, 3, 3).await.expect("load");
+        assert_eq!(line.n, 30);
+        let published: usize = plugin
+            .volumes()
+            .iter()
+            .map(|v| plugin.published_nodes(&v.volume_id).len())
+            .sum();
+        assert_eq!(published, 3, "each caller's volume is published once");
+        plan.clean_up(&client).await.expect("clean-up");
+        assert!(plugin.volumes().is_empty(), "{:?}", plugin.volumes());
+        server.shutdown().await.expect("mock stops");
+    });
+}
+
+#[test]
+fn a_given_volume_is_used_and_not_deleted() {
+    let rt = csi_benches::runtime().expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.sock");
+        let plugin = MockPlugin::builder()
+            .volume("pre-1", 1 << 30)
+            .build()
+            .expect("mock builds");
+        let server = plugin.serve_unix(&path).await.expect("mock serves");
+        let client = CsiClient::new(Endpoint::unix(&path).expect("endpoint"));
+        let given = Given {
+            volume: Some("pre-1".into()),
+            node: None,
+        };
+        let mut plan = Plan::prepare(&client, BenchRpc::Validate, 2, &given)
+            .await
+            .expect("a given volume needs no set-up");
+        run_load(&client, &mut plan, 10, 2, 0).await.expect("load");
+        plan.clean_up(&client).await.expect("clean-up");
+        assert_eq!(plugin.volumes().len(), 1, "the given volume stays");
+        let refused = Plan::prepare(&client, BenchRpc::Publish, 2, &given).await;
+        assert!(
+            matches!(
+                refused,
+                Err(BenchError::BadFlag {
+                    flag: "volume-id",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        server.shutdown().await.expect("mock stops");
+    });
+}
+
+#[test]
+fn binary_prints_baseline_and_memory_lines() {
+    let out = Command::new(EXE)
+        .args(["--baseline", "-n", "50", "--warmup", "5"])
+        .output()
+        .expect("csi-bench runs");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let line: Line = lines[0].parse().expect("baseline line parses");
+    check(&line, "baseline", "pingpong", 50, 1);
+
+    let out = Command::new(EXE)
+        .args(["--mock", "--conn-memory", "5"])
+        .output()
+        .expect("csi-bench runs");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    for field in [
+        "conn_memory connections=5 ",
+        " server_bytes_per_conn=",
+        " client_bytes_per_conn=",
+    ] {
+        assert!(text.contains(field), "{field} missing in {text}");
+    }
+}
+
+#[test]
+fn binary_fails_with_a_message_naming_the_flag() {
+    let out = Command::new(EXE)
+        .args(["--mock", "-n", "0"])
+        .output()
+        .expect("csi-bench runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--calls 0"), "{err}");
+}
