@@ -84,6 +84,9 @@ pub enum DemoError {
         #[source]
         source: io::Error,
     },
+    /// Nothing exists at the plugin's socket path.
+    #[error("no plugin socket at {}: start the plugin first or fix --plugin-endpoint", .0.display())]
+    NoSocket(PathBuf),
     /// The built-in mock plugin could not be configured.
     #[error("cannot configure the built-in mock plugin: {0}")]
     MockConfig(#[from] csi_testkit::ConfigError),

@@ -127,7 +127,16 @@ pub async fn run_with<W: Write>(args: DemoArgs, out: W) -> Result<(), DemoError>
         .tempdir()
         .map_err(DemoError::TempDir)?;
     let (endpoint, mock) = match args.plugin_endpoint.clone() {
-        Some(endpoint) => (endpoint, None),
+        Some(endpoint) => {
+            // csi-client waits for a socket that is not there yet (a plugin starting up); a
+            // demo pointed at a path with nothing on it should say so at once instead.
+            if let Some(path) = endpoint.unix_path()
+                && !path.exists()
+            {
+                return Err(DemoError::NoSocket(path.to_path_buf()));
+            }
+            (endpoint, None)
+        }
         None => {
             let socket = tmp.path().join("csi.sock");
             let plugin = csi_testkit::MockPlugin::builder().build()?;
@@ -153,7 +162,8 @@ pub async fn run_with<W: Write>(args: DemoArgs, out: W) -> Result<(), DemoError>
     match result {
         Ok(summary) => table.line(&summary.line()).map_err(DemoError::Output),
         Err((error, left)) => {
-            let mut lines = vec![String::new(), format!("demo failed: {error}")];
+            // The error itself goes to stderr (by the caller); stdout gets what was left.
+            let mut lines = vec![String::new()];
             let report = left.report();
             if report.is_empty() {
                 lines.push("left behind: nothing".to_owned());

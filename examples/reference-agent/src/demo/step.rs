@@ -77,7 +77,7 @@ impl Step {
     /// What the step calls: a CSI RPC, or the layer doing the work in parentheses.
     pub const fn call(self) -> &'static str {
         match self {
-            Step::Fingerprint => "GetPluginInfo + 5 more",
+            Step::Fingerprint => "GetPluginInfo etc.",
             Step::CreateVolume => "CreateVolume",
             Step::ValidateCapabilities => "ValidateVolumeCapabilities",
             Step::Claim => "(csi-claims)",

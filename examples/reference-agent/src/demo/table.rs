@@ -50,7 +50,8 @@ impl<W: Write> Table<W> {
     pub fn row(&mut self, step: Step, took: Option<Duration>, result: &str) -> io::Result<()> {
         self.rows += 1;
         let took = match took {
-            Some(d) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
+            Some(d) if d < Duration::from_secs(10) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
+            Some(d) => format!("{:.1} s", d.as_secs_f64()),
             None => "-".to_owned(),
         };
         writeln!(
@@ -106,5 +107,11 @@ mod tests {
             );
         }
         assert!(lines[2].contains("1.5 ms"));
+        let mut table = Table::new(Vec::new());
+        table
+            .row(Step::Fingerprint, Some(Duration::from_secs(30)), "x")
+            .unwrap();
+        let text = String::from_utf8(table.out).unwrap();
+        assert!(text.contains("  30.0 s  x"), "{text}");
     }
 }

@@ -207,6 +207,27 @@ async fn demo_cannot_create_on_a_node_only_plugin_without_a_volume_id() {
 }
 
 #[tokio::test]
+async fn a_missing_socket_is_reported_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("nothing-here.sock");
+    let endpoint = format!("unix://{}", socket.display());
+    let run = csi_agent(&["demo", "--plugin-endpoint", &endpoint]).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        run.stderr.contains("no plugin socket at") && run.stderr.contains("nothing-here.sock"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[tokio::test]
+async fn a_bad_flag_is_refused_naming_it() {
+    let run = csi_agent(&["demo", "--plugin-endpoint", "http://example"]).await;
+    assert_eq!(run.code, Some(2), "clap's usage error: {}", run.dump());
+    assert!(run.stderr.contains("--plugin-endpoint"), "{}", run.dump());
+}
+
+#[tokio::test]
 async fn a_failing_publish_names_the_step_and_what_was_left_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
