@@ -84,19 +84,53 @@ pub(crate) fn prepare(path: &Path) -> Result<(), Error> {
     }
 }
 
-/// Binds `path`, restricts it to its owner (0600) and returns the listener and the file's
-/// identity.
+/// Binds `path` so that it is never reachable by anyone but its owner, and returns the listener
+/// and the file's identity.
+///
+/// `bind(2)` creates the socket file with the process umask, and changing the permissions
+/// afterwards leaves a window in which another user could connect. So the socket is bound inside
+/// a fresh private directory (0700) beside `path`, restricted to 0600 there, and only then
+/// renamed into place; the private directory is removed at once. The rename keeps the inode, so
+/// the listener keeps accepting on the final path.
 pub(crate) fn bind(path: &Path) -> Result<(UnixListener, SocketId), Error> {
-    let listener = UnixListener::bind(path).map_err(|source| Error::Bind {
+    use std::os::unix::fs::DirBuilderExt as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+
+    let bind_err = |source: io::Error| Error::Bind {
         path: path.to_path_buf(),
         source,
-    })?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|source| {
-        Error::Permissions {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let private = parent.join(format!(
+        ".csi-mock-bind-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(bind_err)?;
+    let staged = private.join("s.sock");
+    let result = (|| -> Result<UnixListener, Error> {
+        let listener = UnixListener::bind(&staged).map_err(bind_err)?;
+        fs::set_permissions(&staged, fs::Permissions::from_mode(0o600)).map_err(|source| {
+            Error::Permissions {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        fs::rename(&staged, path).map_err(bind_err)?;
+        Ok(listener)
+    })();
+    // Best effort: the directory is empty after a successful rename; after a failure the
+    // staged socket (if any) goes with it.
+    let _ = fs::remove_file(&staged);
+    let _ = fs::remove_dir(&private);
+    let listener = result?;
     let meta = fs::symlink_metadata(path).map_err(|source| Error::Inspect {
         path: path.to_path_buf(),
         source,

@@ -21,6 +21,17 @@ async fn socket_is_private_and_named_by_an_absolute_endpoint() {
     let meta = std::fs::symlink_metadata(&path).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // The socket was bound in a private directory and moved into place: nothing is left
+    // beside it (the spec forbids extra files next to the socket).
+    let beside: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().starts_with(".csi-mock-bind-"))
+        .collect();
+    assert!(beside.is_empty(), "left behind: {beside:?}");
+    // It still answers on the final path.
+    let mut identity = IdentityClient::new(h.server.channel().await.unwrap());
+    identity.probe(ProbeRequest {}).await.unwrap();
     assert_eq!(h.server.endpoint(), format!("unix://{}", path.display()));
     assert!(h.server.endpoint().starts_with("unix:///"));
     h.server.shutdown().await.unwrap();
