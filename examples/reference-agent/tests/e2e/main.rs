@@ -5,4 +5,5 @@
 
 mod adapters;
 mod demo;
+mod serve;
 mod support;

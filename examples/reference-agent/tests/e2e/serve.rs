@@ -1,0 +1,479 @@
+//! `csi-agent serve` end to end: the built binary as a child process, csi-testkit mock plugins
+//! served in this test process on unix sockets in a temporary directory, and the operator
+//! commands (`--json`) to drive and observe the agent.
+//!
+//! No timing assertions: every wait polls a condition in a bounded loop (the bound is only a
+//! hang guard), and every child process is killed when its guard drops.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use csi_agent::ops::api::{PluginView, StatusView, VolumeView};
+use csi_client::Rpc;
+use csi_testkit::{MockPlugin, Outcome, Role};
+use serde::de::DeserializeOwned;
+
+/// Hang guard of each wait; never a timing assertion.
+const GUARD: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(100);
+
+/// A running `csi-agent serve`, killed (SIGKILL) and reaped when dropped.
+struct Serve {
+    child: Option<Child>,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(dir: &Path, name: &str, data: &Path, args: &[String]) -> Serve {
+        // A restart must not read the address of the previous process.
+        let _ = std::fs::remove_file(data.join("agent.json"));
+        let log = dir.join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("the temp dir is writable");
+        let child = Command::new(env!("CARGO_BIN_EXE_csi-agent"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data)
+            .args(if args.iter().any(|a| a == "--listen") {
+                &[][..]
+            } else {
+                &["--listen", "127.0.0.1:0"][..]
+            })
+            .args(["--scan-interval", "100ms"])
+            .args(["--health-interval", "500ms", "--log", "info"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .expect("the csi-agent binary cargo built can be started");
+        Serve {
+            child: Some(child),
+            data: data.to_owned(),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then the exit code.
+    fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let status = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .expect("kill(1) runs");
+        assert!(status.success());
+        for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
+            if let Ok(Some(s)) = c.try_wait() {
+                return s.code();
+            }
+            std::thread::sleep(POLL);
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        panic!("csi-agent did not stop after SIGTERM");
+    }
+
+    /// Waits until the agent answers `status`; panics (with its log) if it exits.
+    async fn ready(&mut self) {
+        let data = self.data.clone();
+        for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(exit)) = c.try_wait()
+            {
+                panic!("csi-agent serve exited with {exit}:\n{}", self.log());
+            }
+            if cli(&data, &["status", "--json"]).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        panic!("csi-agent serve never answered:\n{}", self.log());
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- {}\n{}", self.log.display(), self.log());
+        }
+    }
+}
+
+/// Polls `f` until it yields a value; panics after [`GUARD`].
+async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("gave up waiting: {what}");
+}
+
+/// Runs an operator command; `Ok(stdout)` on exit 0, `Err(stderr)` otherwise.
+async fn cli(data: &Path, args: &[&str]) -> Result<String, String> {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_csi-agent"));
+    command
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--timeout", "30s"])
+        .stdin(Stdio::null());
+    let out = tokio::time::timeout(GUARD, tokio::task::spawn_blocking(move || command.output()))
+        .await
+        .expect("an operator command finishes")
+        .expect("the waiting thread does not panic")
+        .expect("csi-agent runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+async fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = cli(data, &all)
+        .await
+        .unwrap_or_else(|e| panic!("csi-agent {args:?} failed: {e}"));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("csi-agent {args:?}: {e}: {out}"))
+}
+
+fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
+    mock.calls()
+        .of(rpc)
+        .records()
+        .iter()
+        .filter(|r| r.outcome == Outcome::Ok)
+        .count()
+}
+
+async fn plugin(data: &Path, id: &str) -> Option<PluginView> {
+    let list: Vec<PluginView> = json(data, &["plugin", "list"]).await;
+    list.into_iter().find(|p| p.id == id && p.socket.is_some())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("default mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    // The first ControllerUnpublishVolume never answers: the kill lands mid-release.
+    mock.faults()
+        .on(Rpc::ControllerUnpublishVolume)
+        .hang()
+        .install();
+
+    let args = vec![
+        "--node-id".to_owned(),
+        "n1".into(),
+        "--plugin-dir".into(),
+        plugins.display().to_string(),
+    ];
+    let mut agent = Serve::start(dir.path(), "first", &data, &args);
+    agent.ready().await;
+    eventually("the plugin is fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    })
+    .await;
+
+    let created: VolumeView = json(
+        &data,
+        &[
+            "volume",
+            "create",
+            "v1",
+            "--plugin",
+            "mock",
+            "--capacity",
+            "1Mi",
+        ],
+    )
+    .await;
+    assert_eq!(mock.volumes().len(), 1);
+    let claim: csi_agent::ops::api::ClaimView =
+        json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
+    assert_eq!(claim.state, "taken");
+    assert_eq!(mock.published().len(), 1, "published once for w1");
+    assert_eq!(mock.staged().len(), 1);
+
+    let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
+    mock.calls()
+        .wait_for(GUARD, |c| c.count(Rpc::ControllerUnpublishVolume) >= 1)
+        .await
+        .expect("the release reaches ControllerUnpublishVolume");
+    // The node step is checkpointed before the controller step starts.
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
+    let stuck: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+    assert_eq!(stuck.claims.len(), 1, "{stuck:?}");
+    assert_ne!(stuck.claims[0].state, "taken");
+
+    agent.kill();
+    let mut agent = Serve::start(dir.path(), "second", &data, &args);
+    agent.ready().await;
+    let freed = eventually("the restarted agent frees the claim", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(v)
+    })
+    .await;
+    assert_eq!(freed.id, created.id, "the volume stays registered");
+
+    let calls = mock.calls();
+    assert_eq!(calls.count(Rpc::ControllerPublishVolume), 1);
+    assert_eq!(calls.count(Rpc::NodeStageVolume), 1);
+    assert_eq!(calls.count(Rpc::NodePublishVolume), 1);
+    // Nothing doubled: the node step is not repeated after the restart...
+    assert_eq!(
+        calls.count(Rpc::NodeUnpublishVolume),
+        1,
+        "{:?}",
+        calls.rpcs()
+    );
+    assert_eq!(calls.count(Rpc::NodeUnstageVolume), 1);
+    // ...and the controller step that was cut off is repeated exactly once and succeeds.
+    assert_eq!(calls.count(Rpc::ControllerUnpublishVolume), 2);
+    assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
+    // Nothing lost: nothing left published, staged or attached.
+    assert!(mock.published().is_empty());
+    assert!(mock.staged().is_empty());
+    let external = &freed.external_id;
+    assert!(mock.published_nodes(external).is_empty());
+
+    let status: StatusView = json(&data, &["status"]).await;
+    assert!(status.stuck.is_empty(), "{status:?}");
+    assert!(status.claims.is_empty(), "{status:?}");
+    assert!(status.uncertain.is_empty(), "{status:?}");
+    assert!(agent.log().contains("resumed_releases"));
+
+    let _: VolumeView = json(&data, &["volume", "delete", "v1"]).await;
+    assert!(mock.volumes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_plugin_socket_is_fingerprinted_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let socket = plugins.join("mock.sock");
+    let first = MockPlugin::builder()
+        .name("mock.csi.example", "1.0.0")
+        .build()
+        .expect("mock");
+    let server = first.serve_unix(&socket).await.expect("mock serves");
+    let args = vec!["--plugin-dir".to_owned(), plugins.display().to_string()];
+    let mut agent = Serve::start(dir.path(), "agent", &data, &args);
+    agent.ready().await;
+    let seen = eventually(
+        "the first plugin is fingerprinted and healthy",
+        async || {
+            plugin(&data, "mock")
+                .await
+                .filter(|p| p.fingerprints == 1 && p.health == "healthy")
+        },
+    )
+    .await;
+    assert_eq!(seen.version.as_deref(), Some("1.0.0"));
+
+    server
+        .shutdown()
+        .await
+        .expect("mock stops and removes its socket");
+    eventually("the plugin is deregistered", async || {
+        plugin(&data, "mock").await.is_none().then_some(())
+    })
+    .await;
+
+    let second = MockPlugin::builder()
+        .name("mock.csi.example", "2.0.0")
+        .build()
+        .expect("mock");
+    let _server = second.serve_unix(&socket).await.expect("mock serves again");
+    let again = eventually("the new plugin is fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 2)
+    })
+    .await;
+    assert_eq!(again.version.as_deref(), Some("2.0.0"));
+    assert_eq!(second.calls().count(Rpc::GetPluginInfo), 1);
+    assert!(agent.log().contains("plugin socket removed"));
+
+    assert_eq!(
+        agent.terminate(),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        agent.log()
+    );
+    assert!(!data.join("agent.json").exists());
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_claim_and_release_across_each_other() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let token = dir.path().join("cluster.token");
+    std::fs::write(&token, "test-cluster-token-0123456789abcdef").expect("token file");
+    // Node a hosts a controller-only plugin, node b a node-only plugin of the same id.
+    let controller = MockPlugin::builder()
+        .role(Role::Controller)
+        .other_node("b-plugin-node")
+        .build()
+        .expect("controller mock");
+    let node = MockPlugin::builder()
+        .role(Role::Node)
+        .node_id("b-plugin-node")
+        .build()
+        .expect("node mock");
+    let (pa, pb) = (dir.path().join("pa"), dir.path().join("pb"));
+    std::fs::create_dir_all(&pa).expect("dir");
+    std::fs::create_dir_all(&pb).expect("dir");
+    let _ca = controller
+        .serve_unix(pa.join("mock.sock"))
+        .await
+        .expect("serves");
+    let _nb = node.serve_unix(pb.join("mock.sock")).await.expect("serves");
+
+    let [a_shim, a_http, b_shim, b_http] = [free_port(), free_port(), free_port(), free_port()];
+    let agent_args =
+        |me: &str, plugins: &Path, shim: u16, http: u16, peer: &str, ps: u16, ph: u16| {
+            vec![
+                "--node-id".to_owned(),
+                me.into(),
+                "--plugin-dir".into(),
+                plugins.display().to_string(),
+                "--shim-listen".into(),
+                format!("127.0.0.1:{shim}"),
+                "--listen".into(),
+                format!("127.0.0.1:{http}"),
+                "--peer".into(),
+                format!("{peer}=127.0.0.1:{ps},127.0.0.1:{ph}"),
+                "--cluster-token-file".into(),
+                token.display().to_string(),
+                "--peer-interval".into(),
+                "200ms".into(),
+            ]
+        };
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    let mut a = Serve::start(
+        dir.path(),
+        "a",
+        &da,
+        &agent_args("a", &pa, a_shim, a_http, "b", b_shim, b_http),
+    );
+    let mut b = Serve::start(
+        dir.path(),
+        "b",
+        &db,
+        &agent_args("b", &pb, b_shim, b_http, "a", a_shim, a_http),
+    );
+    a.ready().await;
+    b.ready().await;
+    eventually(
+        "b sees a's controller and its own node plugin",
+        async || {
+            let list: Vec<PluginView> = json(&db, &["plugin", "list"]).await;
+            let remote = list
+                .iter()
+                .any(|p| p.node == "a" && p.controller && p.health == "healthy");
+            let local = list
+                .iter()
+                .any(|p| p.node == "b" && p.node_service && p.fingerprints == 1);
+            (remote && local).then_some(())
+        },
+    )
+    .await;
+
+    // Everything is asked of b: creation and attach go to a's controller through the shim.
+    let v: VolumeView = json(&db, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    assert!(v.controller_publish, "{v:?}");
+    assert_eq!(controller.calls().count(Rpc::CreateVolume), 1);
+    let claim: csi_agent::ops::api::ClaimView =
+        json(&db, &["volume", "claim", "v1", "--workload", "w1"]).await;
+    assert_eq!((claim.node.as_str(), claim.state.as_str()), ("b", "taken"));
+    assert_eq!(claim.plugin_node, "b-plugin-node");
+    let publish = controller
+        .calls()
+        .last(Rpc::ControllerPublishVolume)
+        .expect("controller publish on a");
+    assert_eq!(publish.node_id.as_deref(), Some("b-plugin-node"));
+    assert_eq!(ok_count(&node, Rpc::NodeStageVolume), 1);
+    assert_eq!(ok_count(&node, Rpc::NodePublishVolume), 1);
+
+    let released: VolumeView = json(
+        &db,
+        &["volume", "release", "v1", "--workload", "w1", "--wait"],
+    )
+    .await;
+    assert!(released.claims.is_empty(), "{released:?}");
+    assert_eq!(ok_count(&node, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(ok_count(&node, Rpc::NodeUnstageVolume), 1);
+    assert_eq!(ok_count(&controller, Rpc::ControllerUnpublishVolume), 1);
+    assert!(controller.published_nodes(&v.external_id).is_empty());
+    assert!(node.published().is_empty() && node.staged().is_empty());
+
+    let _: VolumeView = json(&db, &["volume", "delete", "v1"]).await;
+    assert_eq!(ok_count(&controller, Rpc::DeleteVolume), 1);
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_config_value_names_its_key_before_starting() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let run = |args: Vec<String>| {
+        Command::new(env!("CARGO_BIN_EXE_csi-agent"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("csi-agent runs")
+    };
+    let out = run(vec!["--health-interval".into(), "soon".into()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`health_interval`"));
+    assert!(!data.exists(), "nothing started");
+
+    let file = dir.path().join("agent.toml");
+    std::fs::write(&file, "scan_interval = \"1s\"\nlisten = \"10.0.0.1:80\"\n").expect("file");
+    let out = run(vec!["--config".into(), file.display().to_string()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`listen`"));
+
+    let out = run(vec!["--peer".into(), "b=127.0.0.1:1,127.0.0.1:2".into()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`cluster_token_file`"));
+}
