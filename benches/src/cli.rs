@@ -23,7 +23,7 @@ pub const MAX_CLAIMS: u32 = 10_000_000;
 #[command(name = "csi-bench", version)]
 #[command(group(ArgGroup::new("target").args(["endpoint", "mock"])))]
 #[command(group(ArgGroup::new("mode").args([
-    "baseline", "compare", "conn_memory", "claims_memory", "claims_release",
+    "baseline", "compare", "conn_memory", "claims_memory", "claims_release", "shim_hop",
     "baseline_child", "serve_mock",
 ])))]
 pub struct Cli {
@@ -90,6 +90,12 @@ pub struct Cli {
     #[arg(long, default_value_t = 100)]
     pub volumes: u32,
 
+    /// Measure what one agent-to-agent hop (csi-rpc-shim over loopback TCP) adds to
+    /// `ControllerUnpublishVolume` against the in-process mock: prints the direct, local-shim
+    /// and one-hop lines and the added p50 (target: under 150 µs). Sequential, `-n` calls each.
+    #[arg(long)]
+    pub shim_hop: bool,
+
     /// Internal: be the ping-pong peer on this socket.
     #[arg(long, hide = true, value_name = "PATH")]
     pub baseline_child: Option<PathBuf>,
@@ -112,6 +118,8 @@ pub enum Mode {
     ConnMemory(TargetSpec, u32),
     /// Memory per claim.
     ClaimsMemory(u32),
+    /// One agent-to-agent hop against a direct call.
+    ShimHop,
     /// Releasing claims through the driver against the mock.
     ClaimsRelease(u32),
     /// Internal: ping-pong peer.
@@ -163,6 +171,9 @@ impl Cli {
         }
         if self.baseline {
             return Ok(Mode::Baseline);
+        }
+        if self.shim_hop {
+            return Ok(Mode::ShimHop);
         }
         if self.compare {
             return Ok(Mode::Compare(self.target("--compare")?));

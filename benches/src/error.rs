@@ -176,4 +176,50 @@ pub enum BenchError {
         /// The state it ended in.
         state: Box<csi_claims::ClaimState>,
     },
+    /// A shim token could not be made.
+    #[error("shim hop bench: a token was refused")]
+    ShimToken(#[source] csi_rpc_shim::TokenError),
+    /// Agent b's loopback listener could not be set up.
+    #[error("shim hop bench: {step}")]
+    ShimListener {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A direct csi-client call of the hop bench failed.
+    #[error("shim hop bench: a {path} call failed")]
+    DirectCall {
+        /// Which path was measured.
+        path: &'static str,
+        /// The client's error.
+        #[source]
+        source: Box<csi_client::Error>,
+    },
+    /// A call through a shim failed.
+    #[error("shim hop bench: a {path} call failed")]
+    ShimCall {
+        /// Which path was measured.
+        path: &'static str,
+        /// The shim's error.
+        #[source]
+        source: Box<csi_rpc_shim::ShimError>,
+    },
+    /// A call of the hop bench did not answer within its limit.
+    #[error("shim hop bench: a {path} call did not answer within {limit:?}")]
+    ShimCallHung {
+        /// Which path was measured.
+        path: &'static str,
+        /// The limit.
+        limit: std::time::Duration,
+    },
+    /// Agent a served calls itself instead of sending them to agent b.
+    #[error("shim hop bench: agent a sent {sent} calls to agent b, expected {expected}")]
+    NotForwarded {
+        /// Calls sent.
+        sent: u64,
+        /// Calls made.
+        expected: u64,
+    },
 }

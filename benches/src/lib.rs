@@ -30,7 +30,8 @@
 //!   [`report`]: the result [`Line`].
 //! - [`target`]: an endpoint or the in-process mock; [`baseline`]: the ping-pong floor;
 //!   [`child`]: the re-executed child processes; [`memory`]: resident memory from `/proc`;
-//!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks.
+//!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks;
+//!   [`shim_hop`]: the cost of one agent-to-agent hop.
 
 pub mod baseline;
 pub mod child;
@@ -42,6 +43,7 @@ pub mod load;
 pub mod memory;
 pub mod report;
 pub mod rpc;
+pub mod shim_hop;
 pub mod target;
 
 use std::path::Path;
@@ -107,6 +109,12 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             let rt = runtime()?;
             Ok(vec![
                 conn_memory::run_conn_memory(&rt, &spec, k, exe)?.to_string(),
+            ])
+        }
+        Mode::ShimHop => {
+            let rt = runtime()?;
+            Ok(vec![
+                shim_hop::run_shim_hop(&rt, cli.n, cli.warmup)?.to_string(),
             ])
         }
         Mode::ClaimsRelease(claims) => {

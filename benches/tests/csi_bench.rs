@@ -160,3 +160,23 @@ fn binary_fails_with_a_message_naming_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--calls 0"), "{err}");
 }
+
+#[test]
+fn shim_hop_prints_three_lines_and_the_added_cost() {
+    let lines = run(
+        &cli(&["--shim-hop", "-n", "20", "--warmup", "2"]),
+        EXE.as_ref(),
+    )
+    .expect("the hop run succeeds");
+    let lines: Vec<&str> = lines.iter().flat_map(|l| l.lines()).collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (text, client) in lines.iter().zip(["csi-client", "shim-local", "shim-hop"]) {
+        let line: Line = text.parse().expect("a hop line parses");
+        check(&line, client, "controller_unpublish", 20, 1);
+    }
+    assert!(
+        lines[3].starts_with("shim_hop added_p50_us=") && lines[3].contains(" target_max_us=150 "),
+        "{}",
+        lines[3]
+    );
+}
