@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use csi_claims::backoff::BackoffPolicy;
 use csi_rpc_shim::Token;
 use csi_structs::NodeId;
 use serde::Deserialize;
@@ -65,6 +66,12 @@ pub struct ConfigArgs {
     /// The deadline of one plugin or agent-to-agent call (default `60s`).
     #[arg(long, env = "CSI_AGENT_CALL_TIMEOUT")]
     pub call_timeout: Option<String>,
+    /// First delay before a failed release step is retried (default `1s`).
+    #[arg(long, env = "CSI_AGENT_RELEASE_BACKOFF_INITIAL")]
+    pub release_backoff_initial: Option<String>,
+    /// Longest delay between retries of a failed release step (default `60s`).
+    #[arg(long, env = "CSI_AGENT_RELEASE_BACKOFF_MAX")]
+    pub release_backoff_max: Option<String>,
     /// Log filter, e.g. `info` or `csi_agent=debug` (default `info`).
     #[arg(long, env = "CSI_AGENT_LOG")]
     pub log: Option<String>,
@@ -85,6 +92,8 @@ struct FileConfig {
     health_interval: Option<String>,
     peer_interval: Option<String>,
     call_timeout: Option<String>,
+    release_backoff_initial: Option<String>,
+    release_backoff_max: Option<String>,
     log: Option<String>,
 }
 
@@ -124,6 +133,8 @@ pub struct AgentConfig {
     pub peer_interval: Duration,
     /// Deadline of one plugin or agent call.
     pub call_timeout: Duration,
+    /// Retry delays of failed release steps.
+    pub release_backoff: BackoffPolicy,
     /// Log filter.
     pub log: String,
 }
@@ -379,8 +390,22 @@ impl AgentConfig {
                 "not a log filter (e.g. info, csi_agent=debug)",
             ));
         }
+        let backoff_initial = duration(
+            "release_backoff_initial",
+            a.release_backoff_initial,
+            f.release_backoff_initial,
+            "1s",
+        )?;
+        let max_text = a
+            .release_backoff_max
+            .or(f.release_backoff_max)
+            .unwrap_or_else(|| "60s".to_owned());
+        let backoff_max = parse_duration("release_backoff_max", &max_text)?;
+        let release_backoff = BackoffPolicy::new(backoff_initial, backoff_max)
+            .map_err(|e| invalid("release_backoff_max", &max_text, e.to_string()))?;
         Ok(Self {
             node_id,
+            release_backoff,
             data_dir,
             plugin_dir,
             listen,
@@ -485,6 +510,10 @@ mod tests {
             "cluster_token_file"
         );
         assert_eq!(bad(with(|a| a.log = Some("[[[".into()))), "log");
+        assert_eq!(
+            bad(with(|a| a.release_backoff_max = Some("10ms".into()))),
+            "release_backoff_max"
+        );
     }
 
     #[test]

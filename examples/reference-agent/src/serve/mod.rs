@@ -179,6 +179,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         metrics.clone(),
         config.health_interval,
         config.scan_interval,
+        config.call_timeout,
     );
     let volumes = node::VolumeManager::open(&data, plugins.clone())?;
     let book = book::Book::open(&data)?;
@@ -224,7 +225,10 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     me.hash(&mut hasher);
     let driver_config = DriverConfig {
-        machine: MachineConfig::with_seed(hasher.finish()),
+        machine: MachineConfig {
+            backoff: config.release_backoff,
+            ..MachineConfig::with_seed(hasher.finish())
+        },
         call_timeout: config.call_timeout.saturating_mul(2),
         ..DriverConfig::default()
     };

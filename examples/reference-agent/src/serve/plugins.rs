@@ -57,6 +57,7 @@ struct Inner {
     metrics: Metrics,
     health_interval: Duration,
     retry_interval: Duration,
+    call_timeout: Duration,
     table: Mutex<Table>,
     claims: OnceLock<ClaimsHandle>,
 }
@@ -71,7 +72,8 @@ fn health_name(h: Option<HealthState>) -> &'static str {
 }
 
 impl Plugins {
-    /// A registry over `dir` for node `me`.
+    /// A registry over `dir` for node `me`. Every plugin call is bounded by `call_timeout`
+    /// (on top of csi-client's per-RPC deadlines, which it can only shorten).
     pub fn new(
         me: NodeId,
         dir: PathBuf,
@@ -79,6 +81,7 @@ impl Plugins {
         metrics: Metrics,
         health_interval: Duration,
         retry_interval: Duration,
+        call_timeout: Duration,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -88,6 +91,7 @@ impl Plugins {
                 metrics,
                 health_interval,
                 retry_interval,
+                call_timeout,
                 table: Mutex::new(Table::default()),
                 claims: OnceLock::new(),
             }),
@@ -261,7 +265,14 @@ impl Plugins {
                     continue;
                 }
             };
+            let mut policies = csi_client::PolicyTable::default();
+            let limit = self.inner.call_timeout;
+            policies.update_all(|_, p| {
+                p.total_budget = p.total_budget.min(limit);
+                p.attempt_deadline = p.attempt_deadline.min(limit);
+            });
             let client = CsiClient::builder(endpoint)
+                .policies(policies)
                 .observer(self.inner.metrics.observer(&id))
                 .build();
             tracing::info!(plugin = %id, socket = %path.display(), "plugin socket appeared");

@@ -477,3 +477,261 @@ async fn a_bad_config_value_names_its_key_before_starting() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`cluster_token_file`"));
 }
+
+/// A `GET` of the agent's `/metrics`, over plain HTTP.
+fn metrics(data: &Path) -> String {
+    use std::io::{Read as _, Write as _};
+    let info: csi_agent::ops::api::AgentInfo =
+        serde_json::from_slice(&std::fs::read(data.join("agent.json")).expect("agent.json exists"))
+            .expect("agent.json is valid");
+    let mut s = std::net::TcpStream::connect(&info.http).expect("the agent listens");
+    s.set_read_timeout(Some(GUARD)).expect("timeout set");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+        info.http
+    )
+    .expect("request sent");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("answer read");
+    out
+}
+
+fn fast_backoff(plugins: &Path) -> Vec<String> {
+    [
+        "--plugin-dir",
+        &plugins.display().to_string(),
+        "--release-backoff-initial",
+        "50ms",
+        "--release-backoff-max",
+        "200ms",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_explains_a_stuck_release_and_metrics_count_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    let _: csi_agent::ops::api::ClaimView =
+        json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
+
+    mock.faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail_times(10_000, tonic_code_unavailable(), "node plugin busy")
+        .install();
+    let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
+    let stuck = eventually("the release is reported stuck after a retry", async || {
+        let s: StatusView = json(&data, &["status"]).await;
+        s.stuck
+            .into_iter()
+            .find(|r| r.volume == "v1" && r.attempts >= 2)
+    })
+    .await;
+    assert_eq!(
+        stuck.last_error_class.as_deref(),
+        Some("retry"),
+        "{stuck:?}"
+    );
+    assert!(
+        stuck
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("NodeUnpublishVolume")),
+        "{stuck:?}"
+    );
+    assert_eq!(stuck.claims.len(), 1);
+    assert_eq!(stuck.claims[0].state, "releasing");
+
+    let table = cli(&data, &["status"]).await.expect("status runs");
+    assert!(table.contains("STUCK RELEASES"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("v1 "))
+        .unwrap_or_else(|| panic!("no row for v1:\n{table}"));
+    assert!(
+        row.contains("w1:releasing") && row.contains("retry"),
+        "{row}"
+    );
+
+    let text = metrics(&data);
+    assert!(text.contains("csi_agent_stuck_releases 1"), "{text}");
+    assert!(
+        text.contains("csi_agent_claims{state=\"releasing\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rpc=\"NodeUnpublishVolume\",code=\"Unavailable\""),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "csi_agent_rpc_duration_seconds_count{plugin=\"mock\",rpc=\"CreateVolume\"} 1"
+        )
+    );
+
+    mock.faults().clear();
+    eventually(
+        "the release completes once the plugin recovers",
+        async || {
+            let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+            v.claims.is_empty().then_some(())
+        },
+    )
+    .await;
+    let s: StatusView = json(&data, &["status"]).await;
+    assert!(s.stuck.is_empty(), "{s:?}");
+    assert!(metrics(&data).contains("csi_agent_stuck_releases 0"));
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+fn tonic_code_unavailable() -> csi_client::Code {
+    csi_client::Code::Unavailable
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_usage_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let args = fast_backoff(&plugins);
+    let mut agent = Serve::start(dir.path(), "first", &data, &args);
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+    let _: VolumeView = json(
+        &data,
+        &[
+            "volume",
+            "create",
+            "v1",
+            "--plugin",
+            "mock",
+            "--access-mode",
+            "multi-node-multi-writer",
+        ],
+    )
+    .await;
+    for w in ["w1", "w2"] {
+        let c: csi_agent::ops::api::ClaimView =
+            json(&data, &["volume", "claim", "v1", "--workload", w]).await;
+        let target = c.target_path.expect("published here");
+        assert!(Path::new(&target).exists(), "{target}");
+    }
+    // Staged once, published twice.
+    assert_eq!(mock.calls().count(Rpc::NodeStageVolume), 1);
+    assert_eq!(mock.calls().count(Rpc::NodePublishVolume), 2);
+
+    agent.kill();
+    let mut agent = Serve::start(dir.path(), "second", &data, &args);
+    agent.ready().await;
+    eventually("fingerprinted again", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    })
+    .await;
+
+    // w2 still uses the volume on this node: releasing w1 must not unstage it.
+    let _: VolumeView = json(
+        &data,
+        &["volume", "release", "v1", "--workload", "w1", "--wait"],
+    )
+    .await;
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(mock.calls().count(Rpc::NodeUnstageVolume), 0);
+    assert_eq!(mock.staged().len(), 1);
+    let _: VolumeView = json(
+        &data,
+        &["volume", "release", "v1", "--workload", "w2", "--wait"],
+    )
+    .await;
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 2);
+    assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_publish_is_recorded_and_cleaned_up_by_its_release() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let mut args = fast_backoff(&plugins);
+    args.extend(["--call-timeout".to_owned(), "2s".to_owned()]);
+    let mut agent = Serve::start(dir.path(), "agent", &data, &args);
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    // NodePublishVolume never answers within the call deadline: the publish may have
+    // happened. Unpublishing fails for a while, so the uncertain record stays visible.
+    mock.faults().on(Rpc::NodePublishVolume).hang().install();
+    mock.faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail_times(10_000, csi_client::Code::Unavailable, "busy")
+        .install();
+    let err = cli(&data, &["volume", "claim", "v1", "--workload", "w1"])
+        .await
+        .expect_err("the claim fails");
+    assert!(
+        err.contains("NodePublishVolume") && err.contains("uncertain"),
+        "{err}"
+    );
+    let recorded = eventually("the uncertain publish is listed", async || {
+        let s: StatusView = json(&data, &["status"]).await;
+        s.uncertain
+            .into_iter()
+            .find(|u| u.volume == "v1" && u.workload == "w1" && u.step == "publish")
+    })
+    .await;
+    assert!(
+        recorded.path.ends_with("rw-mount-single-node-writer"),
+        "{recorded:?}"
+    );
+    mock.faults().clear();
+    // The agent released the claim at once; the release undoes the publish, stage and attach.
+    eventually("the failed claim is released", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    let s: StatusView = json(&data, &["status"]).await;
+    assert!(s.uncertain.is_empty(), "{s:?}");
+    assert!(mock.published().is_empty() && mock.staged().is_empty());
+    assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
+    assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
+    assert_eq!(agent.terminate(), Some(0));
+}
