@@ -174,17 +174,21 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
     }
 }
 
-/// Serves until `stop` is set. Each connection is served on its own task.
+/// Serves until `stop` is set, then lets every open connection finish the request it is
+/// serving (graceful shutdown) and returns once they all closed. A client gets
+/// [`HEADER_TIMEOUT`] to send its request headers.
 pub async fn serve(
     listener: TcpListener,
     agent: Arc<Agent>,
     access: Arc<Access>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         let (stream, _) = match accepted {
             Ok(s) => s,
@@ -195,18 +199,33 @@ pub async fn serve(
         };
         let agent = Arc::clone(&agent);
         let access = Arc::clone(&access);
-        tokio::spawn(async move {
+        let mut stop = stop.clone();
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let agent = Arc::clone(&agent);
                 let access = Arc::clone(&access);
                 async move { Ok::<_, Infallible>(route(agent, access, req).await) }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                r = connection.as_mut() => r,
+                _ = stop.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "control API connection ended with an error");
             }
         });
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
+
+/// How long a client has to send its request headers.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -268,7 +268,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
-    tasks.spawn(http::serve(
+    let http_task = tokio::spawn(http::serve(
         http_listener,
         Arc::clone(&agent),
         Arc::new(http::Access {
@@ -317,8 +317,17 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     );
 
     wait_for_signal().await?;
-    tracing::info!("stop signal received; checkpointing and stopping");
+    tracing::info!("stop signal received; finishing requests, checkpointing and stopping");
     let _ = stop_tx.send(true);
+    // Control requests in flight (a claim being published, say) finish first, with the
+    // release driver still running so their claims and releases become durable.
+    let grace = config.call_timeout.saturating_add(Duration::from_secs(5));
+    if tokio::time::timeout(grace, http_task).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "control requests still running after the grace period; stopping anyway"
+        );
+    }
     // Every release step was checkpointed before its call; stopping drops calls in flight,
     // and the next start repeats the step from the store.
     driver.shutdown().await;

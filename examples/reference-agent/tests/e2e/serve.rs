@@ -735,3 +735,183 @@ async fn an_uncertain_publish_is_recorded_and_cleaned_up_by_its_release() {
     assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
     assert_eq!(agent.terminate(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_claim_in_flight_finish() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let args = fast_backoff(&plugins);
+    let mut agent = Serve::start(dir.path(), "first", &data, &args);
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    // Keep NodePublishVolume busy so the stop signal arrives while the claim is in flight.
+    mock.faults()
+        .on(Rpc::NodePublishVolume)
+        .then_delay(Duration::from_secs(2))
+        .install();
+    let claim_data = data.clone();
+    let claim = tokio::spawn(async move {
+        cli(
+            &claim_data,
+            &["volume", "claim", "v1", "--workload", "w1", "--json"],
+        )
+        .await
+    });
+    mock.calls()
+        .wait_for(GUARD, |c| c.count(Rpc::NodePublishVolume) == 1)
+        .await
+        .expect("the publish is in flight");
+    assert_eq!(agent.terminate(), Some(0), "{}", agent.log());
+    let out = claim
+        .await
+        .expect("the claim task does not panic")
+        .expect("the claim in flight finished before the agent stopped");
+    let view: csi_agent::ops::api::ClaimView = serde_json::from_str(&out).expect("claim JSON");
+    assert_eq!(view.state, "taken");
+    assert_eq!(ok_count(&mock, Rpc::NodePublishVolume), 1);
+
+    let mut agent = Serve::start(dir.path(), "second", &data, &args);
+    agent.ready().await;
+    let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+    assert_eq!(v.claims.len(), 1);
+    assert_eq!(v.claims[0].state, "taken");
+    assert!(v.claims[0].target_path.is_some(), "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_an_existing_volume_and_read_the_tables() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder()
+        .volume("pre-1", 1 << 20)
+        .build()
+        .expect("mock with a volume");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+
+    let list = cli(&data, &["plugin", "list"]).await.expect("plugin list");
+    assert!(list.starts_with("PLUGIN "), "{list}");
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("mock ") && l.contains("healthy")),
+        "{list}"
+    );
+    let info = cli(&data, &["plugin", "info", "mock"])
+        .await
+        .expect("plugin info");
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("controller publish") && l.ends_with("yes")),
+        "{info}"
+    );
+    let missing = cli(&data, &["plugin", "info", "nope"])
+        .await
+        .expect_err("unknown plugin");
+    assert!(missing.contains("no plugin"), "{missing}");
+
+    let bad = cli(
+        &data,
+        &[
+            "volume",
+            "register",
+            "pre",
+            "--external-id",
+            "pre-1",
+            "--plugin",
+            "mock",
+            "--access-mode",
+            "sometimes",
+        ],
+    )
+    .await
+    .expect_err("a bad access mode is refused");
+    assert!(bad.contains("access_mode"), "{bad}");
+    let registered = cli(
+        &data,
+        &[
+            "volume",
+            "register",
+            "pre",
+            "--external-id",
+            "pre-1",
+            "--plugin",
+            "mock",
+        ],
+    )
+    .await
+    .expect("register");
+    assert!(registered.contains("external id pre-1"), "{registered}");
+    let again = cli(
+        &data,
+        &[
+            "volume",
+            "register",
+            "pre",
+            "--external-id",
+            "pre-1",
+            "--plugin",
+            "mock",
+        ],
+    )
+    .await
+    .expect_err("the id is taken");
+    assert!(again.contains("already registered"), "{again}");
+
+    let claimed = cli(&data, &["volume", "claim", "pre", "--workload", "web"])
+        .await
+        .expect("claim");
+    assert!(
+        claimed
+            .lines()
+            .any(|l| l.starts_with("pre ") && l.contains("taken")),
+        "{claimed}"
+    );
+    let refused = cli(&data, &["volume", "delete", "pre"])
+        .await
+        .expect_err("a claimed volume is not deleted");
+    assert!(refused.contains("claim"), "{refused}");
+    let all = cli(&data, &["volume", "status"])
+        .await
+        .expect("volume status");
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("pre ") && l.contains("pre-1")),
+        "{all}"
+    );
+
+    let _ = cli(
+        &data,
+        &["volume", "release", "pre", "--workload", "web", "--wait"],
+    )
+    .await
+    .expect("release");
+    let deleted = cli(&data, &["volume", "delete", "pre"])
+        .await
+        .expect("delete");
+    assert!(deleted.contains("deleted volume pre"), "{deleted}");
+    // Registered, not created: deleting it forgets it but leaves it in the plugin.
+    assert_eq!(mock.calls().count(Rpc::DeleteVolume), 0);
+    assert_eq!(mock.volumes().len(), 1);
+    assert_eq!(agent.terminate(), Some(0));
+}
