@@ -517,6 +517,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_parses_with_every_key() {
+        let file: FileConfig =
+            toml::from_str(include_str!("../agent.example.toml")).expect("example parses");
+        assert!(file.node_id.is_some() && file.release_backoff_max.is_some());
+        assert_eq!(file.peers.map(|p| p.len()), Some(1));
+    }
+
+    #[test]
     fn unknown_file_keys_are_refused() {
         let e = toml::from_str::<FileConfig>("helth_interval = \"1s\"").unwrap_err();
         assert!(e.to_string().contains("helth_interval"));

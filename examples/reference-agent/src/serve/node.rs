@@ -554,3 +554,61 @@ impl VolumeManager {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use csi_structs::{AccessMode, MountOptions};
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn usage_segments_keep_modes_apart() {
+        let rw = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
+        let ro = VolumeCapability::block(AccessMode::MultiNodeReaderOnly);
+        assert_eq!(usage_segment(&rw, false), "rw-mount-single-node-writer");
+        assert_eq!(usage_segment(&ro, true), "ro-block-multi-node-reader-only");
+    }
+
+    #[tokio::test]
+    async fn unmounting_what_is_already_cleaned_up_needs_no_plugin() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let me = csi_structs::NodeId::new("n1").expect("id");
+        let plugins = Plugins::new(
+            me,
+            dir.path().join("plugins"),
+            Arc::new(csi_rpc_shim::Registry::new()),
+            Metrics::new(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let manager = VolumeManager::open(dir.path(), plugins).expect("opens");
+        let request = UnmountRequest {
+            plugin: PluginId::new("gone").expect("id"),
+            volume: VolumeId::new("v1").expect("id"),
+            external_id: ExternalVolumeId::new("vol-1").expect("id"),
+            capability: VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new()),
+            read_only: false,
+            workload: WorkloadId::new("w1").expect("id"),
+        };
+        // No record and no target directory: done, without calling the (missing) plugin.
+        manager.unmount(&request).await.expect("already done");
+        // A target directory left behind means it may still be mounted: the plugin is needed.
+        let target = manager.target_path(
+            &request.volume,
+            &request.workload,
+            &request.capability,
+            false,
+        );
+        std::fs::create_dir_all(&target).expect("dir");
+        let err = manager
+            .unmount(&request)
+            .await
+            .expect_err("needs the plugin");
+        assert_eq!(err.class(), ErrorClass::RetryElsewhere);
+    }
+}
