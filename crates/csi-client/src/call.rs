@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tracing::Instrument as _;
 
 use crate::budget::RetryBudget;
+use crate::channel::PluginChannel;
 use crate::connection::{ConnectError, Connection, DialFailure};
 use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
 use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
@@ -119,7 +119,7 @@ impl Caller {
     where
         Req: CsiRequest,
         Resp: CsiResponse,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
         C: Fn(Resp) -> Result<Out, ErrorKind>,
     {
@@ -147,7 +147,7 @@ impl Caller {
     ) -> Result<(tonic::Streaming<T>, CallContext, RpcPolicy, Instant), Error>
     where
         Req: CsiRequest,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>>,
     {
         let context = request.context();
@@ -177,7 +177,7 @@ impl Caller {
     ) -> Result<(Out, u32), Error>
     where
         Req: Clone,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
         C: Fn(Resp) -> Result<Out, ErrorKind>,
     {
@@ -241,7 +241,7 @@ impl Caller {
     ) -> Result<(Out, u32, Duration), (Error, Duration)>
     where
         Req: Clone,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
         C: Fn(Resp) -> Result<Out, ErrorKind>,
     {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::budget::RetryBudget;
 use crate::call::Caller;
+use crate::channel::{LayerStack, PluginChannel};
 use crate::connection::{ConnectOptions, Connection};
 use crate::controller::ControllerClient;
 use crate::endpoint::{Endpoint, EndpointError};
@@ -44,6 +45,7 @@ impl CsiClient {
             policies: PolicyTable::default(),
             budget: None,
             observer: None,
+            layers: None,
         }
     }
 
@@ -127,6 +129,7 @@ pub struct CsiClientBuilder {
     policies: PolicyTable,
     budget: Option<Arc<RetryBudget>>,
     observer: Option<Arc<dyn CallObserver>>,
+    layers: Option<LayerStack>,
 }
 
 impl CsiClientBuilder {
@@ -165,9 +168,58 @@ impl CsiClientBuilder {
         self
     }
 
+    /// Wraps the shared HTTP/2 channel in a tower [`Layer`](tower::Layer), for metrics,
+    /// logging or anything else that works per HTTP request.
+    ///
+    /// The layer wraps a [`PluginChannel`] and must give back a cloneable, `Send + Sync`
+    /// service of `http::Request<tonic::body::Body>` answering
+    /// `http::Response<tonic::body::Body>`; its errors must convert into
+    /// [`tower::BoxError`] and should pass through unchanged (the client tells a lost
+    /// connection or its own deadline from a plugin's answer by the error types).
+    ///
+    /// The stack is built once per connection, after the first dial, and shared by all
+    /// service clients. Each call of `layer` wraps what was added before: the last layer
+    /// added is the outermost. A layer sees every *attempt* (a retried call passes through it
+    /// once per attempt), below the retry loop and above reconnects; attempts that fail
+    /// before the first connection exists do not reach it. For per-call events with the
+    /// client's error classes, use [`observer`](Self::observer) instead.
+    ///
+    /// See [`metrics::MetricsLayer`](crate::metrics::MetricsLayer) for a ready-made one.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use csi_client::CsiClient;
+    /// use csi_client::metrics::{InMemoryMetrics, MetricsLayer};
+    ///
+    /// # fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let metrics = Arc::new(InMemoryMetrics::new());
+    /// let client = CsiClient::builder("unix:///run/csi/plugin.sock".parse()?)
+    ///     .layer(MetricsLayer::new(metrics.clone()))
+    ///     .build();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<PluginChannel> + Send + Sync + 'static,
+        L::Service: tower::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
+            Into<tower::BoxError>,
+        <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
+    {
+        self.layers = Some(LayerStack::push(self.layers.take(), layer));
+        self
+    }
+
     /// Builds the client. Dials nothing.
     pub fn build(self) -> CsiClient {
-        let connection = Connection::with_options(self.endpoint, self.connect);
+        let connection = Connection::layered(self.endpoint, self.connect, self.layers);
         CsiClient {
             caller: Caller::new(
                 connection,

@@ -6,7 +6,8 @@
 //! created yet. Once connected, the tonic `Channel` is shared by every service client; when the
 //! plugin restarts and recreates its socket, the channel dials again on the next call through
 //! the same waiting connector, so callers see at most one failed attempt (which the retry loop
-//! absorbs for retry-safe RPCs).
+//! absorbs for retry-safe RPCs). The client's tower layers, if any, wrap the channel once, right
+//! after the first dial, inside that one dial (see [`crate::channel`]).
 //!
 //! The `:authority` of every request is `localhost`: the connector ignores the URI and dials the
 //! socket, while the channel's URI is `http://localhost` (strict servers reject a socket path as
@@ -20,8 +21,9 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::OnceCell;
-use tonic::transport::{Channel, Uri};
+use tonic::transport::Uri;
 
+use crate::channel::{LayerStack, PluginChannel};
 use crate::endpoint::Endpoint;
 
 /// How a [`Connection`] dials.
@@ -112,7 +114,7 @@ impl ConnectError {
 }
 
 /// A lazily dialled connection to one plugin endpoint; cheap to clone, all clones share one
-/// tonic `Channel`.
+/// HTTP/2 channel (wrapped in the client's layers, if any).
 #[derive(Clone, Debug)]
 pub struct Connection {
     inner: Arc<Inner>,
@@ -122,8 +124,10 @@ pub struct Connection {
 struct Inner {
     endpoint: Endpoint,
     options: ConnectOptions,
-    channel: OnceCell<Channel>,
+    channel: OnceCell<PluginChannel>,
     dials: Arc<AtomicU64>,
+    /// Applied once to the channel right after the first dial.
+    layers: Option<LayerStack>,
 }
 
 /// The error of [`Connection::channel`]: either our own dial failed, or tonic refused the
@@ -150,12 +154,22 @@ impl Connection {
 
     /// A connection to `endpoint` with explicit options. Dials nothing yet.
     pub fn with_options(endpoint: Endpoint, options: ConnectOptions) -> Self {
+        Self::layered(endpoint, options, None)
+    }
+
+    /// A connection whose channel is wrapped in `layers` once dialled.
+    pub(crate) fn layered(
+        endpoint: Endpoint,
+        options: ConnectOptions,
+        layers: Option<LayerStack>,
+    ) -> Self {
         Connection {
             inner: Arc::new(Inner {
                 endpoint,
                 options,
                 channel: OnceCell::new(),
                 dials: Arc::new(AtomicU64::new(0)),
+                layers,
             }),
         }
     }
@@ -176,9 +190,9 @@ impl Connection {
         self.inner.channel.initialized()
     }
 
-    /// The shared channel, dialling once if needed. Cancel-safe: if the caller's future is
-    /// dropped mid-dial, the next caller dials.
-    pub(crate) async fn channel(&self) -> Result<Channel, DialFailure> {
+    /// The shared channel (wrapped in the client's layers), dialling once if needed.
+    /// Cancel-safe: if the caller's future is dropped mid-dial, the next caller dials.
+    pub(crate) async fn channel(&self) -> Result<PluginChannel, DialFailure> {
         self.inner
             .channel
             .get_or_try_init(|| self.dial())
@@ -186,7 +200,7 @@ impl Connection {
             .cloned()
     }
 
-    async fn dial(&self) -> Result<Channel, DialFailure> {
+    async fn dial(&self) -> Result<PluginChannel, DialFailure> {
         let inner = &self.inner;
         let uri = match &inner.endpoint {
             Endpoint::Unix(_) => Uri::from_static("http://localhost"),
@@ -220,7 +234,11 @@ impl Connection {
         match builder.connect_with_connector(connector).await {
             Ok(channel) => {
                 tracing::debug!(endpoint = %inner.endpoint, "connected to plugin");
-                Ok(channel)
+                let channel = PluginChannel::plain(channel);
+                Ok(match &inner.layers {
+                    Some(layers) => layers.apply(channel),
+                    None => channel,
+                })
             }
             Err(err) => Err(dial_failure(&inner.endpoint, err)),
         }

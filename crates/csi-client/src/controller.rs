@@ -28,70 +28,70 @@ impl ControllerClient {
         /// non-negative capacity (0 = unknown becomes `None`). A deadline or lost connection
         /// is [`Uncertain`](csi_structs::ErrorClass::Uncertain): call again with the same
         /// `name` to learn the outcome.
-        create_volume, Raw<tonic::transport::Channel>, pb::CreateVolumeRequest => Volume, convert::wire
+        create_volume, Raw<crate::channel::PluginChannel>, pb::CreateVolumeRequest => Volume, convert::wire
     );
     raw_rpc!(
         /// `DeleteVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        delete_volume, Raw<tonic::transport::Channel>, pb::DeleteVolumeRequest => ()
+        delete_volume, Raw<crate::channel::PluginChannel>, pb::DeleteVolumeRequest => ()
     );
     typed_rpc!(
         /// `ControllerPublishVolume`; the returned `publish_context` goes to the node calls.
-        controller_publish_volume, Raw<tonic::transport::Channel>,
+        controller_publish_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerPublishVolumeRequest => PublishContext, convert::wire
     );
     raw_rpc!(
         /// `ControllerUnpublishVolume` (an empty `node_id` means every node). NOT_FOUND is
         /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        controller_unpublish_volume, Raw<tonic::transport::Channel>,
+        controller_unpublish_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerUnpublishVolumeRequest => ()
     );
     raw_rpc!(
         /// `ListVolumes`, one page. ABORTED (bad `starting_token`) is fatal: restart the listing.
-        list_volumes, Raw<tonic::transport::Channel>, pb::ListVolumesRequest => pb::ListVolumesResponse
+        list_volumes, Raw<crate::channel::PluginChannel>, pb::ListVolumesRequest => pb::ListVolumesResponse
     );
     raw_rpc!(
         /// `ControllerListVolumeHealth` (alpha), one page.
-        controller_list_volume_health, Raw<tonic::transport::Channel>,
+        controller_list_volume_health, Raw<crate::channel::PluginChannel>,
         pb::ControllerListVolumeHealthRequest => pb::ControllerListVolumeHealthResponse
     );
     raw_rpc!(
         /// `ControllerGetVolumeHealth` (alpha).
-        controller_get_volume_health, Raw<tonic::transport::Channel>,
+        controller_get_volume_health, Raw<crate::channel::PluginChannel>,
         pb::ControllerGetVolumeHealthRequest => pb::ControllerGetVolumeHealthResponse
     );
     raw_rpc!(
         /// `GetCapacity`; negative capacities are invalid responses.
-        get_capacity, Raw<tonic::transport::Channel>, pb::GetCapacityRequest => pb::GetCapacityResponse
+        get_capacity, Raw<crate::channel::PluginChannel>, pb::GetCapacityRequest => pb::GetCapacityResponse
     );
     typed_rpc!(
         /// `CreateSnapshot`; call again with the same `name` until `ready_to_use`.
-        create_snapshot, Raw<tonic::transport::Channel>, pb::CreateSnapshotRequest => Snapshot, convert::wire
+        create_snapshot, Raw<crate::channel::PluginChannel>, pb::CreateSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
         /// `DeleteSnapshot`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        delete_snapshot, Raw<tonic::transport::Channel>, pb::DeleteSnapshotRequest => ()
+        delete_snapshot, Raw<crate::channel::PluginChannel>, pb::DeleteSnapshotRequest => ()
     );
     raw_rpc!(
         /// `ListSnapshots`, one page.
-        list_snapshots, Raw<tonic::transport::Channel>, pb::ListSnapshotsRequest => pb::ListSnapshotsResponse
+        list_snapshots, Raw<crate::channel::PluginChannel>, pb::ListSnapshotsRequest => pb::ListSnapshotsResponse
     );
     typed_rpc!(
         /// `GetSnapshot` (alpha).
-        get_snapshot, Raw<tonic::transport::Channel>, pb::GetSnapshotRequest => Snapshot, convert::wire
+        get_snapshot, Raw<crate::channel::PluginChannel>, pb::GetSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
         /// `ControllerExpandVolume`.
-        controller_expand_volume, Raw<tonic::transport::Channel>,
+        controller_expand_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerExpandVolumeRequest => pb::ControllerExpandVolumeResponse
     );
     raw_rpc!(
         /// `ControllerGetVolume` (alpha).
-        controller_get_volume, Raw<tonic::transport::Channel>,
+        controller_get_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerGetVolumeRequest => pb::ControllerGetVolumeResponse
     );
     raw_rpc!(
         /// `ControllerModifyVolume`.
-        controller_modify_volume, Raw<tonic::transport::Channel>, pb::ControllerModifyVolumeRequest => ()
+        controller_modify_volume, Raw<crate::channel::PluginChannel>, pb::ControllerModifyVolumeRequest => ()
     );
 
     /// `ControllerPublishVolume` from domain values: makes `volume` usable on `node` (the id

@@ -18,19 +18,19 @@ service_client!(
 impl GroupControllerClient {
     typed_rpc!(
         /// `CreateVolumeGroupSnapshot`; call again with the same `name` until `ready_to_use`.
-        create_volume_group_snapshot, Raw<tonic::transport::Channel>,
+        create_volume_group_snapshot, Raw<crate::channel::PluginChannel>,
         pb::CreateVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
         |resp: pb::CreateVolumeGroupSnapshotResponse| group(resp.group_snapshot)
     );
     raw_rpc!(
         /// `DeleteVolumeGroupSnapshot`. NOT_FOUND is
         /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        delete_volume_group_snapshot, Raw<tonic::transport::Channel>,
+        delete_volume_group_snapshot, Raw<crate::channel::PluginChannel>,
         pb::DeleteVolumeGroupSnapshotRequest => ()
     );
     typed_rpc!(
         /// `GetVolumeGroupSnapshot`.
-        get_volume_group_snapshot, Raw<tonic::transport::Channel>,
+        get_volume_group_snapshot, Raw<crate::channel::PluginChannel>,
         pb::GetVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
         |resp: pb::GetVolumeGroupSnapshotResponse| group(resp.group_snapshot)
     );

@@ -19,6 +19,16 @@
 //!   localhost`.
 //! - **Requests are checked before sending and answers on arrival**, with errors naming the
 //!   field; secrets never reach a log line, a span or an error.
+//! - **Observable**: `tracing` spans per call and attempt, plus two hooks for metrics.
+//!   A [`CallObserver`] ([`CsiClientBuilder::observer`]) gets the client's view: one event
+//!   per attempt and per call with the failure kind and [`ErrorClass`], including requests
+//!   refused before sending and dials that never connected — use it to count outcomes the
+//!   orchestrator acts on ("how many unpublishes ended uncertain"). A tower layer
+//!   ([`CsiClientBuilder::layer`]) wraps the shared HTTP/2 channel and sees the wire's view:
+//!   each request that reached the plugin, with its latency and final gRPC code — use
+//!   [`metrics::MetricsLayer`] with [`metrics::InMemoryMetrics`] for per-RPC latency
+//!   histograms and code counters in the Prometheus text format, or any tower layer of your
+//!   own.
 //!
 //! It is not a claim tracker (see `csi-claims`) and holds no state about volumes.
 //!
@@ -53,6 +63,7 @@
 
 pub mod budget;
 mod call;
+pub mod channel;
 pub mod client;
 pub mod connection;
 pub mod controller;
@@ -63,6 +74,7 @@ pub mod fingerprint;
 pub mod group_controller;
 pub mod health;
 pub mod identity;
+pub mod metrics;
 pub mod node;
 pub mod observe;
 pub mod policy;
@@ -71,6 +83,7 @@ pub mod snapshot_metadata;
 mod validate;
 
 pub use budget::RetryBudget;
+pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
 pub use connection::{ConnectError, ConnectOptions, Connection};
 pub use controller::ControllerClient;

@@ -25,38 +25,38 @@ service_client!(
 impl NodeClient {
     raw_rpc!(
         /// `NodeStageVolume`.
-        node_stage_volume, Raw<tonic::transport::Channel>, pb::NodeStageVolumeRequest => ()
+        node_stage_volume, Raw<crate::channel::PluginChannel>, pb::NodeStageVolumeRequest => ()
     );
     raw_rpc!(
         /// `NodeUnstageVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        node_unstage_volume, Raw<tonic::transport::Channel>, pb::NodeUnstageVolumeRequest => ()
+        node_unstage_volume, Raw<crate::channel::PluginChannel>, pb::NodeUnstageVolumeRequest => ()
     );
     raw_rpc!(
         /// `NodePublishVolume`.
-        node_publish_volume, Raw<tonic::transport::Channel>, pb::NodePublishVolumeRequest => ()
+        node_publish_volume, Raw<crate::channel::PluginChannel>, pb::NodePublishVolumeRequest => ()
     );
     raw_rpc!(
         /// `NodeUnpublishVolume`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        node_unpublish_volume, Raw<tonic::transport::Channel>, pb::NodeUnpublishVolumeRequest => ()
+        node_unpublish_volume, Raw<crate::channel::PluginChannel>, pb::NodeUnpublishVolumeRequest => ()
     );
     raw_rpc!(
         /// `NodeGetVolumeStats`; negative usage numbers are invalid responses.
-        node_get_volume_stats, Raw<tonic::transport::Channel>,
+        node_get_volume_stats, Raw<crate::channel::PluginChannel>,
         pb::NodeGetVolumeStatsRequest => pb::NodeGetVolumeStatsResponse
     );
     raw_rpc!(
         /// `NodeGetVolumeHealth` (alpha).
-        node_get_volume_health, Raw<tonic::transport::Channel>,
+        node_get_volume_health, Raw<crate::channel::PluginChannel>,
         pb::NodeGetVolumeHealthRequest => pb::NodeGetVolumeHealthResponse
     );
     raw_rpc!(
         /// `NodeGetStorageHealth` (alpha).
-        node_get_storage_health, Raw<tonic::transport::Channel>,
+        node_get_storage_health, Raw<crate::channel::PluginChannel>,
         pb::NodeGetStorageHealthRequest => pb::NodeGetStorageHealthResponse
     );
     raw_rpc!(
         /// `NodeExpandVolume`. FAILED_PRECONDITION (cannot grow while in use) is fatal.
-        node_expand_volume, Raw<tonic::transport::Channel>,
+        node_expand_volume, Raw<crate::channel::PluginChannel>,
         pb::NodeExpandVolumeRequest => pb::NodeExpandVolumeResponse
     );
 

@@ -3,7 +3,8 @@
 //! The client already emits `tracing` spans (`csi.call` with `rpc`, `volume_id`, `node_id`,
 //! `attempts`, `code`, `class`, `duration_ms`; `csi.attempt` with `attempt`). Spans carry ids
 //! only; no request field that could hold a secret is ever recorded. For counters and latency
-//! histograms, plug a [`CallObserver`] into the client builder.
+//! histograms, plug a [`CallObserver`] into the client builder; for per-RPC latency and gRPC
+//! codes as seen on the wire, see [`metrics`](crate::metrics).
 
 use std::fmt;
 use std::time::Duration;
