@@ -206,6 +206,7 @@ impl Agent {
 
     fn insert(&self, entry: BookEntry) -> Result<api::VolumeView, AgentError> {
         let id = entry.id.clone();
+        self.check_volume_id(&entry)?;
         if !self.book.insert(entry)? {
             return Err(AgentError::Conflict(format!(
                 "volume {id} is already registered"
@@ -213,6 +214,12 @@ impl Agent {
         }
         tracing::info!(volume = %id, "volume registered");
         self.volume(id.as_str())
+    }
+
+    fn check_volume_id(&self, entry: &BookEntry) -> Result<(), AgentError> {
+        self.volumes
+            .check_volume(&entry.id, &entry.capability())
+            .map_err(|e| bad("id", e))
     }
 
     /// Creates a volume through a controller of its plugin (here or on a peer) and registers it.
@@ -245,6 +252,7 @@ impl Agent {
             capacity_bytes: None,
             context: BTreeMap::new(),
         };
+        self.check_volume_id(&draft)?;
         let created = self
             .shim
             .create_volume(
@@ -309,6 +317,10 @@ impl Agent {
             .map(|n| n.node_id.clone())
             .ok_or_else(|| AgentError::Conflict("node plugin reported no node id".into()))?;
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
+        // Refuse a workload id that cannot name its publish directory before claiming.
+        self.volumes
+            .target_path(&entry.id, &workload, &entry.capability(), read_only)
+            .map_err(|e| bad("workload", e))?;
         let claim = self
             .claims
             .claim(

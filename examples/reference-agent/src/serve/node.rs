@@ -3,13 +3,12 @@
 //! (so a restart knows who still uses what), idempotent unpublish when the mount was already
 //! cleaned up, and uncertain outcomes recorded until a release cleans them up.
 //!
-//! Layout (the usage segment keeps different access modes of one volume apart, and the
-//! plugin id keeps same-named volumes of different plugins apart):
+//! Paths follow [`crate::layout`] rooted at `<data_dir>/node` (volume ids are unique per
+//! agent; ids that would escape their directory are refused):
 //!
 //! ```text
-//! <data_dir>/node/staging/<plugin>/<volume>/<usage>
-//! <data_dir>/node/workloads/<workload>/<volume>/<usage>
-//! usage = ro|rw - mount|block - <access mode>, e.g. rw-mount-single-node-writer
+//! <data_dir>/node/staging/<volume>/<usage>
+//! <data_dir>/node/per-workload/<workload>/<volume>/<usage>
 //! ```
 //!
 //! All calls for one volume are serialized; different volumes run concurrently.
@@ -20,13 +19,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use csi_client::{ErrorClass, NodePublish, NodeStage};
 use csi_structs::{
-    AccessTypeKind, ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability,
-    VolumeContext, VolumeId, WorkloadId,
+    ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId,
+    WorkloadId,
 };
 use serde::{Deserialize, Serialize};
 
 use super::plugins::Plugins;
 use super::store::{StateFileError, load_json, save_json};
+use crate::layout::{Layout, LayoutError, Usage};
 use crate::ops::api::UncertainView;
 
 /// Where a step stands.
@@ -132,6 +132,9 @@ pub enum NodeError {
         #[source]
         source: csi_client::Error,
     },
+    /// An id cannot be used as a path segment.
+    #[error(transparent)]
+    Path(#[from] LayoutError),
     /// A directory could not be created or the usage file not written.
     #[error("volume {volume}: {detail}")]
     Local {
@@ -149,6 +152,7 @@ impl NodeError {
             NodeError::PluginMissing { .. } => ErrorClass::RetryElsewhere,
             NodeError::Call { source, .. } => source.class(),
             NodeError::Local { .. } => ErrorClass::Retry,
+            NodeError::Path(_) => ErrorClass::Fatal,
         }
     }
 
@@ -161,19 +165,13 @@ impl NodeError {
     }
 }
 
-/// The usage segment of a path: `ro|rw-<attachment>-<access mode>`.
-pub fn usage_segment(capability: &VolumeCapability, read_only: bool) -> String {
-    let rw = if read_only { "ro" } else { "rw" };
-    let kind = match capability.access_type.kind() {
-        AccessTypeKind::Block => "block",
-        AccessTypeKind::Mount => "mount",
-    };
-    let mode = capability
-        .access_mode
-        .wire_name()
-        .to_ascii_lowercase()
-        .replace('_', "-");
-    format!("{rw}-{kind}-{mode}")
+/// The usage of a publication, for its paths.
+pub fn usage_of(capability: &VolumeCapability, read_only: bool) -> Usage {
+    Usage {
+        read_only,
+        attachment: capability.access_type.kind(),
+        access_mode: capability.access_mode,
+    }
 }
 
 /// The node volume manager. Cheap to clone.
@@ -184,7 +182,7 @@ pub struct VolumeManager {
 
 #[derive(Debug)]
 struct Inner {
-    root: PathBuf,
+    layout: Layout,
     file: PathBuf,
     plugins: Plugins,
     usage: Mutex<UsageFile>,
@@ -203,7 +201,7 @@ impl VolumeManager {
         let usage: UsageFile = load_json(&file)?.unwrap_or_default();
         Ok(Self {
             inner: Arc::new(Inner {
-                root,
+                layout: Layout::new(root),
                 file,
                 plugins,
                 usage: Mutex::new(usage),
@@ -212,33 +210,41 @@ impl VolumeManager {
         })
     }
 
-    fn key(plugin: &PluginId, volume: &VolumeId, usage: &str) -> String {
-        format!("{plugin}/{volume}/{usage}")
+    fn key(plugin: &PluginId, volume: &VolumeId, usage: &Usage) -> String {
+        format!("{plugin}/{volume}/{}", usage.segment())
+    }
+
+    /// Checks that a volume id can name its staging directory.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError`] naming `volume_id`.
+    pub fn check_volume(
+        &self,
+        volume: &VolumeId,
+        capability: &VolumeCapability,
+    ) -> Result<(), LayoutError> {
+        self.inner
+            .layout
+            .staging_path(volume, &usage_of(capability, false))
+            .map(drop)
     }
 
     /// The publish target of `workload` for a volume.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError`] when an id cannot be a path segment.
     pub fn target_path(
         &self,
         volume: &VolumeId,
         workload: &WorkloadId,
         capability: &VolumeCapability,
         read_only: bool,
-    ) -> PathBuf {
+    ) -> Result<PathBuf, LayoutError> {
         self.inner
-            .root
-            .join("workloads")
-            .join(workload.as_str())
-            .join(volume.as_str())
-            .join(usage_segment(capability, read_only))
-    }
-
-    fn staging_path(&self, plugin: &PluginId, volume: &VolumeId, usage: &str) -> PathBuf {
-        self.inner
-            .root
-            .join("staging")
-            .join(plugin.as_str())
-            .join(volume.as_str())
-            .join(usage)
+            .layout
+            .target_path(volume, workload, &usage_of(capability, read_only))
     }
 
     async fn lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
@@ -291,8 +297,13 @@ impl VolumeManager {
     /// A [`NodeError`]; an uncertain stage or publish stays recorded as such until a release
     /// cleans it up.
     pub async fn mount(&self, req: &MountRequest) -> Result<PathBuf, NodeError> {
-        let usage = usage_segment(&req.capability, req.read_only);
+        let usage = usage_of(&req.capability, req.read_only);
         let key = Self::key(&req.plugin, &req.volume, &usage);
+        let target = self
+            .inner
+            .layout
+            .target_path(&req.volume, &req.workload, &usage)?;
+        let staging_path = self.inner.layout.staging_path(&req.volume, &usage)?;
         let _guard = self.lock(&key).await;
         let (client, fp) =
             self.inner
@@ -310,8 +321,7 @@ impl VolumeManager {
             .capabilities
             .node
             .requires_staging()
-            .then(|| self.staging_path(&req.plugin, &req.volume, &usage));
-        let target = self.target_path(&req.volume, &req.workload, &req.capability, req.read_only);
+            .then_some(staging_path);
         let local = |detail: String| NodeError::Local {
             volume: req.volume.clone(),
             detail,
@@ -418,10 +428,13 @@ impl VolumeManager {
     ///
     /// A [`NodeError`]; the usage record keeps whatever is still to do.
     pub async fn unmount(&self, req: &UnmountRequest) -> Result<(), NodeError> {
-        let usage = usage_segment(&req.capability, req.read_only);
+        let usage = usage_of(&req.capability, req.read_only);
         let key = Self::key(&req.plugin, &req.volume, &usage);
+        let target = self
+            .inner
+            .layout
+            .target_path(&req.volume, &req.workload, &usage)?;
         let _guard = self.lock(&key).await;
-        let target = self.target_path(&req.volume, &req.workload, &req.capability, req.read_only);
         let recorded = self.entry(&key);
         let user_recorded = recorded
             .as_ref()
@@ -569,8 +582,14 @@ mod tests {
     fn usage_segments_keep_modes_apart() {
         let rw = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
         let ro = VolumeCapability::block(AccessMode::MultiNodeReaderOnly);
-        assert_eq!(usage_segment(&rw, false), "rw-mount-single-node-writer");
-        assert_eq!(usage_segment(&ro, true), "ro-block-multi-node-reader-only");
+        assert_eq!(
+            usage_of(&rw, false).segment(),
+            "rw-mount-single-node-writer"
+        );
+        assert_eq!(
+            usage_of(&ro, true).segment(),
+            "ro-block-multi-node-reader-only"
+        );
     }
 
     #[tokio::test]
@@ -598,17 +617,29 @@ mod tests {
         // No record and no target directory: done, without calling the (missing) plugin.
         manager.unmount(&request).await.expect("already done");
         // A target directory left behind means it may still be mounted: the plugin is needed.
-        let target = manager.target_path(
-            &request.volume,
-            &request.workload,
-            &request.capability,
-            false,
-        );
+        let target = manager
+            .target_path(
+                &request.volume,
+                &request.workload,
+                &request.capability,
+                false,
+            )
+            .expect("valid ids");
         std::fs::create_dir_all(&target).expect("dir");
         let err = manager
             .unmount(&request)
             .await
             .expect_err("needs the plugin");
         assert_eq!(err.class(), ErrorClass::RetryElsewhere);
+        // An id that would escape the data directory is refused before anything happens.
+        let escape = UnmountRequest {
+            workload: WorkloadId::new("..").expect("the id type allows it"),
+            ..request
+        };
+        let err = manager.unmount(&escape).await.expect_err("refused");
+        assert!(
+            matches!(err, NodeError::Path(ref e) if e.field == "workload_id"),
+            "{err}"
+        );
     }
 }

@@ -878,6 +878,10 @@ async fn register_an_existing_volume_and_read_the_tables() {
     .expect_err("the id is taken");
     assert!(again.contains("already registered"), "{again}");
 
+    let escape = cli(&data, &["volume", "claim", "pre", "--workload", ".."])
+        .await
+        .expect_err("a workload id that would escape its directory is refused");
+    assert!(escape.contains("`workload`"), "{escape}");
     let claimed = cli(&data, &["volume", "claim", "pre", "--workload", "web"])
         .await
         .expect("claim");
