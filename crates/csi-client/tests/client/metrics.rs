@@ -309,3 +309,58 @@ async fn user_layers_see_every_attempt_the_last_added_first() {
     assert_eq!(outer_count.load(Ordering::Relaxed), 3);
     assert_eq!(mock.count(Rpc::NodeGetCapabilities), 2);
 }
+
+async fn metadata_stream(
+    client: &CsiClient,
+) -> csi_client::MetadataStream<csi_client::proto::GetMetadataAllocatedResponse> {
+    let snapshot = guard(client.controller().create_snapshot(
+        csi_client::proto::CreateSnapshotRequest {
+            source_volume_id: "vol-1".into(),
+            name: "snap-1".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    guard(client.snapshot_metadata().get_metadata_allocated(
+        csi_client::proto::GetMetadataAllocatedRequest {
+            snapshot_id: snapshot.snapshot_id.as_str().to_owned(),
+            starting_offset: 0,
+            max_results: 1,
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_is_recorded_when_it_ends() {
+    let mock = Mock::default().await;
+    let (client, metrics) = with_metrics(&mock);
+    let mut stream = metadata_stream(&client).await;
+    // Open, not finished: the status comes in the trailers after the last message.
+    assert_eq!(metrics.requests(Rpc::GetMetadataAllocated), 0);
+    let mut messages = 0;
+    while guard(stream.message()).await.unwrap().is_some() {
+        messages += 1;
+    }
+    assert!(messages > 1, "the mock sends several messages");
+    assert_eq!(metrics.count(Rpc::GetMetadataAllocated, OK), 1);
+    assert_eq!(metrics.requests(Rpc::GetMetadataAllocated), 1);
+}
+
+#[tokio::test]
+async fn a_stream_dropped_before_its_end_is_recorded_as_dropped() {
+    let mock = Mock::default().await;
+    let (client, metrics) = with_metrics(&mock);
+    let mut stream = metadata_stream(&client).await;
+    assert!(guard(stream.message()).await.unwrap().is_some());
+    assert_eq!(metrics.requests(Rpc::GetMetadataAllocated), 0);
+    drop(stream);
+    assert_eq!(
+        metrics.count(Rpc::GetMetadataAllocated, RpcOutcome::Dropped),
+        1
+    );
+    assert_eq!(metrics.requests(Rpc::GetMetadataAllocated), 1);
+}
