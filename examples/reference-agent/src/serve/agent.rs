@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, Pending};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
-use csi_rpc_shim::{ControllerAttach, ControllerQuery, CreateVolume, DeleteVolume, Shim};
+use csi_rpc_shim::{
+    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, DeleteVolume, Shim,
+    Validated,
+};
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     PublishContext, Secrets, VolumeContext, VolumeId, WorkloadId,
@@ -169,13 +172,20 @@ impl Agent {
         })
     }
 
-    /// Registers an existing volume.
+    /// Registers an existing volume. When a controller of the plugin is known (here or on a
+    /// peer), the volume's capability is validated first (`ValidateVolumeCapabilities`).
     ///
     /// # Errors
     ///
-    /// [`AgentError`] naming the bad field, or a conflict when the id is taken.
-    pub fn register(&self, r: api::RegisterVolume) -> Result<api::VolumeView, AgentError> {
+    /// [`AgentError`] naming the bad field, a capability the plugin does not confirm, or a
+    /// conflict when the id is taken.
+    pub async fn register(&self, r: api::RegisterVolume) -> Result<api::VolumeView, AgentError> {
         let id = parse_volume_id(&r.id)?;
+        if self.book.get(&id).is_some() {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} is already registered"
+            )));
+        }
         let plugin = PluginId::new(r.plugin.clone()).map_err(|e| bad("plugin", e))?;
         let controller_publish = match r.controller_publish {
             Some(c) => c,
@@ -201,7 +211,44 @@ impl Agent {
             capacity_bytes: None,
             context: r.context,
         };
+        self.check_volume_id(&entry)?;
+        if self.controller_publish_of(&entry.plugin).is_some() {
+            self.validate(&entry).await?;
+        }
         self.insert(entry)
+    }
+
+    async fn validate(&self, entry: &BookEntry) -> Result<(), AgentError> {
+        let answer = self
+            .shim
+            .controller_validate(
+                ControllerValidate {
+                    query: ControllerQuery::new(entry.plugin.clone()),
+                    volume: entry.id.clone(),
+                    external_volume: entry.external_id.clone(),
+                    capabilities: vec![entry.capability()],
+                    volume_context: entry.volume_context(),
+                    parameters: Parameters::default(),
+                    secrets: Secrets::default(),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::Plugin {
+                step: "ValidateVolumeCapabilities",
+                class: e.class(),
+                detail: e.to_string(),
+            })?;
+        match answer {
+            Validated::Confirmed => Ok(()),
+            Validated::NotConfirmed { message } => Err(bad(
+                "access_mode",
+                format!(
+                    "plugin {} does not confirm the capability: {message}",
+                    entry.plugin
+                ),
+            )),
+        }
     }
 
     fn insert(&self, entry: BookEntry) -> Result<api::VolumeView, AgentError> {

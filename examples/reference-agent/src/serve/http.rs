@@ -148,7 +148,7 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
         (Method::GET, ["v1", "volumes"]) => json(200, &agent.volumes()),
         (Method::GET, ["v1", "volumes", id]) => reply(agent.volume(id)),
         (Method::POST, ["v1", "volumes"]) => match body(req).await {
-            Ok(r) => reply(agent.register(r)),
+            Ok(r) => reply(agent.register(r).await),
             Err(a) => a,
         },
         (Method::POST, ["v1", "volumes", "create"]) => match body(req).await {

@@ -240,6 +240,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     )
     .await?;
     plugins.set_claims(claims.clone());
+    let mut events = claims.subscribe();
     let resumed = claims.stuck().len();
     let agent = Arc::new(agent::Agent {
         me: me.clone(),
@@ -286,6 +287,23 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             };
             if let Err(e) = shim.serve(listener, shutdown).await {
                 tracing::error!(error = %e, "agent-to-agent server stopped");
+            }
+        });
+    }
+    {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    event = events.recv() => match event {
+                        Ok(event) => log_event(&event),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "claim event log fell behind");
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    },
+                    _ = stop.changed() => break,
+                }
             }
         });
     }
@@ -341,6 +359,33 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     Ok(())
+}
+
+/// One log line per claim event (the release's own steps are logged by the driver).
+fn log_event(event: &csi_claims::Event) {
+    use csi_claims::Event;
+    match event {
+        Event::ClaimDurable { volume, workload } => {
+            tracing::debug!(%volume, %workload, "claim written");
+        }
+        Event::ReleaseDurable { volume, workload } => {
+            tracing::debug!(%volume, %workload, "release written");
+        }
+        Event::ClaimLost { volume, workload } => {
+            tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
+        }
+        Event::Freed(claim) => {
+            let state = claim.state();
+            tracing::info!(
+                volume = %claim.volume(),
+                workload = %claim.workload(),
+                node = %claim.node(),
+                node_step = ?state.node_step(),
+                controller_step = ?state.controller_step(),
+                "claim freed"
+            );
+        }
+    }
 }
 
 async fn wait_for_signal() -> Result<(), ServeError> {

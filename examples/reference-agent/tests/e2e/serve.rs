@@ -271,6 +271,7 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
     assert!(status.claims.is_empty(), "{status:?}");
     assert!(status.uncertain.is_empty(), "{status:?}");
     assert!(agent.log().contains("resumed_releases"));
+    assert!(agent.log().contains("claim freed"), "{}", agent.log());
 
     let _: VolumeView = json(&data, &["volume", "delete", "v1"]).await;
     assert!(mock.volumes().is_empty());
@@ -877,6 +878,22 @@ async fn register_an_existing_volume_and_read_the_tables() {
     .await
     .expect_err("the id is taken");
     assert!(again.contains("already registered"), "{again}");
+    assert_eq!(mock.calls().count(Rpc::ValidateVolumeCapabilities), 1);
+    let ghost = cli(
+        &data,
+        &[
+            "volume",
+            "register",
+            "ghost",
+            "--external-id",
+            "no-such-volume",
+            "--plugin",
+            "mock",
+        ],
+    )
+    .await
+    .expect_err("the plugin does not know the volume");
+    assert!(ghost.contains("ValidateVolumeCapabilities"), "{ghost}");
 
     let escape = cli(&data, &["volume", "claim", "pre", "--workload", ".."])
         .await
