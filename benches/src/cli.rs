@@ -66,7 +66,9 @@ pub struct Cli {
     pub baseline: bool,
 
     /// Run the baseline and sequential Probe (`-c 1`) with the same `-n` in one run; print
-    /// both lines and the ratio of their p50s (target: at most 4).
+    /// both lines and the ratio of their p50s (target: at most 4). For a unix endpoint a
+    /// third line, Probe through a bare tonic client (`client=tonic`), shows how much of the
+    /// gap is gRPC itself.
     #[arg(long)]
     pub compare: bool,
 

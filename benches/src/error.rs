@@ -222,4 +222,17 @@ pub enum BenchError {
         /// Calls made.
         expected: u64,
     },
+    /// The bare tonic client of `--compare` could not connect.
+    #[error("compare: the bare tonic client could not connect")]
+    RawConnect(#[source] csi_testkit::Error),
+    /// A Probe of the bare tonic client failed.
+    #[error("compare: bare tonic Probe #{index} failed with {code:?}: {message}")]
+    RawCall {
+        /// Which call (warm-up included).
+        index: u64,
+        /// The gRPC code.
+        code: csi_client::Code,
+        /// The plugin's message.
+        message: String,
+    },
 }

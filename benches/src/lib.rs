@@ -41,6 +41,7 @@ pub mod conn_memory;
 pub mod error;
 pub mod load;
 pub mod memory;
+pub mod raw;
 pub mod report;
 pub mod rpc;
 pub mod shim_hop;
@@ -86,24 +87,29 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
         Mode::Compare(spec) => {
             let floor = baseline::run_baseline(exe, cli.n, cli.warmup)?;
             let rt = runtime()?;
-            let probe = rt.block_on(drive(&spec, cli, BenchRpc::Probe, 1))?;
-            let ratio = if floor.p50_us > 0.0 {
-                probe.p50_us / floor.p50_us
-            } else {
-                f64::INFINITY
+            let (raw, probe) = rt.block_on(compare(&spec, cli))?;
+            let ratio = |line: &Line| {
+                if floor.p50_us > 0.0 {
+                    line.p50_us / floor.p50_us
+                } else {
+                    f64::INFINITY
+                }
             };
-            let met = if ratio <= COMPARE_TARGET_RATIO {
+            let met = if ratio(&probe) <= COMPARE_TARGET_RATIO {
                 "yes"
             } else {
                 "no"
             };
-            Ok(vec![
-                floor.to_string(),
-                probe.to_string(),
-                format!(
-                    "compare probe_p50_over_baseline_p50={ratio:.2} target_max={COMPARE_TARGET_RATIO:.0} met={met}"
-                ),
-            ])
+            let mut lines = vec![floor.to_string()];
+            let mut summary = format!("compare probe_p50_over_baseline_p50={:.2}", ratio(&probe));
+            if let Some(raw) = &raw {
+                lines.push(raw.to_string());
+                summary.push_str(&format!(" tonic_p50_over_baseline_p50={:.2}", ratio(raw)));
+            }
+            lines.push(probe.to_string());
+            summary.push_str(&format!(" target_max={COMPARE_TARGET_RATIO:.0} met={met}"));
+            lines.push(summary);
+            Ok(lines)
         }
         Mode::ConnMemory(spec, k) => {
             let rt = runtime()?;
@@ -136,6 +142,30 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .enable_all()
         .build()
         .map_err(BenchError::Runtime)
+}
+
+/// Sequential Probe through a bare tonic client (unix endpoints only) and through csi-client,
+/// on one plugin.
+async fn compare(spec: &TargetSpec, cli: &Cli) -> Result<(Option<Line>, Line), BenchError> {
+    let target = Target::start(spec).await?;
+    let client = target.client();
+    let mut plan = Plan::prepare(&client, BenchRpc::Probe, 1, &Given::default()).await?;
+    let probe = load::run_load(&client, &mut plan, cli.n, 1, cli.warmup).await;
+    drop(client);
+    let raw = match (&probe, target.endpoint().unix_path()) {
+        (Ok(_), Some(path)) => {
+            // On a worker thread, like csi-client's callers (the thread blocking on the runtime
+            // would add a cross-thread wake-up to every call).
+            let (path, n, warmup) = (path.to_path_buf(), cli.n, cli.warmup);
+            let task = tokio::spawn(async move { raw::raw_probe(&path, n, warmup).await });
+            Some(task.await.unwrap_or(Err(BenchError::CallerTask {
+                rpc: BenchRpc::Probe,
+            })))
+        }
+        _ => None,
+    };
+    target.stop().await?;
+    Ok((raw.transpose()?, probe?))
 }
 
 async fn drive(spec: &TargetSpec, cli: &Cli, rpc: BenchRpc, c: u32) -> Result<Line, BenchError> {

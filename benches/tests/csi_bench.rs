@@ -180,3 +180,28 @@ fn shim_hop_prints_three_lines_and_the_added_cost() {
         lines[3]
     );
 }
+
+#[test]
+fn compare_prints_the_floor_both_probes_and_the_ratio() {
+    let lines = run(
+        &cli(&["--mock", "--compare", "-n", "50", "--warmup", "5"]),
+        EXE.as_ref(),
+    )
+    .expect("the compare run succeeds");
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (text, (client, rpc)) in lines.iter().zip([
+        ("baseline", "pingpong"),
+        ("tonic", "probe"),
+        ("csi-client", "probe"),
+    ]) {
+        let line: Line = text.parse().expect("a compare line parses");
+        check(&line, client, rpc, 50, 1);
+    }
+    let summary = &lines[3];
+    let ratio = summary
+        .strip_prefix("compare probe_p50_over_baseline_p50=")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|r| r.parse::<f64>().ok());
+    assert!(ratio.is_some_and(|r| r > 0.0), "{summary}");
+    assert!(summary.contains(" target_max=4 met="), "{summary}");
+}
