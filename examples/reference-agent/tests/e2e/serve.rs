@@ -481,15 +481,23 @@ async fn a_bad_config_value_names_its_key_before_starting() {
 
 /// A `GET` of the agent's `/metrics`, over plain HTTP.
 fn metrics(data: &Path) -> String {
+    raw_get(data, "/metrics", None)
+}
+
+/// A plain HTTP `GET` of `path` on the agent's control address, with an optional bearer token.
+fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
     use std::io::{Read as _, Write as _};
     let info: csi_agent::ops::api::AgentInfo =
         serde_json::from_slice(&std::fs::read(data.join("agent.json")).expect("agent.json exists"))
             .expect("agent.json is valid");
     let mut s = std::net::TcpStream::connect(&info.http).expect("the agent listens");
     s.set_read_timeout(Some(GUARD)).expect("timeout set");
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+        "GET {path} HTTP/1.1\r\nhost: {}\r\n{auth}connection: close\r\n\r\n",
         info.http
     )
     .expect("request sent");
@@ -810,6 +818,15 @@ async fn register_an_existing_volume_and_read_the_tables() {
         plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
     })
     .await;
+
+    // The control API wants the token from the data dir; the peer endpoint the cluster token.
+    let token = std::fs::read_to_string(data.join("control.token")).expect("token written");
+    assert!(raw_get(&data, "/v1/status", None).starts_with("HTTP/1.1 401"));
+    assert!(
+        raw_get(&data, "/v1/status", Some("wrong-token-0123456789")).starts_with("HTTP/1.1 401")
+    );
+    assert!(raw_get(&data, "/v1/status", Some(token.trim())).starts_with("HTTP/1.1 200"));
+    assert!(raw_get(&data, "/peer/v1/plugins", Some(token.trim())).starts_with("HTTP/1.1 401"));
 
     let list = cli(&data, &["plugin", "list"]).await.expect("plugin list");
     assert!(list.starts_with("PLUGIN "), "{list}");
