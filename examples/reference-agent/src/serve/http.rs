@@ -18,13 +18,24 @@ use crate::ops::api;
 /// The largest request body accepted (bytes).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
-/// Who may call what.
-#[derive(Debug)]
+/// Who may call what. `Debug` prints neither token.
 pub struct Access {
     /// The operator token (`<data_dir>/control.token`).
     pub control_token: String,
     /// The cluster token, for peers (none: the peer endpoint is closed).
     pub cluster_token: Option<String>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("control_token", &"<redacted>")
+            .field(
+                "cluster_token",
+                &self.cluster_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -229,3 +240,19 @@ pub async fn serve(
 
 /// How long a client has to send its request headers.
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_debug_prints_no_token() {
+        let access = Access {
+            control_token: "control-secret-value".into(),
+            cluster_token: Some("cluster-secret-value".into()),
+        };
+        let shown = format!("{access:?}");
+        assert!(!shown.contains("secret-value"), "{shown}");
+        assert!(shown.contains("redacted"));
+    }
+}
