@@ -102,11 +102,19 @@ pub(crate) fn classify(
         };
     }
     match status.code() {
-        tonic::Code::Unavailable if never_connected(status) => ShimError::PeerUnreachable {
+        tonic::Code::Unavailable | tonic::Code::Unknown if never_connected(status) => {
+            ShimError::PeerUnreachable {
+                rpc,
+                node: sent_to.clone(),
+            }
+        }
+        tonic::Code::Unavailable => ShimError::PeerLost {
             rpc,
             node: sent_to.clone(),
         },
-        tonic::Code::Unavailable => ShimError::PeerLost {
+        // Not an answer: our own transport broke under the call (for example the peer closed
+        // the connection, or refused our TLS certificate after the handshake).
+        tonic::Code::Unknown if broke_locally(status) => ShimError::PeerLost {
             rpc,
             node: sent_to.clone(),
         },
@@ -120,12 +128,16 @@ pub(crate) fn classify(
     }
 }
 
-/// Whether the failure happened while connecting, so nothing was sent: an I/O error of a
-/// connect-time kind somewhere in the source chain (typed `io::ErrorKind`, not text).
+/// Whether the failure happened while connecting, so nothing was sent: the transport's
+/// [`tonic::ConnectError`] (the TCP connect or the TLS handshake failed), or an I/O error of a
+/// connect-time kind, somewhere in the source chain (typed, never the text).
 fn never_connected(status: &tonic::Status) -> bool {
     use std::io::ErrorKind as K;
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
             return matches!(
                 io.kind(),
@@ -135,6 +147,19 @@ fn never_connected(status: &tonic::Status) -> bool {
                     | K::NetworkUnreachable
                     | K::NotConnected
             );
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Whether tonic made this status from this side's transport error (it keeps the error as the
+/// source), rather than receiving it from the peer: a `tonic::transport::Error` in the chain.
+fn broke_locally(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::transport::Error>() {
+            return true;
         }
         source = err.source();
     }

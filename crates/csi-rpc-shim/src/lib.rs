@@ -20,6 +20,10 @@
 //! caller may act only for its own node ([`auth`]). Errors cross the wire as a structured
 //! detail with their [`ErrorClass`](csi_structs::ErrorClass); nothing matches message text.
 //!
+//! With the cargo feature `tls`, agent links can run over TLS (tonic's rustls support, ring
+//! provider): build a `TlsConfig` with `TlsConfig::from_pem` (mutual TLS under one cluster
+//! CA) and put it in `ShimConfig::tls`. Tokens are checked on top of it all the same.
+//!
 //! The shim does not talk to plugins itself: the composing layer implements [`LocalPlugins`]
 //! (with `csi-client`), and tests implement it with fakes.
 //!
@@ -105,14 +109,14 @@ mod routing;
 mod rpc;
 mod server;
 mod shim;
+#[cfg(feature = "tls")]
+mod tls;
 pub mod wire;
 
 pub use auth::{Credentials, Denied, Principal, Scope, Token, TokenBook, TokenError};
 pub use backend::{CallContext, GrpcCode, LocalPlugins, LocalStatus, PluginError};
 pub use error::{ProtocolProblem, Refusal, RefusalReason, ShimError};
 pub use peers::Routes;
-#[cfg(feature = "tls")]
-pub use peers::TlsConfig;
 pub use registry::{ControllerView, Health, Instance, NodePlugin, NodeStatus, Registry};
 pub use request::{
     Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
@@ -124,4 +128,6 @@ pub use routing::Strategy;
 pub use rpc::{AgentRpc, ServiceKind};
 pub use server::{AgentService, ServeError};
 pub use shim::{MAX_LOCAL_TIMEOUT, Shim, ShimConfig, ShimStats};
+#[cfg(feature = "tls")]
+pub use tls::{PemInput, TLS_HANDSHAKE_TIMEOUT, TlsConfig, TlsConfigError};
 pub use wire::InvalidMessage;

@@ -12,6 +12,9 @@ use std::time::Duration;
 use csi_structs::NodeId;
 use tonic::transport::{Channel, Endpoint};
 
+#[cfg(feature = "tls")]
+use crate::tls::TlsConfig;
+
 /// The address book of one agent.
 ///
 /// ```
@@ -110,17 +113,6 @@ impl Routes {
             _ => Route::None,
         }
     }
-}
-
-/// TLS for agent links (feature `tls`): the client side for calls this agent makes, the server
-/// side for [`Shim::serve`](crate::Shim::serve).
-#[cfg(feature = "tls")]
-#[derive(Clone, Debug)]
-pub struct TlsConfig {
-    /// Used when dialling other agents (`https://`).
-    pub client: tonic::transport::ClientTlsConfig,
-    /// Used when serving.
-    pub server: tonic::transport::ServerTlsConfig,
 }
 
 /// One lazily connected channel per peer address.

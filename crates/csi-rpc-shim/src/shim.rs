@@ -42,9 +42,11 @@ pub struct ShimConfig {
     /// How long dialling another agent may take. Default 5 seconds; every call is also bounded
     /// by its deadline.
     pub connect_timeout: Duration,
-    /// TLS for agent links.
+    /// TLS for agent links (feature `tls`; default none: plain HTTP/2). With it the shim dials
+    /// `https://` and [`Shim::serve`] accepts TLS only. See
+    /// [`TlsConfig::from_pem`](crate::TlsConfig::from_pem).
     #[cfg(feature = "tls")]
-    pub tls: Option<crate::peers::TlsConfig>,
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl ShimConfig {
@@ -101,7 +103,7 @@ struct Inner {
     chooser: Chooser,
     counters: Counters,
     #[cfg(feature = "tls")]
-    tls: Option<crate::peers::TlsConfig>,
+    tls: Option<crate::tls::TlsConfig>,
 }
 
 /// One agent's router for CSI calls. Cheap to clone (one `Arc`).
@@ -205,7 +207,7 @@ impl Shim {
     }
 
     #[cfg(feature = "tls")]
-    pub(crate) fn tls(&self) -> Option<&crate::peers::TlsConfig> {
+    pub(crate) fn tls(&self) -> Option<&crate::tls::TlsConfig> {
         self.inner.tls.as_ref()
     }
 

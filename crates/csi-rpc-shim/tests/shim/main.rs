@@ -9,4 +9,6 @@ mod failover;
 mod forwarding;
 mod node_calls;
 mod support;
+#[cfg(feature = "tls")]
+mod tls;
 mod validation;

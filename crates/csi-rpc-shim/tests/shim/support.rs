@@ -349,6 +349,9 @@ pub(crate) struct AgentSpec {
     /// Nodes it has no route to at all.
     pub(crate) unreachable: Vec<&'static str>,
     pub(crate) strategy: Strategy,
+    /// TLS for its links (dialling and serving).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<csi_rpc_shim::TlsConfig>,
 }
 
 impl AgentSpec {
@@ -361,6 +364,8 @@ impl AgentSpec {
             via: Vec::new(),
             unreachable: Vec::new(),
             strategy: Strategy::Sticky,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
@@ -393,6 +398,12 @@ impl AgentSpec {
 
     pub(crate) fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls(mut self, tls: csi_rpc_shim::TlsConfig) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -465,6 +476,10 @@ impl Cluster {
                 spec.scope,
             );
             config.strategy = spec.strategy;
+            #[cfg(feature = "tls")]
+            {
+                config.tls = spec.tls.clone();
+            }
             let plugins = Arc::new(FakePlugins::new(&id));
             let shim = Shim::new(
                 config,
