@@ -205,3 +205,37 @@ fn compare_prints_the_floor_both_probes_and_the_ratio() {
     assert!(ratio.is_some_and(|r| r > 0.0), "{summary}");
     assert!(summary.contains(" target_max=4 met="), "{summary}");
 }
+
+fn field(line: &str, name: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn claims_lines_report_every_claim() {
+    let lines = run(
+        &cli(&["--claims-memory", "300", "--volumes", "10"]),
+        EXE.as_ref(),
+    )
+    .expect("claims memory run");
+    let line = &lines[0];
+    assert!(line.starts_with("claims_memory "), "{line}");
+    // Every claim made is held by the machine when memory is read.
+    assert_eq!(field(line, "claims"), Some(300), "{line}");
+    assert_eq!(field(line, "volumes"), Some(10), "{line}");
+    assert!(field(line, "kib_per_10000_claims").is_some(), "{line}");
+
+    let lines = run(
+        &cli(&["--mock", "--claims-release", "100", "--volumes", "10"]),
+        EXE.as_ref(),
+    )
+    .expect("claims release run");
+    let line = &lines[0];
+    assert!(line.starts_with("claims_release "), "{line}");
+    assert_eq!(field(line, "claims"), Some(100), "{line}");
+    // 10 claims per volume on 10 nodes: one node unpublish per claim, one unstage and one
+    // controller unpublish per (volume, node) pair.
+    assert_eq!(field(line, "plugin_calls"), Some(300), "{line}");
+    assert!(field(line, "released_per_s").is_some(), "{line}");
+}
