@@ -219,11 +219,10 @@ impl Plan {
             }
             BenchRpc::Publish => {
                 let volume = &self.volumes[caller % self.volumes.len()];
-                let Some(node) = &self.node else {
-                    // `prepare` always sets the node for publish; without one there is
-                    // nothing to publish to, so the call is a no-op rather than a panic.
-                    return Ok(());
-                };
+                let node = self
+                    .node
+                    .as_ref()
+                    .expect("invariant: Plan::prepare sets the node of every publish plan");
                 client
                     .controller()
                     .publish(
