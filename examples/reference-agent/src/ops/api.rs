@@ -79,6 +79,10 @@ pub struct PluginView {
     pub fingerprints: u64,
     /// The last fingerprint error, if the last attempt failed.
     pub last_error: Option<String>,
+    /// Publications on this node through this plugin (local plugins): while not zero, the
+    /// plugin must keep running, or their releases wait for it.
+    #[serde(default)]
+    pub in_use: u64,
 }
 
 /// Register an existing volume.

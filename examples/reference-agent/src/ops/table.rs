@@ -69,6 +69,7 @@ pub(crate) fn plugins(list: &[PluginView]) -> String {
         "NODE-SERVICE",
         "PLUGIN-NODE",
         "FINGERPRINTS",
+        "IN-USE",
         "VERSION",
     ]);
     for p in list {
@@ -80,6 +81,7 @@ pub(crate) fn plugins(list: &[PluginView]) -> String {
             yes(p.node_service),
             opt(&p.plugin_node),
             p.fingerprints.to_string(),
+            p.in_use.to_string(),
             opt(&p.version),
         ]);
     }
@@ -102,6 +104,7 @@ pub(crate) fn plugin_detail(p: &PluginView) -> String {
         ("staging", yes(p.staging)),
         ("plugin node id", opt(&p.plugin_node)),
         ("fingerprints", p.fingerprints.to_string()),
+        ("publications in use here", p.in_use.to_string()),
         ("last error", opt(&p.last_error)),
     ] {
         t.row(vec![k.into(), v]);

@@ -562,6 +562,10 @@ impl Agent {
     /// Local plugins, then the plugins peers reported.
     pub fn plugin_views(&self) -> Vec<api::PluginView> {
         let mut out = self.plugins.views();
+        let in_use = self.volumes.in_use();
+        for v in &mut out {
+            v.in_use = in_use.get(&v.id).copied().unwrap_or(0);
+        }
         for (node, peer) in self.peers().iter() {
             for p in &peer.plugins {
                 let healthy = p.controller.unwrap_or(true) && p.node.as_ref().is_none_or(|n| n.1);
@@ -586,6 +590,7 @@ impl Agent {
                     staging: false,
                     fingerprints: 0,
                     last_error: None,
+                    in_use: 0,
                 });
             }
         }

@@ -534,6 +534,20 @@ impl VolumeManager {
             .find_map(|e| e.users.get(workload).map(|u| u.target.clone()))
     }
 
+    /// Publications per plugin id on this node.
+    pub fn in_use(&self) -> BTreeMap<String, u64> {
+        let usage = self
+            .inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut out = BTreeMap::new();
+        for e in usage.volumes.values() {
+            *out.entry(e.plugin.clone()).or_default() += e.users.len() as u64;
+        }
+        out
+    }
+
     /// Stages and publications whose outcome is not known to be done.
     pub fn uncertain(&self) -> Vec<UncertainView> {
         let usage = self

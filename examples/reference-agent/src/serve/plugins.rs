@@ -172,6 +172,7 @@ impl Plugins {
                     staging: fp.is_some_and(|f| f.capabilities.node.requires_staging()),
                     fingerprints: t.fingerprints.get(id).copied().unwrap_or(0),
                     last_error: e.last_error.clone(),
+                    in_use: 0,
                 }
             })
             .collect()

@@ -656,6 +656,8 @@ async fn node_usage_survives_a_restart() {
     // Staged once, published twice.
     assert_eq!(mock.calls().count(Rpc::NodeStageVolume), 1);
     assert_eq!(mock.calls().count(Rpc::NodePublishVolume), 2);
+    let busy = plugin(&data, "mock").await.expect("listed");
+    assert_eq!(busy.in_use, 2, "{busy:?}");
 
     agent.kill();
     let mut agent = Serve::start(dir.path(), "second", &data, &args);
@@ -682,6 +684,7 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 2);
     assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
     assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert_eq!(plugin(&data, "mock").await.map(|p| p.in_use), Some(0));
     assert_eq!(agent.terminate(), Some(0));
 }
 
