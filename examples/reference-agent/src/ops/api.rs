@@ -23,6 +23,38 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Percent-encodes an id for one path segment: every byte but `A-Z a-z 0-9 - . _ ~`.
+pub fn encode_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Decodes a path segment made by [`encode_segment`]; `None` when an escape is broken or the
+/// result is not UTF-8.
+pub fn decode_segment(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Written by `serve` to `<data_dir>/agent.json` so the operator commands can find it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AgentInfo {
@@ -273,4 +305,21 @@ pub struct PeerPlugins {
     pub node: String,
     /// Its fingerprinted plugins.
     pub plugins: Vec<PeerPlugin>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_round_trip() {
+        for id in ["db", "a b/c?d#e%f", "ünï", "..", ""] {
+            let enc = encode_segment(id);
+            assert!(!enc.contains('/') && !enc.contains(' ') && !enc.contains('?'));
+            assert_eq!(decode_segment(&enc).as_deref(), Some(id));
+        }
+        for broken in ["%", "%4", "%zz", "%ff"] {
+            assert_eq!(decode_segment(broken), None, "{broken}");
+        }
+    }
 }

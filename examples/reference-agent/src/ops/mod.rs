@@ -364,7 +364,9 @@ pub fn plugin(args: PluginArgs) -> Result<(), OpsError> {
                 conn.print(&list, |l| table::plugins(l));
             }
             PluginCommand::Info { id } => {
-                let p: api::PluginView = conn.get(&format!("/v1/plugins/{id}")).await?;
+                let p: api::PluginView = conn
+                    .get(&format!("/v1/plugins/{}", api::encode_segment(&id)))
+                    .await?;
                 conn.print(&p, table::plugin_detail);
             }
         }
@@ -429,7 +431,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 let c: api::ClaimView = conn
                     .send(
                         Method::POST,
-                        &format!("/v1/volumes/{id}/claim"),
+                        &format!("/v1/volumes/{}/claim", api::encode_segment(&id)),
                         Some(&body),
                     )
                     .await?;
@@ -442,7 +444,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 let mut v: api::VolumeView = conn
                     .send(
                         Method::POST,
-                        &format!("/v1/volumes/{id}/release"),
+                        &format!("/v1/volumes/{}/release", api::encode_segment(&id)),
                         Some(&body),
                     )
                     .await?;
@@ -452,7 +454,9 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 conn.print(&v, table::volume_detail);
             }
             VolumeCommand::Status { id: Some(id) } => {
-                let v: api::VolumeView = conn.get(&format!("/v1/volumes/{id}")).await?;
+                let v: api::VolumeView = conn
+                    .get(&format!("/v1/volumes/{}", api::encode_segment(&id)))
+                    .await?;
                 conn.print(&v, table::volume_detail);
             }
             VolumeCommand::Status { id: None } => {
@@ -461,7 +465,11 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
             }
             VolumeCommand::Delete { id } => {
                 let v: api::VolumeView = conn
-                    .send::<(), _>(Method::DELETE, &format!("/v1/volumes/{id}"), None)
+                    .send::<(), _>(
+                        Method::DELETE,
+                        &format!("/v1/volumes/{}", api::encode_segment(&id)),
+                        None,
+                    )
                     .await?;
                 conn.print(&v, |v| format!("deleted volume {}\n", v.id));
             }
@@ -474,7 +482,9 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
 async fn wait_freed(conn: &Conn, id: &str, workload: &str) -> Result<api::VolumeView, OpsError> {
     let deadline = tokio::time::Instant::now() + conn.limit;
     loop {
-        let v: api::VolumeView = conn.get(&format!("/v1/volumes/{id}")).await?;
+        let v: api::VolumeView = conn
+            .get(&format!("/v1/volumes/{}", api::encode_segment(id)))
+            .await?;
         if !v.claims.iter().any(|c| c.workload == workload) {
             return Ok(v);
         }

@@ -108,7 +108,20 @@ async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Answer> 
 async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -> Answer {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let Some(decoded) = path
+        .trim_matches('/')
+        .split('/')
+        .map(api::decode_segment)
+        .collect::<Option<Vec<String>>>()
+    else {
+        return error(
+            400,
+            "bad_request",
+            format!("path {path:?} has a broken percent escape"),
+            None,
+        );
+    };
+    let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     if parts.first() == Some(&"metrics") && method == Method::GET {
         return Response::builder()
             .header(hyper::header::CONTENT_TYPE, "text/plain; version=0.0.4")

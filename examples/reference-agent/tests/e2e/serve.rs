@@ -868,6 +868,26 @@ async fn register_an_existing_volume_and_read_the_tables() {
     .await
     .expect_err("a bad access mode is refused");
     assert!(bad.contains("access_mode"), "{bad}");
+    // An id that needs escaping in a URL travels intact (and is refused by the plugin).
+    let odd = cli(
+        &data,
+        &[
+            "volume",
+            "register",
+            "a b?c#d",
+            "--external-id",
+            "x y",
+            "--plugin",
+            "mock",
+        ],
+    )
+    .await
+    .expect_err("the plugin knows no such volume");
+    assert!(odd.contains("ValidateVolumeCapabilities"), "{odd}");
+    let missing = cli(&data, &["volume", "status", "a b?c#d"])
+        .await
+        .expect_err("unknown");
+    assert!(missing.contains("no volume \"a b?c#d\""), "{missing}");
     let registered = cli(
         &data,
         &[
@@ -898,7 +918,7 @@ async fn register_an_existing_volume_and_read_the_tables() {
     .await
     .expect_err("the id is taken");
     assert!(again.contains("already registered"), "{again}");
-    assert_eq!(mock.calls().count(Rpc::ValidateVolumeCapabilities), 1);
+    assert_eq!(mock.calls().count(Rpc::ValidateVolumeCapabilities), 2);
     let ghost = cli(
         &data,
         &[
