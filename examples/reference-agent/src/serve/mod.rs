@@ -11,9 +11,11 @@
 //!   node's plugins; [`peers`] learns which plugins peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`.
 //!
-//! Stopping: SIGTERM (or SIGINT) stops accepting requests, stops the release driver (every
-//! release step is checkpointed before its call, so nothing in flight is lost; the next start
-//! repeats the step) and exits 0. Starting resumes every unfinished release from the store.
+//! Stopping: SIGTERM (or SIGINT) stops accepting requests, lets control requests in flight
+//! finish (bounded by `call_timeout`), then stops the release driver (every release step is
+//! checkpointed before its call, so a detach call cut off is repeated by the next start) and
+//! exits 0. Starting resumes every unfinished release from the store. See `SERVE.md` in the
+//! package for an operator's walk-through.
 
 pub mod agent;
 pub mod book;
