@@ -60,6 +60,9 @@ pub struct ConfigArgs {
     /// How often each plugin is probed (default `5s`).
     #[arg(long, env = "CSI_AGENT_HEALTH_INTERVAL")]
     pub health_interval: Option<String>,
+    /// How often a fingerprinted plugin is fingerprinted again (default `30s`).
+    #[arg(long, env = "CSI_AGENT_FINGERPRINT_INTERVAL")]
+    pub fingerprint_interval: Option<String>,
     /// How often peers are asked for their plugins (default `2s`).
     #[arg(long, env = "CSI_AGENT_PEER_INTERVAL")]
     pub peer_interval: Option<String>,
@@ -90,6 +93,7 @@ struct FileConfig {
     cluster_token_file: Option<PathBuf>,
     scan_interval: Option<String>,
     health_interval: Option<String>,
+    fingerprint_interval: Option<String>,
     peer_interval: Option<String>,
     call_timeout: Option<String>,
     release_backoff_initial: Option<String>,
@@ -129,6 +133,8 @@ pub struct AgentConfig {
     pub scan_interval: Duration,
     /// Plugin probe interval.
     pub health_interval: Duration,
+    /// Plugin re-fingerprint interval.
+    pub fingerprint_interval: Duration,
     /// Peer poll interval.
     pub peer_interval: Duration,
     /// Deadline of one plugin or agent call.
@@ -418,6 +424,12 @@ impl AgentConfig {
                 a.health_interval,
                 f.health_interval,
                 "5s",
+            )?,
+            fingerprint_interval: duration(
+                "fingerprint_interval",
+                a.fingerprint_interval,
+                f.fingerprint_interval,
+                "30s",
             )?,
             peer_interval: duration("peer_interval", a.peer_interval, f.peer_interval, "2s")?,
             call_timeout: duration("call_timeout", a.call_timeout, f.call_timeout, "60s")?,

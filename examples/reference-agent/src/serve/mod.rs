@@ -182,6 +182,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         config.health_interval,
         config.scan_interval,
         config.call_timeout,
+        config.fingerprint_interval,
     );
     let volumes = node::VolumeManager::open(&data, plugins.clone())?;
     let book = book::Book::open(&data)?;

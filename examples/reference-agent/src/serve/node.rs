@@ -618,6 +618,7 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(1),
             Duration::from_secs(1),
+            Duration::from_secs(30),
         );
         let manager = VolumeManager::open(dir.path(), plugins).expect("opens");
         let request = UnmountRequest {

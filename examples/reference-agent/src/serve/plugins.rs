@@ -58,6 +58,7 @@ struct Inner {
     health_interval: Duration,
     retry_interval: Duration,
     call_timeout: Duration,
+    fingerprint_interval: Duration,
     table: Mutex<Table>,
     claims: OnceLock<ClaimsHandle>,
 }
@@ -73,7 +74,9 @@ fn health_name(h: Option<HealthState>) -> &'static str {
 
 impl Plugins {
     /// A registry over `dir` for node `me`. Every plugin call is bounded by `call_timeout`
-    /// (on top of csi-client's per-RPC deadlines, which it can only shorten).
+    /// (on top of csi-client's per-RPC deadlines, which it can only shorten); a fingerprinted
+    /// plugin is fingerprinted again every `fingerprint_interval` and a change is logged and
+    /// published.
     pub fn new(
         me: NodeId,
         dir: PathBuf,
@@ -82,6 +85,7 @@ impl Plugins {
         health_interval: Duration,
         retry_interval: Duration,
         call_timeout: Duration,
+        fingerprint_interval: Duration,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -92,6 +96,7 @@ impl Plugins {
                 health_interval,
                 retry_interval,
                 call_timeout,
+                fingerprint_interval,
                 table: Mutex::new(Table::default()),
                 claims: OnceLock::new(),
             }),
@@ -350,8 +355,26 @@ impl Plugins {
         });
         self.publish_registry(&id, &fp, Health::Healthy);
         self.wake(&id);
+        let mut fp = fp;
+        let mut health = Health::Healthy;
         let mut watcher = client.watch_health(self.inner.health_interval);
-        while let Some(event) = watcher.next().await {
+        let mut refresh = tokio::time::interval(self.inner.fingerprint_interval);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        refresh.tick().await;
+        loop {
+            let event = tokio::select! {
+                event = watcher.next() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+                _ = refresh.tick() => {
+                    if let Some(changed) = self.refresh(&id, &client, &fp).await {
+                        fp = changed;
+                        self.publish_registry(&id, &fp, health.clone());
+                    }
+                    continue;
+                }
+            };
             let reason = match &event.reason {
                 HealthReason::Ready => None,
                 HealthReason::ReportedNotReady => Some("probe answered not ready".to_owned()),
@@ -363,17 +386,56 @@ impl Plugins {
                 entry.health = Some(event.state);
                 entry.health_reason = reason.clone();
             });
-            let health = match event.state {
+            health = match event.state {
                 HealthState::Healthy => Health::Healthy,
                 _ => Health::unhealthy(reason.unwrap_or_else(|| "unhealthy".into())),
             };
-            let healthy = health == Health::Healthy;
-            self.publish_registry(&id, &fp, health);
-            if healthy {
+            self.publish_registry(&id, &fp, health.clone());
+            if health == Health::Healthy {
                 self.wake(&id);
             }
             if event.last {
                 break;
+            }
+        }
+    }
+
+    /// Fingerprints again; returns the new fingerprint when it differs from `current`.
+    async fn refresh(
+        &self,
+        id: &PluginId,
+        client: &CsiClient,
+        current: &Fingerprint,
+    ) -> Option<Fingerprint> {
+        match client.fingerprint().await {
+            Ok(fp) if &fp == current => {
+                self.update(id, |entry, _| entry.last_error = None);
+                None
+            }
+            Ok(fp) => {
+                tracing::info!(
+                    plugin = %id,
+                    version = %fp.plugin.vendor_version,
+                    controller = fp.capabilities.plugin.has_controller_service(),
+                    node = fp.serves_node(),
+                    "plugin fingerprint changed"
+                );
+                self.update(id, |entry, _| {
+                    entry.fingerprint = Some(fp.clone());
+                    entry.last_error = None;
+                });
+                self.inner
+                    .registry
+                    .remove(&self.inner.me, id, ServiceKind::Controller);
+                self.inner
+                    .registry
+                    .remove(&self.inner.me, id, ServiceKind::Node);
+                Some(fp)
+            }
+            Err(e) => {
+                tracing::warn!(plugin = %id, error = %e, class = %e.class().as_str(), "periodic fingerprint failed");
+                self.update(id, |entry, _| entry.last_error = Some(e.to_string()));
+                None
             }
         }
     }
