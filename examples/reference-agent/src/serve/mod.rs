@@ -179,10 +179,12 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         config.plugin_dir.clone(),
         Arc::clone(&registry),
         metrics.clone(),
-        config.health_interval,
-        config.scan_interval,
-        config.call_timeout,
-        config.fingerprint_interval,
+        plugins::Timings {
+            health_interval: config.health_interval,
+            retry_interval: config.scan_interval,
+            call_timeout: config.call_timeout,
+            fingerprint_interval: config.fingerprint_interval,
+        },
     );
     let volumes = node::VolumeManager::open(&data, plugins.clone())?;
     let book = book::Book::open(&data)?;

@@ -615,10 +615,12 @@ mod tests {
             dir.path().join("plugins"),
             Arc::new(csi_rpc_shim::Registry::new()),
             Metrics::new(),
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Duration::from_secs(30),
+            super::super::plugins::Timings {
+                health_interval: Duration::from_secs(1),
+                retry_interval: Duration::from_secs(1),
+                call_timeout: Duration::from_secs(1),
+                fingerprint_interval: Duration::from_secs(30),
+            },
         );
         let manager = VolumeManager::open(dir.path(), plugins).expect("opens");
         let request = UnmountRequest {

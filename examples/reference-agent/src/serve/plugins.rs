@@ -43,6 +43,19 @@ struct Table {
     ignored: std::collections::BTreeSet<String>,
 }
 
+/// How often the registry does what.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// Probe interval of each plugin.
+    pub health_interval: Duration,
+    /// Delay between failed first fingerprints.
+    pub retry_interval: Duration,
+    /// Bound of every plugin call.
+    pub call_timeout: Duration,
+    /// Interval of the periodic fingerprint.
+    pub fingerprint_interval: Duration,
+}
+
 /// The local plugins. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Plugins {
@@ -82,10 +95,7 @@ impl Plugins {
         dir: PathBuf,
         registry: Arc<Registry>,
         metrics: Metrics,
-        health_interval: Duration,
-        retry_interval: Duration,
-        call_timeout: Duration,
-        fingerprint_interval: Duration,
+        timings: Timings,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -93,10 +103,10 @@ impl Plugins {
                 dir,
                 registry,
                 metrics,
-                health_interval,
-                retry_interval,
-                call_timeout,
-                fingerprint_interval,
+                health_interval: timings.health_interval,
+                retry_interval: timings.retry_interval,
+                call_timeout: timings.call_timeout,
+                fingerprint_interval: timings.fingerprint_interval,
                 table: Mutex::new(Table::default()),
                 claims: OnceLock::new(),
             }),
