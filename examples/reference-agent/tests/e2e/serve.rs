@@ -93,15 +93,22 @@ impl Serve {
 
     /// Waits until the agent answers `status`; panics (with its log) if it exits.
     async fn ready(&mut self) {
+        if let Err(log) = self.try_ready().await {
+            panic!("csi-agent serve exited:\n{log}");
+        }
+    }
+
+    /// Waits until the agent answers `status`; `Err(log)` if it exits first.
+    async fn try_ready(&mut self) -> Result<(), String> {
         let data = self.data.clone();
         for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
             if let Some(c) = self.child.as_mut()
-                && let Ok(Some(exit)) = c.try_wait()
+                && let Ok(Some(_)) = c.try_wait()
             {
-                panic!("csi-agent serve exited with {exit}:\n{}", self.log());
+                return Err(self.log());
             }
             if cli(&data, &["status", "--json"]).await.is_ok() {
-                return;
+                return Ok(());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -378,7 +385,6 @@ async fn two_agents_claim_and_release_across_each_other() {
         .expect("serves");
     let _nb = node.serve_unix(pb.join("mock.sock")).await.expect("serves");
 
-    let [a_shim, a_http, b_shim, b_http] = [free_port(), free_port(), free_port(), free_port()];
     let agent_args =
         |me: &str, plugins: &Path, shim: u16, http: u16, peer: &str, ps: u16, ph: u16| {
             vec![
@@ -399,20 +405,35 @@ async fn two_agents_claim_and_release_across_each_other() {
             ]
         };
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
-    let mut a = Serve::start(
-        dir.path(),
-        "a",
-        &da,
-        &agent_args("a", &pa, a_shim, a_http, "b", b_shim, b_http),
-    );
-    let mut b = Serve::start(
-        dir.path(),
-        "b",
-        &db,
-        &agent_args("b", &pb, b_shim, b_http, "a", a_shim, a_http),
-    );
-    a.ready().await;
-    b.ready().await;
+    // Each agent must know the other's addresses before it starts; a port taken between
+    // choosing and binding it (another test) means choosing again.
+    let mut attempt = 0;
+    let (a, b) = loop {
+        attempt += 1;
+        let [a_shim, a_http, b_shim, b_http] = [free_port(), free_port(), free_port(), free_port()];
+        let mut a = Serve::start(
+            dir.path(),
+            "a",
+            &da,
+            &agent_args("a", &pa, a_shim, a_http, "b", b_shim, b_http),
+        );
+        let mut b = Serve::start(
+            dir.path(),
+            "b",
+            &db,
+            &agent_args("b", &pb, b_shim, b_http, "a", a_shim, a_http),
+        );
+        match (a.try_ready().await, b.try_ready().await) {
+            (Ok(()), Ok(())) => break (a, b),
+            (ra, rb) => {
+                let log = format!("{ra:?} {rb:?}");
+                assert!(
+                    attempt < 5 && log.contains("cannot listen"),
+                    "agents did not start: {log}"
+                );
+            }
+        }
+    };
     eventually(
         "b sees a's controller and its own node plugin",
         async || {
