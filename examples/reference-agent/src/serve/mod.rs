@@ -246,7 +246,14 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     .await?;
     plugins.set_claims(claims.clone());
     let mut events = claims.subscribe();
-    let resumed = claims.stuck().len();
+    // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
+    let resumed = book
+        .list()
+        .iter()
+        .filter_map(|v| claims.record(&v.id))
+        .flat_map(|r| r.claims().to_vec())
+        .filter(|c| c.state().is_releasing())
+        .count();
     let agent = Arc::new(agent::Agent {
         me: me.clone(),
         plugins: plugins.clone(),
