@@ -277,7 +277,11 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
     assert!(status.stuck.is_empty(), "{status:?}");
     assert!(status.claims.is_empty(), "{status:?}");
     assert!(status.uncertain.is_empty(), "{status:?}");
-    assert!(agent.log().contains("resumed_releases=1"), "{}", agent.log());
+    assert!(
+        agent.log().contains("resumed_releases=1"),
+        "{}",
+        agent.log()
+    );
     assert!(agent.log().contains("claim freed"), "{}", agent.log());
 
     let _: VolumeView = json(&data, &["volume", "delete", "v1"]).await;
