@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::request::{
@@ -68,15 +69,30 @@ impl Shim {
                     })?;
         }
         builder
-            .tcp_nodelay(true)
             .add_service(self.agent_service())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(accept_nodelay(listener), shutdown)
             .await
             .map_err(|source| ServeError::Transport {
                 node: self.node_id().clone(),
                 source,
             })
     }
+}
+
+/// The accepted connections of `listener`, each with `TCP_NODELAY` set.
+///
+/// `Server::tcp_nodelay` only applies to listeners tonic binds itself; with our own incoming
+/// stream each accepted socket must be set here, or small replies wait on Nagle's algorithm
+/// (tens of milliseconds at the tail).
+fn accept_nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            // Best effort: a socket that refuses the option still works, only slower.
+            let _ = stream.set_nodelay(true);
+        })
+    })
 }
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -165,5 +181,27 @@ impl Agent for AgentService {
         request: tonic::Request<pb::NodeExpandRequest>,
     ) -> Reply<pb::NodeExpandResponse> {
         self.shim.serve_remote::<NodeExpand>(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("bound address");
+        let client = tokio::spawn(tokio::net::TcpStream::connect(addr));
+        let mut incoming = std::pin::pin!(accept_nodelay(listener));
+        let accepted = tokio::time::timeout(std::time::Duration::from_secs(10), incoming.next())
+            .await
+            .expect("a connection arrives (hang guard)")
+            .expect("the stream yields")
+            .expect("accept succeeds");
+        assert!(accepted.nodelay().expect("read the option"));
+        let _ = client.await;
     }
 }
