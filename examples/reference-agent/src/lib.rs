@@ -15,6 +15,12 @@ pub mod metrics;
 pub mod ops;
 pub mod serve;
 
+/// The workspace README's Rust examples, compiled (and, unless marked `no_run`, run) as doctests
+/// so the README cannot drift from the code.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 /// How an error of a subcommand maps to the process exit code.
 pub trait ExitStatus {
     /// The exit code to use; never 0.
