@@ -4,6 +4,7 @@
 //! One test binary (one link) with a module per area.
 
 mod adapters;
+mod claims_release;
 mod demo;
 mod serve;
 mod support;
