@@ -1,8 +1,11 @@
 //! Prometheus text-format metrics of `csi-agent serve`.
 //!
-//! - `csi_agent_rpc_calls_total{plugin,rpc,code}` and the histogram
-//!   `csi_agent_rpc_duration_seconds{plugin,rpc}`: every CSI call the agent made, fed by
-//!   csi-client's [`CallObserver`] (one [`PluginObserver`] per plugin client).
+//! - `csi_rpc_duration_seconds{plugin,rpc}` (histogram) and `csi_rpc_total{plugin,rpc,code}`:
+//!   every request the agent sent to a plugin, per attempt, as csi-client's
+//!   [`MetricsLayer`] measures it on the wire. Each plugin has one [`InMemoryMetrics`],
+//!   rendered by [`write_prometheus`] with a `plugin` label; this module only keeps them.
+//! - `csi_agent_rpc_unsent_total{plugin,rpc,reason}`: what the layer cannot see because
+//!   nothing reached the plugin's channel (see [`Unsent`]).
 //! - `csi_agent_claims{state}`: claims per state, and `csi_agent_stuck_releases`: volumes
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
@@ -12,31 +15,23 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use csi_client::{CallEvent, CallObserver};
+use csi_client::metrics::{InMemoryMetrics, MetricsLayer, write_prometheus};
+use csi_client::{AttemptEvent, CallEvent, CallObserver, CsiClientBuilder, Failure, Outcome};
 use csi_structs::PluginId;
 
-/// Upper bounds of the latency histogram, in seconds.
-pub const BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0];
-
-#[derive(Debug, Default, Clone)]
-struct Latency {
-    buckets: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
+/// The per-plugin sinks: the wire-level RPC metrics and the unsent-call counter.
 #[derive(Debug, Default)]
-struct Table {
-    /// (plugin, rpc, code) → calls.
-    calls: BTreeMap<(String, &'static str, &'static str), u64>,
-    /// (plugin, rpc) → latency.
-    latency: BTreeMap<(String, &'static str), Latency>,
+struct PluginSinks {
+    rpc: Arc<InMemoryMetrics>,
+    unsent: Arc<Unsent>,
 }
 
 /// The agent's call metrics. Cheap to clone; clones share the counters.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
-    table: Arc<Mutex<Table>>,
+    /// Plugin id → its sinks. Kept for the agent's lifetime, so a plugin whose socket is
+    /// recreated (a new client) keeps counting into the same, monotonic series.
+    plugins: Arc<Mutex<BTreeMap<String, PluginSinks>>>,
 }
 
 /// Values read from the rest of the agent when `/metrics` is scraped.
@@ -56,72 +51,55 @@ impl Metrics {
         Self::default()
     }
 
-    /// An observer that records the calls of `plugin`'s client.
-    pub fn observer(&self, plugin: &PluginId) -> Arc<dyn CallObserver> {
-        Arc::new(PluginObserver {
-            plugin: plugin.as_str().to_owned(),
-            metrics: self.clone(),
-        })
-    }
-
-    /// Records one finished call.
-    pub fn record(&self, plugin: &str, event: &CallEvent) {
-        let rpc = event.rpc.name();
-        let code = event.outcome.label();
-        let seconds = event.duration.as_secs_f64();
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        *t.calls.entry((plugin.to_owned(), rpc, code)).or_default() += 1;
-        let l = t.latency.entry((plugin.to_owned(), rpc)).or_default();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                l.buckets[i] += 1;
-            }
-        }
-        l.count += 1;
-        l.sum += seconds;
+    /// Instruments the client of `plugin` being built: csi-client's [`MetricsLayer`] over
+    /// this plugin's [`InMemoryMetrics`], and the [`Unsent`] observer.
+    pub fn instrument(&self, plugin: &PluginId, builder: CsiClientBuilder) -> CsiClientBuilder {
+        let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+        let sinks = plugins.entry(plugin.as_str().to_owned()).or_default();
+        let rpc = Arc::clone(&sinks.rpc);
+        let unsent: Arc<dyn CallObserver> = sinks.unsent.clone();
+        drop(plugins);
+        builder.layer(MetricsLayer::new(rpc)).observer(unsent)
     }
 
     /// The Prometheus text exposition of everything, with `gauges` read at scrape time.
     pub fn render(&self, gauges: &Gauges) -> String {
-        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        // Snapshot the handles so no lock is held while rendering.
+        let plugins: Vec<(String, Arc<InMemoryMetrics>, Arc<Unsent>)> = self
+            .plugins
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(id, s)| (id.clone(), Arc::clone(&s.rpc), Arc::clone(&s.unsent)))
+            .collect();
+        let labels: Vec<[(&str, &str); 1]> = plugins
+            .iter()
+            .map(|(id, _, _)| [("plugin", id.as_str())])
+            .collect();
         let mut out = String::new();
-        out.push_str(
-            "# HELP csi_agent_rpc_calls_total CSI calls made, by plugin, RPC and final code.\n",
-        );
-        out.push_str("# TYPE csi_agent_rpc_calls_total counter\n");
-        for ((plugin, rpc, code), n) in &t.calls {
-            let _ = writeln!(
-                out,
-                "csi_agent_rpc_calls_total{{plugin=\"{}\",rpc=\"{rpc}\",code=\"{code}\"}} {n}",
-                escape(plugin)
-            );
+        // The only extra label is the constant `plugin`, a valid, unreserved name used once
+        // per set, so `write_prometheus` has nothing to refuse; an error would mean a bug here.
+        if let Err(e) = write_prometheus(
+            &mut out,
+            labels
+                .iter()
+                .zip(&plugins)
+                .map(|(l, (_, rpc, _))| (&l[..], rpc.as_ref())),
+        ) {
+            tracing::error!(error = %e, "RPC metrics not rendered");
         }
-        out.push_str("# HELP csi_agent_rpc_duration_seconds CSI call latency including retries.\n");
-        out.push_str("# TYPE csi_agent_rpc_duration_seconds histogram\n");
-        for ((plugin, rpc), l) in &t.latency {
-            let labels = format!("plugin=\"{}\",rpc=\"{rpc}\"", escape(plugin));
-            for (i, bound) in BUCKETS.iter().enumerate() {
+        out.push_str(
+            "# HELP csi_agent_rpc_unsent_total CSI calls or attempts that never reached the plugin, by reason.\n",
+        );
+        out.push_str("# TYPE csi_agent_rpc_unsent_total counter\n");
+        for (plugin, _, unsent) in &plugins {
+            for ((rpc, reason), n) in unsent.counts() {
                 let _ = writeln!(
                     out,
-                    "csi_agent_rpc_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {}",
-                    l.buckets[i]
+                    "csi_agent_rpc_unsent_total{{plugin=\"{}\",rpc=\"{rpc}\",reason=\"{reason}\"}} {n}",
+                    escape(plugin)
                 );
             }
-            let _ = writeln!(
-                out,
-                "csi_agent_rpc_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                l.count
-            );
-            let _ = writeln!(
-                out,
-                "csi_agent_rpc_duration_seconds_sum{{{labels}}} {}",
-                l.sum
-            );
-            let _ = writeln!(
-                out,
-                "csi_agent_rpc_duration_seconds_count{{{labels}}} {}",
-                l.count
-            );
         }
         out.push_str("# HELP csi_agent_claims Claims per state.\n");
         out.push_str("# TYPE csi_agent_claims gauge\n");
@@ -152,16 +130,53 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// csi-client's observer for one plugin's client, feeding [`Metrics`].
-#[derive(Debug)]
-pub struct PluginObserver {
-    plugin: String,
-    metrics: Metrics,
+/// Counts, per RPC and reason, what csi-client's [`MetricsLayer`] never sees because
+/// nothing reached the plugin's channel; the layer covers everything that was sent.
+///
+/// - a call refused before sending (`attempts == 0`, e.g. `invalid_request`): the client
+///   stops it before the channel;
+/// - an attempt that ended `not_connected`: the plugin could not be dialled. Dial failures
+///   before the client's first connection never reach the layer; a failed *redial* on an
+///   established client also passes through the layer, which counts it as `transport_error`.
+///
+/// Everything else the old per-call observer counted (codes and latency) comes from the layer.
+#[derive(Debug, Default)]
+pub struct Unsent {
+    /// (rpc, reason) → count.
+    counts: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
-impl CallObserver for PluginObserver {
+impl Unsent {
+    fn add(&self, rpc: &'static str, reason: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        *counts.entry((rpc, reason)).or_default() += 1;
+    }
+
+    /// The counts so far, by (RPC name, reason).
+    pub fn counts(&self) -> BTreeMap<(&'static str, &'static str), u64> {
+        self.counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl CallObserver for Unsent {
+    fn on_attempt(&self, event: &AttemptEvent) {
+        if let Outcome::Failed {
+            failure: Failure::NotConnected,
+            ..
+        } = event.outcome
+        {
+            self.add(event.rpc.name(), event.outcome.label());
+        }
+    }
+
     fn on_call(&self, event: &CallEvent) {
-        self.metrics.record(&self.plugin, event);
+        // No attempt was made, so `on_attempt` never ran for this call: no double count.
+        if event.attempts == 0 {
+            self.add(event.rpc.name(), event.outcome.label());
+        }
     }
 }
 
@@ -169,45 +184,115 @@ impl CallObserver for PluginObserver {
 mod tests {
     use std::time::Duration;
 
-    use csi_client::{Outcome, Rpc};
+    use csi_client::metrics::{RpcMetrics, RpcOutcome};
+    use csi_client::{Code, CsiClient, ErrorClass, Rpc};
 
     use super::*;
 
+    fn sinks(m: &Metrics, plugin: &str) -> (Arc<InMemoryMetrics>, Arc<Unsent>) {
+        let plugins = m.plugins.lock().expect("not poisoned in a test");
+        let s = &plugins[plugin];
+        (Arc::clone(&s.rpc), Arc::clone(&s.unsent))
+    }
+
     #[test]
-    fn calls_latency_and_gauges_render() {
+    fn rpc_metrics_unsent_calls_and_gauges_render() {
         let m = Metrics::new();
         let plugin = PluginId::new("mock").expect("valid id");
-        let observer = m.observer(&plugin);
-        observer.on_call(&CallEvent {
+        let endpoint = "unix:///run/none.sock".parse().expect("valid endpoint");
+        let _client = m.instrument(&plugin, CsiClient::builder(endpoint)).build();
+        let (rpc, unsent) = sinks(&m, "mock");
+        rpc.record(
+            Rpc::Probe,
+            RpcOutcome::Status(Code::Ok),
+            Duration::from_millis(3),
+        );
+        rpc.record(
+            Rpc::Probe,
+            RpcOutcome::Status(Code::Unavailable),
+            Duration::from_millis(3),
+        );
+        unsent.on_call(&CallEvent {
+            rpc: Rpc::NodeStageVolume,
+            attempts: 0,
+            duration: Duration::ZERO,
+            outcome: Outcome::Failed {
+                failure: Failure::InvalidRequest,
+                class: ErrorClass::Fatal,
+            },
+        });
+        // A call that was sent is the layer's business, not counted again here.
+        unsent.on_call(&CallEvent {
             rpc: Rpc::Probe,
             attempts: 1,
             duration: Duration::from_millis(3),
             outcome: Outcome::Ok,
         });
-        observer.on_call(&CallEvent {
+        unsent.on_attempt(&AttemptEvent {
             rpc: Rpc::Probe,
-            attempts: 1,
-            duration: Duration::from_millis(3),
-            outcome: Outcome::Ok,
+            attempt: 1,
+            duration: Duration::from_millis(1),
+            outcome: Outcome::Failed {
+                failure: Failure::NotConnected,
+                class: ErrorClass::RetryElsewhere,
+            },
         });
         let mut g = Gauges::default();
         g.claims.insert("taken".into(), 2);
         g.stuck_releases = 1;
         let text = m.render(&g);
-        assert!(
-            text.contains("csi_agent_rpc_calls_total{plugin=\"mock\",rpc=\"Probe\",code=\"Ok\"} 2")
+        for want in [
+            r#"csi_rpc_total{plugin="mock",rpc="Probe",code="Ok"} 1"#,
+            r#"csi_rpc_total{plugin="mock",rpc="Probe",code="Unavailable"} 1"#,
+            r#"csi_rpc_duration_seconds_bucket{plugin="mock",rpc="Probe",le="0.0025"} 0"#,
+            r#"csi_rpc_duration_seconds_bucket{plugin="mock",rpc="Probe",le="0.005"} 2"#,
+            r#"csi_rpc_duration_seconds_count{plugin="mock",rpc="Probe"} 2"#,
+            r#"csi_agent_rpc_unsent_total{plugin="mock",rpc="NodeStageVolume",reason="invalid_request"} 1"#,
+            r#"csi_agent_rpc_unsent_total{plugin="mock",rpc="Probe",reason="not_connected"} 1"#,
+            r#"csi_agent_claims{state="taken"} 2"#,
+            "csi_agent_stuck_releases 1",
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+        assert_eq!(
+            text.matches("csi_agent_rpc_unsent_total{").count(),
+            2,
+            "{text}"
         );
-        assert!(text.contains(
-            "csi_agent_rpc_duration_seconds_bucket{plugin=\"mock\",rpc=\"Probe\",le=\"0.001\"} 0"
-        ));
-        assert!(text.contains(
-            "csi_agent_rpc_duration_seconds_bucket{plugin=\"mock\",rpc=\"Probe\",le=\"0.005\"} 2"
-        ));
+        // One header pair per family, even with several plugins.
+        let _other = m
+            .instrument(
+                &PluginId::new("other").expect("valid id"),
+                CsiClient::builder("unix:///run/other.sock".parse().expect("valid endpoint")),
+            )
+            .build();
+        let (other, _) = sinks(&m, "other");
+        other.record(Rpc::Probe, RpcOutcome::Transport, Duration::ZERO);
+        let text = m.render(&g);
+        assert_eq!(text.matches("# TYPE csi_rpc_total").count(), 1, "{text}");
         assert!(
-            text.contains("csi_agent_rpc_duration_seconds_count{plugin=\"mock\",rpc=\"Probe\"} 2")
+            text.contains(r#"csi_rpc_total{plugin="other",rpc="Probe",code="transport_error"} 1"#),
+            "{text}"
         );
-        assert!(text.contains("csi_agent_claims{state=\"taken\"} 2"));
-        assert!(text.contains("csi_agent_stuck_releases 1"));
+    }
+
+    #[test]
+    fn a_new_client_for_the_same_plugin_keeps_its_counters() {
+        let m = Metrics::new();
+        let plugin = PluginId::new("mock").expect("valid id");
+        let endpoint: csi_client::Endpoint = "unix:///run/none.sock".parse().expect("valid");
+        let _first = m
+            .instrument(&plugin, CsiClient::builder(endpoint.clone()))
+            .build();
+        let (before, _) = sinks(&m, "mock");
+        before.record(Rpc::Probe, RpcOutcome::Status(Code::Ok), Duration::ZERO);
+        let _second = m.instrument(&plugin, CsiClient::builder(endpoint)).build();
+        let (after, _) = sinks(&m, "mock");
+        assert!(Arc::ptr_eq(&before, &after));
+        assert!(
+            m.render(&Gauges::default())
+                .contains(r#"csi_rpc_total{plugin="mock",rpc="Probe",code="Ok"} 1"#)
+        );
     }
 
     #[test]

@@ -287,9 +287,10 @@ impl Plugins {
                 p.total_budget = p.total_budget.min(limit);
                 p.attempt_deadline = p.attempt_deadline.min(limit);
             });
-            let client = CsiClient::builder(endpoint)
-                .policies(policies)
-                .observer(self.inner.metrics.observer(&id))
+            let client = self
+                .inner
+                .metrics
+                .instrument(&id, CsiClient::builder(endpoint).policies(policies))
                 .build();
             tracing::info!(plugin = %id, socket = %path.display(), "plugin socket appeared");
             let task = tokio::spawn(self.clone().watch(id.clone(), client.clone()));

@@ -623,13 +623,14 @@ async fn status_explains_a_stuck_release_and_metrics_count_it() {
         "{text}"
     );
     assert!(
-        text.contains("rpc=\"NodeUnpublishVolume\",code=\"Unavailable\""),
+        text.contains(
+            "csi_rpc_total{plugin=\"mock\",rpc=\"NodeUnpublishVolume\",code=\"Unavailable\"}"
+        ),
         "{text}"
     );
     assert!(
-        text.contains(
-            "csi_agent_rpc_duration_seconds_count{plugin=\"mock\",rpc=\"CreateVolume\"} 1"
-        )
+        text.contains("csi_rpc_duration_seconds_count{plugin=\"mock\",rpc=\"CreateVolume\"} 1"),
+        "{text}"
     );
 
     mock.faults().clear();
