@@ -3,19 +3,18 @@
 //! through the tokio driver against the mock plugin.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use csi_claims::driver::{ClaimsDriver, ControllerDetacher, DriverConfig, NodeDetacher};
+use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+use csi_agent::layout::Layout;
+use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::{
-    Action, ClaimMode, ClaimRequest, ClaimState, ControllerDetachRequest, ControllerRequirement,
-    DetachError, DetachRpc, MachineConfig, MemoryStore, NodeDetachRequest, ReleaseMachine,
-    VolumeInfo, store::Version,
+    Action, ClaimMode, ClaimRequest, ClaimState, ControllerRequirement, MachineConfig, MemoryStore,
+    ReleaseMachine, VolumeInfo, store::Version,
 };
 use csi_client::CsiClient;
-use csi_structs::{AccessMode, AccessTypeKind, PluginNodeId, Secrets, VolumeId, WorkloadId};
+use csi_structs::{AccessMode, AccessTypeKind, PluginNodeId};
 use tokio::runtime::Runtime;
 
 use crate::error::BenchError;
@@ -241,83 +240,6 @@ pub fn claims_memory(claims: u32, volumes: u32) -> Result<ClaimsMemory, BenchErr
     })
 }
 
-/// Node steps through csi-client: `NodeUnpublishVolume` and `NodeUnstageVolume` at paths
-/// derived from the claim under `root`.
-#[derive(Debug)]
-pub struct ClientNodeDetacher {
-    client: CsiClient,
-    root: PathBuf,
-}
-
-/// Controller steps through csi-client: `ControllerUnpublishVolume`.
-#[derive(Debug)]
-pub struct ClientControllerDetacher {
-    client: CsiClient,
-    secrets: Secrets,
-}
-
-fn detach_error(rpc: DetachRpc) -> impl FnOnce(csi_client::Error) -> DetachError {
-    move |e| DetachError::new(rpc, e.class(), e.to_string())
-}
-
-impl ClientNodeDetacher {
-    fn target_path(&self, volume: &VolumeId, workload: &WorkloadId) -> String {
-        self.root
-            .join("publish")
-            .join(volume.as_str())
-            .join(workload.as_str())
-            .display()
-            .to_string()
-    }
-
-    fn staging_path(&self, volume: &VolumeId) -> String {
-        self.root
-            .join("staging")
-            .join(volume.as_str())
-            .display()
-            .to_string()
-    }
-}
-
-#[async_trait]
-impl NodeDetacher for ClientNodeDetacher {
-    async fn node_unpublish(&self, request: &NodeDetachRequest) -> Result<(), DetachError> {
-        let path = self.target_path(&request.volume, &request.workload);
-        self.client
-            .node()
-            .unpublish(&request.external_volume, &path)
-            .await
-            .map_err(detach_error(DetachRpc::NodeUnpublish))
-    }
-
-    async fn node_unstage(&self, request: &NodeDetachRequest) -> Result<(), DetachError> {
-        let path = self.staging_path(&request.volume);
-        self.client
-            .node()
-            .unstage(&request.external_volume, &path)
-            .await
-            .map_err(detach_error(DetachRpc::NodeUnstage))
-    }
-}
-
-#[async_trait]
-impl ControllerDetacher for ClientControllerDetacher {
-    async fn controller_unpublish(
-        &self,
-        request: &ControllerDetachRequest,
-    ) -> Result<(), DetachError> {
-        self.client
-            .controller()
-            .unpublish(
-                &request.external_volume,
-                Some(&request.plugin_node),
-                &self.secrets,
-            )
-            .await
-            .map_err(detach_error(DetachRpc::ControllerUnpublish))
-    }
-}
-
 /// The result of releasing many claims through the driver.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimsRelease {
@@ -358,8 +280,9 @@ impl fmt::Display for ClaimsRelease {
 /// Claims `claims` write claims over `volumes` volumes seeded into an in-process mock plugin
 /// (spread over nodes as in [`claims_memory`]),
 /// then releases them all at once through [`ClaimsDriver`] (memory store, default machine
-/// configuration: one controller call per plugin at a time), whose detachers call the mock over
-/// its unix socket through csi-client. Returns the timings.
+/// configuration: one controller call per plugin at a time), whose detachers are the reference
+/// agent's ([`csi_agent::adapters`]) calling the mock over its unix socket through csi-client.
+/// Returns the timings.
 ///
 /// # Errors
 ///
@@ -388,14 +311,20 @@ pub fn claims_release(
                 source,
             })?;
         let client = CsiClient::new(endpoint);
-        let node = Arc::new(ClientNodeDetacher {
-            client: client.clone(),
-            root: dir.path().join("node"),
-        });
-        let controller = Arc::new(ClientControllerDetacher {
-            client,
-            secrets: Secrets::default(),
-        });
+        // The reference agent's own adapters, so the bench measures the release path the
+        // agent runs. After each successful node call they remove the empty directories the
+        // orchestrator created below the layout root. Here that root is inside the bench's
+        // temporary directory and nothing ever creates those directories (the claims are
+        // recorded in the store, never published through the mock), so each removal is a
+        // short walk of `NotFound`s: harmless, and counted in the release time as it would
+        // be in the agent. `staging = true`: the mock advertises STAGE_UNSTAGE_VOLUME, and
+        // the release ends with `NodeUnstageVolume` as the agent's would.
+        let node = Arc::new(ClientNodeDetacher::new(
+            client.clone(),
+            Layout::new(dir.path().join("node")),
+            true,
+        ));
+        let controller = Arc::new(ClientControllerDetacher::new(client, Arc::new(NoSecrets)));
         let (handle, driver) = ClaimsDriver::start(
             Arc::new(MemoryStore::new()),
             node,
