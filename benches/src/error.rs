@@ -235,4 +235,16 @@ pub enum BenchError {
         /// The plugin's message.
         message: String,
     },
+    /// The bare hyper HTTP/2 connection of `--compare` could not be opened.
+    #[error("compare: the hyper-h2 client could not open {path}")]
+    H2Connect {
+        /// The socket path.
+        path: std::path::PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP/2 handshake of the bare hyper connection failed.
+    #[error("compare: the hyper-h2 client's HTTP/2 handshake failed")]
+    H2Handshake(#[source] hyper::Error),
 }

@@ -39,6 +39,7 @@ pub mod claims;
 pub mod cli;
 pub mod conn_memory;
 pub mod error;
+pub mod hyper_h2;
 pub mod load;
 pub mod memory;
 pub mod raw;
@@ -87,7 +88,7 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
         Mode::Compare(spec) => {
             let floor = baseline::run_baseline(exe, cli.n, cli.warmup)?;
             let rt = runtime()?;
-            let (raw, probe) = rt.block_on(compare(&spec, cli))?;
+            let (raw, h2, probe) = rt.block_on(compare(&spec, cli))?;
             let ratio = |line: &Line| {
                 if floor.p50_us > 0.0 {
                     line.p50_us / floor.p50_us
@@ -105,6 +106,10 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             if let Some(raw) = &raw {
                 lines.push(raw.to_string());
                 summary.push_str(&format!(" tonic_p50_over_baseline_p50={:.2}", ratio(raw)));
+            }
+            if let Some(h2) = &h2 {
+                lines.push(h2.to_string());
+                summary.push_str(&format!(" hyper_h2_p50_over_baseline_p50={:.2}", ratio(h2)));
             }
             lines.push(probe.to_string());
             summary.push_str(&format!(" target_max={COMPARE_TARGET_RATIO:.0} met={met}"));
@@ -144,9 +149,12 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .map_err(BenchError::Runtime)
 }
 
-/// Sequential Probe through a bare tonic client (unix endpoints only) and through csi-client,
-/// on one plugin.
-async fn compare(spec: &TargetSpec, cli: &Cli) -> Result<(Option<Line>, Line), BenchError> {
+/// Sequential Probe through a bare tonic client and a bare hyper HTTP/2 connection (unix
+/// endpoints only) and through csi-client, on one plugin.
+async fn compare(
+    spec: &TargetSpec,
+    cli: &Cli,
+) -> Result<(Option<Line>, Option<Line>, Line), BenchError> {
     let target = Target::start(spec).await?;
     let client = target.client();
     let mut plan = Plan::prepare(&client, BenchRpc::Probe, 1, &Given::default()).await?;
@@ -164,8 +172,18 @@ async fn compare(spec: &TargetSpec, cli: &Cli) -> Result<(Option<Line>, Line), B
         }
         _ => None,
     };
+    let h2 = match (&probe, target.endpoint().unix_path()) {
+        (Ok(_), Some(path)) => {
+            let (path, n, warmup) = (path.to_path_buf(), cli.n, cli.warmup);
+            let task = tokio::spawn(async move { hyper_h2::h2_probe(&path, n, warmup).await });
+            Some(task.await.unwrap_or(Err(BenchError::CallerTask {
+                rpc: BenchRpc::Probe,
+            })))
+        }
+        _ => None,
+    };
     target.stop().await?;
-    Ok((raw.transpose()?, probe?))
+    Ok((raw.transpose()?, h2.transpose()?, probe?))
 }
 
 async fn drive(spec: &TargetSpec, cli: &Cli, rpc: BenchRpc, c: u32) -> Result<Line, BenchError> {

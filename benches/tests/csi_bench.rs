@@ -188,21 +188,26 @@ fn compare_prints_the_floor_both_probes_and_the_ratio() {
         EXE.as_ref(),
     )
     .expect("the compare run succeeds");
-    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines.len(), 5, "{lines:?}");
     for (text, (client, rpc)) in lines.iter().zip([
         ("baseline", "pingpong"),
         ("tonic", "probe"),
+        ("hyper-h2", "probe"),
         ("csi-client", "probe"),
     ]) {
         let line: Line = text.parse().expect("a compare line parses");
         check(&line, client, rpc, 50, 1);
     }
-    let summary = &lines[3];
+    let summary = &lines[4];
     let ratio = summary
         .strip_prefix("compare probe_p50_over_baseline_p50=")
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|r| r.parse::<f64>().ok());
     assert!(ratio.is_some_and(|r| r > 0.0), "{summary}");
+    assert!(
+        summary.contains(" hyper_h2_p50_over_baseline_p50="),
+        "{summary}"
+    );
     assert!(summary.contains(" target_max=4 met="), "{summary}");
 }
 
