@@ -67,9 +67,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|(m, _)| format!(".{}", m.full_name()))
         .collect();
+    let grpc = env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+        .build_client(grpc)
+        .build_server(grpc)
         .build_transport(false)
         .skip_debug(skip)
         .compile_fds(compiler.file_descriptor_set())?;

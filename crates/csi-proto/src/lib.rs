@@ -6,7 +6,9 @@
 //! that v1.13 reserved, so health reports from older plugins still decode).
 //!
 //! It is not a domain model: no validation, no conversions, no I/O. Upper crates speak
-//! `csi-structs` types and keep these at the edge.
+//! `csi-structs` types and keep these at the edge. The tonic stubs sit behind the default `grpc`
+//! feature; `default-features = false` gives the messages alone, with no gRPC runtime in the
+//! dependency tree (that is how `csi-structs` uses this crate).
 //!
 //! # How the code is generated
 //!
@@ -38,9 +40,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// Messages, enums, clients (`*_client`) and servers (`*_server`) of package `csi.v1`.
+///
+/// The clients and servers exist with the `grpc` feature (on by default); without it this is
+/// the prost messages and enums only.
 #[allow(missing_docs, clippy::all, unreachable_pub)]
 pub mod v1 {
-    tonic::include_proto!("csi.v1");
+    include!(concat!(env!("OUT_DIR"), "/csi.v1.rs"));
 }
 
 include!(concat!(env!("OUT_DIR"), "/secret_debug.rs"));
