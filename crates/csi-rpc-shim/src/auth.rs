@@ -125,7 +125,17 @@ impl fmt::Debug for Token {
 /// Hand-written (a dozen lines) rather than pulling in a crate: XOR every byte pair, OR the
 /// results together, and only look at the accumulator at the end. `black_box` keeps the
 /// optimiser from turning the loop into an early exit.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+///
+/// Public so that every secret comparison in a program built on this crate (an agent's control
+/// API token, say) uses this one function.
+///
+/// ```
+/// use csi_rpc_shim::auth::constant_time_eq;
+/// assert!(constant_time_eq(b"token-a", b"token-a"));
+/// assert!(!constant_time_eq(b"token-a", b"token-b"));
+/// assert!(!constant_time_eq(b"token", b"token-a"));
+/// ```
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -72,7 +72,7 @@ fn reply<T: Serialize>(r: Result<T, AgentError>) -> Answer {
     }
 }
 
-/// Constant-time comparison of a presented bearer token.
+/// Whether the request presents `expected` as its bearer token, compared in constant time.
 fn token_matches(req: &Request<Incoming>, expected: &str) -> bool {
     let presented = req
         .headers()
@@ -80,12 +80,7 @@ fn token_matches(req: &Request<Incoming>, expected: &str) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let (a, b) = (presented.as_bytes(), expected.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in b.iter().enumerate() {
-        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ x);
-    }
-    diff == 0
+    csi_rpc_shim::auth::constant_time_eq(presented.as_bytes(), expected.as_bytes())
 }
 
 async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Answer> {
