@@ -65,13 +65,17 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// A `Debug` view of a secret map that prints its keys and hides every value.
 ///
+/// The one rendering of a secret map in the workspace: the generated `Debug` of every message
+/// with a `(csi_secret)` field and `csi_structs::Secrets` both print through it. The
+/// placeholder is unquoted so it cannot be mistaken for a value.
+///
 /// Keys are printed in sorted order so the output is stable.
 ///
 /// ```
 /// use std::collections::HashMap;
 /// let secrets = HashMap::from([("token".to_string(), "s3cr3t".to_string())]);
 /// let shown = format!("{:?}", csi_proto::Redacted(&secrets));
-/// assert_eq!(shown, r#"{"token": "<redacted>"}"#);
+/// assert_eq!(shown, r#"{"token": <redacted>}"#);
 /// ```
 pub struct Redacted<'a, M>(pub &'a M);
 
@@ -99,7 +103,7 @@ impl<M: SecretKeys> fmt::Debug for Redacted<'_, M> {
         keys.sort_unstable();
         let mut map = f.debug_map();
         for key in keys {
-            map.entry(&key, &format_args!("\"<redacted>\""));
+            map.entry(&key, &format_args!("<redacted>"));
         }
         map.finish()
     }

@@ -172,27 +172,17 @@ fn check_secret_key(errs: &mut ValidationErrors, field: &FieldPath, key: &str) {
     }
 }
 
-struct Keys<'a>(&'a BTreeMap<String, String>);
-
-impl fmt::Debug for Keys<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut m = f.debug_map();
-        for k in self.0.keys() {
-            m.entry(k, &format_args!("<redacted>"));
-        }
-        m.finish()
-    }
-}
-
 impl fmt::Debug for Secrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Secrets").field(&Keys(&self.0)).finish()
+        f.debug_tuple("Secrets")
+            .field(&csi_proto::Redacted(&self.0))
+            .finish()
     }
 }
 
 impl fmt::Display for Secrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&Keys(&self.0), f)
+        fmt::Debug::fmt(&csi_proto::Redacted(&self.0), f)
     }
 }
 
