@@ -577,9 +577,12 @@ impl ShimError {
     /// failing over.
     pub(crate) fn as_refusal(&self) -> Option<(RefusalReason, bool)> {
         match self {
-            ShimError::Plugin { error, .. } if error.fails_over() => {
-                Some((RefusalReason::Plugin(error.clone()), false))
-            }
+            // The plugin answered, so the request reached it; whether it took effect is what
+            // the plugin's class says (an uncertain failure may have attached the volume).
+            ShimError::Plugin { error, .. } if error.fails_over() => Some((
+                RefusalReason::Plugin(error.clone()),
+                error.class == ErrorClass::Uncertain,
+            )),
             ShimError::PluginMissing { .. } => Some((RefusalReason::PluginMissing, false)),
             ShimError::PluginUnhealthy { reason, .. } => Some((
                 RefusalReason::PluginUnhealthy {

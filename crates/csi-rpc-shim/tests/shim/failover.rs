@@ -261,3 +261,43 @@ async fn a_controller_on_this_node_is_served_without_a_hop() {
     assert_eq!((stats.sent, stats.served_here), (0, 1));
     assert_eq!(cluster.agent("b").shim.stats().received, 0);
 }
+
+/// A plugin failure whose outcome is unknown (csi-client classes a lost connection or an
+/// expired attempt on a mutating call as uncertain, and reports it as UNAVAILABLE) still fails
+/// over, but when every instance refuses the caller must learn that the attach may have
+/// happened: the combined error is uncertain, never a plain retry.
+#[tokio::test]
+async fn an_uncertain_refusal_keeps_the_outcome_unknown() {
+    let cluster = Cluster::start(vec![
+        AgentSpec::node("a"),
+        AgentSpec::node("b"),
+        AgentSpec::node("c"),
+    ])
+    .await;
+    cluster.controllers_on(&["b", "c"]);
+    cluster.agent("b").plugins.script(
+        AgentRpc::ControllerAttach,
+        Behaviour::Fail(PluginError::new(
+            ErrorClass::Uncertain,
+            GrpcCode::Unavailable,
+            "connection lost mid-call",
+        )),
+    );
+    cluster
+        .agent("c")
+        .plugins
+        .set_status(ServiceKind::Controller, LocalStatus::Missing);
+    let err = guarded(
+        cluster
+            .agent("a")
+            .shim
+            .controller_attach(attach("vol-1", "a"), CALL),
+    )
+    .await
+    .unwrap_err();
+    let ShimError::NoController { maybe_sent, .. } = &err else {
+        panic!("expected NoController, got {err:?}");
+    };
+    assert!(maybe_sent, "b may have attached the volume: {err:?}");
+    assert_eq!(err.class(), ErrorClass::Uncertain);
+}
