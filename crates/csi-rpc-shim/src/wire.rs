@@ -197,14 +197,13 @@ impl Decoder {
         }
     }
 
-    /// A required string of at most 128 bytes.
-    pub(crate) fn required_string(&mut self, field: &'static str, value: String) -> String {
-        if value.is_empty() {
-            self.found
-                .violations
-                .push(Self::at(field), Problem::Missing);
+    /// A create request's `name` (the plugin's idempotency key): required, at most 128 bytes,
+    /// and none of the control characters the spec bans, by csi-structs' one rule.
+    pub(crate) fn request_name(&mut self, field: &'static str, value: String) -> String {
+        if let Err(errors) = csi_structs::limits::validate_request_name(&Self::at(field), &value) {
+            self.found.violations.extend(errors);
         }
-        self.string(field, value)
+        value
     }
 
     /// A size in bytes or a count: never negative.

@@ -660,7 +660,7 @@ impl Op for CreateSnapshot {
         let (query, target) = query_from_wire(&mut d, w.query);
         let volume = d.id("volume_id", w.volume_id);
         let source = d.id("source_external_volume_id", w.source_external_volume_id);
-        let name = d.required_string("name", w.name);
+        let name = d.request_name("name", w.name);
         let parameters = d.map("parameters", w.parameters);
         let secrets = d.map("secrets", w.secrets);
         d.finish(|| {

@@ -188,3 +188,28 @@ fn no_debug_print_shows_a_secret() {
         assert!(!shown.contains(secret), "{shown}");
     }
 }
+
+#[tokio::test]
+async fn a_snapshot_name_with_a_banned_control_character_is_refused() {
+    let cluster = Cluster::start(vec![AgentSpec::cluster("ops"), AgentSpec::node("b")]).await;
+    cluster.controllers_on(&["b"]);
+    let create = csi_rpc_shim::CreateSnapshot {
+        query: csi_rpc_shim::ControllerQuery::new(plugin()),
+        volume: csi_structs::VolumeId::new("vol-1").unwrap(),
+        source: csi_structs::ExternalVolumeId::new("ext-1").unwrap(),
+        // U+0007 is among the characters the spec bans in names.
+        name: "nightly\u{7}backup".into(),
+        parameters: Default::default(),
+        secrets: secrets(),
+    };
+    let err = guarded(cluster.agent("ops").shim.create_snapshot(create, CALL))
+        .await
+        .unwrap_err();
+    let ShimError::InvalidRequest { error, .. } = &err else {
+        panic!("{err:?}");
+    };
+    let lines = error.lines();
+    assert!(lines.iter().any(|l| l.starts_with("name")), "{lines:?}");
+    assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
+    assert!(cluster.served(AgentRpc::ControllerCreateSnapshot).is_empty());
+}
