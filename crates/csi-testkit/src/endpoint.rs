@@ -74,7 +74,11 @@ impl UnixEndpoint {
                 endpoint: endpoint.to_string(),
             });
         }
-        if !path.ends_with(".sock") || path.len() == "/.sock".len() - 1 {
+        // The socket needs a name: `/run/csi/.sock` ends in `.sock` but names nothing.
+        let nameless = Path::new(path)
+            .file_name()
+            .is_none_or(|name| name == ".sock");
+        if !path.ends_with(".sock") || nameless {
             return Err(EndpointError::NoSockSuffix {
                 endpoint: endpoint.to_string(),
             });
@@ -160,6 +164,16 @@ mod tests {
             UnixEndpoint::parse("unix:///run/csi"),
             Err(EndpointError::NoSockSuffix { .. })
         ));
+        for nameless in ["unix:///.sock", "unix:///run/csi/.sock"] {
+            assert!(
+                matches!(
+                    UnixEndpoint::parse(nameless),
+                    Err(EndpointError::NoSockSuffix { .. })
+                ),
+                "{nameless} names no socket"
+            );
+        }
+        assert!(UnixEndpoint::parse("unix:///run/csi/a.sock").is_ok());
     }
 
     #[test]
