@@ -9,6 +9,8 @@ use crate::capabilities::{
     GroupControllerCapability, NODE_IMPLEMENTED, NodeCapability, PluginCapabilities, PluginService,
     VolumeExpansion,
 };
+use csi_structs::limits::{MAX_NAME_CHARS, MAX_PLUGIN_NODE_ID_BYTES};
+
 use crate::plugin::{MockPlugin, Shared};
 use crate::quirks::{Quirk, Quirks};
 
@@ -58,8 +60,10 @@ pub enum ConfigError {
     InvalidName {
         /// The name given.
         name: String,
-        /// What is wrong with it.
-        reason: &'static str,
+        /// What is wrong with it: every broken rule, as csi-structs' [`PluginName`] checks it.
+        ///
+        /// [`PluginName`]: csi_structs::PluginName
+        reason: csi_structs::ValidationErrors,
     },
     /// The node id is empty or longer than 256 bytes.
     #[error("node id is {len} bytes; it must be 1 to {limit} bytes")]
@@ -377,10 +381,10 @@ impl MockPluginBuilder {
 
 fn validate(config: &Config) -> Result<(), ConfigError> {
     check_plugin_name(&config.name)?;
-    if config.node_id.is_empty() || config.node_id.len() > 256 {
+    if config.node_id.is_empty() || config.node_id.len() > MAX_PLUGIN_NODE_ID_BYTES {
         return Err(ConfigError::InvalidNodeId {
             len: config.node_id.len(),
-            limit: 256,
+            limit: MAX_PLUGIN_NODE_ID_BYTES,
         });
     }
     for (field, value) in [
@@ -404,7 +408,7 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     for (key, value) in &config.topology {
         for (part, text) in [("key", key), ("value", value)] {
-            if text.is_empty() || text.chars().count() > 63 {
+            if text.is_empty() || text.chars().count() > MAX_NAME_CHARS {
                 return Err(ConfigError::InvalidTopology {
                     part,
                     text: text.clone(),
@@ -415,31 +419,14 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The plugin name rule is csi-structs' ([`PluginName::new`](csi_structs::PluginName::new)).
 fn check_plugin_name(name: &str) -> Result<(), ConfigError> {
-    let bad = |reason| {
-        Err(ConfigError::InvalidName {
+    csi_structs::PluginName::new(name)
+        .map(drop)
+        .map_err(|reason| ConfigError::InvalidName {
             name: name.to_string(),
             reason,
         })
-    };
-    if name.is_empty() {
-        return bad("it is empty");
-    }
-    if name.chars().count() > 63 {
-        return bad("it is longer than 63 characters");
-    }
-    let alnum_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !alnum_ends {
-        return bad("it must start and end with an ASCII letter or digit");
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-    {
-        return bad("only ASCII letters, digits, '-' and '.' are allowed");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -452,12 +439,12 @@ mod tests {
             MockPluginBuilder::default().name("-bad", "1").build(),
             Err(ConfigError::InvalidName { .. })
         ));
-        assert!(matches!(
-            MockPluginBuilder::default()
-                .name("a".repeat(64), "1")
-                .build(),
-            Err(ConfigError::InvalidName { .. })
-        ));
+        let long = MockPluginBuilder::default()
+            .name("a".repeat(64), "1")
+            .build();
+        assert!(matches!(long, Err(ConfigError::InvalidName { .. })));
+        let text = long.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("64") && text.contains("63"), "{text}");
         assert!(matches!(
             MockPluginBuilder::default().node_id("").build(),
             Err(ConfigError::InvalidNodeId { len: 0, .. })

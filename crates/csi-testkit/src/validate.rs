@@ -11,7 +11,8 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::{CapacityRange, VolumeCapability};
 use tonic::Status;
 
-use csi_structs::limits::{MAX_MAP_BYTES, MAX_MOUNT_FLAGS_BYTES, MAX_STRING_BYTES};
+use csi_structs::limits::{MAX_MAP_BYTES, MAX_STRING_BYTES};
+use csi_structs::{FieldPath, Secrets, ValidationErrors};
 
 /// The limit on node ids (`NodeGetInfoResponse.node_id`), also accepted in requests (csi-spec
 /// §5: requests only inherit the 128-byte limit, but must accept what NodeGetInfo may return).
@@ -71,23 +72,18 @@ pub(crate) fn map(field: &str, value: &HashMap<String, String>) -> Result<(), St
     Ok(())
 }
 
-/// A secrets map: the size limit, and keys made of alphanumerics, `-`, `_` and `.` only. The
-/// message never quotes a value.
+/// A secrets map: csi-structs' rules (the size limit, and keys made of alphanumerics, `-`, `_`
+/// and `.` only). Its messages name the field, the key and the limit, never a value.
 pub(crate) fn secrets(value: &HashMap<String, String>) -> Result<(), Status> {
-    map("secrets", value)?;
-    let bad_key = value.keys().any(|k| {
-        k.is_empty()
-            || !k
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    });
-    if bad_key {
-        return Err(invalid(
-            "secrets has a key with characters other than ASCII letters, digits, '-', '_' and '.'"
-                .to_string(),
-        ));
-    }
-    Ok(())
+    Secrets::from_wire_at(value.clone(), &FieldPath::named(Secrets::FIELD))
+        .map(drop)
+        .map_err(from_violations)
+}
+
+/// INVALID_ARGUMENT carrying csi-structs' list of violations (each names its field and, for
+/// sizes, the limit).
+fn from_violations(errs: ValidationErrors) -> Status {
+    invalid(errs.to_string())
 }
 
 /// A required absolute path (paths are exempt from the 128-byte limit).
@@ -103,55 +99,33 @@ pub(crate) fn path(field: &str, value: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// A required volume capability: access mode set and known, access type set, mount fields
-/// within their limits.
-pub(crate) fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<(), Status> {
+/// A required volume capability, checked by csi-structs: access mode set and known, access
+/// type set, mount fields within their limits.
+pub(crate) fn capability(
+    field: &'static str,
+    cap: Option<&VolumeCapability>,
+) -> Result<(), Status> {
+    capability_at(&FieldPath::named(field), cap)
+}
+
+/// [`capability`] for a field that is not a plain name (e.g. an element of a list).
+pub(crate) fn capability_at(
+    field: &FieldPath,
+    cap: Option<&VolumeCapability>,
+) -> Result<(), Status> {
     let cap = cap.ok_or_else(|| invalid(format!("{field} is required")))?;
-    let mode = cap
-        .access_mode
-        .ok_or_else(|| invalid(format!("{field}.access_mode is required")))?;
-    match Mode::try_from(mode.mode) {
-        Ok(Mode::Unknown) => {
-            return Err(invalid(format!("{field}.access_mode.mode is required")));
-        }
-        Err(_) => {
-            return Err(invalid(format!(
-                "{field}.access_mode.mode {} is not an access mode this plugin knows",
-                mode.mode
-            )));
-        }
-        Ok(_) => {}
-    }
-    match &cap.access_type {
-        None => Err(invalid(format!(
-            "{field}.access_type is required (block or mount)"
-        ))),
-        Some(AccessType::Block(_)) => Ok(()),
-        Some(AccessType::Mount(mount)) => {
-            optional(&format!("{field}.mount.fs_type"), &mount.fs_type)?;
-            optional(
-                &format!("{field}.mount.volume_mount_group"),
-                &mount.volume_mount_group,
-            )?;
-            let flags: usize = mount.mount_flags.iter().map(String::len).sum();
-            if flags > MAX_MOUNT_FLAGS_BYTES {
-                return Err(invalid(format!(
-                    "{field}.mount.mount_flags are {flags} bytes together; the limit is \
-                     {MAX_MOUNT_FLAGS_BYTES} bytes"
-                )));
-            }
-            Ok(())
-        }
-    }
+    csi_structs::VolumeCapability::from_wire_at(cap, field)
+        .map(drop)
+        .map_err(from_violations)
 }
 
 /// A required, non-empty list of volume capabilities.
-pub(crate) fn capabilities(field: &str, caps: &[VolumeCapability]) -> Result<(), Status> {
+pub(crate) fn capabilities(field: &'static str, caps: &[VolumeCapability]) -> Result<(), Status> {
     if caps.is_empty() {
         return Err(invalid(format!("{field} is required (at least one)")));
     }
     for (i, cap) in caps.iter().enumerate() {
-        capability(&format!("{field}[{i}]"), Some(cap))?;
+        capability_at(&FieldPath::named(field).index(i), Some(cap))?;
     }
     Ok(())
 }
@@ -185,8 +159,10 @@ pub(crate) fn is_block(cap: &VolumeCapability) -> bool {
     matches!(cap.access_type, Some(AccessType::Block(_)))
 }
 
-/// The single-node modes a plugin may only be sent with its `SINGLE_NODE_MULTI_WRITER`
-/// capability (csi-spec §3.8); `Err` names the field and the capability.
+/// The access modes a plugin may only be sent with its `SINGLE_NODE_MULTI_WRITER`
+/// capability (csi-spec §3.8; csi-structs'
+/// [`needs_single_node_multi_writer_capability`](csi_structs::AccessMode::needs_single_node_multi_writer_capability));
+/// `Err` names the field and the capability.
 pub(crate) fn single_node_modes(
     field: &str,
     caps: &[&VolumeCapability],
@@ -196,27 +172,29 @@ pub(crate) fn single_node_modes(
     if advertised {
         return Ok(());
     }
-    match caps.iter().map(|c| mode_of(c)).find(|m| {
-        matches!(
-            m,
-            Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter
-        )
-    }) {
+    match caps
+        .iter()
+        .filter_map(|c| structs_mode(mode_of(c)))
+        .find(|m| m.needs_single_node_multi_writer_capability())
+    {
         Some(mode) => Err(invalid(format!(
             "{field}: access mode {} needs {service} capability SINGLE_NODE_MULTI_WRITER, which \
              this plugin does not advertise",
-            mode.as_str_name()
+            mode.wire_name()
         ))),
         None => Ok(()),
     }
 }
 
-/// Whether an access mode allows use from several nodes.
+/// csi-structs' access mode for a wire mode (`None` for unspecified or unknown).
+fn structs_mode(mode: Mode) -> Option<csi_structs::AccessMode> {
+    csi_structs::AccessMode::from_wire(mode as i32).ok()
+}
+
+/// Whether an access mode allows use from several nodes
+/// ([`csi_structs::AccessMode::is_multi_node`]).
 pub(crate) fn is_multi_node(mode: Mode) -> bool {
-    matches!(
-        mode,
-        Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter
-    )
+    structs_mode(mode).is_some_and(csi_structs::AccessMode::is_multi_node)
 }
 
 /// Whether a volume created with `created` (empty = anything) supports `wanted`: the same
@@ -275,6 +253,51 @@ mod tests {
                 .message()
                 .contains("mode")
         );
+    }
+
+    #[test]
+    fn capability_and_secret_messages_name_field_and_limit() {
+        let mut cap = mount(Mode::SingleNodeWriter);
+        cap.access_type = Some(AccessType::Mount(MountVolume {
+            fs_type: "x".repeat(200),
+            ..MountVolume::default()
+        }));
+        let err = capability("volume_capability", Some(&cap)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let text = err.message();
+        assert!(text.contains("volume_capability.mount.fs_type"), "{text}");
+        assert!(text.contains("200") && text.contains("128"), "{text}");
+        let err = capabilities(
+            "volume_capabilities",
+            &[mount(Mode::SingleNodeWriter), mount(Mode::Unknown)],
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("volume_capabilities[1].access_mode.mode"),
+            "{}",
+            err.message()
+        );
+        let big: HashMap<String, String> = [("k".to_string(), "v".repeat(4096))].into();
+        let text = secrets(&big).unwrap_err().message().to_string();
+        assert!(text.contains("secrets") && text.contains("4096"), "{text}");
+    }
+
+    #[test]
+    fn mode_rules_follow_csi_structs() {
+        assert!(is_multi_node(Mode::MultiNodeReaderOnly));
+        assert!(!is_multi_node(Mode::SingleNodeMultiWriter));
+        assert!(!is_multi_node(Mode::Unknown));
+        let alpha = mount(Mode::SingleNodeSingleWriter);
+        let err = single_node_modes("volume_capability", &[&alpha], false, "node").unwrap_err();
+        assert!(
+            err.message().contains("SINGLE_NODE_SINGLE_WRITER"),
+            "{}",
+            err.message()
+        );
+        assert!(single_node_modes("volume_capability", &[&alpha], true, "node").is_ok());
+        let plain = mount(Mode::SingleNodeWriter);
+        assert!(single_node_modes("volume_capability", &[&plain], false, "node").is_ok());
     }
 
     #[test]

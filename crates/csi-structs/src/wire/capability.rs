@@ -151,6 +151,41 @@ impl TryFrom<&v1::VolumeCapability> for VolumeCapability {
 }
 by_ref_and_value!(v1::VolumeCapability => VolumeCapability);
 
+impl VolumeCapability {
+    /// Checks and converts a wire capability, naming `field` in errors (for example
+    /// `volume_capability.access_mode.mode`): access mode set and defined by the spec, access
+    /// type set, and for a mount the size limits of [`MountOptions`].
+    ///
+    /// ```
+    /// use csi_proto::v1;
+    /// use csi_structs::{FieldPath, VolumeCapability};
+    ///
+    /// let err = VolumeCapability::from_wire_at(
+    ///     &v1::VolumeCapability::default(),
+    ///     &FieldPath::named("volume_capability"),
+    /// )
+    /// .unwrap_err();
+    /// assert_eq!(err.violations()[0].field.to_string(), "volume_capability.access_mode");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Every problem at once: [`Problem::Missing`] for a missing access mode, mode or access
+    /// type, [`Problem::UnknownEnumValue`] for a mode the spec does not define, and
+    /// [`Problem::TooLong`] for a mount field over its limit.
+    pub fn from_wire_at(
+        w: &v1::VolumeCapability,
+        field: &FieldPath,
+    ) -> Result<VolumeCapability, ValidationErrors> {
+        let mut errs = ValidationErrors::new();
+        let value = capability_from_wire(&mut errs, field, w);
+        match value {
+            Some(cap) if errs.is_empty() => Ok(cap),
+            _ => Err(errs),
+        }
+    }
+}
+
 impl From<&CapacityRange> for v1::CapacityRange {
     fn from(r: &CapacityRange) -> Self {
         v1::CapacityRange {
@@ -257,6 +292,47 @@ mod tests {
                 )
             ]
         );
+    }
+
+    #[test]
+    fn from_wire_at_names_the_field() {
+        let at = FieldPath::named("volume_capabilities").index(1);
+        let w = v1::VolumeCapability {
+            access_mode: Some(vc::AccessMode { mode: 42 }),
+            access_type: Some(vc::AccessType::Mount(vc::MountVolume {
+                mount_flags: vec!["x".repeat(4097)],
+                ..Default::default()
+            })),
+        };
+        let err = VolumeCapability::from_wire_at(&w, &at).unwrap_err();
+        let got: Vec<(String, Problem)> = err
+            .violations()
+            .iter()
+            .map(|v| (v.field.to_string(), v.problem.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "volume_capabilities[1].access_mode.mode".into(),
+                    Problem::UnknownEnumValue { value: 42 }
+                ),
+                (
+                    "volume_capabilities[1].mount.mount_flags".into(),
+                    Problem::TooLong {
+                        size: 4097,
+                        limit: 4096,
+                        unit: crate::validation::SizeUnit::Bytes
+                    }
+                ),
+            ]
+        );
+        let ok = v1::VolumeCapability {
+            access_mode: Some(vc::AccessMode { mode: 1 }),
+            access_type: Some(vc::AccessType::Block(vc::BlockVolume {})),
+        };
+        let cap = VolumeCapability::from_wire_at(&ok, &at).unwrap();
+        assert_eq!(v1::VolumeCapability::from(&cap), ok);
     }
 
     #[test]

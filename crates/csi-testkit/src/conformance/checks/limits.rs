@@ -3,18 +3,10 @@
 
 use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
+use csi_structs::limits::{MAX_MAP_BYTES, MAX_STRING_BYTES, map_size};
 
 use crate::conformance::caps::Gate;
 use crate::conformance::ctx::{Ctx, Step, Undo, verdict};
-
-/// The spec's limit for any string field, ids and names included, in bytes.
-const MAX_STRING_BYTES: usize = 128;
-/// The spec's limit for any map field, in bytes (keys plus values).
-const MAX_MAP_BYTES: usize = 4096;
-
-fn map_bytes(map: &std::collections::HashMap<String, String>) -> usize {
-    map.iter().map(|(k, v)| k.len() + v.len()).sum()
-}
 
 pub(crate) async fn string_sizes(ctx: &mut Ctx) -> Step {
     ctx.require(Gate::Controller(CtrlCap::CreateDeleteVolume))?;
@@ -43,10 +35,10 @@ pub(crate) async fn string_sizes(ctx: &mut Ctx) -> Step {
             volume.volume_id.len()
         ));
     }
-    if map_bytes(&volume.volume_context) > MAX_MAP_BYTES {
+    if map_size(&volume.volume_context) > MAX_MAP_BYTES {
         problems.push(format!(
             "CreateVolume returned a volume_context of {} bytes ({MAX_MAP_BYTES} allowed)",
-            map_bytes(&volume.volume_context)
+            map_size(&volume.volume_context)
         ));
     }
     if volume.capacity_bytes < 0 {

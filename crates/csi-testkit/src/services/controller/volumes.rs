@@ -293,7 +293,10 @@ impl MockPlugin {
         req: GetCapacityRequest,
     ) -> Result<GetCapacityResponse, Status> {
         for (i, cap) in req.volume_capabilities.iter().enumerate() {
-            validate::capability(&format!("volume_capabilities[{i}]"), Some(cap))?;
+            validate::capability_at(
+                &csi_structs::FieldPath::named("volume_capabilities").index(i),
+                Some(cap),
+            )?;
         }
         validate::map("parameters", &req.parameters)?;
         if req.accessible_topology.is_some()
