@@ -133,10 +133,18 @@ impl PluginError {
         }
     }
 
-    /// Whether the shim should try another controller instance after this failure: the
-    /// class is [`ErrorClass::RetryElsewhere`] or the plugin answered `UNAVAILABLE`.
+    /// Whether the shim should try another controller instance after this failure.
+    ///
+    /// The class decides: [`ErrorClass::RetryElsewhere`] always fails over; a retryable or
+    /// uncertain failure fails over when the instance answered `UNAVAILABLE` (it cannot serve
+    /// right now, and every CSI mutation is idempotent); a fatal or already-done answer never
+    /// does, whatever code a composer attached to it.
     pub fn fails_over(&self) -> bool {
-        self.class == ErrorClass::RetryElsewhere || self.code == GrpcCode::Unavailable
+        match self.class {
+            ErrorClass::RetryElsewhere => true,
+            ErrorClass::Retry | ErrorClass::Uncertain => self.code == GrpcCode::Unavailable,
+            ErrorClass::Fatal | ErrorClass::AlreadyDone => false,
+        }
     }
 }
 
@@ -284,5 +292,33 @@ mod tests {
         assert!(e(ErrorClass::Retry, GrpcCode::Unavailable).fails_over());
         assert!(!e(ErrorClass::Retry, GrpcCode::Aborted).fails_over());
         assert!(!e(ErrorClass::Fatal, GrpcCode::InvalidArgument).fails_over());
+    }
+}
+
+#[cfg(test)]
+mod fails_over_tests {
+    use super::*;
+
+    #[test]
+    fn the_class_decides_failover() {
+        let cases = [
+            (
+                ErrorClass::RetryElsewhere,
+                GrpcCode::FailedPrecondition,
+                true,
+            ),
+            (ErrorClass::Retry, GrpcCode::Unavailable, true),
+            (ErrorClass::Uncertain, GrpcCode::Unavailable, true),
+            (ErrorClass::Retry, GrpcCode::Aborted, false),
+            (ErrorClass::Fatal, GrpcCode::Unavailable, false),
+            (ErrorClass::AlreadyDone, GrpcCode::Unavailable, false),
+        ];
+        for (class, code, expected) in cases {
+            assert_eq!(
+                PluginError::new(class, code, "x").fails_over(),
+                expected,
+                "{class:?} with {code:?}"
+            );
+        }
     }
 }
