@@ -2,11 +2,10 @@
 
 use csi_proto::v1 as pb;
 use csi_proto::v1::group_controller_client::GroupControllerClient as Raw;
-use csi_structs::validation::{FieldPath, Problem};
-use csi_structs::{GroupControllerCapabilities, ValidationErrors, VolumeGroupSnapshot};
+use csi_structs::{GroupControllerCapabilities, VolumeGroupSnapshot};
 
+use crate::convert;
 use crate::error::Error;
-use crate::error::{ErrorKind, ResponseError};
 use crate::service::{raw_rpc, service_client, typed_rpc};
 
 service_client!(
@@ -19,8 +18,7 @@ impl GroupControllerClient {
     typed_rpc!(
         /// `CreateVolumeGroupSnapshot`; call again with the same `name` until `ready_to_use`.
         create_volume_group_snapshot, Raw<crate::channel::PluginChannel>,
-        pb::CreateVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
-        |resp: pb::CreateVolumeGroupSnapshotResponse| group(resp.group_snapshot)
+        pb::CreateVolumeGroupSnapshotRequest => VolumeGroupSnapshot, convert::wire
     );
     raw_rpc!(
         /// `DeleteVolumeGroupSnapshot`. NOT_FOUND is
@@ -31,8 +29,7 @@ impl GroupControllerClient {
     typed_rpc!(
         /// `GetVolumeGroupSnapshot`.
         get_volume_group_snapshot, Raw<crate::channel::PluginChannel>,
-        pb::GetVolumeGroupSnapshotRequest => VolumeGroupSnapshot,
-        |resp: pb::GetVolumeGroupSnapshotResponse| group(resp.group_snapshot)
+        pb::GetVolumeGroupSnapshotRequest => VolumeGroupSnapshot, convert::wire
     );
 
     /// `GroupControllerGetCapabilities`.
@@ -51,19 +48,5 @@ impl GroupControllerClient {
                 |resp| Ok(GroupControllerCapabilities::from(resp)),
             )
             .await
-    }
-}
-
-/// The required `group_snapshot` of an answer, converted.
-fn group(wire: Option<pb::VolumeGroupSnapshot>) -> Result<VolumeGroupSnapshot, ErrorKind> {
-    match wire {
-        Some(g) => VolumeGroupSnapshot::try_from(&g).map_err(|e| {
-            ErrorKind::InvalidResponse(ResponseError::Fields(
-                e.errors.under(&FieldPath::named("group_snapshot")),
-            ))
-        }),
-        None => Err(ErrorKind::InvalidResponse(ResponseError::Fields(
-            ValidationErrors::single(FieldPath::named("group_snapshot"), Problem::Missing),
-        ))),
     }
 }

@@ -12,9 +12,14 @@ use std::collections::HashMap;
 
 use csi_proto::Rpc;
 use csi_proto::v1 as pb;
-use csi_structs::limits::{MAX_MAP_BYTES, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES, map_size};
+use csi_structs::limits::{
+    MAX_MAP_BYTES, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES, map_size, validate_request_name,
+};
 use csi_structs::validation::{FieldPath, Problem, SizeUnit};
-use csi_structs::{CapacityRange, Secrets, ValidationErrors, VolumeCapability};
+use csi_structs::{
+    CapacityRange, ContentSource, Secrets, Snapshot, Topology, TopologyRequirement,
+    ValidationErrors, Volume, VolumeCapability, WireError,
+};
 
 use crate::error::CallContext;
 
@@ -79,6 +84,21 @@ impl Checker {
         }
     }
 
+    /// Files a `csi-structs` wire conversion's violations under `field`.
+    fn converted<T>(&mut self, field: &FieldPath, result: Result<T, WireError>) {
+        if let Err(e) = result {
+            self.errs.extend_under(field, e.errors);
+        }
+    }
+
+    /// A request `name` (CreateVolume, CreateSnapshot, …), checked by `csi-structs`:
+    /// present, at most 128 bytes, none of the control characters the spec bans.
+    pub(crate) fn name(&mut self, field: FieldPath, value: &str) {
+        if let Err(errs) = validate_request_name(&field, value) {
+            self.errs.extend(errs);
+        }
+    }
+
     /// A required id (128 bytes).
     pub(crate) fn id(&mut self, field: FieldPath, value: &str) {
         self.required(field, value, MAX_STRING_BYTES);
@@ -135,9 +155,7 @@ impl Checker {
             self.push(field, Problem::Missing);
             return;
         };
-        if let Err(e) = VolumeCapability::try_from(cap) {
-            self.errs.extend_under(&field, e.errors);
-        }
+        self.converted(&field, VolumeCapability::try_from(cap));
     }
 
     /// A secrets map, checked by `csi-structs` (key syntax, 4 KiB); values are never reported.
@@ -178,41 +196,56 @@ impl Checker {
             }
             return;
         };
-        if let Err(e) = CapacityRange::try_from(range) {
-            self.errs.extend_under(&field, e.errors);
+        self.converted(&field, CapacityRange::try_from(range));
+    }
+
+    /// An optional topology, checked by `csi-structs` (segment key syntax, values, sizes).
+    pub(crate) fn topology(&mut self, field: FieldPath, topo: &Option<pb::Topology>) {
+        if let Some(t) = topo {
+            self.converted(&field, Topology::try_from(t));
         }
     }
 
-    fn topology(&mut self, field: FieldPath, topo: &pb::Topology) {
-        self.map(field.field("segments"), &topo.segments);
+    /// An optional topology requirement, checked by `csi-structs` (each topology, and the
+    /// rules tying `preferred` to `requisite`).
+    pub(crate) fn topology_requirement(
+        &mut self,
+        field: FieldPath,
+        req: &Option<pb::TopologyRequirement>,
+    ) {
+        if let Some(r) = req {
+            self.converted(&field, TopologyRequirement::try_from(r));
+        }
     }
 
+    /// An optional volume content source, checked by `csi-structs` (type set, id valid).
+    pub(crate) fn content_source(
+        &mut self,
+        field: FieldPath,
+        src: &Option<pb::VolumeContentSource>,
+    ) {
+        if let Some(s) = src {
+            self.converted(&field, ContentSource::try_from(s));
+        }
+    }
+
+    /// A required volume, checked by `csi-structs`: the same rules as CreateVolume's answer.
     pub(crate) fn volume(&mut self, field: FieldPath, volume: &Option<pb::Volume>) {
         let Some(v) = volume else {
             self.push(field, Problem::Missing);
             return;
         };
-        self.id(field.clone().field("volume_id"), &v.volume_id);
-        self.non_negative(field.clone().field("capacity_bytes"), v.capacity_bytes);
-        self.map(field.clone().field("volume_context"), &v.volume_context);
-        for (i, t) in v.accessible_topology.iter().enumerate() {
-            self.topology(field.clone().field("accessible_topology").index(i), t);
-        }
+        self.converted(&field, Volume::try_from(v));
     }
 
+    /// A required snapshot, checked by `csi-structs`: the same rules as CreateSnapshot's and
+    /// GetSnapshot's answers.
     pub(crate) fn snapshot(&mut self, field: FieldPath, snapshot: &Option<pb::Snapshot>) {
         let Some(s) = snapshot else {
             self.push(field, Problem::Missing);
             return;
         };
-        self.id(field.clone().field("snapshot_id"), &s.snapshot_id);
-        self.id(field.clone().field("source_volume_id"), &s.source_volume_id);
-        self.non_negative(field.clone().field("size_bytes"), s.size_bytes);
-        self.optional(
-            field.clone().field("group_snapshot_id"),
-            &s.group_snapshot_id,
-        );
-        self.present(field.field("creation_time"), &s.creation_time);
+        self.converted(&field, Snapshot::try_from(s));
     }
 
     fn volume_health(&mut self, field: FieldPath, health: &Option<pb::VolumeHealth>) {
@@ -275,20 +308,14 @@ no_checks!(pb::GetPluginCapabilitiesResponse, pb::ProbeResponse);
 
 // ---- Controller ----
 request!(pb::CreateVolumeRequest, Rpc::CreateVolume, |r| context ctx(Rpc::CreateVolume), |r, c| {
-    c.id(at("name"), &r.name);
+    c.name(at("name"), &r.name);
     c.capacity_range(at("capacity_range"), &r.capacity_range, false);
     c.capabilities(at("volume_capabilities"), &r.volume_capabilities, true);
     c.map(at("parameters"), &r.parameters);
     c.secrets(&r.secrets);
     c.map(at("mutable_parameters"), &r.mutable_parameters);
-    if let Some(src) = &r.volume_content_source {
-        use pb::volume_content_source::Type;
-        match &src.r#type {
-            None => c.push(at("volume_content_source").field("type"), Problem::Missing),
-            Some(Type::Snapshot(s)) => c.id(at("volume_content_source").field("snapshot").field("snapshot_id"), &s.snapshot_id),
-            Some(Type::Volume(v)) => c.id(at("volume_content_source").field("volume").field("volume_id"), &v.volume_id),
-        }
-    }
+    c.content_source(at("volume_content_source"), &r.volume_content_source);
+    c.topology_requirement(at("accessibility_requirements"), &r.accessibility_requirements);
 });
 // Checked by the csi-structs conversion the typed client applies.
 no_checks!(pb::CreateVolumeResponse);
@@ -379,6 +406,7 @@ impl CsiResponse for pb::ControllerGetVolumeHealthResponse {
 request!(pb::GetCapacityRequest, Rpc::GetCapacity, |r| context ctx(Rpc::GetCapacity), |r, c| {
     c.capabilities(at("volume_capabilities"), &r.volume_capabilities, false);
     c.map(at("parameters"), &r.parameters);
+    c.topology(at("accessible_topology"), &r.accessible_topology);
 });
 impl CsiResponse for pb::GetCapacityResponse {
     fn check(&self, c: &mut Checker) {
@@ -401,7 +429,7 @@ no_checks!(pb::ControllerGetCapabilitiesResponse);
 request!(pb::CreateSnapshotRequest, Rpc::CreateSnapshot,
     |r| context ctx(Rpc::CreateSnapshot).volume(&r.source_volume_id), |r, c| {
     c.id(at("source_volume_id"), &r.source_volume_id);
-    c.id(at("name"), &r.name);
+    c.name(at("name"), &r.name);
     c.secrets(&r.secrets);
     c.map(at("parameters"), &r.parameters);
 });
@@ -490,7 +518,7 @@ request!(
 no_checks!(pb::GroupControllerGetCapabilitiesResponse);
 
 request!(pb::CreateVolumeGroupSnapshotRequest, Rpc::CreateVolumeGroupSnapshot, |r| context ctx(Rpc::CreateVolumeGroupSnapshot), |r, c| {
-    c.id(at("name"), &r.name);
+    c.name(at("name"), &r.name);
     c.ids(at("source_volume_ids"), &r.source_volume_ids);
     c.secrets(&r.secrets);
     c.map(at("parameters"), &r.parameters);
@@ -804,6 +832,157 @@ mod tests {
                 minimum_volume_size: None
             })
             .is_ok()
+        );
+    }
+
+    #[test]
+    fn request_names_with_banned_control_characters_are_refused() {
+        let create_volume = pb::CreateVolumeRequest {
+            name: "vol\u{7}1".into(),
+            volume_capabilities: vec![pb::VolumeCapability {
+                access_mode: Some(pb::volume_capability::AccessMode { mode: 1 }),
+                access_type: Some(pb::volume_capability::AccessType::Block(
+                    pb::volume_capability::BlockVolume {},
+                )),
+            }],
+            ..Default::default()
+        };
+        let create_snapshot = pb::CreateSnapshotRequest {
+            source_volume_id: "v".into(),
+            name: "snap\u{1b}".into(),
+            ..Default::default()
+        };
+        let create_group = pb::CreateVolumeGroupSnapshotRequest {
+            name: "\0group".into(),
+            source_volume_ids: vec!["v".into()],
+            ..Default::default()
+        };
+        for (errs, character, position) in [
+            (check_request(&create_volume).unwrap_err(), '\u{7}', 3),
+            (check_request(&create_snapshot).unwrap_err(), '\u{1b}', 4),
+            (check_request(&create_group).unwrap_err(), '\0', 0),
+        ] {
+            assert_eq!(fields(&errs), ["name"]);
+            assert!(
+                matches!(
+                    errs.violations()[0].problem,
+                    Problem::InvalidCharacter { character: c, position: p, .. }
+                        if c == character && p == position
+                ),
+                "{errs:?}"
+            );
+        }
+        // The same names without the control character pass.
+        let mut ok = create_volume;
+        ok.name = "vol-1".into();
+        assert!(check_request(&ok).is_ok());
+    }
+
+    #[test]
+    fn topologies_in_requests_are_checked_by_csi_structs() {
+        let bad_key = pb::Topology {
+            segments: [("bad key".to_string(), "a".to_string())].into(),
+        };
+        let req = pb::GetCapacityRequest {
+            accessible_topology: Some(bad_key.clone()),
+            ..Default::default()
+        };
+        let errs = check_request(&req).unwrap_err();
+        assert!(
+            fields(&errs)[0].starts_with("accessible_topology.segments"),
+            "{errs}"
+        );
+        let req = pb::CreateVolumeRequest {
+            name: "vol-1".into(),
+            volume_capabilities: vec![pb::VolumeCapability {
+                access_mode: Some(pb::volume_capability::AccessMode { mode: 1 }),
+                access_type: Some(pb::volume_capability::AccessType::Block(
+                    pb::volume_capability::BlockVolume {},
+                )),
+            }],
+            accessibility_requirements: Some(pb::TopologyRequirement {
+                requisite: vec![bad_key],
+                preferred: vec![],
+            }),
+            volume_content_source: Some(pb::VolumeContentSource { r#type: None }),
+            ..Default::default()
+        };
+        let errs = check_request(&req).unwrap_err();
+        let got = fields(&errs);
+        assert_eq!(got.len(), 2, "{errs}");
+        assert_eq!(got[0], "volume_content_source.type");
+        assert!(
+            got[1].starts_with("accessibility_requirements.requisite[0].segments"),
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn listed_volumes_and_snapshots_get_the_create_rules() {
+        let bad_key = pb::Topology {
+            segments: [("bad key".to_string(), "a".to_string())].into(),
+        };
+        let resp = pb::ListVolumesResponse {
+            entries: vec![pb::list_volumes_response::Entry {
+                volume: Some(pb::Volume {
+                    volume_id: "v".into(),
+                    accessible_topology: vec![bad_key.clone()],
+                    ..Default::default()
+                }),
+                status: None,
+            }],
+            next_token: String::new(),
+        };
+        let errs = check_response(&resp).unwrap_err();
+        assert_eq!(errs.violations().len(), 1, "{errs}");
+        assert!(
+            fields(&errs)[0].starts_with("entries[0].volume.accessible_topology[0].segments"),
+            "{errs}"
+        );
+        assert!(matches!(
+            errs.violations()[0].problem,
+            Problem::InvalidCharacter { character: ' ', .. }
+        ));
+        // CreateVolume's answer is judged the same way (one home for the rule).
+        let created = Volume::try_from(&pb::CreateVolumeResponse {
+            volume: resp.entries[0].volume.clone(),
+        })
+        .unwrap_err();
+        assert_eq!(
+            created.errors.violations()[0].field.to_string(),
+            fields(&errs)[0].trim_start_matches("entries[0].")
+        );
+
+        let resp = pb::ControllerGetVolumeResponse {
+            volume: resp.entries[0].volume.clone(),
+            status: Some(Default::default()),
+        };
+        let errs = check_response(&resp).unwrap_err();
+        assert!(
+            fields(&errs)[0].starts_with("volume.accessible_topology[0].segments"),
+            "{errs}"
+        );
+
+        let resp = pb::ListSnapshotsResponse {
+            entries: vec![pb::list_snapshots_response::Entry {
+                snapshot: Some(pb::Snapshot {
+                    snapshot_id: "s".into(),
+                    source_volume_id: "v".into(),
+                    creation_time: Some(Default::default()),
+                    group_snapshot_id: "g".repeat(129),
+                    accessible_topology: vec![bad_key],
+                    ..Default::default()
+                }),
+            }],
+            next_token: String::new(),
+        };
+        let errs = check_response(&resp).unwrap_err();
+        let got = fields(&errs);
+        assert_eq!(got.len(), 2, "{errs}");
+        assert_eq!(got[0], "entries[0].snapshot.group_snapshot_id");
+        assert!(
+            got[1].starts_with("entries[0].snapshot.accessible_topology[0].segments"),
+            "{errs}"
         );
     }
 

@@ -56,6 +56,34 @@ async fn invalid_requests_are_refused_before_sending() {
 }
 
 #[tokio::test]
+async fn request_names_with_control_characters_are_refused_before_sending() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let err = guard(
+        client
+            .controller()
+            .create_snapshot(proto::CreateSnapshotRequest {
+                source_volume_id: "vol-1".into(),
+                name: "snap\u{1b}[2J".into(),
+                ..Default::default()
+            }),
+    )
+    .await
+    .unwrap_err();
+    let ErrorKind::InvalidRequest(errs) = err.kind() else {
+        panic!("expected an invalid request, got {err:?}");
+    };
+    let fields: Vec<String> = errs
+        .violations()
+        .iter()
+        .map(|v| v.field.to_string())
+        .collect();
+    assert_eq!(fields, ["name"]);
+    assert_eq!((err.attempts(), err.class()), (0, ErrorClass::Fatal));
+    assert!(mock.plugin.calls().is_empty(), "nothing reached the plugin");
+}
+
+#[tokio::test]
 async fn secrets_never_reach_an_error() {
     let mock = Mock::default().await;
     mock.faults()
@@ -369,6 +397,7 @@ async fn metadata_streams_are_read_to_their_clean_end() {
             last_offset = b.byte_offset + b.size_bytes;
         }
     }
+    assert!(last_offset > 0, "the stream delivered no block at all");
     assert_eq!(stream.resume_offset(), last_offset);
     assert!(guard(stream.message()).await.unwrap().is_none());
 }

@@ -237,6 +237,29 @@ impl TryFrom<&v1::VolumeGroupSnapshot> for VolumeGroupSnapshot {
 }
 by_ref_and_value!(v1::VolumeGroupSnapshot => VolumeGroupSnapshot);
 
+macro_rules! group_snapshot_response {
+    ($resp:ident) => {
+        impl TryFrom<&v1::$resp> for VolumeGroupSnapshot {
+            type Error = super::WireError;
+            fn try_from(w: &v1::$resp) -> Result<Self, Self::Error> {
+                let mut errs = ValidationErrors::new();
+                let at = FieldPath::named("group_snapshot");
+                let value = match &w.group_snapshot {
+                    None => {
+                        errs.push(at, Problem::Missing);
+                        None
+                    }
+                    Some(g) => group_from_wire(&mut errs, &at, g),
+                };
+                finish(stringify!($resp), errs, value)
+            }
+        }
+        by_ref_and_value!(v1::$resp => VolumeGroupSnapshot);
+    };
+}
+group_snapshot_response!(CreateVolumeGroupSnapshotResponse);
+group_snapshot_response!(GetVolumeGroupSnapshotResponse);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +334,41 @@ mod tests {
             ..Default::default()
         };
         assert!(VolumeGroupSnapshot::try_from(empty).is_err());
+        let answer = v1::GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(v1::VolumeGroupSnapshot::from(&group)),
+        };
+        assert_eq!(VolumeGroupSnapshot::try_from(&answer).unwrap(), group);
+    }
+
+    #[test]
+    fn group_snapshot_responses_need_their_group() {
+        let err = VolumeGroupSnapshot::try_from(v1::CreateVolumeGroupSnapshotResponse::default())
+            .unwrap_err();
+        assert_eq!(err.message, "CreateVolumeGroupSnapshotResponse");
+        let got: Vec<(String, Problem)> = err
+            .errors
+            .into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect();
+        assert_eq!(got, vec![("group_snapshot".into(), Problem::Missing)]);
+
+        let err = VolumeGroupSnapshot::try_from(&v1::GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(v1::VolumeGroupSnapshot {
+                group_snapshot_id: "g".into(),
+                ..Default::default()
+            }),
+        })
+        .unwrap_err();
+        assert_eq!(err.message, "GetVolumeGroupSnapshotResponse");
+        let fields: Vec<String> = err
+            .errors
+            .violations()
+            .iter()
+            .map(|v| v.field.to_string())
+            .collect();
+        assert_eq!(
+            fields,
+            ["group_snapshot.snapshots", "group_snapshot.creation_time"]
+        );
     }
 }
