@@ -1,9 +1,11 @@
-//! Capability names (the wire enums), what the mock implements, and which capability each rpc
-//! needs before the mock serves it instead of answering UNIMPLEMENTED (csi-spec §3.8).
+//! Capability names (the wire enums), what the mock implements, and whether it serves an rpc or
+//! answers UNIMPLEMENTED. Which capability makes which rpc mandatory (csi-spec §3.8) is
+//! csi-structs' table ([`csi_structs::capability_set::requirement_for`]), not restated here.
 
 use std::collections::BTreeSet;
 
-use csi_proto::Rpc;
+use csi_proto::{Rpc, Service};
+use csi_structs::RpcSupport;
 
 use crate::config::{Config, Role};
 
@@ -63,123 +65,66 @@ pub struct PluginCapabilities {
     pub expansion: Option<VolumeExpansion>,
 }
 
-/// What an rpc needs before the mock serves it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Needs {
-    Nothing,
-    Controller(Option<ControllerCapability>),
-    Node(Option<NodeCapability>),
-    Group(Option<GroupControllerCapability>),
-    SnapshotMetadata,
-}
-
-fn needs(rpc: Rpc) -> Needs {
-    use ControllerCapability as C;
-    use NodeCapability as N;
-    match rpc {
-        Rpc::GetPluginInfo | Rpc::GetPluginCapabilities | Rpc::Probe => Needs::Nothing,
-        Rpc::CreateVolume | Rpc::DeleteVolume => Needs::Controller(Some(C::CreateDeleteVolume)),
-        Rpc::ControllerPublishVolume | Rpc::ControllerUnpublishVolume => {
-            Needs::Controller(Some(C::PublishUnpublishVolume))
-        }
-        Rpc::ValidateVolumeCapabilities | Rpc::ControllerGetCapabilities => Needs::Controller(None),
-        Rpc::ListVolumes => Needs::Controller(Some(C::ListVolumes)),
-        Rpc::ControllerListVolumeHealth => Needs::Controller(Some(C::ListVolumeHealth)),
-        Rpc::ControllerGetVolumeHealth => Needs::Controller(Some(C::GetVolumeHealth)),
-        Rpc::GetCapacity => Needs::Controller(Some(C::GetCapacity)),
-        Rpc::CreateSnapshot | Rpc::DeleteSnapshot => {
-            Needs::Controller(Some(C::CreateDeleteSnapshot))
-        }
-        Rpc::ListSnapshots => Needs::Controller(Some(C::ListSnapshots)),
-        Rpc::GetSnapshot => Needs::Controller(Some(C::GetSnapshot)),
-        Rpc::ControllerExpandVolume => Needs::Controller(Some(C::ExpandVolume)),
-        Rpc::ControllerGetVolume => Needs::Controller(Some(C::GetVolume)),
-        Rpc::ControllerModifyVolume => Needs::Controller(Some(C::ModifyVolume)),
-        Rpc::GroupControllerGetCapabilities => Needs::Group(None),
-        Rpc::CreateVolumeGroupSnapshot
-        | Rpc::DeleteVolumeGroupSnapshot
-        | Rpc::GetVolumeGroupSnapshot => Needs::Group(Some(
-            GroupControllerCapability::CreateDeleteGetVolumeGroupSnapshot,
-        )),
-        Rpc::GetMetadataAllocated | Rpc::GetMetadataDelta => Needs::SnapshotMetadata,
-        Rpc::NodeStageVolume | Rpc::NodeUnstageVolume => Needs::Node(Some(N::StageUnstageVolume)),
-        Rpc::NodePublishVolume
-        | Rpc::NodeUnpublishVolume
-        | Rpc::NodeGetCapabilities
-        | Rpc::NodeGetInfo => Needs::Node(None),
-        Rpc::NodeGetVolumeStats => Needs::Node(Some(N::GetVolumeStats)),
-        Rpc::NodeGetVolumeHealth => Needs::Node(Some(N::GetVolumeHealth)),
-        Rpc::NodeGetStorageHealth => Needs::Node(Some(N::GetStorageHealth)),
-        Rpc::NodeExpandVolume => Needs::Node(Some(N::ExpandVolume)),
+/// What the mock advertises, in csi-structs' terms, so that spec §3.8 ("which capability makes
+/// which RPC mandatory") is asked of [`csi_structs::Capabilities`] and not restated here.
+pub(crate) fn advertised(config: &Config) -> csi_structs::Capabilities {
+    let mut caps = csi_structs::Capabilities::default();
+    for service in &config.plugin_caps.services {
+        caps.plugin.insert_service_wire(*service as i32);
     }
+    if let Some(expansion) = config.plugin_caps.expansion {
+        caps.plugin.insert_expansion_wire(expansion as i32);
+    }
+    for cap in &config.controller_caps {
+        caps.controller.insert_wire(*cap as i32);
+    }
+    for cap in &config.node_caps {
+        caps.node.insert_wire(*cap as i32);
+    }
+    for cap in &config.group_caps {
+        caps.group_controller.insert_wire(*cap as i32);
+    }
+    caps
 }
 
 /// Why the mock answers UNIMPLEMENTED to `rpc`, or `None` when it serves it.
+///
+/// First the service check (the role, and the plugin capability that announces the Controller
+/// or GroupController service), then csi-structs' [`csi_structs::Capabilities::support`].
 pub(crate) fn unimplemented_reason(config: &Config, rpc: Rpc) -> Option<String> {
     let name = rpc.name();
-    match needs(rpc) {
-        Needs::Nothing => None,
-        Needs::Controller(cap) => {
-            if !config.role.has_controller() {
-                return Some(format!(
-                    "{name}: this mock plugin runs as {}; the Controller service is not offered",
-                    config.role
-                ));
-            }
-            let cap = cap?;
-            (!config.controller_caps.contains(&cap)).then(|| {
-                format!(
-                    "{name}: controller capability {} is not advertised by this mock plugin",
-                    cap.as_str_name()
-                )
-            })
+    let role = config.role;
+    let has_service = |service| config.plugin_caps.services.contains(&service);
+    let not_offered = match rpc.service() {
+        Service::Identity | Service::SnapshotMetadata => None,
+        Service::Controller if !role.has_controller() => Some(format!("it runs as {role}")),
+        Service::Controller if !has_service(PluginService::ControllerService) => {
+            Some("plugin capability CONTROLLER_SERVICE is not advertised".to_owned())
         }
-        Needs::Node(cap) => {
-            if !config.role.has_node() {
-                return Some(format!(
-                    "{name}: this mock plugin runs as {}; the Node service is not offered",
-                    config.role
-                ));
-            }
-            let cap = cap?;
-            (!config.node_caps.contains(&cap)).then(|| {
-                format!(
-                    "{name}: node capability {} is not advertised by this mock plugin",
-                    cap.as_str_name()
-                )
-            })
+        Service::GroupController if !role.has_controller() => Some(format!("it runs as {role}")),
+        Service::GroupController if !has_service(PluginService::GroupControllerService) => {
+            Some("plugin capability GROUP_CONTROLLER_SERVICE is not advertised".to_owned())
         }
-        Needs::Group(cap) => {
-            if !config.role.has_controller()
-                || !config
-                    .plugin_caps
-                    .services
-                    .contains(&PluginService::GroupControllerService)
-            {
-                return Some(format!(
-                    "{name}: the GroupController service is not offered (plugin capability \
-                     GROUP_CONTROLLER_SERVICE absent or role {})",
-                    config.role
-                ));
-            }
-            let cap = cap?;
-            (!config.group_caps.contains(&cap)).then(|| {
-                format!(
-                    "{name}: group controller capability {} is not advertised by this mock plugin",
-                    cap.as_str_name()
-                )
-            })
-        }
-        Needs::SnapshotMetadata => (!config
-            .plugin_caps
-            .services
-            .contains(&PluginService::SnapshotMetadataService))
-        .then(|| {
-            format!(
-                "{name}: the SnapshotMetadata service is not offered (plugin capability \
-                 SNAPSHOT_METADATA_SERVICE absent)"
-            )
-        }),
+        Service::Node if !role.has_node() => Some(format!("it runs as {role}")),
+        Service::Controller | Service::GroupController | Service::Node => None,
+    };
+    if let Some(why) = not_offered {
+        return Some(format!(
+            "{name}: this mock plugin does not offer the {} service ({why})",
+            rpc.service().name()
+        ));
+    }
+    // The one deliberate difference from csi-structs: the mock serves NodeGetInfo on every node
+    // role. csi-structs makes it mandatory only with controller PUBLISH_UNPUBLISH_VOLUME, but a
+    // plugin may serve it regardless (most do), and COs call it at registration.
+    if rpc == Rpc::NodeGetInfo {
+        return None;
+    }
+    match advertised(config).support(rpc) {
+        RpcSupport::Required(_) => None,
+        RpcSupport::NotAdvertised(requirement) => Some(format!(
+            "{name}: {requirement} is not advertised by this mock plugin"
+        )),
     }
 }
 
@@ -199,5 +144,69 @@ pub(crate) fn default_plugin_caps(role: Role, has_topology: bool) -> PluginCapab
     PluginCapabilities {
         services,
         expansion: Some(VolumeExpansion::Online),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MockPlugin;
+
+    fn config(builder: crate::config::MockPluginBuilder) -> Config {
+        match builder.build() {
+            Ok(plugin) => plugin.config().clone(),
+            Err(err) => panic!("test configuration is valid: {err}"),
+        }
+    }
+
+    #[test]
+    fn node_get_info_is_served_on_a_node_role_without_publish_unpublish() {
+        let config = config(
+            MockPlugin::builder()
+                .role(Role::Node)
+                .controller_capabilities([]),
+        );
+        assert_eq!(unimplemented_reason(&config, Rpc::NodeGetInfo), None);
+        // csi-structs alone would not oblige it: the override is what serves it.
+        assert!(!advertised(&config).may_call(Rpc::NodeGetInfo));
+        let controller = unimplemented_reason(&config, Rpc::CreateVolume).unwrap_or_default();
+        assert!(controller.contains("Controller service"), "{controller}");
+    }
+
+    #[test]
+    fn requirements_come_from_csi_structs() {
+        let config = config(
+            MockPlugin::builder()
+                .plugin_capabilities([PluginService::ControllerService], None)
+                .controller_capabilities([ControllerCapability::CreateDeleteVolume])
+                .node_capabilities([NodeCapability::StageUnstageVolume]),
+        );
+        assert_eq!(unimplemented_reason(&config, Rpc::CreateVolume), None);
+        assert_eq!(unimplemented_reason(&config, Rpc::NodeStageVolume), None);
+        let list = unimplemented_reason(&config, Rpc::ListSnapshots).unwrap_or_default();
+        assert!(
+            list.contains("controller capability LIST_SNAPSHOTS is not advertised"),
+            "{list}"
+        );
+        let stats = unimplemented_reason(&config, Rpc::NodeGetVolumeStats).unwrap_or_default();
+        assert!(stats.contains("GET_VOLUME_STATS"), "{stats}");
+        let metadata = unimplemented_reason(&config, Rpc::GetMetadataDelta).unwrap_or_default();
+        assert!(metadata.contains("SNAPSHOT_METADATA_SERVICE"), "{metadata}");
+        let group =
+            unimplemented_reason(&config, Rpc::GroupControllerGetCapabilities).unwrap_or_default();
+        assert!(group.contains("GROUP_CONTROLLER_SERVICE"), "{group}");
+    }
+
+    #[test]
+    fn without_controller_service_no_controller_rpc_is_served() {
+        let config = config(
+            MockPlugin::builder()
+                .plugin_capabilities([], None)
+                .controller_capabilities([ControllerCapability::CreateDeleteVolume]),
+        );
+        for rpc in [Rpc::ControllerGetCapabilities, Rpc::CreateVolume] {
+            let why = unimplemented_reason(&config, rpc).unwrap_or_default();
+            assert!(why.contains("CONTROLLER_SERVICE"), "{why}");
+        }
     }
 }

@@ -8,6 +8,13 @@ use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::plugin_capability::volume_expansion::Type as Expansion;
 
+use csi_proto::Rpc;
+use csi_structs::capability_set::requirement_for;
+use csi_structs::{
+    Capabilities, ControllerCapability, GroupControllerCapability, NodeCapability, PluginService,
+    Requirement,
+};
+
 use super::ctx::Stop;
 
 /// Whether the plugin serves the Node service at all.
@@ -43,108 +50,188 @@ pub(crate) enum Gate {
     Controller(CtrlCap),
     /// The plugin serves the Node service.
     NodeService,
-    /// The plugin serves the Node service with this capability.
-    Node(NodeCap),
     /// The plugin advertises GROUP_CONTROLLER_SERVICE and this group capability.
     Group(GroupCap),
+    /// What csi-structs says makes an RPC mandatory (spec §3.8), see [`gate_of`].
+    Spec(Requirement),
+}
+
+impl Gate {
+    /// The gate as a csi-structs requirement. The wire enums' `UNKNOWN` (0) names no
+    /// capability; a gate on it asks only for the service.
+    fn requirement(self) -> Requirement {
+        match self {
+            Gate::ControllerService => Requirement::Plugin(PluginService::ControllerService),
+            Gate::Controller(cap) => ControllerCapability::from_wire(cap as i32)
+                .map_or(Requirement::Plugin(PluginService::ControllerService), |c| {
+                    Requirement::Controller(c)
+                }),
+            Gate::NodeService => Requirement::NodeService,
+            Gate::Group(cap) => GroupControllerCapability::from_wire(cap as i32).map_or(
+                Requirement::Plugin(PluginService::GroupControllerService),
+                Requirement::GroupController,
+            ),
+            Gate::Spec(requirement) => requirement,
+        }
+    }
 }
 
 impl Caps {
+    /// The advertised capabilities in csi-structs' terms, for its spec §3.8 rules.
+    pub(crate) fn structs(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        for service in &self.plugin {
+            caps.plugin.insert_service_wire(*service as i32);
+        }
+        for mode in &self.expansion {
+            caps.plugin.insert_expansion_wire(*mode as i32);
+        }
+        for cap in &self.controller {
+            caps.controller.insert_wire(*cap as i32);
+        }
+        if self.node_service == NodeService::Served {
+            for cap in &self.node {
+                caps.node.insert_wire(*cap as i32);
+            }
+        }
+        for cap in &self.group {
+            caps.group_controller.insert_wire(*cap as i32);
+        }
+        caps
+    }
+
     pub(crate) fn has_controller(&self, cap: CtrlCap) -> bool {
-        self.plugin.contains(&PluginCap::ControllerService) && self.controller.contains(&cap)
+        self.require(Gate::Controller(cap)).is_ok()
     }
 
     pub(crate) fn has_node(&self, cap: NodeCap) -> bool {
-        self.node_service == NodeService::Served && self.node.contains(&cap)
+        NodeCapability::from_wire(cap as i32)
+            .is_some_and(|c| self.require(Gate::Spec(Requirement::Node(c))).is_ok())
+    }
+
+    /// Whether the spec obliges the plugin to serve `rpc`, given what it advertised.
+    pub(crate) fn serves(&self, rpc: Rpc) -> bool {
+        gate_of(rpc).is_none_or(|gate| self.require(gate).is_ok())
     }
 
     /// Ok when `gate` holds, else a skip naming what is absent.
+    ///
+    /// Beyond csi-structs' [`Capabilities::satisfies`], a controller or group controller
+    /// capability counts only with its service's plugin capability, and a node requirement
+    /// needs the Node service to answer.
     pub(crate) fn require(&self, gate: Gate) -> Result<(), Stop> {
-        let controller = self.plugin.contains(&PluginCap::ControllerService);
-        match gate {
-            Gate::ControllerService if controller => Ok(()),
-            Gate::ControllerService => Err(Stop::skip(
-                "plugin capability CONTROLLER_SERVICE not advertised",
-            )),
-            Gate::Controller(cap) if !controller => Err(Stop::skip(format!(
-                "plugin capability CONTROLLER_SERVICE not advertised (needed for {})",
-                cap.as_str_name()
-            ))),
-            Gate::Controller(cap) if self.controller.contains(&cap) => Ok(()),
-            Gate::Controller(cap) => Err(Stop::skip(format!(
-                "controller capability {} not advertised",
-                cap.as_str_name()
-            ))),
-            Gate::NodeService | Gate::Node(_) => match &self.node_service {
-                NodeService::Absent => Err(Stop::skip(
-                    "Node service not served (NodeGetCapabilities is UNIMPLEMENTED)",
-                )),
-                NodeService::Broken(why) => {
-                    Err(Stop::fail(format!("NodeGetCapabilities failed: {why}")))
+        let requirement = gate.requirement();
+        let service = match requirement {
+            Requirement::Always | Requirement::Plugin(_) => None,
+            Requirement::Controller(_) => Some(PluginService::ControllerService),
+            Requirement::GroupController(_) => Some(PluginService::GroupControllerService),
+            Requirement::NodeService | Requirement::Node(_) | Requirement::NodeEither(..) => {
+                match &self.node_service {
+                    NodeService::Served => None,
+                    NodeService::Absent => {
+                        return Err(Stop::skip(
+                            "Node service not served (NodeGetCapabilities is UNIMPLEMENTED)",
+                        ));
+                    }
+                    NodeService::Broken(why) => {
+                        return Err(Stop::fail(format!("NodeGetCapabilities failed: {why}")));
+                    }
                 }
-                NodeService::Served => match gate {
-                    Gate::Node(cap) if !self.node.contains(&cap) => Err(Stop::skip(format!(
-                        "node capability {} not advertised",
-                        cap.as_str_name()
-                    ))),
-                    _ => Ok(()),
-                },
-            },
-            Gate::Group(cap) if !self.plugin.contains(&PluginCap::GroupControllerService) => {
-                Err(Stop::skip(format!(
-                    "plugin capability GROUP_CONTROLLER_SERVICE not advertised (needed for {})",
-                    cap.as_str_name()
-                )))
             }
-            Gate::Group(cap) if self.group.contains(&cap) => Ok(()),
-            Gate::Group(cap) => Err(Stop::skip(format!(
-                "group controller capability {} not advertised",
-                cap.as_str_name()
-            ))),
+        };
+        if let Some(service) = service
+            && !self.plugin.contains(&service.wire())
+        {
+            return Err(Stop::skip(format!(
+                "plugin capability {service} not advertised (needed for {requirement})"
+            )));
+        }
+        if self.structs().satisfies(requirement) {
+            Ok(())
+        } else {
+            Err(Stop::skip(format!("{requirement} not advertised")))
         }
     }
 }
 
-/// The condition under which the spec obliges a plugin to serve `rpc`; `None` for the
-/// Identity RPCs (always) and those the suite does not gate (SnapshotMetadata,
-/// GroupControllerGetCapabilities).
-pub(crate) fn gate_of(rpc: csi_proto::Rpc) -> Option<Gate> {
-    use csi_proto::Rpc;
-    Some(match rpc {
-        Rpc::CreateVolume | Rpc::DeleteVolume => Gate::Controller(CtrlCap::CreateDeleteVolume),
-        Rpc::ControllerPublishVolume | Rpc::ControllerUnpublishVolume => {
-            Gate::Controller(CtrlCap::PublishUnpublishVolume)
+/// The condition under which the spec obliges a plugin to serve `rpc` (csi-structs'
+/// [`requirement_for`]); `None` for the Identity RPCs (always).
+pub(crate) fn gate_of(rpc: Rpc) -> Option<Gate> {
+    match requirement_for(rpc) {
+        Requirement::Always => None,
+        requirement => Some(Gate::Spec(requirement)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(plugin: &[PluginCap], controller: &[CtrlCap], node: &[NodeCap]) -> Caps {
+        Caps {
+            plugin: plugin.iter().copied().collect(),
+            expansion: BTreeSet::new(),
+            controller: controller.iter().copied().collect(),
+            node: node.iter().copied().collect(),
+            group: BTreeSet::new(),
+            node_service: NodeService::Served,
+            problems: Vec::new(),
         }
-        Rpc::ValidateVolumeCapabilities | Rpc::ControllerGetCapabilities => Gate::ControllerService,
-        Rpc::ListVolumes => Gate::Controller(CtrlCap::ListVolumes),
-        Rpc::GetCapacity => Gate::Controller(CtrlCap::GetCapacity),
-        Rpc::CreateSnapshot | Rpc::DeleteSnapshot => {
-            Gate::Controller(CtrlCap::CreateDeleteSnapshot)
+    }
+
+    #[test]
+    fn gates_follow_csi_structs() {
+        let caps = caps(
+            &[PluginCap::ControllerService],
+            &[CtrlCap::ListSnapshots],
+            &[NodeCap::VolumeCondition],
+        );
+        assert!(caps.serves(Rpc::ListSnapshots));
+        assert!(!caps.serves(Rpc::CreateVolume));
+        // NodeGetVolumeStats is also mandatory with the v1.12 VOLUME_CONDITION.
+        assert!(caps.serves(Rpc::NodeGetVolumeStats));
+        // The SnapshotMetadata service is gated on its plugin capability.
+        assert!(!caps.serves(Rpc::GetMetadataAllocated));
+        assert!(!caps.serves(Rpc::GroupControllerGetCapabilities));
+        assert!(caps.serves(Rpc::Probe));
+    }
+
+    #[test]
+    fn controller_capabilities_count_only_with_controller_service() {
+        let caps = caps(&[], &[CtrlCap::ListSnapshots], &[]);
+        assert!(!caps.has_controller(CtrlCap::ListSnapshots));
+        match caps.require(Gate::Controller(CtrlCap::ListSnapshots)) {
+            Err(Stop::Skip(why)) => assert!(why.contains("CONTROLLER_SERVICE"), "{why}"),
+            other => panic!("expected a skip, got {other:?}"),
         }
-        Rpc::ListSnapshots => Gate::Controller(CtrlCap::ListSnapshots),
-        Rpc::GetSnapshot => Gate::Controller(CtrlCap::GetSnapshot),
-        Rpc::ControllerExpandVolume => Gate::Controller(CtrlCap::ExpandVolume),
-        Rpc::ControllerGetVolume => Gate::Controller(CtrlCap::GetVolume),
-        Rpc::ControllerModifyVolume => Gate::Controller(CtrlCap::ModifyVolume),
-        Rpc::ControllerGetVolumeHealth => Gate::Controller(CtrlCap::GetVolumeHealth),
-        Rpc::ControllerListVolumeHealth => Gate::Controller(CtrlCap::ListVolumeHealth),
-        Rpc::CreateVolumeGroupSnapshot
-        | Rpc::DeleteVolumeGroupSnapshot
-        | Rpc::GetVolumeGroupSnapshot => Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot),
-        Rpc::NodeStageVolume | Rpc::NodeUnstageVolume => Gate::Node(NodeCap::StageUnstageVolume),
-        Rpc::NodePublishVolume
-        | Rpc::NodeUnpublishVolume
-        | Rpc::NodeGetCapabilities
-        | Rpc::NodeGetInfo => Gate::NodeService,
-        Rpc::NodeGetVolumeStats => Gate::Node(NodeCap::GetVolumeStats),
-        Rpc::NodeExpandVolume => Gate::Node(NodeCap::ExpandVolume),
-        Rpc::NodeGetVolumeHealth => Gate::Node(NodeCap::GetVolumeHealth),
-        Rpc::NodeGetStorageHealth => Gate::Node(NodeCap::GetStorageHealth),
-        Rpc::GetPluginInfo
-        | Rpc::GetPluginCapabilities
-        | Rpc::Probe
-        | Rpc::GroupControllerGetCapabilities
-        | Rpc::GetMetadataAllocated
-        | Rpc::GetMetadataDelta => return None,
-    })
+    }
+
+    #[test]
+    fn node_gates_need_the_node_service() {
+        let mut caps = caps(&[], &[], &[NodeCap::GetVolumeStats]);
+        assert!(caps.has_node(NodeCap::GetVolumeStats));
+        caps.node_service = NodeService::Absent;
+        assert!(!caps.has_node(NodeCap::GetVolumeStats));
+        caps.node_service = NodeService::Broken("boom".into());
+        assert!(matches!(
+            caps.require(Gate::NodeService),
+            Err(Stop::Fail(why)) if why.contains("boom")
+        ));
+    }
+
+    #[test]
+    fn coherence_rules_are_csi_structs_rules() {
+        let caps = caps(
+            &[PluginCap::ControllerService],
+            &[CtrlCap::CloneVolume, CtrlCap::ListVolumeHealth],
+            &[],
+        );
+        assert_eq!(
+            caps.structs().rule_violations(),
+            [
+                csi_structs::CapabilityRule::ListVolumeHealthNeedsGetVolumeHealth,
+                csi_structs::CapabilityRule::CloneVolumeNeedsCreateDeleteVolume,
+            ]
+        );
+    }
 }

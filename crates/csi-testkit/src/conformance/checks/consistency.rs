@@ -1,57 +1,16 @@
 //! Capability consistency: advertised RPCs answer; the others answer UNIMPLEMENTED.
 
-use csi_proto::Rpc;
 use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
-use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
-use csi_proto::v1::plugin_capability::service::Type as PluginCap;
+use csi_proto::{Rpc, Service};
+use csi_structs::capability_set::requirement_for;
 use tonic::Code;
 
 use super::required::path_string;
 use crate::conformance::calls::{Call, CallError, code_name};
-use crate::conformance::caps::{Gate, NodeService};
+use crate::conformance::caps::{Gate, gate_of};
 use crate::conformance::ctx::{Ctx, Step, Stop, Undo, member_ids, verdict};
-
-/// Controller capabilities and the RPCs each one enables.
-const CONTROLLER_RPCS: &[(CtrlCap, &[Rpc])] = &[
-    (
-        CtrlCap::CreateDeleteVolume,
-        &[Rpc::CreateVolume, Rpc::DeleteVolume],
-    ),
-    (
-        CtrlCap::PublishUnpublishVolume,
-        &[Rpc::ControllerPublishVolume, Rpc::ControllerUnpublishVolume],
-    ),
-    (CtrlCap::ListVolumes, &[Rpc::ListVolumes]),
-    (CtrlCap::GetCapacity, &[Rpc::GetCapacity]),
-    (
-        CtrlCap::CreateDeleteSnapshot,
-        &[Rpc::CreateSnapshot, Rpc::DeleteSnapshot],
-    ),
-    (CtrlCap::ListSnapshots, &[Rpc::ListSnapshots]),
-    (CtrlCap::ExpandVolume, &[Rpc::ControllerExpandVolume]),
-    (CtrlCap::GetVolume, &[Rpc::ControllerGetVolume]),
-    (CtrlCap::ModifyVolume, &[Rpc::ControllerModifyVolume]),
-    (CtrlCap::GetSnapshot, &[Rpc::GetSnapshot]),
-    (CtrlCap::GetVolumeHealth, &[Rpc::ControllerGetVolumeHealth]),
-    (
-        CtrlCap::ListVolumeHealth,
-        &[Rpc::ControllerListVolumeHealth],
-    ),
-];
-
-/// Node capabilities and the RPCs each one enables.
-const NODE_RPCS: &[(NodeCap, &[Rpc])] = &[
-    (
-        NodeCap::StageUnstageVolume,
-        &[Rpc::NodeStageVolume, Rpc::NodeUnstageVolume],
-    ),
-    (NodeCap::GetVolumeStats, &[Rpc::NodeGetVolumeStats]),
-    (NodeCap::ExpandVolume, &[Rpc::NodeExpandVolume]),
-    (NodeCap::GetVolumeHealth, &[Rpc::NodeGetVolumeHealth]),
-    (NodeCap::GetStorageHealth, &[Rpc::NodeGetStorageHealth]),
-];
 
 /// A well-formed request to `rpc` about objects that do not exist: a plugin that does not
 /// implement the RPC has no reason to answer anything but UNIMPLEMENTED.
@@ -180,27 +139,23 @@ fn well_formed(ctx: &mut Ctx, rpc: Rpc) -> Result<Call, Stop> {
 }
 
 pub(crate) async fn unadvertised_unimplemented(ctx: &mut Ctx) -> Step {
-    let mut absent: Vec<(String, Rpc)> = Vec::new();
-    if ctx.caps.plugin.contains(&PluginCap::ControllerService) {
-        for (cap, rpcs) in CONTROLLER_RPCS {
-            if !ctx.caps.controller.contains(cap) {
-                absent.extend(
-                    rpcs.iter()
-                        .map(|&rpc| (format!("controller {}", cap.as_str_name()), rpc)),
-                );
-            }
-        }
-    }
-    if ctx.caps.node_service == NodeService::Served {
-        for (cap, rpcs) in NODE_RPCS {
-            if !ctx.caps.node.contains(cap) {
-                absent.extend(
-                    rpcs.iter()
-                        .map(|&rpc| (format!("node {}", cap.as_str_name()), rpc)),
-                );
-            }
-        }
-    }
+    // The controller and node RPCs csi-structs says are not mandatory (spec §3.8), on the
+    // services the plugin offers. NodeGetInfo is left out: without PUBLISH_UNPUBLISH_VOLUME a
+    // plugin may still serve it.
+    let absent: Vec<(String, Rpc)> = Rpc::ALL
+        .iter()
+        .filter(|rpc| match rpc.service() {
+            Service::Controller => ctx.require(Gate::ControllerService).is_ok(),
+            Service::Node => **rpc != Rpc::NodeGetInfo && ctx.require(Gate::NodeService).is_ok(),
+            _ => false,
+        })
+        .filter_map(|&rpc| {
+            let gate = gate_of(rpc)?;
+            ctx.require(gate)
+                .is_err()
+                .then(|| (requirement_for(rpc).to_string(), rpc))
+        })
+        .collect();
     if absent.is_empty() {
         return Err(Stop::skip(
             "nothing to check: no controller or node capability is left unadvertised (or neither service is served)",
@@ -251,14 +206,7 @@ pub(crate) async fn advertised_answer(ctx: &mut Ctx) -> Step {
         Rpc::ControllerListVolumeHealth,
         Rpc::NodeGetStorageHealth,
     ] {
-        let advertised = match rpc {
-            Rpc::GetCapacity => ctx.caps.has_controller(CtrlCap::GetCapacity),
-            Rpc::ListVolumes => ctx.caps.has_controller(CtrlCap::ListVolumes),
-            Rpc::ListSnapshots => ctx.caps.has_controller(CtrlCap::ListSnapshots),
-            Rpc::ControllerListVolumeHealth => ctx.caps.has_controller(CtrlCap::ListVolumeHealth),
-            _ => ctx.caps.has_node(NodeCap::GetStorageHealth),
-        };
-        if !advertised {
+        if !ctx.caps.serves(rpc) {
             continue;
         }
         if rpc == Rpc::GetCapacity {
@@ -414,10 +362,9 @@ async fn per_volume(ctx: &mut Ctx, volume: &v1::Volume) -> Vec<String> {
             }
         }
     }
-    if ctx.caps.plugin.contains(&PluginCap::GroupControllerService)
-        && ctx
-            .require(Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot))
-            .is_ok()
+    if ctx
+        .require(Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot))
+        .is_ok()
     {
         match ctx.new_group_snapshot(vec![id.clone()]).await {
             Ok(group) => {
