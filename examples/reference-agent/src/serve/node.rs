@@ -465,14 +465,10 @@ impl VolumeManager {
                 }
                 Err(e) => return Err(call("NodeUnpublishVolume", e)),
             }
-            // The plugin removes the target; an empty directory left behind goes too.
-            let _ = std::fs::remove_dir(&target);
-            if let Some(parent) = target.parent() {
-                let _ = std::fs::remove_dir(parent);
-                if let Some(grand) = parent.parent() {
-                    let _ = std::fs::remove_dir(grand);
-                }
-            }
+            // The plugin removes the target; the empty directories we made above it go too.
+            // A removal that fails (a target still mounted, say) keeps the record, so the
+            // release is retried rather than forgetting a publication.
+            self.remove_dirs(&target, &self.inner.layout.workload_root(), &req.volume)?;
             self.change(&req.volume, |v| {
                 if let Some(e) = v.get_mut(&key) {
                     e.users.remove(req.workload.as_str());
@@ -510,7 +506,7 @@ impl VolumeManager {
                     });
                 }
             }
-            let _ = std::fs::remove_dir(staging);
+            self.remove_dirs(staging, &self.inner.layout.staging_root(), &req.volume)?;
         }
         self.change(&req.volume, |v| {
             if v.get(key).is_some_and(|e| e.users.is_empty()) {
@@ -518,6 +514,15 @@ impl VolumeManager {
             }
         })?;
         Ok(())
+    }
+
+    /// Removes `path` and its empty parents below `root` (the shared cleanup of
+    /// [`crate::adapters::remove_empty_dirs`]); a failure is a retryable local error.
+    fn remove_dirs(&self, path: &Path, root: &Path, volume: &VolumeId) -> Result<(), NodeError> {
+        crate::adapters::remove_empty_dirs(path, root).map_err(|e| NodeError::Local {
+            volume: volume.clone(),
+            detail: format!("cannot remove {}: {e}", path.display()),
+        })
     }
 
     /// Where `workload` has `volume` published here, if it does.

@@ -723,6 +723,15 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
     assert!(mock.staged().is_empty() && mock.published().is_empty());
     assert_eq!(plugin(&data, "mock").await.map(|p| p.in_use), Some(0));
+    // Nothing the agent created for the volume is left under the node's data dir: no staging
+    // or per-workload directory piles up per volume ever used.
+    for root in ["staging", "per-workload"] {
+        let dir = data.join("node").join(root);
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .map(|entries| entries.map(|e| e.expect("dir entry").path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left under {}: {left:?}", dir.display());
+    }
     assert_eq!(agent.terminate(), Some(0));
 }
 
