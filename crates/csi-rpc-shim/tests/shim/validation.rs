@@ -211,5 +211,9 @@ async fn a_snapshot_name_with_a_banned_control_character_is_refused() {
     let lines = error.lines();
     assert!(lines.iter().any(|l| l.starts_with("name")), "{lines:?}");
     assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
-    assert!(cluster.served(AgentRpc::ControllerCreateSnapshot).is_empty());
+    assert!(
+        cluster
+            .served(AgentRpc::ControllerCreateSnapshot)
+            .is_empty()
+    );
 }
