@@ -13,7 +13,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,6 +22,7 @@ use crate::budget::RetryBudget;
 use crate::channel::PluginChannel;
 use crate::connection::{ConnectError, Connection, DialFailure};
 use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
+use crate::link::Handover;
 use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 use crate::policy::{CallOptions, PolicyTable, RpcPolicy, classify_failure};
 use crate::validate::{CsiRequest, CsiResponse, check_request, check_response};
@@ -264,13 +264,15 @@ impl Caller {
             };
             let attempt_deadline = attempt_start + limit;
             let connection = &self.shared.connection;
-            // Set once the request is handed to the channel: a deadline that expires before
-            // that means nothing reached the plugin.
-            let handed_over = AtomicBool::new(false);
+            // How far the request got: a deadline that expires while it still waits for a
+            // connection (the first dial here, a redial in the link) means nothing reached
+            // the plugin.
+            let handover = Handover::new();
             let one = async {
                 let channel = connection.channel().await.map_err(AttemptError::Dial)?;
-                handed_over.store(true, Ordering::Relaxed);
+                handover.handed();
                 let mut req = tonic::Request::new(request.clone());
+                req.extensions_mut().insert(handover.clone());
                 // The plugin learns the deadline too. A stream's messages may take the whole
                 // call budget; its opening is still bounded by the attempt deadline below.
                 let header = if streaming {
@@ -299,13 +301,9 @@ impl Caller {
                     Err(kind) => kind,
                 },
                 Ok(Err(AttemptError::Dial(DialFailure::Connect(e)))) => ErrorKind::NotConnected(e),
-                Ok(Err(AttemptError::Dial(DialFailure::Handshake { source, .. }))) => {
-                    ErrorKind::Handshake {
-                        source: Box::new(source),
-                    }
-                }
-                Ok(Err(AttemptError::Status(status))) => kind_of_status(status, scope),
-                Err(_) if !handed_over.load(Ordering::Relaxed) => {
+                Ok(Err(AttemptError::Dial(DialFailure::Handshake(e)))) => ErrorKind::Handshake(e),
+                Ok(Err(AttemptError::Status(status))) => kind_of_status(status),
+                Err(_) if handover.is_waiting() => {
                     ErrorKind::NotConnected(ConnectError::timed_out(connection.endpoint(), elapsed))
                 }
                 Err(_) => ErrorKind::Timeout(scope),
@@ -370,21 +368,23 @@ impl Caller {
 }
 
 /// Sorts a tonic status into what actually happened, by the *types* in its source chain:
-/// - our [`ConnectError`]: the channel could not redial the plugin; nothing was sent;
-/// - tonic's `TimeoutExpired`: tonic enforced the `grpc-timeout` we set, i.e. our attempt
-///   deadline expired (tonic reports it as `Cancelled`; we do not guess from the code);
+/// - our dial failure ([`DialFailure`], [`ConnectError`]): the link could not redial the
+///   plugin; nothing was sent;
 /// - any other source: a transport failure after the request was handed to the connection;
 /// - no source: a status the plugin sent.
-pub(crate) fn kind_of_status(status: tonic::Status, deadline: Elapsed) -> ErrorKind {
+pub(crate) fn kind_of_status(status: tonic::Status) -> ErrorKind {
     let mut source = std::error::Error::source(&status);
     let mut transport = false;
     while let Some(err) = source {
         transport = true;
+        if let Some(dial) = err.downcast_ref::<DialFailure>() {
+            return match dial {
+                DialFailure::Connect(connect) => ErrorKind::NotConnected(connect.duplicate()),
+                DialFailure::Handshake(handshake) => ErrorKind::Handshake(handshake.clone()),
+            };
+        }
         if let Some(connect) = err.downcast_ref::<ConnectError>() {
             return ErrorKind::NotConnected(connect.duplicate());
-        }
-        if err.is::<tonic::TimeoutExpired>() {
-            return ErrorKind::Timeout(deadline);
         }
         source = err.source();
     }
@@ -406,37 +406,34 @@ mod tests {
     use crate::endpoint::Endpoint;
     use tonic::Code;
 
-    fn deadline() -> Elapsed {
-        Elapsed::new(DeadlineScope::Attempt, Duration::from_secs(1))
-    }
-
     #[test]
     fn statuses_are_sorted_by_the_types_in_their_source_chain() {
-        let plugin = kind_of_status(tonic::Status::new(Code::NotFound, "gone"), deadline());
+        let plugin = kind_of_status(tonic::Status::new(Code::NotFound, "gone"));
         assert!(
             matches!(plugin, ErrorKind::Status { code: Code::NotFound, ref message } if message == "gone")
         );
 
-        // tonic's own enforcement of the grpc-timeout we set: our deadline, whatever the code.
-        let tonic_timeout = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
-        assert_eq!(tonic_timeout.code(), Code::Cancelled);
-        assert!(
-            matches!(kind_of_status(tonic_timeout, deadline()), ErrorKind::Timeout(e) if e == deadline())
-        );
-
-        // Our connector gave up: nothing was sent.
+        // The link's redial gave up: nothing was sent.
         let endpoint: Endpoint = "/run/none.sock".parse().unwrap();
-        let dial = ConnectError::timed_out(&endpoint, Duration::from_millis(5));
+        let dial =
+            DialFailure::Connect(ConnectError::timed_out(&endpoint, Duration::from_millis(5)));
         let not_connected = tonic::Status::from_error(Box::new(dial));
         assert!(matches!(
-            kind_of_status(not_connected, deadline()),
+            kind_of_status(not_connected),
+            ErrorKind::NotConnected(ref e) if e.waited() == Duration::from_millis(5)
+        ));
+
+        // A new connection closed before taking the request: nothing was sent either.
+        let unsent = DialFailure::Connect(ConnectError::closed_unsent(&endpoint));
+        assert!(matches!(
+            kind_of_status(tonic::Status::from_error(Box::new(unsent))),
             ErrorKind::NotConnected(_)
         ));
 
         // Any other transport error: the connection broke under the call.
         let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
         assert!(matches!(
-            kind_of_status(broken, deadline()),
+            kind_of_status(broken),
             ErrorKind::ConnectionLost { .. }
         ));
     }

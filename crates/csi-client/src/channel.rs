@@ -1,16 +1,16 @@
 //! [`PluginChannel`]: the HTTP/2 service every typed client sends through, and the hook that
 //! wraps it in tower layers ([`CsiClientBuilder::layer`](crate::CsiClientBuilder::layer)).
 //!
-//! Without a layer, a `PluginChannel` is the connection's tonic `Channel` itself: no box, no
-//! extra allocation per call. With layers, it is the layered stack behind one
+//! Without a layer, a `PluginChannel` is the connection's HTTP/2 link itself (one boxed
+//! response future per call, no queue). With layers, it is the layered stack behind one
 //! [`BoxCloneSyncService`]; each call then costs a clone of that box and a boxed response
 //! future per layer — small next to the HTTP/2 round trip to the plugin.
 //!
 //! The stack is built once, right after the first dial, and shared by every service client
-//! like the channel it wraps. Reconnects happen below it (inside the channel), so a layer
-//! sees every attempt that reached the channel, including the one failed attempt a plugin
-//! restart may cost — but not the attempts that failed before the very first connection
-//! existed (those never reach the channel; a [`CallObserver`](crate::CallObserver) sees them).
+//! like the link it wraps. Reconnects happen below it (inside the link), so a layer sees every
+//! attempt that reached the link — but not the attempts that failed before the very first
+//! connection existed (those never reach the link; a [`CallObserver`](crate::CallObserver)
+//! sees them).
 
 use std::fmt;
 use std::future::Future;
@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tonic::body::Body;
-use tonic::transport::Channel;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceExt as _};
 
-/// The HTTP/2 service the typed clients send through: the plugin connection's channel,
+use crate::link::Link;
+
+/// The HTTP/2 service the typed clients send through: the plugin connection's link,
 /// possibly wrapped by the layers given to
 /// [`CsiClientBuilder::layer`](crate::CsiClientBuilder::layer).
 ///
@@ -39,14 +40,14 @@ pub struct PluginChannel {
 
 #[derive(Clone)]
 enum Inner {
-    Plain(Channel),
+    Plain(Link),
     Layered(BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>),
 }
 
 impl PluginChannel {
-    pub(crate) fn plain(channel: Channel) -> Self {
+    pub(crate) fn plain(link: Link) -> Self {
         PluginChannel {
-            inner: Inner::Plain(channel),
+            inner: Inner::Plain(link),
         }
     }
 
@@ -84,7 +85,7 @@ impl Service<http::Request<Body>> for PluginChannel {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         match &mut self.inner {
-            Inner::Plain(channel) => channel.poll_ready(cx).map_err(Into::into),
+            Inner::Plain(link) => link.poll_ready(cx),
             Inner::Layered(service) => service.poll_ready(cx),
         }
     }
@@ -92,8 +93,8 @@ impl Service<http::Request<Body>> for PluginChannel {
     fn call(&mut self, request: http::Request<Body>) -> ResponseFuture {
         ResponseFuture {
             inner: match &mut self.inner {
-                Inner::Plain(channel) => FutureInner::Plain(channel.call(request)),
-                Inner::Layered(service) => FutureInner::Layered(service.call(request)),
+                Inner::Plain(link) => link.call(request),
+                Inner::Layered(service) => service.call(request),
             },
         }
     }
@@ -101,15 +102,7 @@ impl Service<http::Request<Body>> for PluginChannel {
 
 /// The response future of [`PluginChannel`].
 pub struct ResponseFuture {
-    inner: FutureInner,
-}
-
-type BoxedFuture =
-    Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send + 'static>>;
-
-enum FutureInner {
-    Plain(tonic::transport::channel::ResponseFuture),
-    Layered(BoxedFuture),
+    inner: Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send + 'static>>,
 }
 
 impl fmt::Debug for ResponseFuture {
@@ -122,12 +115,7 @@ impl Future for ResponseFuture {
     type Output = Result<http::Response<Body>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Both variants are `Unpin` (tonic's future pins its inner future with `Pin::new`,
-        // and ours is a box), so no projection is needed.
-        match &mut self.get_mut().inner {
-            FutureInner::Plain(future) => Pin::new(future).poll(cx).map_err(Into::into),
-            FutureInner::Layered(future) => future.as_mut().poll(cx),
-        }
+        self.get_mut().inner.as_mut().poll(cx)
     }
 }
 

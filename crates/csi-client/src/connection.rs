@@ -1,17 +1,17 @@
-//! One lazily dialled, self-healing gRPC connection to a plugin.
+//! One lazily dialled, self-healing HTTP/2 connection to a plugin.
 //!
 //! A [`Connection`] stores the endpoint and dials nothing until the first call. The first call
 //! (however many tasks make it at once) performs exactly one dial; everybody else waits for that
 //! dial. The dial waits, with bounded exponential backoff, for a socket the plugin has not
-//! created yet. Once connected, the tonic `Channel` is shared by every service client; when the
-//! plugin restarts and recreates its socket, the channel dials again on the next call through
-//! the same waiting connector, so callers see at most one failed attempt (which the retry loop
-//! absorbs for retry-safe RPCs). The client's tower layers, if any, wrap the channel once, right
-//! after the first dial, inside that one dial (see [`crate::channel`]).
+//! created yet. Once connected, the link (hyper's HTTP/2 client on our socket, see
+//! [`crate::link`]) is shared by every service client; when the plugin restarts and recreates
+//! its socket, the link dials again on the next call through the same waiting dial, and a
+//! request the old connection never took is sent on the new one. The client's tower layers, if
+//! any, wrap the link once, right after the first dial, inside that one dial (see
+//! [`crate::channel`]).
 //!
-//! The `:authority` of every request is `localhost`: the connector ignores the URI and dials the
-//! socket, while the channel's URI is `http://localhost` (strict servers reject a socket path as
-//! authority).
+//! The `:authority` of every request is `localhost` for a unix socket (strict servers reject a
+//! socket path as authority) and `host:port` for tcp.
 
 use std::io;
 use std::sync::Arc;
@@ -21,10 +21,10 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::OnceCell;
-use tonic::transport::Uri;
 
 use crate::channel::{LayerStack, PluginChannel};
 use crate::endpoint::Endpoint;
+use crate::link::Link;
 
 /// How a [`Connection`] dials.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,8 +62,8 @@ impl Default for ConnectOptions {
 
 /// A dial that failed: the request never reached the plugin.
 ///
-/// This type is also what the connector hands to tonic, so the client can recognise "never
-/// connected" in a failed call by its type, not its text.
+/// A redial inside a call returns this type through the HTTP/2 service, so the client
+/// recognises "never connected" in a failed call by its type, not its text.
 #[derive(Debug, thiserror::Error)]
 #[error("could not connect to {endpoint} after waiting {waited:?}: {source}")]
 pub struct ConnectError {
@@ -102,6 +102,18 @@ impl ConnectError {
         }
     }
 
+    /// The new connection closed before it took the request: nothing was sent.
+    pub(crate) fn closed_unsent(endpoint: &Endpoint) -> ConnectError {
+        ConnectError {
+            endpoint: endpoint.to_string(),
+            waited: Duration::ZERO,
+            source: io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the plugin closed a new connection before the request was sent",
+            ),
+        }
+    }
+
     /// A copy (the I/O error keeps its kind and text, not its OS payload), for taking the
     /// error out of a chain that owns it.
     pub(crate) fn duplicate(&self) -> ConnectError {
@@ -113,8 +125,32 @@ impl ConnectError {
     }
 }
 
+/// The socket opened but the HTTP/2 connection could not be set up on it: nothing was sent.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("HTTP/2 handshake with {endpoint} failed: {source}")]
+pub struct HandshakeError {
+    endpoint: String,
+    // Shared, so the error can be taken out of a failed call's source chain.
+    #[source]
+    source: Arc<hyper::Error>,
+}
+
+impl HandshakeError {
+    pub(crate) fn new(endpoint: &Endpoint, source: hyper::Error) -> HandshakeError {
+        HandshakeError {
+            endpoint: endpoint.to_string(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// The endpoint, as text.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
 /// A lazily dialled connection to one plugin endpoint; cheap to clone, all clones share one
-/// HTTP/2 channel (wrapped in the client's layers, if any).
+/// HTTP/2 link (wrapped in the client's layers, if any).
 #[derive(Clone, Debug)]
 pub struct Connection {
     inner: Arc<Inner>,
@@ -130,20 +166,15 @@ struct Inner {
     layers: Option<LayerStack>,
 }
 
-/// The error of [`Connection::channel`]: either our own dial failed, or tonic refused the
-/// connection after it was opened (for example the HTTP/2 handshake failed).
+/// Why a dial (the first one, or a redial inside a call) failed. Nothing was sent either way.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DialFailure {
     /// The socket could not be opened within the wait.
     #[error(transparent)]
     Connect(ConnectError),
     /// The socket opened but the HTTP/2 connection could not be set up.
-    #[error("HTTP/2 handshake with {endpoint} failed: {source}")]
-    Handshake {
-        endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Handshake(HandshakeError),
 }
 
 impl Connection {
@@ -202,66 +233,22 @@ impl Connection {
 
     async fn dial(&self) -> Result<PluginChannel, DialFailure> {
         let inner = &self.inner;
-        let uri = match &inner.endpoint {
-            Endpoint::Unix(_) => Uri::from_static("http://localhost"),
-            Endpoint::Tcp { host, port } => {
-                let text = if host.contains(':') {
-                    format!("http://[{host}]:{port}")
-                } else {
-                    format!("http://{host}:{port}")
-                };
-                // The endpoint parser already refused anything that is not host:port.
-                text.parse::<Uri>()
-                    .unwrap_or_else(|_| Uri::from_static("http://localhost"))
-            }
-        };
-        let mut builder = tonic::transport::Endpoint::from(uri).tcp_nodelay(true);
-        if let Some(interval) = inner.options.keep_alive {
-            builder = builder
-                .http2_keep_alive_interval(interval)
-                .keep_alive_timeout(interval.min(Duration::from_secs(20)))
-                .keep_alive_while_idle(false);
-        }
-        let target = Arc::new(DialTarget {
-            endpoint: inner.endpoint.clone(),
-            options: inner.options.clone(),
-            dials: Arc::clone(&inner.dials),
-        });
-        let connector = tower::service_fn(move |_: Uri| {
-            let target = Arc::clone(&target);
-            async move { target.open().await }
-        });
-        match builder.connect_with_connector(connector).await {
-            Ok(channel) => {
-                tracing::debug!(endpoint = %inner.endpoint, "connected to plugin");
-                let channel = PluginChannel::plain(channel);
-                Ok(match &inner.layers {
-                    Some(layers) => layers.apply(channel),
-                    None => channel,
-                })
-            }
-            Err(err) => Err(dial_failure(&inner.endpoint, err)),
-        }
+        let target = Arc::new(DialTarget::new(
+            inner.endpoint.clone(),
+            inner.options.clone(),
+            Arc::clone(&inner.dials),
+        ));
+        let channel = PluginChannel::plain(Link::connect(target).await?);
+        Ok(match &inner.layers {
+            Some(layers) => layers.apply(channel),
+            None => channel,
+        })
     }
 }
 
-/// Pulls our own [`ConnectError`] back out of tonic's transport error, if that is what failed.
-fn dial_failure(endpoint: &Endpoint, err: tonic::transport::Error) -> DialFailure {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-    while let Some(e) = source {
-        if let Some(connect) = e.downcast_ref::<ConnectError>() {
-            return DialFailure::Connect(connect.duplicate());
-        }
-        source = e.source();
-    }
-    DialFailure::Handshake {
-        endpoint: endpoint.to_string(),
-        source: err,
-    }
-}
-
+/// Where and how to dial: shared by the first dial and every redial of the link.
 #[derive(Debug)]
-struct DialTarget {
+pub(crate) struct DialTarget {
     endpoint: Endpoint,
     options: ConnectOptions,
     dials: Arc<AtomicU64>,
@@ -274,6 +261,25 @@ enum Stream {
 }
 
 impl DialTarget {
+    /// Dials `endpoint` with `options`, counting every try in `dials`.
+    pub(crate) fn new(endpoint: Endpoint, options: ConnectOptions, dials: Arc<AtomicU64>) -> Self {
+        DialTarget {
+            endpoint,
+            options,
+            dials,
+        }
+    }
+
+    /// The endpoint dialled.
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The dial options.
+    pub(crate) fn options(&self) -> &ConnectOptions {
+        &self.options
+    }
+
     async fn open_once(&self) -> io::Result<Stream> {
         self.dials.fetch_add(1, Ordering::Relaxed);
         match &self.endpoint {
@@ -288,7 +294,7 @@ impl DialTarget {
 
     /// Dials, waiting with backoff while the socket is missing or refuses connections (a
     /// plugin that is starting, or restarting and recreating its socket).
-    async fn open(&self) -> Result<TokioIo<EitherStream>, ConnectError> {
+    pub(crate) async fn open(&self) -> Result<TokioIo<EitherStream>, ConnectError> {
         let start = tokio::time::Instant::now();
         let mut pause = self.options.initial_backoff;
         loop {

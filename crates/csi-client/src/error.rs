@@ -7,7 +7,7 @@ use csi_proto::Rpc;
 use csi_structs::{ErrorClass, ExternalVolumeId, PluginNodeId, SnapshotId, ValidationErrors};
 use tonic::Code;
 
-use crate::connection::ConnectError;
+use crate::connection::{ConnectError, HandshakeError};
 use crate::policy::Failure;
 
 /// Which deadline expired.
@@ -120,12 +120,8 @@ pub enum ErrorKind {
     #[error(transparent)]
     NotConnected(ConnectError),
     /// The socket opened but the HTTP/2 connection could not be set up; nothing was sent.
-    #[error("HTTP/2 handshake failed: {source}")]
-    Handshake {
-        /// tonic's error.
-        #[source]
-        source: Box<tonic::transport::Error>,
-    },
+    #[error(transparent)]
+    Handshake(HandshakeError),
     /// The request breaks the spec and was not sent; each violation names the field.
     #[error("invalid request: {0}")]
     InvalidRequest(ValidationErrors),
@@ -144,7 +140,7 @@ impl ErrorKind {
                 DeadlineScope::Call => Failure::CallDeadline,
             },
             ErrorKind::ConnectionLost { .. } => Failure::ConnectionLost,
-            ErrorKind::NotConnected(_) | ErrorKind::Handshake { .. } => Failure::NotConnected,
+            ErrorKind::NotConnected(_) | ErrorKind::Handshake(_) => Failure::NotConnected,
             ErrorKind::InvalidRequest(_) => Failure::InvalidRequest,
             ErrorKind::InvalidResponse(_) => Failure::InvalidResponse,
         }

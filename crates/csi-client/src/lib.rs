@@ -74,6 +74,7 @@ pub mod fingerprint;
 pub mod group_controller;
 pub mod health;
 pub mod identity;
+mod link;
 pub mod metrics;
 pub mod node;
 pub mod observe;
@@ -85,7 +86,7 @@ mod validate;
 pub use budget::RetryBudget;
 pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
-pub use connection::{ConnectError, ConnectOptions, Connection};
+pub use connection::{ConnectError, ConnectOptions, Connection, HandshakeError};
 pub use controller::ControllerClient;
 pub use csi_proto::Rpc;
 /// The CSI wire messages, for the RPCs that take or return raw messages.

@@ -237,7 +237,7 @@ impl<T: MetadataMessage> MetadataStream<T> {
                 self.done = true;
                 return Ok(None);
             }
-            Ok(Err(status)) => kind_of_status(status, scope),
+            Ok(Err(status)) => kind_of_status(status),
             Err(_) => ErrorKind::Timeout(scope),
         };
         self.done = true;

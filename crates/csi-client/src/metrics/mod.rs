@@ -7,7 +7,7 @@
 //! - the status code of a unary answer travels in the HTTP/2 trailers, so the layer wraps the
 //!   response body and reads the trailers frame as the client reads it (or the headers, for a
 //!   "trailers-only" answer such as most errors);
-//! - a request that failed below gRPC (connection refused or lost, tonic's own deadline),
+//! - a request that failed below gRPC (connection refused or lost, a redial that failed),
 //!   a body that ended without a status, and a response dropped before its status arrived
 //!   (our attempt deadline, a cancelled call) are outcomes of their own ([`RpcOutcome`]).
 //!
@@ -74,8 +74,8 @@ pub enum RpcOutcome {
     /// The plugin's final gRPC status (`Ok` included), from the trailers or, for a
     /// trailers-only answer, the headers.
     Status(Code),
-    /// The request failed below gRPC: no response (connection refused or lost, tonic's own
-    /// enforcement of `grpc-timeout`) or an error while reading the body.
+    /// The request failed below gRPC: no response (connection refused or lost, a redial that
+    /// failed) or an error while reading the body.
     Transport,
     /// The response ended without a `grpc-status` (a broken or non-gRPC server).
     NoStatus,

@@ -39,6 +39,47 @@ async fn a_restarted_plugin_is_reconnected_transparently() {
 }
 
 #[tokio::test]
+async fn a_request_the_closed_connection_never_took_is_sent_on_the_new_one() {
+    let mut mock = Mock::default().await;
+    // One attempt only: if the request after the restart were lost with the old connection,
+    // this mutating call would fail (uncertain) instead of succeeding.
+    let client = mock.client(|table| table.update(Rpc::CreateVolume, |p| p.max_attempts = 1));
+    let request = |name: &str| csi_client::proto::CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![
+            (&csi_structs::VolumeCapability::block(csi_structs::AccessMode::SingleNodeWriter))
+                .into(),
+        ],
+        ..Default::default()
+    };
+    guard(client.controller().create_volume(request("pvc-before")))
+        .await
+        .unwrap();
+    let dials = client.connection().dial_attempts();
+    for round in 0..3 {
+        mock.restart().await;
+        let volume = guard(
+            client
+                .controller()
+                .create_volume(request(&format!("pvc-{round}"))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        assert!(!volume.volume_id.as_str().is_empty());
+    }
+    assert_eq!(
+        mock.count(Rpc::CreateVolume),
+        4,
+        "each request reached a plugin once"
+    );
+    assert_eq!(
+        client.connection().dial_attempts(),
+        dials + 3,
+        "one dial per restart"
+    );
+}
+
+#[tokio::test]
 async fn a_plugin_restarting_mid_call_is_retried_on_the_new_socket() {
     let mut mock = Mock::default().await;
     let client = mock.client(|_| {});
@@ -133,6 +174,38 @@ async fn a_plugin_gone_for_good_is_retry_elsewhere_after_the_wait() {
     );
     assert!(
         matches!(err.kind(), csi_client::ErrorKind::NotConnected(_)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_spent_redialling_a_missing_plugin_is_not_uncertain() {
+    let mut mock = Mock::default().await;
+    let client = mock.client(|table| {
+        table.update(Rpc::NodeUnpublishVolume, |p| {
+            p.max_attempts = 1;
+            p.attempt_deadline = std::time::Duration::from_millis(200);
+        })
+    });
+    guard(client.identity().get_plugin_info()).await.unwrap();
+    mock.stop().await;
+    // The link waits for the socket to come back (30 s by default) and the attempt deadline
+    // ends the wait: nothing reached a plugin, so the mutating call is not "uncertain".
+    let err = guard(client.node().node_unpublish_volume(
+        csi_client::proto::NodeUnpublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            target_path: "/pods/p1/vol-1".into(),
+        },
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err.kind(), csi_client::ErrorKind::NotConnected(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.class(),
+        csi_client::ErrorClass::RetryElsewhere,
         "{err:?}"
     );
 }
