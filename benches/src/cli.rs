@@ -47,6 +47,11 @@ pub struct Cli {
     #[arg(short = 'c', long = "callers", default_value_t = 1)]
     pub c: u32,
 
+    /// The tokio runtime the load and `--compare` runs drive the plugin from (and the in-process
+    /// mock runs on): one worker per core, or everything on one thread.
+    #[arg(long, value_enum, default_value_t = RuntimeFlavor::MultiThread)]
+    pub runtime: RuntimeFlavor,
+
     /// Unmeasured calls before the measured ones (connection set-up, caches).
     #[arg(long, default_value_t = 200)]
     pub warmup: u64,
@@ -105,6 +110,27 @@ pub struct Cli {
     /// Internal: serve the mock plugin at this socket until stdin closes.
     #[arg(long, hide = true, value_name = "PATH")]
     pub serve_mock: Option<PathBuf>,
+}
+
+/// Which tokio runtime a run uses (`--runtime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeFlavor {
+    /// `multi-thread`: one worker thread per core, tasks stolen between them (tokio's
+    /// default, what an orchestrator serving many callers runs).
+    MultiThread,
+    /// `current-thread`: every task on the thread that drives the run, so a sequential
+    /// caller pays no cross-thread wake-up (what a single-threaded tool runs).
+    CurrentThread,
+}
+
+impl RuntimeFlavor {
+    /// The flag's spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RuntimeFlavor::MultiThread => "multi-thread",
+            RuntimeFlavor::CurrentThread => "current-thread",
+        }
+    }
 }
 
 /// What a run does, decided from the flags.
@@ -230,6 +256,10 @@ mod tests {
             Some(Mode::Load(TargetSpec::Endpoint("unix:///x.sock".into())))
         );
         assert_eq!(parse(&["--baseline"]).ok(), Some(Mode::Baseline));
+        let cli = Cli::try_parse_from(["csi-bench", "--mock", "--runtime", "current-thread"])
+            .expect("a runtime flavour parses");
+        assert_eq!(cli.runtime, RuntimeFlavor::CurrentThread);
+        assert!(Cli::try_parse_from(["csi-bench", "--mock", "--runtime", "green"]).is_err());
         assert_eq!(
             parse(&["--mock", "--conn-memory", "10"]).ok(),
             Some(Mode::ConnMemory(TargetSpec::Mock, 10))

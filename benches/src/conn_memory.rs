@@ -14,6 +14,7 @@ use csi_client::{CsiClient, Endpoint};
 use tokio::runtime::Runtime;
 
 use crate::child::{self, HIDDEN_SERVE_MOCK};
+use crate::cli::RuntimeFlavor;
 use crate::error::BenchError;
 use crate::memory::rss_bytes;
 use crate::target::{TargetSpec, bench_mock, mock_socket, socket_dir};
@@ -165,17 +166,17 @@ async fn measure(
     })
 }
 
-/// The child's side of `--serve-mock PATH`: serves the benchmark mock at `path` until stdin
-/// closes.
+/// The child's side of `--serve-mock PATH`: serves the benchmark mock at `path`, on a runtime
+/// of the given flavour, until stdin closes.
 ///
 /// # Errors
 ///
 /// [`BenchError::Runtime`], and the mock's start-up errors.
-pub fn serve_mock_until_stdin_closes(path: &Path) -> Result<(), BenchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(BenchError::Runtime)?;
+pub fn serve_mock_until_stdin_closes(
+    path: &Path,
+    runtime: RuntimeFlavor,
+) -> Result<(), BenchError> {
+    let rt = crate::runtime_of(runtime)?;
     rt.block_on(async {
         let server = bench_mock()?
             .serve_unix(path)

@@ -9,16 +9,15 @@ use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use csi_client::proto::ProbeRequest;
 use csi_client::proto::identity_client::IdentityClient;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tonic::body::Body;
 
 use crate::error::BenchError;
-use crate::report::Line;
+use crate::raw::{ProbeBatches, timed_probes};
 
 /// The `client=` value of the bare hyper line.
 pub const CLIENT: &str = "hyper-h2";
@@ -47,49 +46,53 @@ impl tower::Service<http::Request<Body>> for H2Service {
     }
 }
 
-/// `warmup` then `n` sequential Probes over one hyper HTTP/2 connection to the unix socket
-/// `path`.
-///
-/// # Errors
-///
-/// [`BenchError::H2Connect`], [`BenchError::H2Handshake`], [`BenchError::RawCall`].
-pub async fn h2_probe(path: &Path, n: u64, warmup: u64) -> Result<Line, BenchError> {
-    let stream = tokio::net::UnixStream::connect(path)
-        .await
-        .map_err(|source| BenchError::H2Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    let (send, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .map_err(BenchError::H2Handshake)?;
-    let driver = tokio::spawn(connection);
-    let mut client = IdentityClient::with_origin(
-        H2Service { send },
-        http::Uri::from_static("http://localhost"),
-    );
-    let mut latencies: Vec<Duration> = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-    let started = Instant::now();
-    let mut measured_from = started;
-    for i in 0..warmup + n {
-        if i == warmup {
-            measured_from = Instant::now();
-        }
-        let start = Instant::now();
-        client
-            .probe(ProbeRequest {})
+/// Probe over one hyper HTTP/2 connection to a unix socket, through the generated Identity
+/// client with tonic's codec. The connection is driven by a task that ends when this is
+/// dropped.
+#[derive(Debug)]
+pub struct H2Probe {
+    client: IdentityClient<H2Service>,
+    driver: tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    sent: u64,
+}
+
+impl H2Probe {
+    /// Connects to the unix socket `path` and sets up HTTP/2.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::H2Connect`], [`BenchError::H2Handshake`].
+    pub async fn connect(path: &Path) -> Result<H2Probe, BenchError> {
+        let stream = tokio::net::UnixStream::connect(path)
             .await
-            .map_err(|status| BenchError::RawCall {
-                index: i,
-                code: status.code(),
-                message: status.message().to_owned(),
+            .map_err(|source| BenchError::H2Connect {
+                path: path.to_path_buf(),
+                source,
             })?;
-        if i >= warmup {
-            latencies.push(start.elapsed());
-        }
+        let (send, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(BenchError::H2Handshake)?;
+        let driver = tokio::spawn(connection);
+        let client = IdentityClient::with_origin(
+            H2Service { send },
+            http::Uri::from_static("http://localhost"),
+        );
+        Ok(H2Probe {
+            client,
+            driver,
+            sent: 0,
+        })
     }
-    let wall = measured_from.elapsed();
-    drop(client);
-    driver.abort();
-    Ok(Line::from_run(CLIENT, "probe", 1, &mut latencies, wall))
+}
+
+impl ProbeBatches for H2Probe {
+    async fn probes(&mut self, n: u64) -> Result<Vec<Duration>, BenchError> {
+        timed_probes(&mut self.client, &mut self.sent, n).await
+    }
+}
+
+impl Drop for H2Probe {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
 }

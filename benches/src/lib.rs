@@ -29,6 +29,7 @@
 //! - [`rpc`]: the rpcs driven, their set-up and clean-up; [`load`]: the caller loop;
 //!   [`report`]: the result [`Line`].
 //! - [`target`]: an endpoint or the in-process mock; [`baseline`]: the ping-pong floor;
+//!   [`compare`]: the floor and Probe, interleaved;
 //!   [`child`]: the re-executed child processes; [`memory`]: resident memory from `/proc`;
 //!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks;
 //!   [`shim_hop`]: the cost of one agent-to-agent hop.
@@ -37,6 +38,7 @@ pub mod baseline;
 pub mod child;
 pub mod claims;
 pub mod cli;
+pub mod compare;
 pub mod conn_memory;
 pub mod error;
 pub mod hyper_h2;
@@ -50,16 +52,13 @@ pub mod target;
 
 use std::path::Path;
 
-pub use cli::{Cli, Mode};
+pub use cli::{Cli, Mode, RuntimeFlavor};
 pub use error::BenchError;
 pub use report::{Line, LineError};
 pub use rpc::BenchRpc;
 
 use crate::rpc::{Given, Plan};
 use crate::target::{Target, TargetSpec};
-
-/// The most the sequential Probe p50 may be, as a multiple of the baseline's p50 (issue 4).
-pub const COMPARE_TARGET_RATIO: f64 = 4.0;
 
 /// Runs what `cli` asks for and returns the lines to print (none for the internal child
 /// modes). `exe` is the executable to re-run as a child process (the ping-pong peer, the
@@ -72,7 +71,7 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
     match cli.mode()? {
         Mode::BaselineChild(path) => baseline::serve_pongs(&path).map(|()| Vec::new()),
         Mode::ServeMock(path) => {
-            conn_memory::serve_mock_until_stdin_closes(&path).map(|()| Vec::new())
+            conn_memory::serve_mock_until_stdin_closes(&path, cli.runtime).map(|()| Vec::new())
         }
         Mode::Baseline => Ok(vec![
             baseline::run_baseline(exe, cli.n, cli.warmup)?.to_string(),
@@ -81,40 +80,13 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             claims::claims_memory(claims, cli.volumes)?.to_string(),
         ]),
         Mode::Load(spec) => {
-            let rt = runtime()?;
+            let rt = runtime_of(cli.runtime)?;
             let line = rt.block_on(drive(&spec, cli, cli.rpc, cli.c))?;
             Ok(vec![line.to_string()])
         }
         Mode::Compare(spec) => {
-            let floor = baseline::run_baseline(exe, cli.n, cli.warmup)?;
-            let rt = runtime()?;
-            let (raw, h2, probe) = rt.block_on(compare(&spec, cli))?;
-            let ratio = |line: &Line| {
-                if floor.p50_us > 0.0 {
-                    line.p50_us / floor.p50_us
-                } else {
-                    f64::INFINITY
-                }
-            };
-            let met = if ratio(&probe) <= COMPARE_TARGET_RATIO {
-                "yes"
-            } else {
-                "no"
-            };
-            let mut lines = vec![floor.to_string()];
-            let mut summary = format!("compare probe_p50_over_baseline_p50={:.2}", ratio(&probe));
-            if let Some(raw) = &raw {
-                lines.push(raw.to_string());
-                summary.push_str(&format!(" tonic_p50_over_baseline_p50={:.2}", ratio(raw)));
-            }
-            if let Some(h2) = &h2 {
-                lines.push(h2.to_string());
-                summary.push_str(&format!(" hyper_h2_p50_over_baseline_p50={:.2}", ratio(h2)));
-            }
-            lines.push(probe.to_string());
-            summary.push_str(&format!(" target_max={COMPARE_TARGET_RATIO:.0} met={met}"));
-            lines.push(summary);
-            Ok(lines)
+            let rt = runtime_of(cli.runtime)?;
+            Ok(compare::run_compare(&rt, &spec, exe, cli.n, cli.warmup)?.lines(cli.runtime))
         }
         Mode::ConnMemory(spec, k) => {
             let rt = runtime()?;
@@ -137,53 +109,29 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
     }
 }
 
-/// The multi-threaded runtime every run uses (one worker per core).
+/// The multi-threaded runtime runs use unless `--runtime` says otherwise (one worker per
+/// core).
 ///
 /// # Errors
 ///
 /// [`BenchError::Runtime`].
 pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(BenchError::Runtime)
+    runtime_of(RuntimeFlavor::MultiThread)
 }
 
-/// Sequential Probe through a bare tonic client and a bare hyper HTTP/2 connection (unix
-/// endpoints only) and through csi-client, on one plugin.
-async fn compare(
-    spec: &TargetSpec,
-    cli: &Cli,
-) -> Result<(Option<Line>, Option<Line>, Line), BenchError> {
-    let target = Target::start(spec).await?;
-    let client = target.client();
-    let mut plan = Plan::prepare(&client, BenchRpc::Probe, 1, &Given::default()).await?;
-    let probe = load::run_load(&client, &mut plan, cli.n, 1, cli.warmup).await;
-    drop(client);
-    let raw = match (&probe, target.endpoint().unix_path()) {
-        (Ok(_), Some(path)) => {
-            // On a worker thread, like csi-client's callers (the thread blocking on the runtime
-            // would add a cross-thread wake-up to every call).
-            let (path, n, warmup) = (path.to_path_buf(), cli.n, cli.warmup);
-            let task = tokio::spawn(async move { raw::raw_probe(&path, n, warmup).await });
-            Some(task.await.unwrap_or(Err(BenchError::CallerTask {
-                rpc: BenchRpc::Probe,
-            })))
-        }
-        _ => None,
-    };
-    let h2 = match (&probe, target.endpoint().unix_path()) {
-        (Ok(_), Some(path)) => {
-            let (path, n, warmup) = (path.to_path_buf(), cli.n, cli.warmup);
-            let task = tokio::spawn(async move { hyper_h2::h2_probe(&path, n, warmup).await });
-            Some(task.await.unwrap_or(Err(BenchError::CallerTask {
-                rpc: BenchRpc::Probe,
-            })))
-        }
-        _ => None,
-    };
-    target.stop().await?;
-    Ok((raw.transpose()?, h2.transpose()?, probe?))
+/// A runtime of the given flavour.
+///
+/// # Errors
+///
+/// [`BenchError::Runtime`].
+pub fn runtime_of(flavor: RuntimeFlavor) -> Result<tokio::runtime::Runtime, BenchError> {
+    match flavor {
+        RuntimeFlavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        RuntimeFlavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+    }
+    .enable_all()
+    .build()
+    .map_err(BenchError::Runtime)
 }
 
 async fn drive(spec: &TargetSpec, cli: &Cli, rpc: BenchRpc, c: u32) -> Result<Line, BenchError> {

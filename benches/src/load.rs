@@ -43,6 +43,21 @@ pub async fn run_load(
     ))
 }
 
+/// `n` measured calls by `c` concurrent callers sharing `client`, without warm-up: the
+/// latencies, unsorted (a batch of a longer, interleaved run).
+///
+/// # Errors
+///
+/// As [`run_load`].
+pub async fn measure(
+    client: &CsiClient,
+    plan: &mut Plan,
+    n: u64,
+    c: u32,
+) -> Result<Vec<Duration>, BenchError> {
+    phase(client, plan, n, c, "measured").await
+}
+
 async fn phase(
     client: &CsiClient,
     plan: &mut Plan,

@@ -7,48 +7,83 @@ use std::time::{Duration, Instant};
 
 use csi_client::proto::ProbeRequest;
 use csi_client::proto::identity_client::IdentityClient;
+use tonic::codegen::Body;
+use tonic::transport::Channel;
 
 use crate::error::BenchError;
-use crate::report::Line;
 
 /// The `client=` value of the bare tonic line.
 pub const CLIENT: &str = "tonic";
 
-/// `warmup` then `n` sequential Probes through a bare tonic client on the unix socket `path`.
-///
-/// # Errors
-///
-/// [`BenchError::RawConnect`], [`BenchError::RawCall`].
-pub async fn raw_probe(path: &Path, n: u64, warmup: u64) -> Result<Line, BenchError> {
-    let channel = csi_testkit::transport::connect_unix(path)
-        .await
-        .map_err(BenchError::RawConnect)?;
-    let mut client = IdentityClient::new(channel);
-    let mut latencies: Vec<Duration> = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-    let started = Instant::now();
-    let mut measured_from = started;
-    for i in 0..warmup + n {
-        if i == warmup {
-            measured_from = Instant::now();
-        }
+/// A bare tonic Identity client on one unix socket.
+#[derive(Clone, Debug)]
+pub struct TonicProbe {
+    client: IdentityClient<Channel>,
+    sent: u64,
+}
+
+impl TonicProbe {
+    /// Connects to the unix socket `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::RawConnect`].
+    pub async fn connect(path: &Path) -> Result<TonicProbe, BenchError> {
+        let channel = csi_testkit::transport::connect_unix(path)
+            .await
+            .map_err(BenchError::RawConnect)?;
+        Ok(TonicProbe {
+            client: IdentityClient::new(channel),
+            sent: 0,
+        })
+    }
+}
+
+impl ProbeBatches for TonicProbe {
+    async fn probes(&mut self, n: u64) -> Result<Vec<Duration>, BenchError> {
+        timed_probes(&mut self.client, &mut self.sent, n).await
+    }
+}
+
+/// A bare Probe client that runs timed batches (the diagnostic lines of `--compare`).
+pub trait ProbeBatches: Send + 'static {
+    /// `n` sequential Probes, each timed.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::RawCall`] for the first failed Probe.
+    fn probes(
+        &mut self,
+        n: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<Duration>, BenchError>> + Send;
+}
+
+/// `n` sequential Probes through a generated Identity client over any HTTP/2 service, each
+/// timed; `sent` numbers the calls across batches (for the error of a failed one).
+pub(crate) async fn timed_probes<T>(
+    client: &mut IdentityClient<T>,
+    sent: &mut u64,
+    n: u64,
+) -> Result<Vec<Duration>, BenchError>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut latencies = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for _ in 0..n {
         let start = Instant::now();
         client
             .probe(ProbeRequest {})
             .await
             .map_err(|status| BenchError::RawCall {
-                index: i,
+                index: *sent,
                 code: status.code(),
                 message: status.message().to_owned(),
             })?;
-        if i >= warmup {
-            latencies.push(start.elapsed());
-        }
+        latencies.push(start.elapsed());
+        *sent += 1;
     }
-    Ok(Line::from_run(
-        CLIENT,
-        "probe",
-        1,
-        &mut latencies,
-        measured_from.elapsed(),
-    ))
+    Ok(latencies)
 }

@@ -209,6 +209,36 @@ fn compare_prints_the_floor_both_probes_and_the_ratio() {
         "{summary}"
     );
     assert!(summary.contains(" target_max=4 met="), "{summary}");
+    assert!(
+        summary.contains(" runtime=multi-thread rounds=10 "),
+        "{summary}"
+    );
+
+    // The same on one thread; 53 calls do not split evenly into the rounds.
+    let lines = run(
+        &cli(&[
+            "--mock",
+            "--compare",
+            "-n",
+            "53",
+            "--warmup",
+            "3",
+            "--runtime",
+            "current-thread",
+        ]),
+        EXE.as_ref(),
+    )
+    .expect("the compare run succeeds on a current-thread runtime");
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    for text in &lines[..4] {
+        let line: Line = text.parse().expect("a compare line parses");
+        assert_eq!(line.n, 53, "{text}");
+    }
+    assert!(
+        lines[4].contains(" runtime=current-thread "),
+        "{}",
+        lines[4]
+    );
 }
 
 fn field(line: &str, name: &str) -> Option<u64> {
