@@ -10,6 +10,7 @@ use csi_structs::{
 
 use crate::convert;
 use crate::error::Error;
+use crate::paging;
 use crate::service::{raw_rpc, service_client, typed_rpc};
 
 service_client!(
@@ -93,6 +94,49 @@ impl ControllerClient {
         /// `ControllerModifyVolume`.
         controller_modify_volume, Raw<crate::channel::PluginChannel>, pb::ControllerModifyVolumeRequest => ()
     );
+
+    /// `ListVolumes`, every page: follows `next_token` from `request`'s `starting_token` until
+    /// the plugin ends the listing (see [`paging`](crate::paging): each page is retried on its
+    /// own, a repeated token or a listing past [`MAX_PAGES`](crate::paging::MAX_PAGES) is an
+    /// invalid response, and ABORTED on a later page lists again from the start).
+    ///
+    /// # Errors
+    ///
+    /// The first page call that failed, or the invalid response that ended the listing.
+    pub async fn list_all_volumes(
+        &self,
+        request: pb::ListVolumesRequest,
+    ) -> Result<Vec<pb::list_volumes_response::Entry>, Error> {
+        paging::every_page(request, paging::MAX_PAGES, |req| self.list_volumes(req)).await
+    }
+
+    /// `ListSnapshots`, every page (as [`list_all_volumes`](Self::list_all_volumes)).
+    ///
+    /// # Errors
+    ///
+    /// The first page call that failed, or the invalid response that ended the listing.
+    pub async fn list_all_snapshots(
+        &self,
+        request: pb::ListSnapshotsRequest,
+    ) -> Result<Vec<pb::list_snapshots_response::Entry>, Error> {
+        paging::every_page(request, paging::MAX_PAGES, |req| self.list_snapshots(req)).await
+    }
+
+    /// `ControllerListVolumeHealth` (alpha), every page (as
+    /// [`list_all_volumes`](Self::list_all_volumes)).
+    ///
+    /// # Errors
+    ///
+    /// The first page call that failed, or the invalid response that ended the listing.
+    pub async fn controller_list_all_volume_health(
+        &self,
+        request: pb::ControllerListVolumeHealthRequest,
+    ) -> Result<Vec<pb::VolumeHealth>, Error> {
+        paging::every_page(request, paging::MAX_PAGES, |req| {
+            self.controller_list_volume_health(req)
+        })
+        .await
+    }
 
     /// `ControllerPublishVolume` from domain values: makes `volume` usable on `node` (the id
     /// the node's `NodeGetInfo` returned) with `capability`.

@@ -82,6 +82,21 @@ pub enum ResponseError {
         /// The new value.
         after: i64,
     },
+    /// A listing's `next_token` repeats a token an earlier page already gave: following it
+    /// would never end.
+    #[error(
+        "next_token of page {page} repeats a token of an earlier page; the listing would never end"
+    )]
+    RepeatedToken {
+        /// The page (from 1) whose `next_token` repeats.
+        page: u32,
+    },
+    /// A listing went on for more pages than [`MAX_PAGES`](crate::paging::MAX_PAGES).
+    #[error("the listing did not end within {limit} pages")]
+    TooManyPages {
+        /// The page limit.
+        limit: u32,
+    },
     /// A FIXED_LENGTH stream carried ranges of different sizes.
     #[error(
         "FIXED_LENGTH stream has a range of {size_bytes} bytes after ranges of {expected} bytes"

@@ -78,6 +78,7 @@ mod link;
 pub mod metrics;
 pub mod node;
 pub mod observe;
+pub mod paging;
 pub mod policy;
 mod service;
 pub mod snapshot_metadata;

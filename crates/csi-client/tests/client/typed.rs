@@ -470,3 +470,49 @@ async fn a_full_attach_cycle_with_domain_values() {
         .unwrap();
     assert!(mock.plugin.published_nodes("vol-1").is_empty());
 }
+
+#[tokio::test]
+async fn list_all_volumes_follows_every_page_of_the_mock() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let mut created = std::collections::BTreeSet::from(["vol-1".to_owned()]);
+    for i in 0..6 {
+        let volume = guard(
+            client
+                .controller()
+                .create_volume(proto::CreateVolumeRequest {
+                    name: format!("pvc-{i}"),
+                    volume_capabilities: vec![
+                        (&VolumeCapability::block(AccessMode::SingleNodeWriter)).into(),
+                    ],
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+        created.insert(volume.volume_id.as_str().to_owned());
+    }
+    let entries = guard(
+        client
+            .controller()
+            .list_all_volumes(proto::ListVolumesRequest {
+                max_entries: 2,
+                starting_token: String::new(),
+            }),
+    )
+    .await
+    .unwrap();
+    let listed: Vec<String> = entries
+        .into_iter()
+        .map(|e| e.volume.unwrap().volume_id)
+        .collect();
+    assert_eq!(listed.len(), 7, "{listed:?}");
+    assert_eq!(
+        listed
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>(),
+        created
+    );
+    // Four pages of at most two entries each.
+    assert_eq!(mock.count(Rpc::ListVolumes), 4);
+}
