@@ -15,8 +15,11 @@
 //!   "retry elsewhere", "uncertain", "fatal") and names the RPC, volume and node. A deadline
 //!   or lost connection on a mutating RPC is *uncertain*, not *failed*.
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
-//!   plugin has not created yet, reconnects when the plugin restarts, and sends `:authority
-//!   localhost`.
+//!   plugin has not created yet, reconnects when the plugin restarts (a request the closed
+//!   connection never took goes out on the new one), and sends `:authority localhost`.
+//! - **Listings to the end** ([`paging`]): `list_all_volumes` and its siblings follow
+//!   `next_token` page by page, refuse a plugin whose tokens loop or never end, and start
+//!   over when the plugin refuses its own token (ABORTED), as the spec says.
 //! - **Requests are checked before sending and answers on arrival**, with errors naming the
 //!   field; secrets never reach a log line, a span or an error.
 //! - **Observable**: `tracing` spans per call and attempt, plus two hooks for metrics.
