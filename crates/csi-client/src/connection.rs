@@ -3,8 +3,8 @@
 //! A [`Connection`] stores the endpoint and dials nothing until the first call. The first call
 //! (however many tasks make it at once) performs exactly one dial; everybody else waits for that
 //! dial. The dial waits, with bounded exponential backoff, for a socket the plugin has not
-//! created yet. Once connected, the link (hyper's HTTP/2 client on our socket, see
-//! [`crate::link`]) is shared by every service client; when the plugin restarts and recreates
+//! created yet. Once connected, the link (hyper's HTTP/2 client on our socket, the crate's
+//! `link` module) is shared by every service client; when the plugin restarts and recreates
 //! its socket, the link dials again on the next call through the same waiting dial, and a
 //! request the old connection never took is sent on the new one. The client's tower layers, if
 //! any, wrap the link once, right after the first dial, inside that one dial (see

@@ -96,7 +96,7 @@ impl ControllerClient {
     );
 
     /// `ListVolumes`, every page: follows `next_token` from `request`'s `starting_token` until
-    /// the plugin ends the listing (see [`paging`](crate::paging): each page is retried on its
+    /// the plugin ends the listing (see [`paging`]: each page is retried on its
     /// own, a repeated token or a listing past [`MAX_PAGES`](crate::paging::MAX_PAGES) is an
     /// invalid response, and ABORTED on a later page lists again from the start).
     ///
