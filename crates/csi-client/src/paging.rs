@@ -44,43 +44,29 @@ pub(crate) trait Paged: CsiRequest {
     fn split(response: Self::Response) -> (Vec<Self::Entry>, String);
 }
 
-impl Paged for pb::ListVolumesRequest {
-    type Response = pb::ListVolumesResponse;
-    type Entry = pb::list_volumes_response::Entry;
+/// A list request whose token field is `starting_token` and whose answer holds `entries` and
+/// `next_token` (all three paginated RPCs).
+macro_rules! paged {
+    ($($request:ty => $response:ty, $entry:ty;)*) => {$(
+        impl Paged for $request {
+            type Response = $response;
+            type Entry = $entry;
 
-    fn starting_token(&mut self) -> &mut String {
-        &mut self.starting_token
-    }
+            fn starting_token(&mut self) -> &mut String {
+                &mut self.starting_token
+            }
 
-    fn split(response: Self::Response) -> (Vec<Self::Entry>, String) {
-        (response.entries, response.next_token)
-    }
+            fn split(response: $response) -> (Vec<$entry>, String) {
+                (response.entries, response.next_token)
+            }
+        }
+    )*};
 }
 
-impl Paged for pb::ListSnapshotsRequest {
-    type Response = pb::ListSnapshotsResponse;
-    type Entry = pb::list_snapshots_response::Entry;
-
-    fn starting_token(&mut self) -> &mut String {
-        &mut self.starting_token
-    }
-
-    fn split(response: Self::Response) -> (Vec<Self::Entry>, String) {
-        (response.entries, response.next_token)
-    }
-}
-
-impl Paged for pb::ControllerListVolumeHealthRequest {
-    type Response = pb::ControllerListVolumeHealthResponse;
-    type Entry = pb::VolumeHealth;
-
-    fn starting_token(&mut self) -> &mut String {
-        &mut self.starting_token
-    }
-
-    fn split(response: Self::Response) -> (Vec<Self::Entry>, String) {
-        (response.entries, response.next_token)
-    }
+paged! {
+    pb::ListVolumesRequest => pb::ListVolumesResponse, pb::list_volumes_response::Entry;
+    pb::ListSnapshotsRequest => pb::ListSnapshotsResponse, pb::list_snapshots_response::Entry;
+    pb::ControllerListVolumeHealthRequest => pb::ControllerListVolumeHealthResponse, pb::VolumeHealth;
 }
 
 /// Calls `page` from `request`'s starting token until a page ends the listing, and returns
