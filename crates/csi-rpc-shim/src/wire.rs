@@ -217,6 +217,23 @@ impl Decoder {
         value
     }
 
+    /// A capacity range sent as two byte counts, `required_bytes` and `limit_bytes` (0: unset):
+    /// neither negative, and, when any is set, csi-structs' `CapacityRange` rules (a limit not
+    /// below the requirement, no bound over `i64::MAX`).
+    pub(crate) fn capacity(&mut self, required: i64, limit: i64) -> (i64, i64) {
+        let required = self.non_negative("required_bytes", required);
+        let limit = self.non_negative("limit_bytes", limit);
+        if (required > 0 || limit > 0)
+            && let Err(errors) = csi_structs::CapacityRange::new(
+                u64::try_from(required).ok(),
+                u64::try_from(limit).ok(),
+            )
+        {
+            self.found.violations.extend(errors);
+        }
+        (required, limit)
+    }
+
     /// A string map (context, parameters, secrets) under its own rules: 4 KiB, and for
     /// secrets the key syntax too.
     pub(crate) fn map<M: WireMap>(

@@ -291,8 +291,7 @@ impl Op for CreateVolume {
         let mut d = Decoder::new();
         let (query, target) = query_from_wire(&mut d, w.query);
         let volume = d.id("volume_id", w.volume_id);
-        let required_bytes = d.non_negative("required_bytes", w.required_bytes);
-        let limit_bytes = d.non_negative("limit_bytes", w.limit_bytes);
+        let (required_bytes, limit_bytes) = d.capacity(w.required_bytes, w.limit_bytes);
         let capabilities = d.capabilities("capabilities", w.capabilities);
         let parameters = d.map("parameters", w.parameters);
         let secrets = d.map("secrets", w.secrets);
@@ -439,8 +438,7 @@ impl Op for ControllerExpand {
         let (query, target) = query_from_wire(&mut d, w.query);
         let volume = d.id("volume_id", w.volume_id);
         let external_volume = d.id("external_volume_id", w.external_volume_id);
-        let required_bytes = d.non_negative("required_bytes", w.required_bytes);
-        let limit_bytes = d.non_negative("limit_bytes", w.limit_bytes);
+        let (required_bytes, limit_bytes) = d.capacity(w.required_bytes, w.limit_bytes);
         let capability = match w.capability {
             None => Some(None),
             Some(c) => d

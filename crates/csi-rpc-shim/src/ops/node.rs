@@ -125,8 +125,7 @@ impl Op for NodeExpand {
         let external_volume = d.id("external_volume_id", w.external_volume_id);
         let node: Option<NodeId> = d.id("node_id", w.node_id);
         let workload = d.id("workload_id", w.workload_id);
-        let required_bytes = d.non_negative("required_bytes", w.required_bytes);
-        let limit_bytes = d.non_negative("limit_bytes", w.limit_bytes);
+        let (required_bytes, limit_bytes) = d.capacity(w.required_bytes, w.limit_bytes);
         let capability = d.capability("capability", w.capability);
         let secrets = d.map("secrets", w.secrets);
         d.finish(|| {

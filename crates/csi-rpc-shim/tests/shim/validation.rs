@@ -99,6 +99,31 @@ async fn an_invalid_local_request_fails_before_sending() {
     assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
 }
 
+#[tokio::test]
+async fn a_size_limit_below_the_requirement_is_refused_naming_the_limit() {
+    let cluster = Cluster::start(vec![AgentSpec::cluster("ops"), AgentSpec::node("b")]).await;
+    cluster.controllers_on(&["b"]);
+    let create = csi_rpc_shim::CreateVolume {
+        query: csi_rpc_shim::ControllerQuery::new(plugin()),
+        volume: csi_structs::VolumeId::new("vol-new").unwrap(),
+        required_bytes: 2 << 30,
+        limit_bytes: 1 << 30,
+        capabilities: vec![attach("vol-1", "b").capability],
+        parameters: Default::default(),
+        secrets: secrets(),
+    };
+    let err = guarded(cluster.agent("ops").shim.create_volume(create, CALL))
+        .await
+        .unwrap_err();
+    let ShimError::InvalidRequest { error, .. } = &err else {
+        panic!("{err:?}");
+    };
+    let lines = error.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("limit_bytes"), "{lines:?}");
+    assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
+}
+
 #[test]
 fn no_debug_print_shows_a_secret() {
     let secret = "hunter2-very-secret";
