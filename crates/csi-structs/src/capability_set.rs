@@ -283,6 +283,11 @@ impl ControllerCapabilities {
     /// Whether the CO must call `ControllerPublishVolume` before using a volume on a node
     /// (and `ControllerUnpublishVolume` after), pass `publish_context` to node calls, and
     /// learn each node's id from `NodeGetInfo` (`PUBLISH_UNPUBLISH_VOLUME`).
+    ///
+    /// This set alone cannot see whether the plugin advertises `CONTROLLER_SERVICE`; with a
+    /// whole [`Capabilities`], ask
+    /// [`lifecycle_requires(Rpc::ControllerPublishVolume)`](Capabilities::lifecycle_requires),
+    /// which also checks the service.
     pub fn requires_controller_publish(&self) -> bool {
         self.contains(ControllerCapability::PublishUnpublishVolume)
     }
@@ -535,6 +540,27 @@ impl RpcSupport {
 }
 
 /// What makes `rpc` mandatory for a plugin (spec §3.8).
+///
+/// `NodeGetInfo` is mandatory only with controller `PUBLISH_UNPUBLISH_VOLUME`, not on every
+/// Node service: csi-spec §2.3 (NodeGetInfo) says "MUST if the plugin has controller
+/// PUBLISH_UNPUBLISH_VOLUME", §3.8 lists it under that capability and not among the Node
+/// service's always-required RPCs, and §4.5 says that without the capability "NodeGetInfo is
+/// not mandatory". A CO may still call it (most do, for the node id at registration) but must
+/// then accept `UNIMPLEMENTED`. The capability belongs to the plugin's Controller service: a
+/// [`Capabilities`] read from a node-only instance (no `CONTROLLER_SERVICE` there) answers
+/// "not advertised", so ask it of the capabilities of the instance that serves the
+/// controller.
+///
+/// ```
+/// use csi_proto::Rpc;
+/// use csi_structs::capability_set::{ControllerCapability, Requirement, requirement_for};
+///
+/// assert_eq!(requirement_for(Rpc::NodePublishVolume), Requirement::NodeService);
+/// assert_eq!(
+///     requirement_for(Rpc::NodeGetInfo),
+///     Requirement::Controller(ControllerCapability::PublishUnpublishVolume)
+/// );
+/// ```
 pub const fn requirement_for(rpc: Rpc) -> Requirement {
     use ControllerCapability as C;
     use NodeCapability as N;
@@ -578,9 +604,8 @@ pub const fn requirement_for(rpc: Rpc) -> Requirement {
         Rpc::NodeGetVolumeHealth => Requirement::Node(N::GetVolumeHealth),
         Rpc::NodeGetStorageHealth => Requirement::Node(N::GetStorageHealth),
         Rpc::NodeExpandVolume => Requirement::Node(N::ExpandVolume),
-        // Mandatory with controller publish (it feeds ControllerPublishVolume's node_id).
-        // Most plugins serve it regardless; without the capability, calling it is allowed
-        // but an UNIMPLEMENTED answer must be tolerated.
+        // Mandatory with controller publish only (it feeds ControllerPublishVolume's
+        // node_id); see the doc comment for the spec text.
         Rpc::NodeGetInfo => Requirement::Controller(C::PublishUnpublishVolume),
     }
 }
@@ -645,15 +670,58 @@ impl fmt::Display for CapabilityRule {
 
 impl Capabilities {
     /// Whether `requirement` is advertised.
+    ///
+    /// A controller capability counts only when the plugin also advertises
+    /// `CONTROLLER_SERVICE`, and a group controller capability only with
+    /// `GROUP_CONTROLLER_SERVICE`: spec §3.8 has the CO call the RPCs a service's
+    /// capabilities enable only through a service the plugin advertises, so without it
+    /// nothing obliges the plugin to serve them. [`Requirement::NodeService`] holds on every
+    /// value: whether a Node service answers is known only by calling it.
+    ///
+    /// ```
+    /// use csi_structs::capability_set::{
+    ///     Capabilities, ControllerCapability, PluginCapabilities, PluginService, Requirement,
+    /// };
+    ///
+    /// let create = Requirement::Controller(ControllerCapability::CreateDeleteVolume);
+    /// let mut caps = Capabilities {
+    ///     controller: [ControllerCapability::CreateDeleteVolume].into_iter().collect(),
+    ///     ..Capabilities::default()
+    /// };
+    /// assert!(!caps.satisfies(create));
+    /// caps.plugin = PluginCapabilities::from_services([PluginService::ControllerService]);
+    /// assert!(caps.satisfies(create));
+    /// ```
     pub fn satisfies(&self, requirement: Requirement) -> bool {
-        match requirement {
+        self.unmet(requirement).is_none()
+    }
+
+    /// What is missing for `requirement`, or `None` when it is advertised (the same rule as
+    /// [`satisfies`](Self::satisfies)).
+    ///
+    /// For a controller or group controller capability whose service is not advertised, the
+    /// answer is the service ([`Requirement::Plugin`]), so a message can name the real
+    /// cause; otherwise it is `requirement` itself.
+    pub fn unmet(&self, requirement: Requirement) -> Option<Requirement> {
+        let service = match requirement {
+            Requirement::Controller(_) => Some(PluginService::ControllerService),
+            Requirement::GroupController(_) => Some(PluginService::GroupControllerService),
+            _ => None,
+        };
+        if let Some(service) = service
+            && !self.plugin.has_service(service)
+        {
+            return Some(Requirement::Plugin(service));
+        }
+        let advertised = match requirement {
             Requirement::Always | Requirement::NodeService => true,
             Requirement::Plugin(s) => self.plugin.has_service(s),
             Requirement::Controller(c) => self.controller.contains(c),
             Requirement::Node(c) => self.node.contains(c),
             Requirement::NodeEither(a, b) => self.node.contains(a) || self.node.contains(b),
             Requirement::GroupController(c) => self.group_controller.contains(c),
-        }
+        };
+        (!advertised).then_some(requirement)
     }
 
     /// Whether the plugin must serve `rpc`, given what it advertised (spec §3.8).
@@ -676,13 +744,16 @@ impl Capabilities {
 
     /// Whether the volume lifecycle obliges the CO to call `rpc` around every use of a
     /// volume: `ControllerPublishVolume`/`ControllerUnpublishVolume` and `NodeGetInfo` with
-    /// `PUBLISH_UNPUBLISH_VOLUME`, `NodeStageVolume`/`NodeUnstageVolume` with
+    /// `PUBLISH_UNPUBLISH_VOLUME` (counted, as in [`satisfies`](Self::satisfies), only with
+    /// `CONTROLLER_SERVICE`), `NodeStageVolume`/`NodeUnstageVolume` with
     /// `STAGE_UNSTAGE_VOLUME`, and always `NodePublishVolume`/`NodeUnpublishVolume`
     /// (spec §4).
     pub fn lifecycle_requires(&self, rpc: Rpc) -> bool {
         match rpc {
             Rpc::ControllerPublishVolume | Rpc::ControllerUnpublishVolume | Rpc::NodeGetInfo => {
-                self.controller.requires_controller_publish()
+                self.satisfies(Requirement::Controller(
+                    ControllerCapability::PublishUnpublishVolume,
+                ))
             }
             Rpc::NodeStageVolume | Rpc::NodeUnstageVolume => self.node.requires_staging(),
             Rpc::NodePublishVolume | Rpc::NodeUnpublishVolume => true,
@@ -922,6 +993,111 @@ mod tests {
         for rpc in Rpc::ALL {
             let _ = full.support(*rpc);
         }
+    }
+
+    #[test]
+    fn controller_capabilities_count_only_with_controller_service() {
+        use PluginService::ControllerService as CS;
+        let advertised = [C::CreateDeleteVolume, C::PublishUnpublishVolume];
+        let without = caps(&[], &[], &advertised, &[N::StageUnstageVolume]);
+        let with = caps(&[CS], &[], &advertised, &[N::StageUnstageVolume]);
+        let create = Requirement::Controller(C::CreateDeleteVolume);
+        assert!(!without.satisfies(create));
+        assert_eq!(
+            without.unmet(create),
+            Some(Requirement::Plugin(PluginService::ControllerService))
+        );
+        assert_eq!(
+            without.support(Rpc::CreateVolume),
+            RpcSupport::NotAdvertised(create)
+        );
+        for rpc in [
+            Rpc::CreateVolume,
+            Rpc::DeleteVolume,
+            Rpc::ControllerPublishVolume,
+            Rpc::ControllerUnpublishVolume,
+            Rpc::NodeGetInfo,
+        ] {
+            assert!(!without.may_call(rpc), "without service: {}", rpc.name());
+            assert!(with.may_call(rpc), "with service: {}", rpc.name());
+        }
+        for rpc in [
+            Rpc::ControllerPublishVolume,
+            Rpc::ControllerUnpublishVolume,
+            Rpc::NodeGetInfo,
+        ] {
+            assert!(!without.lifecycle_requires(rpc), "{}", rpc.name());
+            assert!(with.lifecycle_requires(rpc), "{}", rpc.name());
+        }
+        // Node rules do not depend on a plugin service.
+        assert!(without.may_call(Rpc::NodeStageVolume));
+        assert!(without.lifecycle_requires(Rpc::NodeStageVolume));
+        assert_eq!(with.unmet(create), None);
+        assert_eq!(
+            with.unmet(Requirement::Controller(C::ListSnapshots)),
+            Some(Requirement::Controller(C::ListSnapshots))
+        );
+    }
+
+    #[test]
+    fn group_capabilities_count_only_with_group_controller_service() {
+        use GroupControllerCapability::CreateDeleteGetVolumeGroupSnapshot as G;
+        let mut caps = caps(&[PluginService::ControllerService], &[], &[], &[]);
+        caps.group_controller.insert(G);
+        let requirement = Requirement::GroupController(G);
+        // CONTROLLER_SERVICE does not stand in for GROUP_CONTROLLER_SERVICE.
+        assert_eq!(
+            caps.unmet(requirement),
+            Some(Requirement::Plugin(PluginService::GroupControllerService))
+        );
+        for rpc in [
+            Rpc::CreateVolumeGroupSnapshot,
+            Rpc::DeleteVolumeGroupSnapshot,
+            Rpc::GetVolumeGroupSnapshot,
+            Rpc::GroupControllerGetCapabilities,
+        ] {
+            assert!(!caps.may_call(rpc), "{}", rpc.name());
+        }
+        caps.plugin
+            .insert_service(PluginService::GroupControllerService);
+        assert!(caps.satisfies(requirement));
+        assert!(caps.may_call(Rpc::CreateVolumeGroupSnapshot));
+        caps.group_controller = GroupControllerCapabilities::new();
+        assert_eq!(caps.unmet(requirement), Some(requirement));
+        assert!(caps.may_call(Rpc::GroupControllerGetCapabilities));
+    }
+
+    #[test]
+    fn node_get_info_is_mandatory_only_with_controller_publish() {
+        // A node-only plugin (no CONTROLLER_SERVICE, so no controller publish): the Node
+        // service's always-required RPCs are mandatory, NodeGetInfo is not (spec §2.3, §4.5).
+        let node_only = caps(&[], &[], &[], &[N::StageUnstageVolume]);
+        for rpc in [
+            Rpc::NodeGetCapabilities,
+            Rpc::NodePublishVolume,
+            Rpc::NodeUnpublishVolume,
+        ] {
+            assert_eq!(
+                node_only.support(rpc),
+                RpcSupport::Required(Requirement::NodeService),
+                "{}",
+                rpc.name()
+            );
+        }
+        assert_eq!(
+            node_only.support(Rpc::NodeGetInfo),
+            RpcSupport::NotAdvertised(Requirement::Controller(C::PublishUnpublishVolume))
+        );
+        let publishing = caps(
+            &[PluginService::ControllerService],
+            &[],
+            &[C::PublishUnpublishVolume],
+            &[],
+        );
+        assert_eq!(
+            publishing.support(Rpc::NodeGetInfo),
+            RpcSupport::Required(Requirement::Controller(C::PublishUnpublishVolume))
+        );
     }
 
     #[test]
