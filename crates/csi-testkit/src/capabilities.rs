@@ -115,8 +115,9 @@ pub(crate) fn unimplemented_reason(config: &Config, rpc: Rpc) -> Option<String> 
         ));
     }
     // The one deliberate difference from csi-structs: the mock serves NodeGetInfo on every node
-    // role. csi-structs makes it mandatory only with controller PUBLISH_UNPUBLISH_VOLUME, but a
-    // plugin may serve it regardless (most do), and COs call it at registration.
+    // role. The spec makes it mandatory only with controller PUBLISH_UNPUBLISH_VOLUME (csi-spec
+    // §2.3 NodeGetInfo, §4.5; csi-structs' `requirement_for` says so), but a plugin may serve
+    // it regardless (most do), and COs call it at registration.
     if rpc == Rpc::NodeGetInfo {
         return None;
     }

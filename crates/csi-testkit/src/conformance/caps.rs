@@ -116,40 +116,34 @@ impl Caps {
 
     /// Ok when `gate` holds, else a skip naming what is absent.
     ///
-    /// Beyond csi-structs' [`Capabilities::satisfies`], a controller or group controller
-    /// capability counts only with its service's plugin capability, and a node requirement
-    /// needs the Node service to answer.
+    /// The rule is csi-structs' [`Capabilities::unmet`] (which counts a controller or group
+    /// controller capability only with its service's plugin capability); the suite adds only
+    /// that a node requirement needs the Node service to answer.
     pub(crate) fn require(&self, gate: Gate) -> Result<(), Stop> {
         let requirement = gate.requirement();
-        let service = match requirement {
-            Requirement::Always | Requirement::Plugin(_) => None,
-            Requirement::Controller(_) => Some(PluginService::ControllerService),
-            Requirement::GroupController(_) => Some(PluginService::GroupControllerService),
-            Requirement::NodeService | Requirement::Node(_) | Requirement::NodeEither(..) => {
-                match &self.node_service {
-                    NodeService::Served => None,
-                    NodeService::Absent => {
-                        return Err(Stop::skip(
-                            "Node service not served (NodeGetCapabilities is UNIMPLEMENTED)",
-                        ));
-                    }
-                    NodeService::Broken(why) => {
-                        return Err(Stop::fail(format!("NodeGetCapabilities failed: {why}")));
-                    }
+        if let Requirement::NodeService | Requirement::Node(_) | Requirement::NodeEither(..) =
+            requirement
+        {
+            match &self.node_service {
+                NodeService::Served => {}
+                NodeService::Absent => {
+                    return Err(Stop::skip(
+                        "Node service not served (NodeGetCapabilities is UNIMPLEMENTED)",
+                    ));
+                }
+                NodeService::Broken(why) => {
+                    return Err(Stop::fail(format!("NodeGetCapabilities failed: {why}")));
                 }
             }
-        };
-        if let Some(service) = service
-            && !self.plugin.contains(&service.wire())
-        {
-            return Err(Stop::skip(format!(
-                "plugin capability {service} not advertised (needed for {requirement})"
-            )));
         }
-        if self.structs().satisfies(requirement) {
-            Ok(())
-        } else {
-            Err(Stop::skip(format!("{requirement} not advertised")))
+        match self.structs().unmet(requirement) {
+            None => Ok(()),
+            Some(missing) if missing == requirement => {
+                Err(Stop::skip(format!("{requirement} not advertised")))
+            }
+            Some(missing) => Err(Stop::skip(format!(
+                "{missing} not advertised (needed for {requirement})"
+            ))),
         }
     }
 }
@@ -204,6 +198,23 @@ mod tests {
             Err(Stop::Skip(why)) => assert!(why.contains("CONTROLLER_SERVICE"), "{why}"),
             other => panic!("expected a skip, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn group_capabilities_count_only_with_group_controller_service() {
+        let mut caps = caps(&[PluginCap::ControllerService], &[], &[]);
+        caps.group
+            .insert(GroupCap::CreateDeleteGetVolumeGroupSnapshot);
+        assert!(!caps.serves(Rpc::CreateVolumeGroupSnapshot));
+        match caps.require(Gate::Group(GroupCap::CreateDeleteGetVolumeGroupSnapshot)) {
+            Err(Stop::Skip(why)) => assert!(
+                why.contains("plugin capability GROUP_CONTROLLER_SERVICE not advertised"),
+                "{why}"
+            ),
+            other => panic!("expected a skip, got {other:?}"),
+        }
+        caps.plugin.insert(PluginCap::GroupControllerService);
+        assert!(caps.serves(Rpc::CreateVolumeGroupSnapshot));
     }
 
     #[test]
