@@ -9,7 +9,6 @@ use csi_proto::Rpc;
 use tonic::{Request, Response, Status};
 
 use crate::calls::Outcome;
-use crate::capabilities::unimplemented_reason;
 use crate::faults::FaultStep;
 use crate::plugin::MockPlugin;
 use crate::transport::killable::KillSwitch;
@@ -230,7 +229,7 @@ impl MockPlugin {
 
         // A scripted outcome wins over everything, even UNIMPLEMENTED: a test may want a
         // plugin that answers an rpc it does not advertise.
-        let serve = |scope: CallScope| match unimplemented_reason(&self.shared.config, rpc) {
+        let serve = |scope: CallScope| match self.shared.refusal(rpc) {
             Some(reason) => Err(scope.fail(Status::unimplemented(reason))),
             None => Ok(scope),
         };

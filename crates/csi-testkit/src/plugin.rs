@@ -1,14 +1,16 @@
 //! The mock plugin: its shared state behind one lock, and the public handle.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use csi_proto::Rpc;
 use csi_proto::v1::Volume;
 use tokio::sync::Notify;
 
 use crate::calls::{CallLog, Calls};
+use crate::capabilities::unimplemented_reason;
 use crate::config::{Config, MockPluginBuilder, SeedVolume};
 use crate::faults::{FaultTable, Faults};
 use crate::quirks::{Quirk, Quirks};
@@ -30,6 +32,10 @@ pub(crate) struct Inner {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: Config,
+    /// Why each rpc the configuration does not offer is refused (UNIMPLEMENTED), worked out
+    /// once: the configuration never changes, and a call should not rebuild the capability
+    /// sets to find out.
+    refusals: BTreeMap<Rpc, String>,
     inner: Mutex<Inner>,
     /// Woken whenever a call is recorded or finishes.
     pub(crate) log_changed: Notify,
@@ -40,8 +46,13 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(config: Config, quirks: Quirks, seeds: Vec<SeedVolume>) -> Self {
         let calls = CallLog::new(config.call_log_limit);
+        let refusals = Rpc::ALL
+            .iter()
+            .filter_map(|&rpc| unimplemented_reason(&config, rpc).map(|why| (rpc, why)))
+            .collect();
         Shared {
             config,
+            refusals,
             inner: Mutex::new(Inner {
                 state: State::with_seeds(seeds),
                 calls,
@@ -52,6 +63,11 @@ impl Shared {
             log_changed: Notify::new(),
             release: Notify::new(),
         }
+    }
+
+    /// Why `rpc` is refused as UNIMPLEMENTED under this configuration, if it is.
+    pub(crate) fn refusal(&self, rpc: Rpc) -> Option<&str> {
+        self.refusals.get(&rpc).map(String::as_str)
     }
 
     /// Locks the state. A panic while holding the lock cannot leave it half-updated in a way
