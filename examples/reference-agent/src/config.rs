@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_claims::backoff::BackoffPolicy;
+
+use crate::adapters::NodeDetachPolicy;
 use csi_rpc_shim::Token;
 use csi_structs::NodeId;
 use serde::Deserialize;
@@ -75,6 +77,15 @@ pub struct ConfigArgs {
     /// Longest delay between retries of a failed release step (default `60s`).
     #[arg(long, env = "CSI_AGENT_RELEASE_BACKOFF_MAX")]
     pub release_backoff_max: Option<String>,
+    /// How long a node detach call (unpublish, unstage) waits for a missing node plugin
+    /// socket before the release step fails and is retried by the release driver (default
+    /// `1s`).
+    #[arg(long, env = "CSI_AGENT_NODE_DETACH_SOCKET_WAIT")]
+    pub node_detach_socket_wait: Option<String>,
+    /// Attempts per node detach call; the release driver retries failed steps itself
+    /// (default `1`, at most 10).
+    #[arg(long, env = "CSI_AGENT_NODE_DETACH_ATTEMPTS")]
+    pub node_detach_attempts: Option<String>,
     /// Log filter, e.g. `info` or `csi_agent=debug` (default `info`).
     #[arg(long, env = "CSI_AGENT_LOG")]
     pub log: Option<String>,
@@ -98,6 +109,8 @@ struct FileConfig {
     call_timeout: Option<String>,
     release_backoff_initial: Option<String>,
     release_backoff_max: Option<String>,
+    node_detach_socket_wait: Option<String>,
+    node_detach_attempts: Option<u32>,
     log: Option<String>,
 }
 
@@ -141,6 +154,8 @@ pub struct AgentConfig {
     pub call_timeout: Duration,
     /// Retry delays of failed release steps.
     pub release_backoff: BackoffPolicy,
+    /// Socket wait and attempts of node detach calls.
+    pub node_detach: NodeDetachPolicy,
     /// Log filter.
     pub log: String,
 }
@@ -226,6 +241,31 @@ pub fn parse_duration(key: &'static str, text: &str) -> Result<Duration, ConfigE
         return Err(invalid(key, text, "must be at most 24h"));
     }
     Ok(d)
+}
+
+/// The most attempts a node detach call may make (the release driver retries beyond).
+pub const MAX_NODE_DETACH_ATTEMPTS: u32 = 10;
+
+/// Parses the attempt count of node detach calls: a whole number from 1 to
+/// [`MAX_NODE_DETACH_ATTEMPTS`].
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming `node_detach_attempts`.
+pub fn parse_attempts(text: &str) -> Result<u32, ConfigError> {
+    let key = "node_detach_attempts";
+    let n: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| invalid(key, text, "expected a whole number, e.g. 1"))?;
+    if !(1..=MAX_NODE_DETACH_ATTEMPTS).contains(&n) {
+        return Err(invalid(
+            key,
+            text,
+            format!("must be from 1 to {MAX_NODE_DETACH_ATTEMPTS}"),
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
@@ -409,9 +449,27 @@ impl AgentConfig {
         let backoff_max = parse_duration("release_backoff_max", &max_text)?;
         let release_backoff = BackoffPolicy::new(backoff_initial, backoff_max)
             .map_err(|e| invalid("release_backoff_max", &max_text, e.to_string()))?;
+        let node_detach = NodeDetachPolicy {
+            socket_wait: duration(
+                "node_detach_socket_wait",
+                a.node_detach_socket_wait,
+                f.node_detach_socket_wait,
+                "1s",
+            )?,
+            max_attempts: match a.node_detach_attempts {
+                Some(text) => parse_attempts(&text)?,
+                None => parse_attempts(
+                    &f.node_detach_attempts
+                        .unwrap_or(NodeDetachPolicy::DEFAULT.max_attempts)
+                        .to_string(),
+                )?,
+            },
+            ..NodeDetachPolicy::DEFAULT
+        };
         Ok(Self {
             node_id,
             release_backoff,
+            node_detach,
             data_dir,
             plugin_dir,
             listen,
@@ -526,6 +584,32 @@ mod tests {
             bad(with(|a| a.release_backoff_max = Some("10ms".into()))),
             "release_backoff_max"
         );
+        for attempts in ["0", "11", "two", "-1"] {
+            let args = ConfigArgs {
+                node_detach_attempts: Some(attempts.into()),
+                ..ConfigArgs::default()
+            };
+            assert_eq!(bad(args), "node_detach_attempts", "{attempts}");
+        }
+        assert_eq!(
+            bad(with(|a| a.node_detach_socket_wait = Some("0s".into()))),
+            "node_detach_socket_wait"
+        );
+    }
+
+    #[test]
+    fn node_detach_policy_defaults_and_overrides() {
+        let c = AgentConfig::merge(ConfigArgs::default(), FileConfig::default()).expect("valid");
+        assert_eq!(c.node_detach, NodeDetachPolicy::DEFAULT);
+        let file: FileConfig =
+            toml::from_str("node_detach_socket_wait = \"250ms\"\nnode_detach_attempts = 3\n")
+                .expect("valid toml");
+        let c = AgentConfig::merge(ConfigArgs::default(), file).expect("valid");
+        assert_eq!(c.node_detach.socket_wait, Duration::from_millis(250));
+        assert_eq!(c.node_detach.max_attempts, 3);
+        let file: FileConfig = toml::from_str("node_detach_attempts = 0\n").expect("valid toml");
+        let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
+        assert_eq!(key_of(e), "node_detach_attempts");
     }
 
     #[test]
@@ -533,6 +617,7 @@ mod tests {
         let file: FileConfig =
             toml::from_str(include_str!("../agent.example.toml")).expect("example parses");
         assert!(file.node_id.is_some() && file.release_backoff_max.is_some());
+        assert!(file.node_detach_socket_wait.is_some() && file.node_detach_attempts.is_some());
         assert_eq!(file.peers.map(|p| p.len()), Some(1));
     }
 

@@ -13,22 +13,29 @@
 //!   ids in the request, so a restarted agent finds the same paths.
 //! - Directories the orchestrator created (the staging directory, the target's parents) are
 //!   removed once the plugin is done with them.
+//! - Node detach calls run under a [`NodeDetachPolicy`]: a short wait for a missing socket
+//!   and one attempt, because the release driver is the retry loop (csi-client's defaults
+//!   would hold a release for about two minutes against a missing node plugin).
 //!
 //! # Example
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+//! use csi_agent::adapters::{
+//!     ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
+//! };
 //! use csi_agent::layout::Layout;
 //! use csi_claims::MemoryStore;
 //! use csi_claims::driver::{ClaimsDriver, DriverConfig};
 //! use csi_client::{CsiClient, Endpoint};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = CsiClient::new("unix:///run/csi/csi.sock".parse::<Endpoint>()?);
+//! let endpoint = "unix:///run/csi/csi.sock".parse::<Endpoint>()?;
+//! let client = CsiClient::new(endpoint.clone());
 //! let fingerprint = client.fingerprint().await?;
+//! // Node detach calls get their own client: a missing plugin is reported in about a second.
 //! let node = ClientNodeDetacher::new(
-//!     client.clone(),
+//!     NodeDetachPolicy::DEFAULT.client(endpoint),
 //!     Layout::new("/var/lib/csi-agent"),
 //!     fingerprint.capabilities.node.requires_staging(),
 //! );
@@ -46,10 +53,12 @@
 
 mod cleanup;
 mod controller;
+mod detach_policy;
 mod error;
 mod node;
 
 pub use cleanup::remove_empty_dirs;
 pub use controller::{ClientControllerDetacher, NoSecrets, SecretsLookup};
+pub use detach_policy::{NODE_DETACH_RPCS, NodeDetachPolicy};
 pub use error::detach_error;
 pub use node::ClientNodeDetacher;

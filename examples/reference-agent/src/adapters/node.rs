@@ -9,6 +9,7 @@ use csi_client::CsiClient;
 use csi_structs::ErrorClass;
 
 use super::cleanup::remove_empty_dirs;
+use super::detach_policy::NodeDetachPolicy;
 use super::error::detach_error;
 use crate::layout::{Layout, Usage};
 
@@ -21,11 +22,17 @@ use crate::layout::{Layout, Usage};
 ///
 /// When the plugin lacks `STAGE_UNSTAGE_VOLUME` (`staging == false`), an unstage request is
 /// answered `Ok` without a call: nothing was staged.
+///
+/// Every call runs with the attempts and deadlines of a [`NodeDetachPolicy`]
+/// ([`NodeDetachPolicy::DEFAULT`] unless [`with_policy`](Self::with_policy) says otherwise):
+/// the release driver is the retry loop. The socket wait is the client's: build it with
+/// [`NodeDetachPolicy::client`] so a missing plugin is reported after about a second.
 #[derive(Debug, Clone)]
 pub struct ClientNodeDetacher {
     client: CsiClient,
     layout: Layout,
     staging: bool,
+    policy: NodeDetachPolicy,
 }
 
 impl ClientNodeDetacher {
@@ -37,7 +44,20 @@ impl ClientNodeDetacher {
             client,
             layout,
             staging,
+            policy: NodeDetachPolicy::DEFAULT,
         }
+    }
+
+    /// The same adapter with the attempts and deadlines of `policy` for its calls.
+    #[must_use]
+    pub fn with_policy(mut self, policy: NodeDetachPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The policy its calls run with.
+    pub fn policy(&self) -> &NodeDetachPolicy {
+        &self.policy
     }
 
     /// The layout the paths come from.
@@ -114,6 +134,7 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
+            .with_options(self.policy.call_options())
             .unpublish(&request.external_volume, path_str(rpc, &target)?)
             .await;
         finish(rpc, outcome, &target, &self.layout.workload_root())
@@ -128,6 +149,7 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
+            .with_options(self.policy.call_options())
             .unstage(&request.external_volume, path_str(rpc, &staging)?)
             .await;
         finish(rpc, outcome, &staging, &self.layout.staging_root())

@@ -43,7 +43,7 @@ pub use plan::{Plan, PlanError, VolumeSource};
 pub use step::Step;
 pub use table::Table;
 
-use crate::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+use crate::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
 use crate::layout::Layout;
 use walk::Walk;
 
@@ -212,6 +212,9 @@ async fn lifecycle<W: Write>(
     existing: Option<ExternalVolumeId>,
 ) -> Result<Summary, (DemoError, Leftovers)> {
     let started = Instant::now();
+    // The release pipeline's node calls get their own client with the agent's short socket
+    // wait, so a node plugin that vanished mid-demo is reported in about a second.
+    let detach_client = NodeDetachPolicy::DEFAULT.client(endpoint.clone());
     let client = CsiClient::new(endpoint);
     let layout = Layout::new(&data_dir);
     let mut walk = Walk::new(client.clone(), layout.clone(), table);
@@ -228,7 +231,7 @@ async fn lifecycle<W: Write>(
         walk.validate(&plan, &volume).await?;
 
         let (records_tx, mut records) = mpsc::unbounded_channel();
-        let node = ClientNodeDetacher::new(client.clone(), layout.clone(), plan.stage);
+        let node = ClientNodeDetacher::new(detach_client, layout.clone(), plan.stage);
         let controller = ClientControllerDetacher::new(client.clone(), Arc::new(NoSecrets));
         let (claims, driver) = ClaimsDriver::start(
             Arc::new(MemoryStore::new()),

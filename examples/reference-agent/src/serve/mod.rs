@@ -184,6 +184,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             retry_interval: config.scan_interval,
             call_timeout: config.call_timeout,
             fingerprint_interval: config.fingerprint_interval,
+            node_detach: config.node_detach,
         },
     );
     let volumes = node::VolumeManager::open(&data, plugins.clone())?;

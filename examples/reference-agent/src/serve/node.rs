@@ -446,13 +446,7 @@ impl VolumeManager {
             source,
         };
         if user_recorded || target.exists() {
-            let (client, _) =
-                self.inner
-                    .plugins
-                    .client(&req.plugin)
-                    .ok_or_else(|| NodeError::PluginMissing {
-                        plugin: req.plugin.clone(),
-                    })?;
+            let client = self.detach_client(&req.plugin)?;
             let target_text = target.display().to_string();
             match client
                 .node()
@@ -486,13 +480,7 @@ impl VolumeManager {
             return Ok(());
         }
         if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
-            let (client, _) =
-                self.inner
-                    .plugins
-                    .client(&req.plugin)
-                    .ok_or_else(|| NodeError::PluginMissing {
-                        plugin: req.plugin.clone(),
-                    })?;
+            let client = self.detach_client(&req.plugin)?;
             let staging_text = staging.display().to_string();
             match client.node().unstage(&req.external_id, &staging_text).await {
                 Ok(()) => {}
@@ -514,6 +502,17 @@ impl VolumeManager {
             }
         })?;
         Ok(())
+    }
+
+    /// The plugin's client for node detach calls (see
+    /// [`NodeDetachPolicy`](crate::adapters::NodeDetachPolicy)), or `PluginMissing`.
+    fn detach_client(&self, plugin: &PluginId) -> Result<csi_client::CsiClient, NodeError> {
+        self.inner
+            .plugins
+            .detach_client(plugin)
+            .ok_or_else(|| NodeError::PluginMissing {
+                plugin: plugin.clone(),
+            })
     }
 
     /// Removes `path` and its empty parents below `root` (the shared cleanup of
@@ -625,6 +624,7 @@ mod tests {
                 retry_interval: Duration::from_secs(1),
                 call_timeout: Duration::from_secs(1),
                 fingerprint_interval: Duration::from_secs(30),
+                node_detach: crate::adapters::NodeDetachPolicy::DEFAULT,
             },
         );
         let manager = VolumeManager::open(dir.path(), plugins).expect("opens");

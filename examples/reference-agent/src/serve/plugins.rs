@@ -16,6 +16,7 @@ use csi_rpc_shim::{Health, Instance, Registry, ServiceKind};
 use csi_structs::{NodeId, PluginId};
 use tokio::task::JoinHandle;
 
+use crate::adapters::NodeDetachPolicy;
 use crate::metrics::Metrics;
 use crate::ops::api::{PeerPlugin, PluginView};
 
@@ -25,6 +26,9 @@ struct Entry {
     socket: PathBuf,
     inode: u64,
     client: CsiClient,
+    /// The same plugin for node detach calls, under the [`NodeDetachPolicy`]: its own
+    /// connection (dialled on the first detach) with the short socket wait.
+    detach: CsiClient,
     fingerprint: Option<Fingerprint>,
     health: Option<HealthState>,
     health_reason: Option<String>,
@@ -43,7 +47,7 @@ struct Table {
     ignored: std::collections::BTreeSet<String>,
 }
 
-/// How often the registry does what.
+/// How often the registry does what, and how long its calls may take.
 #[derive(Clone, Copy, Debug)]
 pub struct Timings {
     /// Probe interval of each plugin.
@@ -54,6 +58,8 @@ pub struct Timings {
     pub call_timeout: Duration,
     /// Interval of the periodic fingerprint.
     pub fingerprint_interval: Duration,
+    /// Socket wait, attempts and deadlines of node detach calls (within `call_timeout`).
+    pub node_detach: NodeDetachPolicy,
 }
 
 /// The local plugins. Cheap to clone.
@@ -72,6 +78,7 @@ struct Inner {
     retry_interval: Duration,
     call_timeout: Duration,
     fingerprint_interval: Duration,
+    node_detach: NodeDetachPolicy,
     table: Mutex<Table>,
     claims: OnceLock<ClaimsHandle>,
 }
@@ -107,6 +114,7 @@ impl Plugins {
                 retry_interval: timings.retry_interval,
                 call_timeout: timings.call_timeout,
                 fingerprint_interval: timings.fingerprint_interval,
+                node_detach: timings.node_detach,
                 table: Mutex::new(Table::default()),
                 claims: OnceLock::new(),
             }),
@@ -130,6 +138,16 @@ impl Plugins {
         let t = self.table();
         let e = t.entries.get(plugin)?;
         Some((e.client.clone(), e.fingerprint.clone()?))
+    }
+
+    /// The client for node detach calls (`NodeUnpublishVolume`, `NodeUnstageVolume`) of a
+    /// fingerprinted local plugin: the agent's [`NodeDetachPolicy`], so a plugin whose socket
+    /// is stale or gone fails the call after about one socket wait instead of minutes.
+    pub fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        let t = self.table();
+        let e = t.entries.get(plugin)?;
+        e.fingerprint.as_ref()?;
+        Some(e.detach.clone())
     }
 
     /// Whether `plugin`'s `service` is here and healthy, for the shim.
@@ -287,6 +305,16 @@ impl Plugins {
                 p.total_budget = p.total_budget.min(limit);
                 p.attempt_deadline = p.attempt_deadline.min(limit);
             });
+            let detach = self
+                .inner
+                .metrics
+                .instrument(
+                    &id,
+                    self.inner
+                        .node_detach
+                        .apply(CsiClient::builder(endpoint.clone()).policies(policies.clone())),
+                )
+                .build();
             let client = self
                 .inner
                 .metrics
@@ -300,6 +328,7 @@ impl Plugins {
                     socket: path,
                     inode,
                     client,
+                    detach,
                     fingerprint: None,
                     health: None,
                     health_reason: None,

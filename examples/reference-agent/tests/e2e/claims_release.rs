@@ -5,11 +5,12 @@
 //! client dials and one the node client dials, so the node plugin can go away while the
 //! controller stays, and the call log orders the calls of both.
 //!
-//! The detach clients make ONE attempt per detach RPC (`max_attempts = 1` for
-//! `NodeUnpublishVolume`, `NodeUnstageVolume` and `ControllerUnpublishVolume`): every call
-//! the mock logs is then one attempt of the claims layer, and every retry seen is the claims
-//! layer's backoff, not csi-client's own retry loop. The node client also waits only briefly
-//! for a missing socket, so "plugin missing" is an answer, not a 30-second wait.
+//! The detach clients make ONE attempt per detach RPC: the node client is the agent's own
+//! ([`NodeDetachPolicy::DEFAULT`]: one attempt, a 1 s wait for a missing socket, so "plugin
+//! missing" is an answer, not a two-minute wait), the controller client has
+//! `max_attempts = 1` for `ControllerUnpublishVolume`. Every call the mock logs is then one
+//! attempt of the claims layer, and every retry seen is the claims layer's backoff, not
+//! csi-client's own retry loop.
 //!
 //! Time is real (the mock and the clients talk over real sockets); every wait is bounded by a
 //! hang guard and nothing asserts on elapsed time. Tests that must see a volume "stuck" use a
@@ -20,7 +21,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+use csi_agent::adapters::{
+    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
+};
 use csi_agent::layout::{Layout, Usage};
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, NodeDetacher};
@@ -30,9 +33,8 @@ use csi_claims::{
     ClaimMode, ClaimRequest, ClaimState, ControllerRequirement, ControllerStep, DetachError,
     DetachRpc, MemoryStore, NodeDetachRequest, NodeStep, RedbStore, VolumeInfo,
 };
-use csi_client::{
-    Code, ConnectOptions, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto,
-};
+use csi_claims::{ControllerDetachRequest, driver::ControllerDetacher};
+use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,
@@ -186,17 +188,10 @@ impl Fixture {
         self.node_server = Some(server);
     }
 
-    /// The node adapter, over a client that makes one attempt per node detach RPC and waits
-    /// only 100 ms for a missing socket.
+    /// The node adapter as the agent builds it: a client with the agent's
+    /// [`NodeDetachPolicy::DEFAULT`] (one attempt per node detach RPC, a short socket wait).
     fn node_detacher(&self) -> ClientNodeDetacher {
-        let client = CsiClient::builder(Endpoint::unix(self.node_socket()).unwrap())
-            .connect_options(ConnectOptions {
-                socket_wait: Duration::from_millis(100),
-                ..ConnectOptions::DEFAULT
-            })
-            .policy(Rpc::NodeUnpublishVolume, |p| p.max_attempts = 1)
-            .policy(Rpc::NodeUnstageVolume, |p| p.max_attempts = 1)
-            .build();
+        let client = NodeDetachPolicy::DEFAULT.client(Endpoint::unix(self.node_socket()).unwrap());
         ClientNodeDetacher::new(client, self.layout.clone(), true)
     }
 
@@ -623,4 +618,87 @@ async fn durable_release_survives_a_crash_while_the_node_plugin_is_missing() {
             .is_none_or(|s| s.record.claim(&f.request.workload).is_none()),
         "the freed claim is gone from the file: {left:?}"
     );
+}
+
+/// A controller detacher that only counts its calls (the node step must come first).
+#[derive(Default)]
+struct CountingController {
+    calls: Mutex<u32>,
+}
+
+#[async_trait]
+impl ControllerDetacher for CountingController {
+    async fn controller_unpublish(&self, _: &ControllerDetachRequest) -> Result<(), DetachError> {
+        *self.calls.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+/// The claim of [`Fixture`], for a volume that no plugin was ever asked about.
+fn unplugged_claim() -> (VolumeInfo, ClaimRequest) {
+    let info = VolumeInfo {
+        id: VolumeId::new("vol-missing").unwrap(),
+        external_id: csi_structs::ExternalVolumeId::new("ext-missing").unwrap(),
+        plugin: PluginId::new("gone").unwrap(),
+        controller: ControllerRequirement::Required,
+    };
+    let request = ClaimRequest {
+        volume: info.id.clone(),
+        workload: WorkloadId::new("wl-missing").unwrap(),
+        node: NodeId::new("local").unwrap(),
+        plugin_node: csi_structs::PluginNodeId::new("plugin-node").unwrap(),
+        mode: ClaimMode::Write,
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment: AccessTypeKind::Mount,
+    };
+    (info, request)
+}
+
+/// With csi-client's defaults a node step against a missing plugin socket made up to four
+/// attempts of up to 30 s of dialling each (about two minutes, some 140 dials) before the
+/// driver heard of it. The agent's node detach policy makes it one short attempt.
+///
+/// The clock is paused, so "how long" is tokio's virtual time: deterministic, and the test
+/// takes no real time waiting. The hour-long release backoff keeps the volume where the
+/// first failed step left it.
+#[tokio::test(start_paused = true)]
+async fn a_missing_node_plugin_fails_the_node_step_after_one_short_attempt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = NodeDetachPolicy::DEFAULT;
+    // No plugin ever serves this socket.
+    let client = policy.client(Endpoint::unix(tmp.path().join("node.sock")).unwrap());
+    let node = ClientNodeDetacher::new(client.clone(), Layout::new(tmp.path().join("data")), true);
+    let controller = Arc::new(CountingController::default());
+    let (claims, driver) = ClaimsDriver::start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(node),
+        Arc::clone(&controller),
+        config(an_hour()),
+    )
+    .await
+    .unwrap();
+    let (info, request) = unplugged_claim();
+    claims.claim(&info, request.clone()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    claims.release(&info.id, &request.workload).await.unwrap();
+    let status = wait_until_stuck(&claims, &info.id).await;
+    let waited = started.elapsed();
+
+    assert_eq!(status.attempts, 1, "{status:?}");
+    let error = detach_error(&status);
+    assert_eq!(error.rpc, DetachRpc::NodeUnpublish, "{error:?}");
+    assert_eq!(error.class, ErrorClass::RetryElsewhere, "{error:?}");
+    assert_eq!(status.claims[0].state(), &ClaimState::Releasing);
+    assert_eq!(*controller.calls.lock().unwrap(), 0, "no controller step");
+    // One attempt of one socket wait: dials 10 ms, 20 ms, ... apart within 1 s, a handful.
+    // csi-client's defaults dial about 36 times per attempt, four attempts.
+    let dials = client.connection().dial_attempts();
+    assert!((1..=10).contains(&dials), "{dials} dials");
+    // Virtual time: the step failed within one socket wait (plus the 5 ms status poll), not
+    // after four attempts of 30 s.
+    assert!(
+        waited <= policy.socket_wait + Duration::from_millis(50),
+        "{waited:?} of virtual time"
+    );
+    driver.shutdown().await;
 }
