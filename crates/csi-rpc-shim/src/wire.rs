@@ -208,11 +208,20 @@ impl Decoder {
 
     /// A size in bytes or a count: never negative.
     pub(crate) fn non_negative<T: Into<i64> + Copy>(&mut self, field: &'static str, value: T) -> T {
+        self.non_negative_at(&Self::at(field), value)
+    }
+
+    /// A size in bytes or a count at a nested path (a list entry's field): never negative.
+    pub(crate) fn non_negative_at<T: Into<i64> + Copy>(
+        &mut self,
+        field: &FieldPath,
+        value: T,
+    ) -> T {
         let v: i64 = value.into();
         if v < 0 {
             self.found
                 .violations
-                .push(Self::at(field), Problem::Negative { value: v });
+                .push(field.clone(), Problem::Negative { value: v });
         }
         value
     }

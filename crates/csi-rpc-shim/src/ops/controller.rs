@@ -566,7 +566,8 @@ impl Op for ListVolumes {
                 .enumerate()
                 .map(|(j, id)| d.id_at(&at.clone().field("published_plugin_node_ids").index(j), id))
                 .collect();
-            let capacity_bytes = d.non_negative("entries.capacity_bytes", v.capacity_bytes);
+            let capacity_bytes =
+                d.non_negative_at(&at.clone().field("capacity_bytes"), v.capacity_bytes);
             match (
                 external_volume,
                 published.into_iter().collect::<Option<Vec<_>>>(),
@@ -616,7 +617,7 @@ fn snapshot_from_wire(
         &at.clone().field("source_external_volume_id"),
         s.source_external_volume_id,
     );
-    let size_bytes = d.non_negative("snapshot.size_bytes", s.size_bytes);
+    let size_bytes = d.non_negative_at(&at.clone().field("size_bytes"), s.size_bytes);
     Some(SnapshotInfo {
         snapshot: snapshot?,
         source: source?,
@@ -859,5 +860,45 @@ impl Op for ListSnapshots {
         ctx: &'a CallContext,
     ) -> PluginFuture<'a, SnapshotPage> {
         plugins.list_snapshots(ctx, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_entry_errors_name_the_entry() {
+        let listed = |id: &str, bytes: i64| pb::ListedVolume {
+            external_volume_id: id.into(),
+            capacity_bytes: bytes,
+            published_plugin_node_ids: vec![],
+        };
+        let volumes = pb::ControllerListVolumesResponse {
+            entries: vec![listed("v0", 1), listed("v1", -5), listed("v2", 1)],
+            next_token: String::new(),
+        };
+        let err = ListVolumes::output_from_wire(volumes).unwrap_err();
+        let lines = err.lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("entries[1].capacity_bytes"),
+            "{lines:?}"
+        );
+
+        let snapshot = |bytes: i64| pb::Snapshot {
+            snapshot_id: "s".into(),
+            source_external_volume_id: "v".into(),
+            size_bytes: bytes,
+            ready_to_use: true,
+        };
+        let snapshots = pb::ControllerListSnapshotsResponse {
+            entries: vec![snapshot(1), snapshot(1), snapshot(-1)],
+            next_token: String::new(),
+        };
+        let err = ListSnapshots::output_from_wire(snapshots).unwrap_err();
+        let lines = err.lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with("entries[2].size_bytes"), "{lines:?}");
     }
 }
