@@ -3,15 +3,17 @@
 //! One volume is staged once per node and published once per workload, so:
 //!
 //! ```text
-//! <data-dir>/staging/<volume-id>/<usage>                      staging_target_path (CO creates it)
+//! <data-dir>/staging/<volume-id>                              staging_target_path (CO creates it)
 //! <data-dir>/per-workload/<workload-id>/<volume-id>/<usage>   target_path (plugin creates it,
 //!                                                              CO creates its parent)
 //! ```
 //!
+//! The staging path depends on the volume only: the CSI spec (`NodeStageVolume`) expects one
+//! staging path per volume on a node, shared by every publication of it, read or write.
 //! `<usage>` is `rw-` or `ro-`, the attachment (`mount` or `block`) and the access mode, for
-//! example `rw-mount-single-node-writer`, so two publications of one volume with different
-//! terms never share a path. Every segment is an id checked here: an id that is empty, `.`,
-//! `..` or holds a `/` or a NUL byte would escape its directory and is refused.
+//! example `rw-mount-single-node-writer`, so two publications with different terms never share
+//! a target. Every segment is an id checked here: an id that is empty, `.`, `..` or holds a
+//! `/` or a NUL byte would escape its directory and is refused.
 
 use std::path::{Path, PathBuf};
 
@@ -84,16 +86,16 @@ impl Layout {
         self.root.join("per-workload")
     }
 
-    /// The staging directory of `volume` for `usage`.
+    /// The staging directory of `volume` on this node: one per volume, whatever the usage of
+    /// its publications.
     ///
     /// # Errors
     ///
     /// [`LayoutError`] when the volume id cannot be a path segment.
-    pub fn staging_path(&self, volume: &VolumeId, usage: &Usage) -> Result<PathBuf, LayoutError> {
+    pub fn staging_path(&self, volume: &VolumeId) -> Result<PathBuf, LayoutError> {
         Ok(self
             .staging_root()
-            .join(segment("volume_id", volume.as_str())?)
-            .join(usage.segment()))
+            .join(segment("volume_id", volume.as_str())?))
     }
 
     /// The publish target of `volume` for `workload` with `usage`.
@@ -155,8 +157,9 @@ mod tests {
         let vol = VolumeId::new("db").unwrap();
         let web = WorkloadId::new("web-1").unwrap();
         assert_eq!(
-            layout.staging_path(&vol, &usage()).unwrap(),
-            Path::new("/data/staging/db/rw-mount-single-node-writer")
+            layout.staging_path(&vol).unwrap(),
+            Path::new("/data/staging/db"),
+            "one staging path per volume"
         );
         assert_eq!(
             layout.target_path(&vol, &web, &usage()).unwrap(),
@@ -168,6 +171,11 @@ mod tests {
             access_mode: AccessMode::MultiNodeReaderOnly,
         };
         assert_eq!(ro.segment(), "ro-block-multi-node-reader-only");
+        assert_ne!(
+            layout.target_path(&vol, &web, &ro).unwrap(),
+            layout.target_path(&vol, &web, &usage()).unwrap(),
+            "publications with different terms have different targets"
+        );
     }
 
     #[test]
@@ -176,7 +184,7 @@ mod tests {
         for bad in ["..", ".", "a/b"] {
             // The id types allow these (they only bound the size); the layout must refuse them.
             let vol = VolumeId::new(bad).expect("the id type allows it");
-            let err = layout.staging_path(&vol, &usage()).unwrap_err();
+            let err = layout.staging_path(&vol).unwrap_err();
             assert_eq!(err.field, "volume_id");
             assert_eq!(err.value, bad);
         }

@@ -17,7 +17,8 @@ use crate::layout::{Layout, Usage};
 ///
 /// Paths come from the [`Layout`]: the target is
 /// `<data-dir>/per-workload/<workload>/<volume>/<usage>`, the staging directory
-/// `<data-dir>/staging/<volume>/<usage>`. After a successful (or already done) call the
+/// `<data-dir>/staging/<volume>` (one per volume: csi-claims asks for the unstage only when the
+/// claim was the last one of the volume on its node). After a successful (or already done) call the
 /// directories the orchestrator created are removed when empty.
 ///
 /// When the plugin lacks `STAGE_UNSTAGE_VOLUME` (`staging == false`), an unstage request is
@@ -121,7 +122,7 @@ impl ClientNodeDetacher {
 
     fn staging(&self, request: &NodeDetachRequest) -> Result<PathBuf, DetachError> {
         self.layout
-            .staging_path(&request.volume, &usage(request))
+            .staging_path(&request.volume)
             .map_err(|e| DetachError::new(DetachRpc::NodeUnstage, ErrorClass::Fatal, e.to_string()))
     }
 }

@@ -366,7 +366,7 @@ impl<'t, W: Write> Walk<'t, W> {
         }
         let staging = self
             .layout
-            .staging_path(&volume.id, &self.usage())
+            .staging_path(&volume.id)
             .map_err(|e| self.fail(Step::NodeStage, None, e.into()))?;
         let Some(path) = staging.to_str().map(str::to_owned) else {
             return Err(self.fail(Step::NodeStage, None, StepError::PathNotUtf8(staging)));

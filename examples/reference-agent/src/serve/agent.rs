@@ -265,7 +265,7 @@ impl Agent {
 
     fn check_volume_id(&self, entry: &BookEntry) -> Result<(), AgentError> {
         self.volumes
-            .check_volume(&entry.id, &entry.capability())
+            .check_volume(&entry.id)
             .map_err(|e| bad("id", e))
     }
 
@@ -416,7 +416,12 @@ impl Agent {
                         node: self.me.clone(),
                         plugin_node: plugin_node.clone(),
                         capability: entry.capability(),
-                        read_only,
+                        // The attachment is the volume's on this node, shared by every claim
+                        // here (read or write), so it is read-only only when the access mode
+                        // is; a read claim is read-only at its own NodePublishVolume. A
+                        // per-claim value would make a write claim after a read claim on the
+                        // same node an ALREADY_EXISTS (published with another readonly).
+                        read_only: entry.access_mode.is_read_only(),
                         secrets: Secrets::default(),
                         volume_context: entry.volume_context(),
                     },

@@ -3,8 +3,9 @@
 //! It composes every crate:
 //! - [`plugins`]: a plugin directory watched for `<plugin-id>.sock` sockets, each
 //!   fingerprinted and health-checked with csi-client, transitions logged;
-//! - [`node`]: the node volume manager (staging and publish paths under the data dir, a
-//!   persisted usage tracker, idempotent unmount, uncertain outcomes recorded);
+//! - [`node`]: the node volume manager (one staging path per volume and one publish path per
+//!   workload under the data dir, idempotent unmount, uncertain outcomes recorded) and
+//!   [`usage`], its persisted usage records;
 //! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
 //!   driver, whose detachers ([`detach`]) go through the csi-rpc-shim so a release reaches the
 //!   node and the controller wherever they run; [`local`] serves the shim's calls with this
@@ -26,6 +27,7 @@ pub mod node;
 pub mod peers;
 pub mod plugins;
 pub mod store;
+pub mod usage;
 
 use std::hash::{Hash, Hasher};
 use std::io::Read as _;

@@ -1,17 +1,20 @@
-//! The node side: a volume manager with per-volume staging paths and per-workload publish
-//! paths under `<data_dir>/node`, a usage tracker persisted to `<data_dir>/node/usage.json`
-//! (so a restart knows who still uses what), idempotent unpublish when the mount was already
-//! cleaned up, and uncertain outcomes recorded until a release cleans them up.
+//! The node side: a volume manager with one staging path per volume and per-workload publish
+//! paths under `<data_dir>/node`, usage records persisted to `<data_dir>/node/usage.json`
+//! ([`super::usage`], so a restart knows who still uses what), idempotent unpublish when the
+//! mount was already cleaned up, and uncertain outcomes recorded until a release cleans them up.
 //!
 //! Paths follow [`crate::layout`] rooted at `<data_dir>/node` (volume ids are unique per
 //! agent; ids that would escape their directory are refused):
 //!
 //! ```text
-//! <data_dir>/node/staging/<volume>/<usage>
+//! <data_dir>/node/staging/<volume>
 //! <data_dir>/node/per-workload/<workload>/<volume>/<usage>
 //! ```
 //!
-//! All calls for one volume are serialized; different volumes run concurrently.
+//! A volume is staged once on this node (`NodeStageVolume` with its first publication) and
+//! every publication of it, read or write, uses that staging path; it is unstaged when its
+//! last publication here is gone. All calls for one volume are serialized; different volumes
+//! run concurrently.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -22,55 +25,13 @@ use csi_structs::{
     ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId,
     WorkloadId,
 };
-use serde::{Deserialize, Serialize};
 
 use super::plugins::Plugins;
-use super::store::{StateFileError, load_json, save_json};
+use super::store::{StateFileError, save_json};
+pub use super::usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
+use super::usage::{UsageFile, key as usage_key};
 use crate::layout::{Layout, LayoutError, Usage};
 use crate::ops::api::UncertainView;
-
-/// Where a step stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepState {
-    /// The call succeeded.
-    Done,
-    /// The call's outcome is unknown (deadline, lost connection): it may have happened.
-    Uncertain,
-    /// The call is about to be made (recorded first, so a crash leaves a trace).
-    Started,
-}
-
-/// One workload's publication.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserEntry {
-    /// The target path.
-    pub target: PathBuf,
-    /// How the publish call ended.
-    pub publish: StepState,
-}
-
-/// One volume (per plugin and usage) on this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeEntry {
-    /// The plugin.
-    pub plugin: String,
-    /// The orchestrator's volume id.
-    pub volume: String,
-    /// The plugin's volume id.
-    pub external_id: String,
-    /// The staging path, when the plugin stages.
-    pub staging: Option<PathBuf>,
-    /// How the stage call ended (`None`: no staging, or not staged).
-    pub stage: Option<StepState>,
-    /// Workloads using the volume here.
-    pub users: BTreeMap<String, UserEntry>,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct UsageFile {
-    volumes: BTreeMap<String, VolumeEntry>,
-}
 
 /// What a mount needs.
 #[derive(Clone, Debug)]
@@ -194,11 +155,16 @@ impl VolumeManager {
     ///
     /// # Errors
     ///
-    /// When the usage file exists but cannot be read or parsed.
+    /// When the usage file exists but cannot be read or parsed, holds a record that cannot
+    /// be used, or was migrated from the previous format and cannot be written back.
     pub fn open(data_dir: &Path, plugins: Plugins) -> Result<Self, StateFileError> {
         let root = data_dir.join("node");
         let file = root.join("usage.json");
-        let usage: UsageFile = load_json(&file)?.unwrap_or_default();
+        let (usage, migrated) = UsageFile::load(&file)?;
+        if migrated {
+            save_json(&file, &usage)?;
+            tracing::info!(file = %file.display(), volumes = usage.volumes.len(), "usage records migrated to one record per volume");
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 layout: Layout::new(root),
@@ -210,24 +176,13 @@ impl VolumeManager {
         })
     }
 
-    fn key(plugin: &PluginId, volume: &VolumeId, usage: &Usage) -> String {
-        format!("{plugin}/{volume}/{}", usage.segment())
-    }
-
     /// Checks that a volume id can name its staging directory.
     ///
     /// # Errors
     ///
     /// [`LayoutError`] naming `volume_id`.
-    pub fn check_volume(
-        &self,
-        volume: &VolumeId,
-        capability: &VolumeCapability,
-    ) -> Result<(), LayoutError> {
-        self.inner
-            .layout
-            .staging_path(volume, &usage_of(capability, false))
-            .map(drop)
+    pub fn check_volume(&self, volume: &VolumeId) -> Result<(), LayoutError> {
+        self.inner.layout.staging_path(volume).map(drop)
     }
 
     /// The publish target of `workload` for a volume.
@@ -298,12 +253,12 @@ impl VolumeManager {
     /// cleans it up.
     pub async fn mount(&self, req: &MountRequest) -> Result<PathBuf, NodeError> {
         let usage = usage_of(&req.capability, req.read_only);
-        let key = Self::key(&req.plugin, &req.volume, &usage);
+        let key = usage_key(&req.plugin, &req.volume);
         let target = self
             .inner
             .layout
             .target_path(&req.volume, &req.workload, &usage)?;
-        let staging_path = self.inner.layout.staging_path(&req.volume, &usage)?;
+        let staging_path = self.inner.layout.staging_path(&req.volume)?;
         let _guard = self.lock(&key).await;
         let (client, fp) =
             self.inner
@@ -317,11 +272,7 @@ impl VolumeManager {
                 plugin: req.plugin.clone(),
             });
         }
-        let staging = fp
-            .capabilities
-            .node
-            .requires_staging()
-            .then_some(staging_path);
+        let stages = fp.capabilities.node.requires_staging();
         let local = |detail: String| NodeError::Local {
             volume: req.volume.clone(),
             detail,
@@ -332,15 +283,22 @@ impl VolumeManager {
             workload: req.workload.clone(),
             source,
         };
-        let stage_state = self.change(&req.volume, |vols| {
+        // One record per volume: the first publication creates it with the volume's staging
+        // path; later ones (another workload, read or write) join it and use the path recorded
+        // there, which is where the volume is staged.
+        let (staging, stage_state) = self.change(&req.volume, |vols| {
             let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
                 plugin: req.plugin.to_string(),
                 volume: req.volume.to_string(),
                 external_id: req.external_id.to_string(),
-                staging: staging.clone(),
+                staging: None,
                 stage: None,
                 users: BTreeMap::new(),
+                legacy_stagings: Vec::new(),
             });
+            if stages && entry.staging.is_none() {
+                entry.staging = Some(staging_path.clone());
+            }
             entry
                 .users
                 .entry(req.workload.to_string())
@@ -348,7 +306,7 @@ impl VolumeManager {
                     target: target.clone(),
                     publish: StepState::Started,
                 });
-            entry.stage
+            (entry.staging.clone().filter(|_| stages), entry.stage)
         })?;
         let secrets = Secrets::default();
         if let Some(staging) = &staging
@@ -429,7 +387,7 @@ impl VolumeManager {
     /// A [`NodeError`]; the usage record keeps whatever is still to do.
     pub async fn unmount(&self, req: &UnmountRequest) -> Result<(), NodeError> {
         let usage = usage_of(&req.capability, req.read_only);
-        let key = Self::key(&req.plugin, &req.volume, &usage);
+        let key = usage_key(&req.plugin, &req.volume);
         let target = self
             .inner
             .layout
@@ -472,6 +430,9 @@ impl VolumeManager {
         self.unstage_if_unused(&key, req).await
     }
 
+    /// When no publication of the volume is left here: unstages it (and any staging an older
+    /// agent made at a per-usage path), then drops its record. Each staging is removed from
+    /// the record once unstaged, so a retry after a failure repeats only what is left.
     async fn unstage_if_unused(&self, key: &str, req: &UnmountRequest) -> Result<(), NodeError> {
         let Some(entry) = self.entry(key) else {
             return Ok(());
@@ -479,22 +440,16 @@ impl VolumeManager {
         if !entry.users.is_empty() {
             return Ok(());
         }
-        if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
-            let client = self.detach_client(&req.plugin)?;
-            let staging_text = staging.display().to_string();
-            match client.node().unstage(&req.external_id, &staging_text).await {
-                Ok(()) => {}
-                Err(e) if e.class() == ErrorClass::AlreadyDone => {}
-                Err(e) => {
-                    return Err(NodeError::Call {
-                        step: "NodeUnstageVolume",
-                        volume: req.volume.clone(),
-                        workload: req.workload.clone(),
-                        source: e,
-                    });
+        for legacy in &entry.legacy_stagings {
+            self.unstage(req, &legacy.path).await?;
+            self.change(&req.volume, |v| {
+                if let Some(e) = v.get_mut(key) {
+                    e.legacy_stagings.retain(|l| l.path != legacy.path);
                 }
-            }
-            self.remove_dirs(staging, &self.inner.layout.staging_root(), &req.volume)?;
+            })?;
+        }
+        if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
+            self.unstage(req, staging).await?;
         }
         self.change(&req.volume, |v| {
             if v.get(key).is_some_and(|e| e.users.is_empty()) {
@@ -502,6 +457,25 @@ impl VolumeManager {
             }
         })?;
         Ok(())
+    }
+
+    /// `NodeUnstageVolume` at `staging` (NOT_FOUND counts as done), then its directory goes.
+    async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), NodeError> {
+        let client = self.detach_client(&req.plugin)?;
+        let staging_text = staging.display().to_string();
+        match client.node().unstage(&req.external_id, &staging_text).await {
+            Ok(()) => {}
+            Err(e) if e.class() == ErrorClass::AlreadyDone => {}
+            Err(e) => {
+                return Err(NodeError::Call {
+                    step: "NodeUnstageVolume",
+                    volume: req.volume.clone(),
+                    workload: req.workload.clone(),
+                    source: e,
+                });
+            }
+        }
+        self.remove_dirs(staging, &self.inner.layout.staging_root(), &req.volume)
     }
 
     /// The plugin's client for node detach calls (see
@@ -561,15 +535,20 @@ impl VolumeManager {
             .unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
         for e in usage.volumes.values() {
-            if let (Some(s), Some(path)) = (e.stage, &e.staging)
-                && s != StepState::Done
-            {
-                out.push(UncertainView {
-                    volume: e.volume.clone(),
-                    workload: "-".into(),
-                    step: "stage".into(),
-                    path: path.display().to_string(),
-                });
+            let stagings = e
+                .stage
+                .zip(e.staging.as_ref())
+                .into_iter()
+                .chain(e.legacy_stagings.iter().map(|l| (l.stage, &l.path)));
+            for (s, path) in stagings {
+                if s != StepState::Done {
+                    out.push(UncertainView {
+                        volume: e.volume.clone(),
+                        workload: "-".into(),
+                        step: "stage".into(),
+                        path: path.display().to_string(),
+                    });
+                }
             }
             for (w, u) in &e.users {
                 if u.publish != StepState::Done {
@@ -610,23 +589,27 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn unmounting_what_is_already_cleaned_up_needs_no_plugin() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let me = csi_structs::NodeId::new("n1").expect("id");
-        let plugins = Plugins::new(
-            me,
-            dir.path().join("plugins"),
+    /// A plugin registry over `<dir>/plugins`.
+    fn plugins_in(dir: &Path) -> Plugins {
+        Plugins::new(
+            csi_structs::NodeId::new("n1").expect("id"),
+            dir.join("plugins"),
             Arc::new(csi_rpc_shim::Registry::new()),
             Metrics::new(),
             super::super::plugins::Timings {
                 health_interval: Duration::from_secs(1),
-                retry_interval: Duration::from_secs(1),
-                call_timeout: Duration::from_secs(1),
+                retry_interval: Duration::from_millis(50),
+                call_timeout: Duration::from_secs(10),
                 fingerprint_interval: Duration::from_secs(30),
                 node_detach: crate::adapters::NodeDetachPolicy::DEFAULT,
             },
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn unmounting_what_is_already_cleaned_up_needs_no_plugin() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plugins = plugins_in(dir.path());
         let manager = VolumeManager::open(dir.path(), plugins).expect("opens");
         let request = UnmountRequest {
             plugin: PluginId::new("gone").expect("id"),
@@ -663,5 +646,192 @@ mod tests {
             matches!(err, NodeError::Path(ref e) if e.field == "workload_id"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_usage_record_that_cannot_be_used_stops_the_open_with_its_key() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let node = dir.path().join("node");
+        std::fs::create_dir_all(&node).expect("dir");
+        std::fs::write(
+            node.join("usage.json"),
+            r#"{"version": 2, "volumes": {"mock/x": {"plugin": "mock", "volume": "db",
+                "external_id": "e", "staging": null, "stage": null, "users": {}}}}"#,
+        )
+        .expect("write");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let plugins = runtime.block_on(async { plugins_in(dir.path()) });
+        match VolumeManager::open(dir.path(), plugins) {
+            Err(StateFileError::Record { key, .. }) => assert_eq!(key, "mock/x"),
+            other => panic!("expected a record error, got {other:?}"),
+        }
+    }
+
+    /// A format 1 usage file from the previous agent: volume `db` staged and published
+    /// read-only for `reader`; the writer's mount tried a second staging at its own per-usage
+    /// path, which the plugin refused (one staging per volume on a node), so that record says
+    /// `started` for both steps. Opened, it becomes one record; releasing the reader keeps the
+    /// staging, releasing the writer unstages both paths (the refused one answers NOT_FOUND,
+    /// which is done).
+    #[tokio::test]
+    async fn format_1_stagings_are_unstaged_with_the_last_publication() {
+        use csi_client::{CsiClient, Endpoint, NodePublish, NodeStage, Rpc, proto};
+        use csi_structs::{PublishContext, VolumeContext};
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("plugins").join("mock.sock");
+        std::fs::create_dir_all(socket.parent().expect("parent")).expect("plugin dir");
+        let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
+        let _server = mock.serve_unix(&socket).await.expect("serves");
+
+        // The state the previous agent left behind, made through a client.
+        let client = CsiClient::new(Endpoint::unix(&socket).expect("endpoint"));
+        let cap = VolumeCapability::mount(AccessMode::MultiNodeSingleWriter, MountOptions::new());
+        let ext = client
+            .controller()
+            .create_volume(proto::CreateVolumeRequest {
+                name: "db".into(),
+                volume_capabilities: vec![(&cap).into()],
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+            .volume_id;
+        let plugin_node = client
+            .fingerprint()
+            .await
+            .expect("fingerprint")
+            .node
+            .expect("node service")
+            .node_id;
+        let context: PublishContext = client
+            .controller()
+            .publish(
+                &ext,
+                &plugin_node,
+                &cap,
+                false,
+                &VolumeContext::new(),
+                &Secrets::default(),
+            )
+            .await
+            .expect("attached");
+        let layout = Layout::new(dir.path().join("node"));
+        let volume = VolumeId::new("db").expect("id");
+        let mut records = serde_json::Map::new();
+        for (workload, read_only) in [("reader", true), ("writer", false)] {
+            let usage = usage_of(&cap, read_only);
+            let staging = layout.staging_root().join("db").join(usage.segment());
+            let target = layout
+                .target_path(&volume, &WorkloadId::new(workload).expect("id"), &usage)
+                .expect("path");
+            std::fs::create_dir_all(&staging).expect("staging dir");
+            std::fs::create_dir_all(target.parent().expect("parent")).expect("target parent");
+            let step = if read_only { "done" } else { "started" };
+            records.insert(
+                format!("mock/db/{}", usage.segment()),
+                serde_json::json!({
+                    "plugin": "mock", "volume": "db", "external_id": ext.as_str(),
+                    "staging": staging, "stage": step,
+                    "users": {workload: {"target": target, "publish": step}},
+                }),
+            );
+            if !read_only {
+                continue;
+            }
+            client
+                .node()
+                .stage(&NodeStage {
+                    volume: &ext,
+                    staging_target_path: staging.to_str().expect("utf-8"),
+                    capability: &cap,
+                    publish_context: &context,
+                    volume_context: &VolumeContext::new(),
+                    secrets: &Secrets::default(),
+                })
+                .await
+                .expect("staged");
+            client
+                .node()
+                .publish(&NodePublish {
+                    volume: &ext,
+                    staging_target_path: Some(staging.to_str().expect("utf-8")),
+                    target_path: target.to_str().expect("utf-8"),
+                    capability: &cap,
+                    readonly: read_only,
+                    publish_context: &context,
+                    volume_context: &VolumeContext::new(),
+                    secrets: &Secrets::default(),
+                })
+                .await
+                .expect("published");
+        }
+        let file = dir.path().join("node").join("usage.json");
+        std::fs::write(
+            &file,
+            serde_json::to_vec(&serde_json::json!({"volumes": records})).expect("json"),
+        )
+        .expect("write v1");
+        assert_eq!(mock.staged().len(), 1);
+        mock.calls().clear();
+
+        let plugins = plugins_in(dir.path());
+        let manager = VolumeManager::open(dir.path(), plugins.clone()).expect("migrates");
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+        assert_eq!(written["version"], 2, "written back as format 2: {written}");
+        assert_eq!(
+            written["volumes"]
+                .as_object()
+                .map(|v| v.keys().cloned().collect::<Vec<_>>()),
+            Some(vec!["mock/db".to_owned()])
+        );
+        plugins.scan();
+        let plugin = PluginId::new("mock").expect("id");
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while plugins.detach_client(&plugin).is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the plugin is fingerprinted (hang guard)");
+
+        let unmount = |workload: &str, read_only| UnmountRequest {
+            plugin: plugin.clone(),
+            volume: volume.clone(),
+            external_id: ext.clone(),
+            capability: cap.clone(),
+            read_only,
+            workload: WorkloadId::new(workload).expect("id"),
+        };
+        manager
+            .unmount(&unmount("reader", true))
+            .await
+            .expect("reader released");
+        assert_eq!(mock.calls().count(Rpc::NodeUnpublishVolume), 1);
+        assert_eq!(
+            mock.calls().count(Rpc::NodeUnstageVolume),
+            0,
+            "the writer still uses it"
+        );
+        assert_eq!(mock.staged().len(), 1);
+
+        manager
+            .unmount(&unmount("writer", false))
+            .await
+            .expect("writer released");
+        assert_eq!(mock.calls().count(Rpc::NodeUnpublishVolume), 2);
+        assert_eq!(
+            mock.calls().count(Rpc::NodeUnstageVolume),
+            2,
+            "both stagings"
+        );
+        assert!(mock.staged().is_empty() && mock.published().is_empty());
+        assert!(manager.in_use().is_empty(), "{:?}", manager.in_use());
+        assert!(!layout.staging_root().join("db").exists());
+        // The plugin's watch task goes with the runtime.
+        drop(plugins);
     }
 }

@@ -27,6 +27,26 @@ pub enum StateFileError {
         /// The parser's explanation.
         detail: String,
     },
+    /// The file parses, but one of its records cannot be used.
+    #[error("state file {path}: record {key:?} cannot be used: {reason}")]
+    Record {
+        /// The file.
+        path: PathBuf,
+        /// The record's key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The file is in a format this agent does not read (written by a newer agent).
+    #[error("state file {path} has format {found}; this csi-agent reads formats {supported}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The format found.
+        found: u32,
+        /// The formats this agent reads.
+        supported: &'static str,
+    },
 }
 
 /// The largest state file read (bytes).

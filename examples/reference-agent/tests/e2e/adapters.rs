@@ -79,7 +79,7 @@ async fn published(staging: bool) -> Published {
         )
         .await
         .unwrap();
-    let staging_path = layout.staging_path(&id, &usage()).unwrap();
+    let staging_path = layout.staging_path(&id).unwrap();
     if staging {
         std::fs::create_dir_all(&staging_path).unwrap();
         client

@@ -106,7 +106,7 @@ impl Fixture {
             .unwrap();
         let id = VolumeId::new("vol-r").unwrap();
         let workload = WorkloadId::new("wl-r").unwrap();
-        let staging = layout.staging_path(&id, &usage()).unwrap();
+        let staging = layout.staging_path(&id).unwrap();
         std::fs::create_dir_all(&staging).unwrap();
         node.node()
             .stage(&NodeStage {

@@ -735,6 +735,96 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
+/// One staging path per volume on a node (CSI spec, `NodeStageVolume`): a read claim and a
+/// write claim of one volume stage it once, at `<data>/node/staging/<volume>`, and both
+/// publications use that path; the stage outlives the first release and goes with the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_and_a_write_claim_share_one_staging() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    eventually("fingerprinted", async || {
+        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    })
+    .await;
+    let _: VolumeView = json(
+        &data,
+        &[
+            "volume",
+            "create",
+            "v1",
+            "--plugin",
+            "mock",
+            "--access-mode",
+            "multi-node-single-writer",
+        ],
+    )
+    .await;
+    for (workload, mode) in [("reader", "read"), ("writer", "write")] {
+        let c: csi_agent::ops::api::ClaimView = json(
+            &data,
+            &[
+                "volume",
+                "claim",
+                "v1",
+                "--workload",
+                workload,
+                "--mode",
+                mode,
+            ],
+        )
+        .await;
+        let target = c.target_path.expect("published here");
+        assert!(Path::new(&target).exists(), "{target}");
+    }
+    let staging = data.join("node").join("staging").join("v1");
+    assert_eq!(mock.calls().count(Rpc::NodeStageVolume), 1, "staged once");
+    assert_eq!(
+        mock.calls().count(Rpc::NodePublishVolume),
+        2,
+        "published twice"
+    );
+    let staged = mock.staged();
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert_eq!(staged[0].path, staging, "the volume's one staging path");
+    // Both publications name that staging path (the mock records requests by Debug).
+    let wanted = format!("staging_target_path: {:?}", staging.display().to_string());
+    for publish in mock.calls().of(Rpc::NodePublishVolume).records() {
+        assert!(publish.request.contains(&wanted), "{}", publish.request);
+    }
+
+    // The writer still uses the volume here: releasing the reader keeps the stage.
+    let _: VolumeView = json(
+        &data,
+        &["volume", "release", "v1", "--workload", "reader", "--wait"],
+    )
+    .await;
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(mock.calls().count(Rpc::NodeUnstageVolume), 0);
+    assert_eq!(mock.staged().len(), 1);
+    assert_eq!(mock.published().len(), 1);
+
+    // The last publication goes: now it is unstaged, once, from that path.
+    let _: VolumeView = json(
+        &data,
+        &["volume", "release", "v1", "--workload", "writer", "--wait"],
+    )
+    .await;
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 2);
+    assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert!(!staging.exists(), "the staging directory is removed");
+    assert_eq!(agent.terminate(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncertain_publish_is_recorded_and_cleaned_up_by_its_release() {
     let dir = tempfile::tempdir().expect("temp dir");
