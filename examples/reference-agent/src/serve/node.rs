@@ -599,7 +599,8 @@ mod tests {
             super::super::plugins::Timings {
                 health_interval: Duration::from_secs(1),
                 retry_interval: Duration::from_millis(50),
-                call_timeout: Duration::from_secs(10),
+                // `serve`'s default, so the old two minutes would show as retried attempts.
+                call_timeout: Duration::from_secs(60),
                 fingerprint_interval: Duration::from_secs(30),
                 node_detach: crate::adapters::NodeDetachPolicy::DEFAULT,
             },
@@ -833,5 +834,120 @@ mod tests {
         assert!(!layout.staging_root().join("db").exists());
         // The plugin's watch task goes with the runtime.
         drop(plugins);
+    }
+
+    /// `serve`'s node detach goes through the plugin's detach client: when the node plugin's
+    /// socket is gone, one unpublish attempt with a short socket wait fails the step as
+    /// `RetryElsewhere`, instead of csi-client's four attempts of up to 30 s of dialling.
+    #[tokio::test]
+    async fn a_vanished_node_plugin_fails_the_unmount_after_one_short_attempt() {
+        use csi_client::{CsiClient, Endpoint, proto};
+        use csi_structs::{PublishContext, VolumeContext};
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("plugins").join("mock.sock");
+        std::fs::create_dir_all(socket.parent().expect("parent")).expect("plugin dir");
+        let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
+        let server = mock.serve_unix(&socket).await.expect("serves");
+        let client = CsiClient::new(Endpoint::unix(&socket).expect("endpoint"));
+        let cap = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
+        let ext = client
+            .controller()
+            .create_volume(proto::CreateVolumeRequest {
+                name: "db".into(),
+                volume_capabilities: vec![(&cap).into()],
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+            .volume_id;
+        let plugin_node = client
+            .fingerprint()
+            .await
+            .expect("fingerprint")
+            .node
+            .expect("node service")
+            .node_id;
+        let publish_context: PublishContext = client
+            .controller()
+            .publish(
+                &ext,
+                &plugin_node,
+                &cap,
+                false,
+                &VolumeContext::new(),
+                &Secrets::default(),
+            )
+            .await
+            .expect("attached");
+
+        let plugins = plugins_in(dir.path());
+        let manager = VolumeManager::open(dir.path(), plugins.clone()).expect("opens");
+        plugins.scan();
+        let plugin = PluginId::new("mock").expect("id");
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while plugins.detach_client(&plugin).is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the plugin is fingerprinted (hang guard)");
+        let volume = VolumeId::new("db").expect("id");
+        let workload = WorkloadId::new("w1").expect("id");
+        manager
+            .mount(&MountRequest {
+                plugin: plugin.clone(),
+                volume: volume.clone(),
+                external_id: ext.clone(),
+                capability: cap.clone(),
+                read_only: false,
+                workload: workload.clone(),
+                publish_context,
+                volume_context: VolumeContext::new(),
+            })
+            .await
+            .expect("mounted");
+
+        // The plugin goes away; the registry has not rescanned, so it still lists it.
+        server.shutdown().await.expect("stops");
+        let detach = plugins.detach_client(&plugin).expect("still listed");
+        let dials_before = detach.connection().dial_attempts();
+        let err = manager
+            .unmount(&UnmountRequest {
+                plugin,
+                volume,
+                external_id: ext,
+                capability: cap,
+                read_only: false,
+                workload,
+            })
+            .await
+            .expect_err("the plugin is gone");
+        assert_eq!(err.class(), ErrorClass::RetryElsewhere, "{err}");
+        match &err {
+            NodeError::Call { step, source, .. } => {
+                assert_eq!(*step, "NodeUnpublishVolume");
+                assert_eq!(source.attempts(), 1, "one attempt: {source}");
+                // The dial gave up by itself (socket missing after the short wait); no
+                // deadline had to cut a 30 s wait short.
+                match source.kind() {
+                    csi_client::ErrorKind::NotConnected(connect) => assert_eq!(
+                        connect.io_error().kind(),
+                        std::io::ErrorKind::NotFound,
+                        "{source}"
+                    ),
+                    other => panic!("expected not connected, got {other}"),
+                }
+            }
+            other => panic!("expected the unpublish call's error, got {other}"),
+        }
+        // One socket wait of 1 s, dials 10 ms, 20 ms, ... apart: a handful, not ~36 per attempt.
+        let dials = detach.connection().dial_attempts() - dials_before;
+        assert!((1..=10).contains(&dials), "{dials} dials");
+        assert_eq!(manager.uncertain().len(), 0, "{:?}", manager.uncertain());
+        assert!(
+            manager.published("db", "w1").is_some(),
+            "the record is kept for the retry"
+        );
     }
 }
