@@ -24,7 +24,7 @@ pub const NODE_DETACH_RPCS: [Rpc; 2] = [Rpc::NodeUnpublishVolume, Rpc::NodeUnsta
 /// How the agent's node detach calls treat a node plugin that does not answer.
 ///
 /// Applied to a client with [`apply`](Self::apply) (socket wait and the two RPCs' policy
-/// rows) or per call with [`call_options`](Self::call_options) (attempts and budget only: the
+/// rows) or per call with [`call_options`](Self::call_options) (the attempt limit only: the
 /// socket wait belongs to the client's connection).
 ///
 /// ```
@@ -85,13 +85,11 @@ impl NodeDetachPolicy {
         }
     }
 
-    /// Per-call overrides for a node detach call: attempts and deadlines. They do not change
-    /// the socket wait, which is the client's ([`apply`](Self::apply)).
+    /// Per-call overrides for a node detach call: the attempt limit only. Deadlines stay the
+    /// client's, which may be shorter (an agent-wide call timeout, a test), and the socket
+    /// wait is the client's connection's: both come with [`apply`](Self::apply).
     pub fn call_options(&self) -> CallOptions {
-        CallOptions::new()
-            .attempt_deadline(self.attempt_deadline)
-            .total_budget(self.total_budget())
-            .max_attempts(self.max_attempts)
+        CallOptions::new().max_attempts(self.max_attempts)
     }
 
     /// `builder` with this socket wait and with the policy rows of [`NODE_DETACH_RPCS`]
@@ -146,7 +144,7 @@ mod tests {
         assert_eq!(policy.connect_options().socket_wait, policy.socket_wait);
         let options = policy.call_options();
         assert_eq!(options.max_attempts, Some(2));
-        assert_eq!(options.total_budget, Some(Duration::from_secs(20)));
+        assert_eq!(options.total_budget, None, "deadlines stay the client's");
     }
 
     #[test]

@@ -24,10 +24,11 @@ use crate::layout::{Layout, Usage};
 /// When the plugin lacks `STAGE_UNSTAGE_VOLUME` (`staging == false`), an unstage request is
 /// answered `Ok` without a call: nothing was staged.
 ///
-/// Every call runs with the attempts and deadlines of a [`NodeDetachPolicy`]
-/// ([`NodeDetachPolicy::DEFAULT`] unless [`with_policy`](Self::with_policy) says otherwise):
-/// the release driver is the retry loop. The socket wait is the client's: build it with
-/// [`NodeDetachPolicy::client`] so a missing plugin is reported after about a second.
+/// Every call makes at most the attempts of a [`NodeDetachPolicy`]
+/// ([`NodeDetachPolicy::DEFAULT`]: one, unless [`with_policy`](Self::with_policy) says
+/// otherwise): the release driver is the retry loop. The socket wait and the deadlines are the
+/// client's: build it with [`NodeDetachPolicy::client`] so a missing plugin is reported after
+/// about a second.
 #[derive(Debug, Clone)]
 pub struct ClientNodeDetacher {
     client: CsiClient,
@@ -49,7 +50,7 @@ impl ClientNodeDetacher {
         }
     }
 
-    /// The same adapter with the attempts and deadlines of `policy` for its calls.
+    /// The same adapter with the attempt limit of `policy` for its calls.
     #[must_use]
     pub fn with_policy(mut self, policy: NodeDetachPolicy) -> Self {
         self.policy = policy;
