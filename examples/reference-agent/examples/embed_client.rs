@@ -26,8 +26,7 @@ async fn drive(endpoint: Endpoint, dir: &Path) -> Result<String, Box<dyn Error>>
         fingerprint.capabilities.node.requires_staging(),
         fingerprint
             .capabilities
-            .controller
-            .requires_controller_publish(),
+            .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
     );
 
     // Raw wire request in, typed `csi_structs::Volume` out (checked on arrival).

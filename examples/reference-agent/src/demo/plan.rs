@@ -66,13 +66,13 @@ impl Plan {
         };
         let volume = match existing {
             Some(id) => VolumeSource::Existing(id),
-            None if caps.controller.can_create_delete() => VolumeSource::Create,
+            None if caps.may_call(csi_client::Rpc::CreateVolume) => VolumeSource::Create,
             None => return Err(PlanError::CannotCreate { plugin }),
         };
         Ok(Plan {
             volume,
             validate: caps.plugin.has_controller_service(),
-            controller_publish: caps.controller.requires_controller_publish(),
+            controller_publish: caps.lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
             stage: caps.node.requires_staging(),
             plugin_node: node.node_id.clone(),
         })

@@ -200,8 +200,10 @@ impl Plugins {
                     plugin_node: fp
                         .and_then(|f| f.node.as_ref())
                         .map(|n| n.node_id.to_string()),
-                    controller_publish: fp
-                        .is_some_and(|f| f.capabilities.controller.requires_controller_publish()),
+                    controller_publish: fp.is_some_and(|f| {
+                        f.capabilities
+                            .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume)
+                    }),
                     staging: fp.is_some_and(|f| f.capabilities.node.requires_staging()),
                     fingerprints: t.fingerprints.get(id).copied().unwrap_or(0),
                     last_error: e.last_error.clone(),
@@ -230,7 +232,9 @@ impl Plugins {
                         .has_controller_service()
                         .then_some(healthy),
                     node: fp.node.as_ref().map(|n| (n.node_id.to_string(), healthy)),
-                    controller_publish: fp.capabilities.controller.requires_controller_publish(),
+                    controller_publish: fp
+                        .capabilities
+                        .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
                 })
             })
             .collect()
