@@ -575,6 +575,62 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
 
+    /// A mock plugin serving at `<dir>/plugins/mock.sock`, with volume `db` created with `cap`
+    /// and attached to the mock's node, made through `client`.
+    struct Attached {
+        mock: csi_testkit::MockPlugin,
+        server: csi_testkit::MockServer,
+        client: csi_client::CsiClient,
+        ext: csi_structs::ExternalVolumeId,
+        context: csi_structs::PublishContext,
+    }
+
+    async fn attached_volume(dir: &std::path::Path, cap: &VolumeCapability) -> Attached {
+        use csi_client::{CsiClient, Endpoint, proto};
+
+        let socket = dir.join("plugins").join("mock.sock");
+        std::fs::create_dir_all(socket.parent().expect("parent")).expect("plugin dir");
+        let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
+        let server = mock.serve_unix(&socket).await.expect("serves");
+        let client = CsiClient::new(Endpoint::unix(&socket).expect("endpoint"));
+        let ext = client
+            .controller()
+            .create_volume(proto::CreateVolumeRequest {
+                name: "db".into(),
+                volume_capabilities: vec![cap.into()],
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+            .volume_id;
+        let plugin_node = client
+            .fingerprint()
+            .await
+            .expect("fingerprint")
+            .node
+            .expect("node service")
+            .node_id;
+        let context = client
+            .controller()
+            .publish(
+                &ext,
+                &plugin_node,
+                cap,
+                false,
+                &csi_structs::VolumeContext::new(),
+                &Secrets::default(),
+            )
+            .await
+            .expect("attached");
+        Attached {
+            mock,
+            server,
+            client,
+            ext,
+            context,
+        }
+    }
+
     #[test]
     fn usage_segments_keep_modes_apart() {
         let rw = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
@@ -678,47 +734,20 @@ mod tests {
     /// which is done).
     #[tokio::test]
     async fn format_1_stagings_are_unstaged_with_the_last_publication() {
-        use csi_client::{CsiClient, Endpoint, NodePublish, NodeStage, Rpc, proto};
-        use csi_structs::{PublishContext, VolumeContext};
+        use csi_client::{NodePublish, NodeStage, Rpc};
+        use csi_structs::VolumeContext;
 
         let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("plugins").join("mock.sock");
-        std::fs::create_dir_all(socket.parent().expect("parent")).expect("plugin dir");
-        let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
-        let _server = mock.serve_unix(&socket).await.expect("serves");
-
         // The state the previous agent left behind, made through a client.
-        let client = CsiClient::new(Endpoint::unix(&socket).expect("endpoint"));
         let cap = VolumeCapability::mount(AccessMode::MultiNodeSingleWriter, MountOptions::new());
-        let ext = client
-            .controller()
-            .create_volume(proto::CreateVolumeRequest {
-                name: "db".into(),
-                volume_capabilities: vec![(&cap).into()],
-                ..Default::default()
-            })
-            .await
-            .expect("created")
-            .volume_id;
-        let plugin_node = client
-            .fingerprint()
-            .await
-            .expect("fingerprint")
-            .node
-            .expect("node service")
-            .node_id;
-        let context: PublishContext = client
-            .controller()
-            .publish(
-                &ext,
-                &plugin_node,
-                &cap,
-                false,
-                &VolumeContext::new(),
-                &Secrets::default(),
-            )
-            .await
-            .expect("attached");
+        let Attached {
+            mock,
+            server: _server,
+            client,
+            ext,
+            context,
+            ..
+        } = attached_volume(dir.path(), &cap).await;
         let layout = Layout::new(dir.path().join("node"));
         let volume = VolumeId::new("db").expect("id");
         let mut records = serde_json::Map::new();
@@ -841,45 +870,16 @@ mod tests {
     /// `RetryElsewhere`, instead of csi-client's four attempts of up to 30 s of dialling.
     #[tokio::test]
     async fn a_vanished_node_plugin_fails_the_unmount_after_one_short_attempt() {
-        use csi_client::{CsiClient, Endpoint, proto};
-        use csi_structs::{PublishContext, VolumeContext};
+        use csi_structs::VolumeContext;
 
         let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("plugins").join("mock.sock");
-        std::fs::create_dir_all(socket.parent().expect("parent")).expect("plugin dir");
-        let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
-        let server = mock.serve_unix(&socket).await.expect("serves");
-        let client = CsiClient::new(Endpoint::unix(&socket).expect("endpoint"));
         let cap = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
-        let ext = client
-            .controller()
-            .create_volume(proto::CreateVolumeRequest {
-                name: "db".into(),
-                volume_capabilities: vec![(&cap).into()],
-                ..Default::default()
-            })
-            .await
-            .expect("created")
-            .volume_id;
-        let plugin_node = client
-            .fingerprint()
-            .await
-            .expect("fingerprint")
-            .node
-            .expect("node service")
-            .node_id;
-        let publish_context: PublishContext = client
-            .controller()
-            .publish(
-                &ext,
-                &plugin_node,
-                &cap,
-                false,
-                &VolumeContext::new(),
-                &Secrets::default(),
-            )
-            .await
-            .expect("attached");
+        let Attached {
+            server,
+            ext,
+            context: publish_context,
+            ..
+        } = attached_volume(dir.path(), &cap).await;
 
         let plugins = plugins_in(dir.path());
         let manager = VolumeManager::open(dir.path(), plugins.clone()).expect("opens");
