@@ -243,7 +243,7 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
     assert_ne!(stuck.claims[0].state, "taken");
 
     agent.kill();
-    let mut agent = Serve::start(dir.path(), "second", &data, &args);
+    let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
     agent.ready().await;
     let freed = eventually("the restarted agent frees the claim", async || {
         let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
@@ -654,19 +654,26 @@ fn tonic_code_unavailable() -> csi_client::Code {
     csi_client::Code::Unavailable
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_usage_survives_a_restart() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
+/// One `serve` agent over the mock (at `<dir>/plugins/mock.sock`), fingerprinted, with volume
+/// `v1` created in `access_mode`.
+struct WithVolume {
+    mock: MockPlugin,
+    _server: csi_testkit::MockServer,
+    agent: Serve,
+    plugins: PathBuf,
+    data: PathBuf,
+}
+
+async fn agent_with_v1(dir: &Path, name: &str, access_mode: &str) -> WithVolume {
+    let plugins = dir.join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugin dir");
-    let data = dir.path().join("data");
+    let data = dir.join("data");
     let mock = MockPlugin::builder().build().expect("mock");
-    let _server = mock
+    let server = mock
         .serve_unix(plugins.join("mock.sock"))
         .await
         .expect("serves");
-    let args = fast_backoff(&plugins);
-    let mut agent = Serve::start(dir.path(), "first", &data, &args);
+    let mut agent = Serve::start(dir, name, &data, &fast_backoff(&plugins));
     agent.ready().await;
     eventually("fingerprinted", async || {
         plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
@@ -681,15 +688,60 @@ async fn node_usage_survives_a_restart() {
             "--plugin",
             "mock",
             "--access-mode",
-            "multi-node-multi-writer",
+            access_mode,
         ],
     )
     .await;
+    WithVolume {
+        mock,
+        _server: server,
+        agent,
+        plugins,
+        data,
+    }
+}
+
+/// Claims `v1` for `workload` in `mode` on the agent's own node; the target must exist.
+async fn claim_v1_here(data: &Path, workload: &str, mode: &str) {
+    let c: csi_agent::ops::api::ClaimView = json(
+        data,
+        &[
+            "volume",
+            "claim",
+            "v1",
+            "--workload",
+            workload,
+            "--mode",
+            mode,
+        ],
+    )
+    .await;
+    let target = c.target_path.expect("published here");
+    assert!(Path::new(&target).exists(), "{target}");
+}
+
+/// Releases `workload`'s claim of `v1` and waits for the release to finish.
+async fn release_v1(data: &Path, workload: &str) {
+    let _: VolumeView = json(
+        data,
+        &["volume", "release", "v1", "--workload", workload, "--wait"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_usage_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let WithVolume {
+        mock,
+        _server,
+        agent,
+        plugins,
+        data,
+    } = agent_with_v1(dir.path(), "first", "multi-node-multi-writer").await;
+    let mut agent = agent;
     for w in ["w1", "w2"] {
-        let c: csi_agent::ops::api::ClaimView =
-            json(&data, &["volume", "claim", "v1", "--workload", w]).await;
-        let target = c.target_path.expect("published here");
-        assert!(Path::new(&target).exists(), "{target}");
+        claim_v1_here(&data, w, "write").await;
     }
     // Staged once, published twice.
     assert_eq!(mock.calls().count(Rpc::NodeStageVolume), 1);
@@ -698,7 +750,7 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(busy.in_use, 2, "{busy:?}");
 
     agent.kill();
-    let mut agent = Serve::start(dir.path(), "second", &data, &args);
+    let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
     agent.ready().await;
     eventually("fingerprinted again", async || {
         plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
@@ -706,19 +758,11 @@ async fn node_usage_survives_a_restart() {
     .await;
 
     // w2 still uses the volume on this node: releasing w1 must not unstage it.
-    let _: VolumeView = json(
-        &data,
-        &["volume", "release", "v1", "--workload", "w1", "--wait"],
-    )
-    .await;
+    release_v1(&data, "w1").await;
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
     assert_eq!(mock.calls().count(Rpc::NodeUnstageVolume), 0);
     assert_eq!(mock.staged().len(), 1);
-    let _: VolumeView = json(
-        &data,
-        &["volume", "release", "v1", "--workload", "w2", "--wait"],
-    )
-    .await;
+    release_v1(&data, "w2").await;
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 2);
     assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
     assert!(mock.staged().is_empty() && mock.published().is_empty());
@@ -741,49 +785,15 @@ async fn node_usage_survives_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_and_a_write_claim_share_one_staging() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugin dir");
-    let data = dir.path().join("data");
-    let mock = MockPlugin::builder().build().expect("mock");
-    let _server = mock
-        .serve_unix(plugins.join("mock.sock"))
-        .await
-        .expect("serves");
-    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
-    agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
-    })
-    .await;
-    let _: VolumeView = json(
-        &data,
-        &[
-            "volume",
-            "create",
-            "v1",
-            "--plugin",
-            "mock",
-            "--access-mode",
-            "multi-node-single-writer",
-        ],
-    )
-    .await;
+    let WithVolume {
+        mock,
+        _server,
+        mut agent,
+        data,
+        ..
+    } = agent_with_v1(dir.path(), "agent", "multi-node-single-writer").await;
     for (workload, mode) in [("reader", "read"), ("writer", "write")] {
-        let c: csi_agent::ops::api::ClaimView = json(
-            &data,
-            &[
-                "volume",
-                "claim",
-                "v1",
-                "--workload",
-                workload,
-                "--mode",
-                mode,
-            ],
-        )
-        .await;
-        let target = c.target_path.expect("published here");
-        assert!(Path::new(&target).exists(), "{target}");
+        claim_v1_here(&data, workload, mode).await;
     }
     let staging = data.join("node").join("staging").join("v1");
     assert_eq!(mock.calls().count(Rpc::NodeStageVolume), 1, "staged once");
@@ -802,22 +812,14 @@ async fn a_read_and_a_write_claim_share_one_staging() {
     }
 
     // The writer still uses the volume here: releasing the reader keeps the stage.
-    let _: VolumeView = json(
-        &data,
-        &["volume", "release", "v1", "--workload", "reader", "--wait"],
-    )
-    .await;
+    release_v1(&data, "reader").await;
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
     assert_eq!(mock.calls().count(Rpc::NodeUnstageVolume), 0);
     assert_eq!(mock.staged().len(), 1);
     assert_eq!(mock.published().len(), 1);
 
     // The last publication goes: now it is unstaged, once, from that path.
-    let _: VolumeView = json(
-        &data,
-        &["volume", "release", "v1", "--workload", "writer", "--wait"],
-    )
-    .await;
+    release_v1(&data, "writer").await;
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 2);
     assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
     assert!(mock.staged().is_empty() && mock.published().is_empty());
