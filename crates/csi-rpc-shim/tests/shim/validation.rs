@@ -68,16 +68,22 @@ async fn an_oversized_message_is_refused() {
     assert_eq!(status.code(), tonic::Code::OutOfRange);
 }
 
-#[tokio::test]
-async fn an_invalid_local_request_fails_before_sending() {
+/// Sends a CreateVolume with these sizes and capabilities from a cluster agent whose only
+/// controller is elsewhere; it must fail locally as an invalid request, sending nothing.
+/// Returns the violation lines.
+async fn refused_create(
+    required_bytes: i64,
+    limit_bytes: i64,
+    capabilities: Vec<csi_structs::VolumeCapability>,
+) -> Vec<String> {
     let cluster = Cluster::start(vec![AgentSpec::cluster("ops"), AgentSpec::node("b")]).await;
     cluster.controllers_on(&["b"]);
     let create = csi_rpc_shim::CreateVolume {
         query: csi_rpc_shim::ControllerQuery::new(plugin()),
         volume: csi_structs::VolumeId::new("vol-new").unwrap(),
-        required_bytes: -1,
-        limit_bytes: 0,
-        capabilities: vec![],
+        required_bytes,
+        limit_bytes,
+        capabilities,
         parameters: Default::default(),
         secrets: secrets(),
     };
@@ -87,7 +93,13 @@ async fn an_invalid_local_request_fails_before_sending() {
     let ShimError::InvalidRequest { error, .. } = &err else {
         panic!("{err:?}");
     };
-    let lines = error.lines();
+    assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
+    error.lines()
+}
+
+#[tokio::test]
+async fn an_invalid_local_request_fails_before_sending() {
+    let lines = refused_create(-1, 0, vec![]).await;
     assert!(
         lines.iter().any(|l| l.starts_with("required_bytes")),
         "{lines:?}"
@@ -96,32 +108,13 @@ async fn an_invalid_local_request_fails_before_sending() {
         lines.iter().any(|l| l.starts_with("capabilities")),
         "{lines:?}"
     );
-    assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
 }
 
 #[tokio::test]
 async fn a_size_limit_below_the_requirement_is_refused_naming_the_limit() {
-    let cluster = Cluster::start(vec![AgentSpec::cluster("ops"), AgentSpec::node("b")]).await;
-    cluster.controllers_on(&["b"]);
-    let create = csi_rpc_shim::CreateVolume {
-        query: csi_rpc_shim::ControllerQuery::new(plugin()),
-        volume: csi_structs::VolumeId::new("vol-new").unwrap(),
-        required_bytes: 2 << 30,
-        limit_bytes: 1 << 30,
-        capabilities: vec![attach("vol-1", "b").capability],
-        parameters: Default::default(),
-        secrets: secrets(),
-    };
-    let err = guarded(cluster.agent("ops").shim.create_volume(create, CALL))
-        .await
-        .unwrap_err();
-    let ShimError::InvalidRequest { error, .. } = &err else {
-        panic!("{err:?}");
-    };
-    let lines = error.lines();
+    let lines = refused_create(2 << 30, 1 << 30, vec![attach("vol-1", "b").capability]).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].starts_with("limit_bytes"), "{lines:?}");
-    assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
 }
 
 #[test]

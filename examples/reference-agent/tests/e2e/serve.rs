@@ -735,11 +735,10 @@ async fn node_usage_survives_a_restart() {
     let WithVolume {
         mock,
         _server,
-        agent,
+        mut agent,
         plugins,
         data,
     } = agent_with_v1(dir.path(), "first", "multi-node-multi-writer").await;
-    let mut agent = agent;
     for w in ["w1", "w2"] {
         claim_v1_here(&data, w, "write").await;
     }
