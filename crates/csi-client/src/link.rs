@@ -122,6 +122,11 @@ impl Link {
         let mut redialled = false;
         loop {
             if current.sender.is_closed() {
+                if redialled {
+                    // A connection dialled for this very request closed at once: give up
+                    // rather than dial in a loop until the deadline.
+                    return Err(self.shared.closed_unsent());
+                }
                 current = self
                     .shared
                     .redial(current.generation, handover.as_ref())
@@ -143,11 +148,7 @@ impl Link {
                             .await?;
                         redialled = true;
                     }
-                    Some(_) => {
-                        return Err(Box::new(DialFailure::Connect(ConnectError::closed_unsent(
-                            self.shared.target.endpoint(),
-                        ))));
-                    }
+                    Some(_) => return Err(self.shared.closed_unsent()),
                     None => return Err(Box::new(failed.into_error())),
                 },
             }
@@ -156,6 +157,13 @@ impl Link {
 }
 
 impl Shared {
+    /// The error of a request that a freshly dialled connection closed on before taking it.
+    fn closed_unsent(&self) -> BoxError {
+        Box::new(DialFailure::Connect(ConnectError::closed_unsent(
+            self.target.endpoint(),
+        )))
+    }
+
     fn current(&self) -> Current {
         self.current
             .lock()
@@ -284,6 +292,61 @@ mod tests {
         sender
     }
 
+    fn link_with(target: Arc<DialTarget>, sender: http2::SendRequest<Body>) -> Link {
+        Link {
+            shared: Arc::new(Shared {
+                authority: authority(target.endpoint()),
+                target,
+                current: Mutex::new(Current {
+                    generation: 0,
+                    sender,
+                }),
+                redial: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_drops_every_connection_is_not_dialled_in_a_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // Accepts and hangs up at once, like a plugin crashing on every connection.
+        let dropper = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        let dials = Arc::new(AtomicU64::new(0));
+        let target = Arc::new(DialTarget::new(
+            Endpoint::unix(&path).unwrap(),
+            ConnectOptions::DEFAULT,
+            Arc::clone(&dials),
+        ));
+        let link = link_with(target, doomed_sender().await);
+        let mut identity = IdentityClient::new(PluginChannel::plain(link));
+        let status = tokio::time::timeout(Duration::from_secs(30), identity.probe(ProbeRequest {}))
+            .await
+            .expect("hang guard: the link gave up instead of redialling forever")
+            .unwrap_err();
+        // Nothing was sent: the new connection closed before taking the request (or, had the
+        // hang-up beaten the handshake, the handshake failed).
+        let kind = crate::call::kind_of_status(status);
+        assert!(
+            matches!(
+                kind,
+                crate::error::ErrorKind::NotConnected(_) | crate::error::ErrorKind::Handshake(_)
+            ),
+            "{kind:?}"
+        );
+        assert_eq!(
+            dials.load(Ordering::Relaxed),
+            1,
+            "one redial, then the error"
+        );
+        dropper.abort();
+    }
+
     #[tokio::test]
     async fn a_request_handed_back_unsent_goes_out_on_a_new_connection() {
         let dir = tempfile::tempdir().unwrap();
@@ -296,17 +359,7 @@ mod tests {
             ConnectOptions::DEFAULT,
             Arc::clone(&dials),
         ));
-        let link = Link {
-            shared: Arc::new(Shared {
-                authority: authority(target.endpoint()),
-                target,
-                current: Mutex::new(Current {
-                    generation: 0,
-                    sender: doomed_sender().await,
-                }),
-                redial: tokio::sync::Mutex::new(()),
-            }),
-        };
+        let link = link_with(target, doomed_sender().await);
         let handover = Handover::new();
         handover.handed();
         let mut request = tonic::Request::new(ProbeRequest {});
