@@ -216,7 +216,18 @@ fn migrate_v1(
             }
             merged.users.insert(workload, user);
         }
-        if let (Some(staging), Some(stage)) = (entry.staging, entry.stage) {
+        // A staging known to be done becomes the volume's one staging path, whichever record
+        // it came from: a new publication reuses it instead of staging a path that never was.
+        let other = if merged.stage != Some(StepState::Done) && entry.stage == Some(StepState::Done)
+        {
+            let kept = (merged.staging.take(), merged.stage.take());
+            merged.staging = entry.staging;
+            merged.stage = entry.stage;
+            kept
+        } else {
+            (entry.staging, entry.stage)
+        };
+        if let (Some(staging), Some(stage)) = other {
             merged.legacy_stagings.push(LegacyStaging {
                 path: staging,
                 stage,
@@ -298,6 +309,31 @@ mod tests {
         let (again, migrated) = UsageFile::load(&write(dir.path(), &text)).expect("loads");
         assert!(!migrated);
         assert_eq!(again.volumes, file.volumes);
+    }
+
+    #[test]
+    fn the_staging_that_was_done_stays_the_volume_s_whatever_its_key() {
+        // The reader's record sorts first but its staging never finished; the writer's did.
+        let text = V1
+            .replace(r#""stage": "done""#, r#""stage": "started""#)
+            .replace(r#""stage": "uncertain""#, r#""stage": "done""#);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (file, _) = UsageFile::load(&write(dir.path(), &text)).expect("migrates");
+        let db = &file.volumes["mock/db"];
+        assert_eq!(
+            db.staging.as_deref(),
+            Some(Path::new(
+                "/d/node/staging/db/rw-mount-single-node-multi-writer"
+            ))
+        );
+        assert_eq!(db.stage, Some(StepState::Done));
+        assert_eq!(
+            db.legacy_stagings,
+            [LegacyStaging {
+                path: "/d/node/staging/db/ro-mount-single-node-multi-writer".into(),
+                stage: StepState::Started,
+            }]
+        );
     }
 
     #[test]
