@@ -420,7 +420,8 @@ impl Agent {
                         // here (read or write), so it is read-only only when the access mode
                         // is; a read claim is read-only at its own NodePublishVolume. A
                         // per-claim value would make a write claim after a read claim on the
-                        // same node an ALREADY_EXISTS (published with another readonly).
+                        // same node an ALREADY_EXISTS (published with another readonly). The
+                        // backend that calls the plugin sends it only with PUBLISH_READONLY.
                         read_only: entry.access_mode.is_read_only(),
                         secrets: Secrets::default(),
                         volume_context: entry.volume_context(),

@@ -11,7 +11,7 @@ use csi_rpc_shim::{
     NodeDetach, NodeExpand, NodeExpanded, PluginError, ServiceKind, SnapshotInfo, SnapshotPage,
     Validated, VolumePage,
 };
-use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, PluginId};
+use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
 use super::node::{NodeError, UnmountRequest, VolumeManager};
 use super::plugins::Plugins;
@@ -53,9 +53,17 @@ fn unsupported(what: &str) -> PluginError {
 
 impl LocalBackend {
     fn controller(&self, plugin: &PluginId) -> Result<csi_client::ControllerClient, PluginError> {
+        self.controller_and_caps(plugin).map(|(c, _)| c)
+    }
+
+    /// The controller client, and the plugin's controller capabilities as fingerprinted.
+    fn controller_and_caps(
+        &self,
+        plugin: &PluginId,
+    ) -> Result<(csi_client::ControllerClient, ControllerCapabilities), PluginError> {
         match self.plugins.client(plugin) {
             Some((client, fp)) if fp.capabilities.plugin.has_controller_service() => {
-                Ok(client.controller())
+                Ok((client.controller(), fp.capabilities.controller.clone()))
             }
             _ => Err(PluginError::new(
                 ErrorClass::RetryElsewhere,
@@ -93,14 +101,17 @@ impl LocalPlugins for LocalBackend {
         ctx: &CallContext,
         req: ControllerAttach,
     ) -> Result<Attached, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let (c, caps) = self.controller_and_caps(&req.query.plugin)?;
+        // The spec: the CO must send `readonly = false` unless the plugin has
+        // PUBLISH_READONLY. Without it, read-only is left to NodePublishVolume.
+        let read_only = req.read_only && caps.allows_readonly_publish();
         within(ctx, async move {
             let publish_context = c
                 .publish(
                     &req.external_volume,
                     &req.plugin_node,
                     &req.capability,
-                    req.read_only,
+                    read_only,
                     &req.volume_context,
                     &req.secrets,
                 )

@@ -665,10 +665,20 @@ struct WithVolume {
 }
 
 async fn agent_with_v1(dir: &Path, name: &str, access_mode: &str) -> WithVolume {
+    let mock = MockPlugin::builder().build().expect("mock");
+    agent_with_v1_on(dir, name, access_mode, mock).await
+}
+
+/// As [`agent_with_v1`], over the given mock.
+async fn agent_with_v1_on(
+    dir: &Path,
+    name: &str,
+    access_mode: &str,
+    mock: MockPlugin,
+) -> WithVolume {
     let plugins = dir.join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugin dir");
     let data = dir.join("data");
-    let mock = MockPlugin::builder().build().expect("mock");
     let server = mock
         .serve_unix(plugins.join("mock.sock"))
         .await
@@ -810,6 +820,16 @@ async fn a_read_and_a_write_claim_share_one_staging() {
         assert!(publish.request.contains(&wanted), "{}", publish.request);
     }
 
+    // The reader's publication is read-only, the writer's is not.
+    let readonly: Vec<bool> = mock
+        .calls()
+        .of(Rpc::NodePublishVolume)
+        .records()
+        .iter()
+        .map(|p| p.request.contains("readonly: true"))
+        .collect();
+    assert_eq!(readonly, [true, false], "reader first, then writer");
+
     // The writer still uses the volume here: releasing the reader keeps the stage.
     release_v1(&data, "reader").await;
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
@@ -823,6 +843,49 @@ async fn a_read_and_a_write_claim_share_one_staging() {
     assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
     assert!(mock.staged().is_empty() && mock.published().is_empty());
     assert!(!staging.exists(), "the staging directory is removed");
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+/// The CSI spec: `ControllerPublishVolume.readonly` must be false unless the plugin has
+/// PUBLISH_READONLY; a read-only volume is then read-only where the node publishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_goes_to_the_controller_only_with_publish_readonly() {
+    use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, ControllerCapability};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let without = CONTROLLER_IMPLEMENTED
+        .iter()
+        .copied()
+        .filter(|c| *c != ControllerCapability::PublishReadonly);
+    let mock = MockPlugin::builder()
+        .controller_capabilities(without)
+        .build()
+        .expect("mock");
+    let WithVolume {
+        mock,
+        _server,
+        mut agent,
+        data,
+        ..
+    } = agent_with_v1_on(dir.path(), "agent", "multi-node-reader-only", mock).await;
+    claim_v1_here(&data, "reader", "read").await;
+    let attach = mock.calls().of(Rpc::ControllerPublishVolume);
+    let attach = attach.records();
+    assert_eq!(attach.len(), 1);
+    assert!(
+        attach[0].request.contains("readonly: false"),
+        "{}",
+        attach[0].request
+    );
+    let publish = mock.calls().of(Rpc::NodePublishVolume);
+    let publish = publish.records();
+    assert_eq!(publish.len(), 1);
+    assert!(
+        publish[0].request.contains("readonly: true"),
+        "{}",
+        publish[0].request
+    );
+    release_v1(&data, "reader").await;
     assert_eq!(agent.terminate(), Some(0));
 }
 
