@@ -16,16 +16,16 @@
 
 use std::time::Duration;
 
-use csi_client::{CallOptions, ConnectOptions, CsiClient, CsiClientBuilder, Endpoint, Rpc};
+use csi_client::{ConnectOptions, CsiClient, CsiClientBuilder, Endpoint, Rpc};
 
 /// The node detach RPCs the policy applies to.
 pub const NODE_DETACH_RPCS: [Rpc; 2] = [Rpc::NodeUnpublishVolume, Rpc::NodeUnstageVolume];
 
 /// How the agent's node detach calls treat a node plugin that does not answer.
 ///
-/// Applied to a client with [`apply`](Self::apply) (socket wait and the two RPCs' policy
-/// rows) or per call with [`call_options`](Self::call_options) (the attempt limit only: the
-/// socket wait belongs to the client's connection).
+/// Applied to a client with [`apply`](Self::apply) or [`client`](Self::client): the socket
+/// wait of its connection and the policy rows of the two RPCs. Those rows are then the one
+/// place the limits live; nothing overrides them per call.
 ///
 /// ```
 /// use csi_agent::adapters::NodeDetachPolicy;
@@ -85,13 +85,6 @@ impl NodeDetachPolicy {
         }
     }
 
-    /// Per-call overrides for a node detach call: the attempt limit only. Deadlines stay the
-    /// client's, which may be shorter (an agent-wide call timeout, a test), and the socket
-    /// wait is the client's connection's: both come with [`apply`](Self::apply).
-    pub fn call_options(&self) -> CallOptions {
-        CallOptions::new().max_attempts(self.max_attempts)
-    }
-
     /// `builder` with this socket wait and with the policy rows of [`NODE_DETACH_RPCS`]
     /// changed to these attempts and deadlines (never longer than the rows already were).
     pub fn apply(&self, builder: CsiClientBuilder) -> CsiClientBuilder {
@@ -142,9 +135,6 @@ mod tests {
         let stage = client.policies().get(Rpc::NodeStageVolume);
         assert_eq!(stage, csi_client::default_policy(Rpc::NodeStageVolume));
         assert_eq!(policy.connect_options().socket_wait, policy.socket_wait);
-        let options = policy.call_options();
-        assert_eq!(options.max_attempts, Some(2));
-        assert_eq!(options.total_budget, None, "deadlines stay the client's");
     }
 
     #[test]

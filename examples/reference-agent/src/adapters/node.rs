@@ -9,7 +9,6 @@ use csi_client::CsiClient;
 use csi_structs::ErrorClass;
 
 use super::cleanup::remove_empty_dirs;
-use super::detach_policy::NodeDetachPolicy;
 use super::error::detach_error;
 use crate::layout::{Layout, Usage};
 
@@ -24,42 +23,34 @@ use crate::layout::{Layout, Usage};
 /// When the plugin lacks `STAGE_UNSTAGE_VOLUME` (`staging == false`), an unstage request is
 /// answered `Ok` without a call: nothing was staged.
 ///
-/// Every call makes at most the attempts of a [`NodeDetachPolicy`]
-/// ([`NodeDetachPolicy::DEFAULT`]: one, unless [`with_policy`](Self::with_policy) says
-/// otherwise): the release driver is the retry loop. The socket wait and the deadlines are the
-/// client's: build it with [`NodeDetachPolicy::client`] so a missing plugin is reported after
-/// about a second.
+/// Attempts, deadlines and the socket wait are all the client's: the adapter adds no per-call
+/// overrides, so the client's rows for `NodeUnpublishVolume` and `NodeUnstageVolume` are the one
+/// place the limits live. Build the client with
+/// [`NodeDetachPolicy::client`](super::NodeDetachPolicy::client) (or
+/// [`apply`](super::NodeDetachPolicy::apply) on a builder); with
+/// [`NodeDetachPolicy::DEFAULT`](super::NodeDetachPolicy::DEFAULT) each call makes one attempt
+/// (the release driver is the retry loop) and a missing plugin is reported after about a
+/// second.
 #[derive(Debug, Clone)]
 pub struct ClientNodeDetacher {
     client: CsiClient,
     layout: Layout,
     staging: bool,
-    policy: NodeDetachPolicy,
 }
 
 impl ClientNodeDetacher {
     /// An adapter calling the node plugin behind `client`; `staging` is whether the plugin
     /// advertises `STAGE_UNSTAGE_VOLUME`
     /// ([`NodeCapabilities::requires_staging`](csi_structs::NodeCapabilities::requires_staging)).
+    ///
+    /// The calls run under `client`'s policy rows: build it with
+    /// [`NodeDetachPolicy::client`](super::NodeDetachPolicy::client).
     pub fn new(client: CsiClient, layout: Layout, staging: bool) -> Self {
         Self {
             client,
             layout,
             staging,
-            policy: NodeDetachPolicy::DEFAULT,
         }
-    }
-
-    /// The same adapter with the attempt limit of `policy` for its calls.
-    #[must_use]
-    pub fn with_policy(mut self, policy: NodeDetachPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// The policy its calls run with.
-    pub fn policy(&self) -> &NodeDetachPolicy {
-        &self.policy
     }
 
     /// The layout the paths come from.
@@ -136,7 +127,6 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .with_options(self.policy.call_options())
             .unpublish(&request.external_volume, path_str(rpc, &target)?)
             .await;
         finish(rpc, outcome, &target, &self.layout.workload_root())
@@ -151,7 +141,6 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .with_options(self.policy.call_options())
             .unstage(&request.external_volume, path_str(rpc, &staging)?)
             .await;
         finish(rpc, outcome, &staging, &self.layout.staging_root())

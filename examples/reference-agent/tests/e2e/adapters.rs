@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+use csi_agent::adapters::{
+    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
+};
 use csi_agent::demo::{DetachRecord, Observed};
 use csi_agent::layout::{Layout, Usage};
 use csi_claims::backoff::BackoffPolicy;
@@ -26,6 +28,7 @@ const GUARD: Duration = Duration::from_secs(60);
 struct Published {
     _tmp: tempfile::TempDir,
     server: MockServer,
+    endpoint: Endpoint,
     client: CsiClient,
     layout: Layout,
     info: VolumeInfo,
@@ -51,7 +54,8 @@ async fn published(staging: bool) -> Published {
         builder = builder.node_capabilities(Vec::<NodeCapability>::new());
     }
     let server = builder.build().unwrap().serve_unix(&socket).await.unwrap();
-    let client = CsiClient::new(Endpoint::unix(&socket).unwrap());
+    let endpoint = Endpoint::unix(&socket).unwrap();
+    let client = CsiClient::new(endpoint.clone());
     let layout = Layout::new(tmp.path().join("data"));
     let fingerprint = client.fingerprint().await.unwrap();
     let plugin_node = fingerprint.node.unwrap().node_id;
@@ -130,6 +134,7 @@ async fn published(staging: bool) -> Published {
     Published {
         _tmp: tmp,
         server,
+        endpoint,
         client,
         layout,
         info,
@@ -138,10 +143,17 @@ async fn published(staging: bool) -> Published {
     }
 }
 
-/// Claims and releases through the pipeline with the adapters; returns every call record.
+/// Claims and releases through the pipeline with the adapters, the node detacher's client
+/// built with [`NodeDetachPolicy::DEFAULT`]; returns every call record.
 async fn release(p: &Published, staging: bool) -> Vec<DetachRecord> {
+    release_with(p, staging, NodeDetachPolicy::DEFAULT).await
+}
+
+/// [`release`] with the node detacher's client built with `policy`.
+async fn release_with(p: &Published, staging: bool, policy: NodeDetachPolicy) -> Vec<DetachRecord> {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let node = ClientNodeDetacher::new(p.client.clone(), p.layout.clone(), staging);
+    let node =
+        ClientNodeDetacher::new(policy.client(p.endpoint.clone()), p.layout.clone(), staging);
     let controller = ClientControllerDetacher::new(p.client.clone(), Arc::new(NoSecrets));
     let mut config = DriverConfig::default();
     config.machine.backoff =
@@ -277,5 +289,35 @@ async fn without_staging_the_unstage_request_makes_no_call() {
     );
     assert_eq!(p.server.calls().count(Rpc::NodeUnstageVolume), 0);
     assert_eq!(p.server.calls().count(Rpc::NodeUnpublishVolume), 1);
+    assert!(!p.target.exists());
+}
+
+/// The attempt limit is the one in the client's policy rows: a node detacher whose client was
+/// built with three attempts makes three within one call (the adapter used to override every
+/// call with a limit of its own, one attempt, whatever the client said).
+#[tokio::test]
+async fn node_calls_make_the_attempts_of_the_clients_rows() {
+    let p = published(true).await;
+    p.server.faults().on(Rpc::NodeUnpublishVolume).fail_times(
+        2,
+        Code::Unavailable,
+        "scripted: busy",
+    );
+    let policy = NodeDetachPolicy {
+        max_attempts: 3,
+        ..NodeDetachPolicy::DEFAULT
+    };
+    let records = release_with(&p, true, policy).await;
+    // The two UNAVAILABLE answers were retried inside the first call: the pipeline saw no
+    // failure.
+    assert_eq!(
+        summary(&records),
+        [
+            (DetachRpc::NodeUnpublish, None),
+            (DetachRpc::NodeUnstage, None),
+            (DetachRpc::ControllerUnpublish, None),
+        ]
+    );
+    assert_eq!(p.server.calls().count(Rpc::NodeUnpublishVolume), 3);
     assert!(!p.target.exists());
 }
