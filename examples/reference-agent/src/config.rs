@@ -243,29 +243,30 @@ pub fn parse_duration(key: &'static str, text: &str) -> Result<Duration, ConfigE
     Ok(d)
 }
 
-/// The most attempts a node detach call may make (the release driver retries beyond).
-pub const MAX_NODE_DETACH_ATTEMPTS: u32 = 10;
+/// The key of [`NodeDetachPolicy::max_attempts`].
+const ATTEMPTS_KEY: &str = "node_detach_attempts";
 
 /// Parses the attempt count of node detach calls: a whole number from 1 to
-/// [`MAX_NODE_DETACH_ATTEMPTS`].
+/// [`NodeDetachPolicy::MAX_ATTEMPTS`] ([`NodeDetachPolicy::check_attempts`]).
 ///
 /// # Errors
 ///
 /// [`ConfigError::Invalid`] naming `node_detach_attempts`.
 pub fn parse_attempts(text: &str) -> Result<u32, ConfigError> {
-    let key = "node_detach_attempts";
     let n: u32 = text
         .trim()
         .parse()
-        .map_err(|_| invalid(key, text, "expected a whole number, e.g. 1"))?;
-    if !(1..=MAX_NODE_DETACH_ATTEMPTS).contains(&n) {
-        return Err(invalid(
-            key,
-            text,
-            format!("must be from 1 to {MAX_NODE_DETACH_ATTEMPTS}"),
-        ));
-    }
-    Ok(n)
+        .map_err(|_| invalid(ATTEMPTS_KEY, text, "expected a whole number, e.g. 1"))?;
+    NodeDetachPolicy::check_attempts(n).map_err(|_| attempts_out_of_range(text))
+}
+
+/// The error for an attempt count [`NodeDetachPolicy::check_attempts`] refused, given as `text`.
+fn attempts_out_of_range(text: &str) -> ConfigError {
+    invalid(
+        ATTEMPTS_KEY,
+        text,
+        format!("must be from 1 to {}", NodeDetachPolicy::MAX_ATTEMPTS),
+    )
 }
 
 fn parse_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
@@ -456,13 +457,11 @@ impl AgentConfig {
                 f.node_detach_socket_wait,
                 "1s",
             )?,
-            max_attempts: match a.node_detach_attempts {
-                Some(text) => parse_attempts(&text)?,
-                None => parse_attempts(
-                    &f.node_detach_attempts
-                        .unwrap_or(NodeDetachPolicy::DEFAULT.max_attempts)
-                        .to_string(),
-                )?,
+            max_attempts: match (a.node_detach_attempts, f.node_detach_attempts) {
+                (Some(text), _) => parse_attempts(&text)?,
+                (None, Some(n)) => NodeDetachPolicy::check_attempts(n)
+                    .map_err(|e| attempts_out_of_range(&e.attempts.to_string()))?,
+                (None, None) => NodeDetachPolicy::DEFAULT.max_attempts,
             },
             ..NodeDetachPolicy::DEFAULT
         };
@@ -610,6 +609,33 @@ mod tests {
         let file: FileConfig = toml::from_str("node_detach_attempts = 0\n").expect("valid toml");
         let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
         assert_eq!(key_of(e), "node_detach_attempts");
+        let max = NodeDetachPolicy::MAX_ATTEMPTS;
+        let file: FileConfig =
+            toml::from_str(&format!("node_detach_attempts = {max}\n")).expect("valid toml");
+        let c = AgentConfig::merge(ConfigArgs::default(), file).expect("the maximum is allowed");
+        assert_eq!(c.node_detach.max_attempts, max);
+        let file: FileConfig =
+            toml::from_str(&format!("node_detach_attempts = {}\n", max + 1)).expect("valid toml");
+        let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
+        let shown = e.to_string();
+        assert_eq!(key_of(e), "node_detach_attempts");
+        assert!(
+            shown.contains(&format!("\"{}\"", max + 1)) && shown.contains(&format!("to {max}")),
+            "the value and the bound are shown: {shown}"
+        );
+    }
+
+    #[test]
+    fn the_attempts_flag_help_states_the_bound() {
+        use clap::Args as _;
+        let command = ConfigArgs::augment_args(clap::Command::new("serve"));
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_id() == "node_detach_attempts")
+            .expect("the flag exists");
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let bound = format!("at most {}", NodeDetachPolicy::MAX_ATTEMPTS);
+        assert!(help.contains(&bound), "{help:?} lacks {bound:?}");
     }
 
     #[test]

@@ -41,7 +41,8 @@ pub const NODE_DETACH_RPCS: [Rpc; 2] = [Rpc::NodeUnpublishVolume, Rpc::NodeUnsta
 pub struct NodeDetachPolicy {
     /// How long one dial waits for the node plugin's socket to appear or accept.
     pub socket_wait: Duration,
-    /// Attempts per node detach call, the first included (at least 1).
+    /// Attempts per node detach call, the first included: from 1 to
+    /// [`MAX_ATTEMPTS`](Self::MAX_ATTEMPTS) ([`check_attempts`](Self::check_attempts)).
     pub max_attempts: u32,
     /// Deadline of one attempt, and (times the attempts) of the whole call.
     pub attempt_deadline: Duration,
@@ -68,6 +69,24 @@ impl NodeDetachPolicy {
         max_attempts: 1,
         attempt_deadline: Duration::from_secs(120),
     };
+
+    /// The most attempts a node detach call may make. More would only hold the volume's
+    /// release slot longer: the release driver retries beyond it with its own backoff.
+    pub const MAX_ATTEMPTS: u32 = 10;
+
+    /// `attempts` if it is a usable [`max_attempts`](Self::max_attempts): from 1 to
+    /// [`MAX_ATTEMPTS`](Self::MAX_ATTEMPTS).
+    ///
+    /// # Errors
+    ///
+    /// [`AttemptsOutOfRange`] with the value, when it is 0 or above the maximum.
+    pub fn check_attempts(attempts: u32) -> Result<u32, AttemptsOutOfRange> {
+        if (1..=Self::MAX_ATTEMPTS).contains(&attempts) {
+            Ok(attempts)
+        } else {
+            Err(AttemptsOutOfRange { attempts })
+        }
+    }
 
     /// The whole call's budget: every attempt's deadline (pauses between attempts are cut
     /// from the last one by csi-client).
@@ -108,6 +127,17 @@ impl NodeDetachPolicy {
     }
 }
 
+/// An attempt count for node detach calls outside 1 to [`NodeDetachPolicy::MAX_ATTEMPTS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{attempts} attempts per node detach call: must be from 1 to {max}",
+    max = NodeDetachPolicy::MAX_ATTEMPTS
+)]
+pub struct AttemptsOutOfRange {
+    /// The count given.
+    pub attempts: u32,
+}
+
 impl Default for NodeDetachPolicy {
     fn default() -> Self {
         Self::DEFAULT
@@ -135,6 +165,21 @@ mod tests {
         let stage = client.policies().get(Rpc::NodeStageVolume);
         assert_eq!(stage, csi_client::default_policy(Rpc::NodeStageVolume));
         assert_eq!(policy.connect_options().socket_wait, policy.socket_wait);
+    }
+
+    #[test]
+    fn attempts_are_checked_against_the_bound() {
+        let max = NodeDetachPolicy::MAX_ATTEMPTS;
+        for ok in [1, 3, max] {
+            assert_eq!(NodeDetachPolicy::check_attempts(ok), Ok(ok));
+        }
+        for bad in [0, max + 1, u32::MAX] {
+            let e = NodeDetachPolicy::check_attempts(bad).unwrap_err();
+            assert_eq!(e, AttemptsOutOfRange { attempts: bad });
+            assert!(e.to_string().contains(&format!("from 1 to {max}")), "{e}");
+        }
+        NodeDetachPolicy::check_attempts(NodeDetachPolicy::DEFAULT.max_attempts)
+            .expect("the default is within the bound");
     }
 
     #[test]

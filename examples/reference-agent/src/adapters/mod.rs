@@ -59,6 +59,6 @@ mod node;
 
 pub use cleanup::remove_empty_dirs;
 pub use controller::{ClientControllerDetacher, NoSecrets, SecretsLookup};
-pub use detach_policy::{NODE_DETACH_RPCS, NodeDetachPolicy};
+pub use detach_policy::{AttemptsOutOfRange, NODE_DETACH_RPCS, NodeDetachPolicy};
 pub use error::detach_error;
 pub use node::ClientNodeDetacher;
