@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use csi_agent::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets};
+use csi_agent::adapters::{
+    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
+};
 use csi_agent::layout::Layout;
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::{
@@ -310,7 +312,7 @@ pub fn claims_release(
                 endpoint: path.display().to_string(),
                 source,
             })?;
-        let client = CsiClient::new(endpoint);
+        let client = CsiClient::new(endpoint.clone());
         // The reference agent's own adapters, so the bench measures the release path the
         // agent runs. After each successful node call they remove the empty directories the
         // orchestrator created below the layout root. Here that root is inside the bench's
@@ -318,9 +320,10 @@ pub fn claims_release(
         // recorded in the store, never published through the mock), so each removal is a
         // short walk of `NotFound`s: harmless, and counted in the release time as it would
         // be in the agent. `staging = true`: the mock advertises STAGE_UNSTAGE_VOLUME, and
-        // the release ends with `NodeUnstageVolume` as the agent's would.
+        // the release ends with `NodeUnstageVolume` as the agent's would. Node calls go
+        // through a client of their own under the agent's node detach policy, as in the agent.
         let node = Arc::new(ClientNodeDetacher::new(
-            client.clone(),
+            NodeDetachPolicy::DEFAULT.client(endpoint),
             Layout::new(dir.path().join("node")),
             true,
         ));
