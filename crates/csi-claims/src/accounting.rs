@@ -2,7 +2,7 @@
 //!
 //! Every claim that is not yet freed holds capacity, including claims whose release has
 //! started: capacity comes back only when a claim is freed. The rules, per access mode
-//! (`nomad-csi.md` §5.4, with Nomad's "reader then writer" asymmetry removed):
+//! (Nomad's claim accounting, with its "reader then writer" asymmetry removed):
 //!
 //! | access mode | who may hold the volume at once |
 //! |---|---|

@@ -2,8 +2,8 @@
 //! limits, total budgets, and the classification of every failure into an [`ErrorClass`].
 //!
 //! Everything the client decides about an RPC's timing and retrying lives in this one file, so
-//! it can be read against the spec (`csi-spec.md` §2 error tables, §2.6 idempotency, §3.3
-//! timeouts, §3.7 general error scheme) in one sitting.
+//! it can be read against the CSI spec (its per-RPC error tables, idempotency rules, timeouts
+//! and general error scheme) in one sitting.
 //!
 //! Three separate pieces, in the manner of tower's retry module:
 //! 1. **Classification** ([`classify`], [`classify_failure`]): a pure function from the RPC and
