@@ -46,7 +46,9 @@ impl Error {
             Error::Store(e) => match e {
                 StoreError::Conflict { .. } | StoreError::Interrupted { .. } => ErrorClass::Retry,
                 StoreError::LoadInterrupted | StoreError::Redb { .. } => ErrorClass::Retry,
+                StoreError::Etcd { .. } => ErrorClass::Retry,
                 StoreError::WrongKey { .. }
+                | StoreError::TooLarge { .. }
                 | StoreError::Decode { .. }
                 | StoreError::Encode { .. } => ErrorClass::Fatal,
             },
@@ -95,6 +97,18 @@ impl ReleaseError {
             ReleaseError::Reloading { .. } => ErrorClass::Retry,
         }
     }
+}
+
+/// An error and its sources on one line (`outer: cause: root cause`), for logs and statuses.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! it was the last user on its node), then controller detach (`ControllerUnpublishVolume`
 //! with the plugin's volume id and the plugin's node id), then *free*. Orchestrators lose
 //! volumes here: lossy checkpoints, retry loops without backoff, claims stuck forever when a
-//! node plugin vanished (Nomad's history, `nomad-csi.md` §5, §6, §9). This crate is built so
+//! node plugin vanished (all of it in Nomad's CSI history). This crate is built so
 //! that none of that can happen:
 //!
 //! - [`model`] and [`state`]: a claim carries everything its release needs (including the
@@ -17,8 +17,9 @@
 //! - [`transition`] and [`machine`]: the pure, sans-I/O [`ReleaseMachine`] (no clock, no
 //!   tokio, no I/O): inputs in, [`Action`]s and [`Event`]s out, [`poll_timeout`] for retries.
 //! - [`backoff`]: per-volume capped exponential backoff with seeded jitter.
-//! - [`store`]: [`ClaimStore`] with compare-and-swap per volume; [`MemoryStore`] and the
-//!   durable [`RedbStore`].
+//! - [`store`]: [`ClaimStore`] with compare-and-swap per volume; [`MemoryStore`], the
+//!   durable [`RedbStore`], and with the `etcd` feature `EtcdStore`, shared by a cluster of
+//!   agents, with a watch and an election for the controller-side release steps.
 //! - [`error`]: [`Error`], every error of the crate with its
 //!   [`ErrorClass`](csi_structs::ErrorClass).
 //! - [`driver`]: a thin tokio loop that performs the machine's actions through the
@@ -112,8 +113,8 @@ pub use detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequ
 pub use error::Error;
 #[doc(inline)]
 pub use machine::{
-    Action, Admitted, ClaimError, Event, MachineConfig, ReleaseError, ReleaseMachine,
-    ReleaseStarted, Ticket, VolumeStatus,
+    Action, Admitted, ClaimError, Duties, Event, MachineConfig, NodeDuties, ReleaseError,
+    ReleaseMachine, ReleaseStarted, Ticket, VolumeStatus,
 };
 #[doc(inline)]
 pub use model::{Claim, ClaimMode, ClaimRequest, ControllerRequirement, VolumeInfo, VolumeRecord};

@@ -23,7 +23,7 @@
 
 use csi_structs::{NodeId, WorkloadId};
 
-use crate::model::{ControllerRequirement, VolumeRecord};
+use crate::model::{Claim, ControllerRequirement, VolumeRecord};
 use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
 
 /// The next thing to do for a volume.
@@ -65,10 +65,44 @@ pub fn next_step(
     node_gone: impl Fn(&NodeId) -> bool,
     deferred: Option<&WorkloadId>,
 ) -> Step {
-    let first = step_for(record, &node_gone, |w| Some(w) != deferred);
+    next_step_performed_by(record, node_gone, deferred, |_, _| true)
+}
+
+/// [`next_step`] among the steps that `performs` says this agent performs: claims whose next
+/// step belongs to another agent (the agent of the claim's node, or the one driving
+/// controller-side work) are passed over, so that the steps this agent owns go on.
+pub fn next_step_performed_by(
+    record: &VolumeRecord,
+    node_gone: impl Fn(&NodeId) -> bool,
+    deferred: Option<&WorkloadId>,
+    performs: impl Fn(&Claim, Side) -> bool,
+) -> Step {
+    let first = step_for(record, &node_gone, |w| Some(w) != deferred, &performs);
     match (first, deferred) {
-        (Step::Idle, Some(d)) => step_for(record, &node_gone, |w| w == d),
+        (Step::Idle, Some(d)) => step_for(record, &node_gone, |w| w == d, &performs),
         (step, _) => step,
+    }
+}
+
+/// Which agent performs a step when several share a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The agent of the claim's node: the node detach calls (`NodeUnpublishVolume`,
+    /// `NodeUnstageVolume`) reach the node plugin there.
+    Node,
+    /// The one agent driving controller-side work: the controller detach call, and every
+    /// step that is only a record (skips, ready to free, free), including the skipped node step
+    /// of a node that is gone for good.
+    Controller,
+}
+
+impl Step {
+    /// Who performs this step ([`Step::Idle`] counts as [`Side::Controller`]).
+    pub fn side(&self) -> Side {
+        match self {
+            Step::NodeDetach { .. } => Side::Node,
+            _ => Side::Controller,
+        }
     }
 }
 
@@ -76,7 +110,27 @@ fn step_for(
     record: &VolumeRecord,
     node_gone: &impl Fn(&NodeId) -> bool,
     consider: impl Fn(&WorkloadId) -> bool,
+    performs: &impl Fn(&Claim, Side) -> bool,
 ) -> Step {
+    for (index, claim) in record.claims.iter().enumerate() {
+        if !consider(&claim.workload) {
+            continue;
+        }
+        if let Some(step) = claim_step(record, index, node_gone)
+            && performs(claim, step.side())
+        {
+            return step;
+        }
+    }
+    Step::Idle
+}
+
+/// The next step of claim `index` alone, if it has one.
+fn claim_step(
+    record: &VolumeRecord,
+    index: usize,
+    node_gone: &impl Fn(&NodeId) -> bool,
+) -> Option<Step> {
     let claims = &record.claims;
     let other_user = |index: usize| {
         let me = &claims[index];
@@ -86,54 +140,43 @@ fn step_for(
             .find(|(j, c)| *j != index && c.node == me.node && c.uses_node())
             .map(|(_, c)| c)
     };
-    for (index, claim) in claims.iter().enumerate() {
-        if !consider(&claim.workload) {
-            continue;
-        }
-        match &claim.state {
-            ClaimState::Taken => continue,
-            ClaimState::Releasing if node_gone(&claim.node) => {
-                return Step::Record {
+    let claim = &claims[index];
+    Some(match &claim.state {
+        ClaimState::Taken => return None,
+        ClaimState::Releasing if node_gone(&claim.node) => Step::Record {
+            index,
+            to: ClaimState::NodeDetached(NodeDetached {
+                node: NodeStep::SkippedNodeGone,
+            }),
+        },
+        ClaimState::Releasing => Step::NodeDetach {
+            index,
+            unstage: other_user(index).is_none(),
+        },
+        ClaimState::NodeDetached(done) => {
+            let skip = match record.info.controller {
+                ControllerRequirement::NotRequired => Some(ControllerStep::SkippedNotRequired),
+                ControllerRequirement::Required => {
+                    other_user(index).map(|c| ControllerStep::SkippedStillUsedOnNode {
+                        by: c.workload.clone(),
+                    })
+                }
+            };
+            match skip {
+                Some(controller) => Step::Record {
                     index,
-                    to: ClaimState::NodeDetached(NodeDetached {
-                        node: NodeStep::SkippedNodeGone,
+                    to: ClaimState::ControllerDetached(Detached {
+                        node: done.node,
+                        controller,
                     }),
-                };
+                },
+                None => Step::ControllerDetach { index },
             }
-            ClaimState::Releasing => {
-                return Step::NodeDetach {
-                    index,
-                    unstage: other_user(index).is_none(),
-                };
-            }
-            ClaimState::NodeDetached(done) => {
-                let skip = match record.info.controller {
-                    ControllerRequirement::NotRequired => Some(ControllerStep::SkippedNotRequired),
-                    ControllerRequirement::Required => {
-                        other_user(index).map(|c| ControllerStep::SkippedStillUsedOnNode {
-                            by: c.workload.clone(),
-                        })
-                    }
-                };
-                return match skip {
-                    Some(controller) => Step::Record {
-                        index,
-                        to: ClaimState::ControllerDetached(Detached {
-                            node: done.node,
-                            controller,
-                        }),
-                    },
-                    None => Step::ControllerDetach { index },
-                };
-            }
-            ClaimState::ControllerDetached(done) => {
-                return Step::Record {
-                    index,
-                    to: ClaimState::ReadyToFree(done.clone()),
-                };
-            }
-            ClaimState::ReadyToFree(_) | ClaimState::Freed(_) => return Step::Free { index },
         }
-    }
-    Step::Idle
+        ClaimState::ControllerDetached(done) => Step::Record {
+            index,
+            to: ClaimState::ReadyToFree(done.clone()),
+        },
+        ClaimState::ReadyToFree(_) | ClaimState::Freed(_) => Step::Free { index },
+    })
 }

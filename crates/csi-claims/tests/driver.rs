@@ -366,10 +366,11 @@ struct Witness {
 }
 
 impl Witness {
-    fn see(&self, rpc: DetachRpc, volume: &VolumeId, workload: &WorkloadId) {
+    async fn see(&self, rpc: DetachRpc, volume: &VolumeId, workload: &WorkloadId) {
         let state = self
             .store
             .load(volume)
+            .await
             .unwrap()
             .and_then(|s| s.record.claim(workload).map(|c| c.state().name()));
         self.seen
@@ -382,12 +383,14 @@ impl Witness {
 #[async_trait::async_trait]
 impl NodeDetacher for Witness {
     async fn node_unpublish(&self, r: &NodeDetachRequest) -> Result<(), DetachError> {
-        self.see(DetachRpc::NodeUnpublish, &r.volume, &r.workload);
+        self.see(DetachRpc::NodeUnpublish, &r.volume, &r.workload)
+            .await;
         Ok(())
     }
 
     async fn node_unstage(&self, r: &NodeDetachRequest) -> Result<(), DetachError> {
-        self.see(DetachRpc::NodeUnstage, &r.volume, &r.workload);
+        self.see(DetachRpc::NodeUnstage, &r.volume, &r.workload)
+            .await;
         Ok(())
     }
 }
@@ -395,7 +398,8 @@ impl NodeDetacher for Witness {
 #[async_trait::async_trait]
 impl ControllerDetacher for Witness {
     async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
-        self.see(DetachRpc::ControllerUnpublish, &r.volume, &r.workload);
+        self.see(DetachRpc::ControllerUnpublish, &r.volume, &r.workload)
+            .await;
         Ok(())
     }
 }
@@ -450,7 +454,7 @@ async fn every_call_sees_the_previous_step_durable_in_redb() {
         };
         assert_eq!(state, Some(expected), "{rpc} for {workload}");
     }
-    assert!(store.load_all().unwrap().is_empty());
+    assert!(store.load_all().await.unwrap().is_empty());
 }
 
 /// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use csi_claims::backoff::BackoffPolicy;
-use csi_claims::store::{ClaimStore, MemoryStore};
+use csi_claims::store::MemoryStore;
 use csi_claims::{
     Action, Claim, ClaimMode, ClaimRequest, ClaimState, ControllerRequirement, ControllerStep,
     DetachError, DetachRpc, Event, MachineConfig, NodeStep, ReleaseMachine, VolumeInfo,
@@ -198,7 +198,7 @@ impl World {
     }
 
     fn durable_state(&self, v: &VolumeId, w: &WorkloadId) -> Option<ClaimState> {
-        let stored = self.store.load(v).unwrap()?;
+        let stored = self.store.load_now(v)?;
         stored.record.claim(w).map(|c| c.state().clone())
     }
 
@@ -309,7 +309,7 @@ impl World {
                     record.claims()
                 );
             }
-            if let Some(stored) = self.store.load(&info.id).unwrap() {
+            if let Some(stored) = self.store.load_now(&info.id) {
                 prop_assert!(allowed(self.access[i], stored.record.claims()));
             }
         }
@@ -320,7 +320,7 @@ impl World {
         self.outstanding.clear();
         self.failed.clear();
         self.machine = ReleaseMachine::new(config());
-        for stored in self.store.load_all().unwrap() {
+        for stored in self.store.load_all_now() {
             self.machine.load(stored).unwrap();
         }
         for node in self.gone.clone() {
@@ -340,11 +340,11 @@ impl World {
             Action::Persist(p) => {
                 let r = self
                     .store
-                    .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
+                    .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref());
                 self.machine.persisted(p.ticket, r, now);
             }
             Action::Reload(r) => {
-                let stored = self.store.load(&r.volume);
+                let stored = Ok(self.store.load_now(&r.volume));
                 self.machine.reloaded(r.ticket, stored, now);
             }
             Action::NodeDetach(n) => {
@@ -426,9 +426,9 @@ impl World {
                     else {
                         unreachable!("filtered on Persist above");
                     };
-                    let _ = self
-                        .store
-                        .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
+                    let _ =
+                        self.store
+                            .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref());
                     return self.restart();
                 }
             }
@@ -475,8 +475,7 @@ impl World {
                 self.perform(action, Outcome::Ok);
                 self.pump()?;
             }
-            if self.store.load_all().unwrap().is_empty() && self.machine.volumes().next().is_none()
-            {
+            if self.store.load_all_now().is_empty() && self.machine.volumes().next().is_none() {
                 return Ok(());
             }
             self.now += Duration::from_secs(25);
@@ -486,7 +485,7 @@ impl World {
             prop_assert!(
                 round < 499,
                 "releases did not finish: {:?}",
-                self.store.load_all()
+                self.store.load_all_now()
             );
         }
         Ok(())

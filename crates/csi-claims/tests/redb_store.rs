@@ -17,8 +17,8 @@ fn older_record(volume: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-#[test]
-fn compare_and_swap_refuses_stale_writers_and_survives_reopen() {
+#[tokio::test]
+async fn compare_and_swap_refuses_stale_writers_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("claims.redb");
     let volume = VolumeId::new("v").unwrap();
@@ -49,49 +49,56 @@ fn compare_and_swap_refuses_stale_writers_and_survives_reopen() {
         let store = RedbStore::open(&path).unwrap();
         let v1 = store
             .compare_and_swap(&volume, None, Some(&record))
+            .await
             .unwrap();
         assert_eq!(v1, Some(Version::FIRST));
         // A second writer that also believed there was no record is refused.
         let stale = store
             .compare_and_swap(&volume, None, Some(&record))
+            .await
             .unwrap_err();
         assert!(matches!(
             stale,
             StoreError::Conflict { expected: None, found: Some(v), .. } if v == Version::FIRST
         ));
-        let v2 = store.compare_and_swap(&volume, v1, Some(&record)).unwrap();
+        let v2 = store
+            .compare_and_swap(&volume, v1, Some(&record))
+            .await
+            .unwrap();
         assert_eq!(v2.map(Version::get), Some(2));
         assert!(
             store
                 .compare_and_swap(&volume, v1, None)
+                .await
                 .unwrap_err()
                 .is_conflict()
         );
         // A record cannot be written under another volume's key.
         let other = VolumeId::new("other").unwrap();
         assert!(matches!(
-            store.compare_and_swap(&other, None, Some(&record)),
+            store.compare_and_swap(&other, None, Some(&record)).await,
             Err(StoreError::WrongKey { .. })
         ));
     }
     // Reopened: the last committed write is there.
     let store = RedbStore::open(&path).unwrap();
-    let stored = store.load(&volume).unwrap().unwrap();
+    let stored = store.load(&volume).await.unwrap().unwrap();
     assert_eq!(stored.version.get(), 2);
     assert_eq!(stored.record, *record);
     assert_eq!(stored.format, Format::V2);
-    assert_eq!(store.load_all().unwrap().len(), 1);
+    assert_eq!(store.load_all().await.unwrap().len(), 1);
     assert_eq!(
         store
             .compare_and_swap(&volume, Some(stored.version), None)
+            .await
             .unwrap(),
         None
     );
-    assert!(store.load(&volume).unwrap().is_none());
+    assert!(store.load(&volume).await.unwrap().is_none());
 }
 
-#[test]
-fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
+#[tokio::test]
+async fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("claims.redb");
     // Write an older-format record the way an older version laid it out.
@@ -108,7 +115,11 @@ fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
         txn.commit().unwrap();
     }
     let store = RedbStore::open(&path).unwrap();
-    let stored = store.load(&VolumeId::new("old").unwrap()).unwrap().unwrap();
+    let stored = store
+        .load(&VolumeId::new("old").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.format, Format::V1);
     assert_eq!(stored.version.get(), 7);
     let claim = &stored.record.claims()[0];
@@ -122,9 +133,14 @@ fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
     };
     let version = store
         .compare_and_swap(&write.volume, write.expected, write.record.as_deref())
+        .await
         .unwrap();
     m.persisted(write.ticket, Ok(version), std::time::Instant::now());
-    let again = store.load(&VolumeId::new("old").unwrap()).unwrap().unwrap();
+    let again = store
+        .load(&VolumeId::new("old").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(again.format, Format::V2);
     assert_eq!(again.version.get(), 8);
     assert_eq!(
@@ -133,8 +149,8 @@ fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
     );
 }
 
-#[test]
-fn undecodable_records_are_reported_with_their_key() {
+#[tokio::test]
+async fn undecodable_records_are_reported_with_their_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("claims.redb");
     {
@@ -150,7 +166,7 @@ fn undecodable_records_are_reported_with_their_key() {
         txn.commit().unwrap();
     }
     let store = RedbStore::open(&path).unwrap();
-    let err = store.load_all().unwrap_err();
+    let err = store.load_all().await.unwrap_err();
     assert!(
         matches!(&err, StoreError::Decode { key, .. } if key == "bad"),
         "{err:?}"

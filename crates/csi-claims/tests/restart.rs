@@ -31,22 +31,23 @@ struct KillingStore {
     killed: Arc<Notify>,
 }
 
+#[async_trait::async_trait]
 impl ClaimStore for KillingStore {
-    fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
-        self.inner.load_all()
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        self.inner.load_all().await
     }
 
-    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
-        self.inner.load(volume)
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        self.inner.load(volume).await
     }
 
-    fn compare_and_swap(
+    async fn compare_and_swap(
         &self,
         volume: &VolumeId,
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
-        let result = self.inner.compare_and_swap(volume, expected, new);
+        let result = self.inner.compare_and_swap(volume, expected, new).await;
         if result.is_ok() {
             let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
             if Some(n) == self.kill_after {
@@ -252,7 +253,7 @@ async fn scenario(kill: KillPoint) -> bool {
     // The restarted agent releases the claims of workloads that stopped, as it would after
     // any restart. A release that was acknowledged before the crash must not need this.
     let acked = std::mem::take(&mut *acked.lock().unwrap());
-    for stored in reopened.load_all().unwrap() {
+    for stored in reopened.load_all().await.unwrap() {
         for claim in stored.record.claims() {
             if claim.state() == &ClaimState::Taken {
                 let key = (claim.volume().to_string(), claim.workload().to_string());
@@ -269,7 +270,7 @@ async fn scenario(kill: KillPoint) -> bool {
     }
     let mut done = false;
     for _ in 0..10_000 {
-        if reopened.load_all().unwrap().is_empty() {
+        if reopened.load_all().await.unwrap().is_empty() {
             done = true;
             break;
         }
@@ -282,7 +283,7 @@ async fn scenario(kill: KillPoint) -> bool {
     assert!(
         done,
         "{kill:?}: releases did not complete: {:?}",
-        reopened.load_all()
+        reopened.load_all().await
     );
 
     let calls = plugin.calls();

@@ -37,6 +37,9 @@ pub enum DriverError {
 
 type Key = (VolumeId, WorkloadId);
 
+/// How often [`ClaimsHandle::claim`] decides again after losing a race for a volume's record.
+const CLAIM_ATTEMPTS: u32 = 5;
+
 /// Callers waiting for a claim to become durable or to be freed.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
@@ -106,6 +109,41 @@ impl ClaimsHandle {
     /// [`DriverError::Claim`] when refused (a denial names the volume, the mode and the
     /// holders), [`DriverError::Lost`] when a concurrent writer won, [`DriverError::Stopped`].
     pub async fn claim(
+        &self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+    ) -> Result<Claim, DriverError> {
+        // With a store shared by several agents, another agent may write the volume between
+        // this machine's decision and its write; the write is then refused, the volume read
+        // again, and the claim decided again on what the store holds (so the answer is the
+        // cluster-wide one: a denial, or a claim that is durable).
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.claim_once(info, request.clone()).await {
+                Err(DriverError::Lost { .. })
+                | Err(DriverError::Claim(ClaimError::Reloading { .. }))
+                    if attempts < CLAIM_ATTEMPTS =>
+                {
+                    // A reload in flight settles in one store read; wait for the machine.
+                    self.settled(&request.volume).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits, at most about a second, until the volume's record is not being read again.
+    async fn settled(&self, volume: &VolumeId) {
+        for _ in 0..100 {
+            if !self.shared.lock().machine.is_reloading(volume) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn claim_once(
         &self,
         info: &VolumeInfo,
         request: ClaimRequest,
@@ -200,6 +238,24 @@ impl ClaimsHandle {
     pub fn node_returned(&self, node: &NodeId) {
         self.shared.lock().machine.node_returned(node, now());
         self.shared.wake.notify_one();
+    }
+
+    /// Starts or stops performing controller-side release steps; see
+    /// [`ReleaseMachine::set_controller_duty`].
+    pub fn set_controller_duty(&self, on: bool) {
+        self.shared.lock().machine.set_controller_duty(on, now());
+        self.shared.wake.notify_one();
+    }
+
+    /// Whether this driver performs controller-side release steps now.
+    pub fn controller_duty(&self) -> bool {
+        self.shared.lock().machine.controller_duty()
+    }
+
+    /// Why a shared store's watch is broken, while it is (`None`: it works, or the store has
+    /// no watch). Meanwhile other agents' changes are not seen; the watch resumes by itself.
+    pub fn store_watch_error(&self) -> Option<String> {
+        self.shared.lock().store_watch.clone()
     }
 
     /// Reports a plugin available again; see [`ReleaseMachine::plugin_available`].

@@ -10,8 +10,14 @@
 //!
 //! Durability: the machine only asks for a detach call once the volume's last change is
 //! written, and a write is only reported once [`ClaimStore::compare_and_swap`] returned, so
-//! every checkpoint is durable before the next call. Store calls run on tokio's blocking
-//! pool.
+//! every checkpoint is durable before the next call.
+//!
+//! A store shared by several agents (etcd) reports the changes other agents make
+//! ([`ClaimStore::load_and_watch`]); the loop feeds each to the machine
+//! ([`ReleaseMachine::observed`]), so every agent's view follows the store's, volume by volume,
+//! without rescanning the others. Which release steps this agent performs is the machine's
+//! [`Duties`](crate::machine::Duties); [`ClaimsHandle::set_controller_duty`] hands the
+//! controller-side ones over at run time.
 //!
 //! Stopping: [`ClaimsDriver::shutdown`] stops the loop; dropping the [`ClaimsDriver`] aborts
 //! it and every call in flight. Either way nothing is lost: a restarted driver loads the
@@ -30,8 +36,9 @@ pub use detacher::{ControllerDetacher, NodeDetacher};
 pub use handle::{ClaimsHandle, DriverError};
 
 use crate::detach::{DetachError, DetachRpc, NodeDetachRequest};
+use crate::error::error_chain;
 use crate::machine::{Action, Event, MachineConfig, PersistRequest, ReleaseMachine, ReloadRequest};
-use crate::store::{ClaimStore, StoreError};
+use crate::store::{Change, Changes, ClaimStore, StoreError};
 use csi_structs::ErrorClass;
 
 use handle::Waiters;
@@ -64,6 +71,8 @@ pub(crate) struct State {
     /// Set when the loop ended (shutdown, abort or drop): calls answer
     /// [`DriverError::Stopped`] instead of waiting for a loop that will not come.
     pub(crate) stopped: bool,
+    /// Why the shared store's watch is broken, while it is.
+    pub(crate) store_watch: Option<String>,
 }
 
 pub(crate) struct Shared {
@@ -116,10 +125,7 @@ impl ClaimsDriver {
         N: NodeDetacher + ?Sized,
         C: ControllerDetacher + ?Sized,
     {
-        let loader = Arc::clone(&store);
-        let records = tokio::task::spawn_blocking(move || loader.load_all())
-            .await
-            .map_err(|_| StoreError::LoadInterrupted)??;
+        let (records, changes) = store.load_and_watch().await?;
         let mut machine = ReleaseMachine::new(config.machine.clone());
         for stored in records {
             let volume = stored.record.info().id.clone();
@@ -133,6 +139,7 @@ impl ClaimsDriver {
                 machine,
                 waiters: Waiters::default(),
                 stopped: false,
+                store_watch: None,
             }),
             wake: Notify::new(),
             events,
@@ -145,7 +152,7 @@ impl ClaimsDriver {
             controller,
             call_timeout: config.call_timeout,
         };
-        let task = tokio::spawn(runner.run(stopped));
+        let task = tokio::spawn(runner.run(stopped, changes));
         Ok((
             ClaimsHandle::new(shared),
             ClaimsDriver {
@@ -194,12 +201,18 @@ where
     N: NodeDetacher + ?Sized,
     C: ControllerDetacher + ?Sized,
 {
-    async fn run(self, mut stopped: watch::Receiver<bool>) {
+    async fn run(self, mut stopped: watch::Receiver<bool>, mut changes: Option<Changes>) {
         // Runs when the loop ends, and also when the task is aborted (the future is dropped).
         let _stop = StopGuard(Arc::clone(&self.shared));
         // Dropping the set (when the loop ends or is aborted) aborts every call in flight.
         let mut calls = JoinSet::new();
         loop {
+            let change = async {
+                match changes.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             let deadline = self.turn(&mut calls);
             let sleep = async {
                 match deadline {
@@ -212,6 +225,45 @@ where
                 () = self.shared.wake.notified() => {}
                 () = sleep => {}
                 Some(_) = calls.join_next(), if !calls.is_empty() => {}
+                next = change => match next {
+                    Some(change) => self.apply(change),
+                    None => {
+                        tracing::error!("the claim store's watch ended; other agents' changes \
+                            are no longer seen until restart");
+                        self.shared.lock().store_watch =
+                            Some("the store's watch ended".to_owned());
+                        changes = None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Feeds one change of a shared store to the machine.
+    fn apply(&self, change: Change) {
+        let mut state = self.shared.lock();
+        match change {
+            Change::Volume {
+                volume,
+                version,
+                record,
+            } => state.machine.observed(&volume, version, record, now()),
+            Change::Resync { version, records } => {
+                tracing::info!(version = %version, records = records.len(),
+                    "claim store watch fell behind a compaction; read every record again");
+                state.machine.resync(version, records, now());
+            }
+            Change::Undecodable(error) => {
+                tracing::error!(error = %error_chain(&error), "claim store: skipped a record");
+            }
+            Change::Interrupted(error) => {
+                let detail = error_chain(&error);
+                tracing::warn!(error = %detail, "claim store watch interrupted; resuming");
+                state.store_watch = Some(detail);
+            }
+            Change::Resumed => {
+                tracing::info!("claim store watch resumed");
+                state.store_watch = None;
             }
         }
     }
@@ -314,8 +366,11 @@ async fn persist<S: ClaimStore + ?Sized>(
         record,
     } = request;
     let key = volume.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        store.compare_and_swap(&key, expected, record.as_deref())
+    // Its own task, so a store that panics answers "interrupted" instead of never.
+    let result = tokio::spawn(async move {
+        store
+            .compare_and_swap(&key, expected, record.as_deref())
+            .await
     })
     .await
     .unwrap_or(Err(StoreError::Interrupted { volume }));
@@ -330,7 +385,7 @@ async fn reload<S: ClaimStore + ?Sized>(
 ) {
     let ReloadRequest { ticket, volume } = request;
     let key = volume.clone();
-    let result = tokio::task::spawn_blocking(move || store.load(&key))
+    let result = tokio::spawn(async move { store.load(&key).await })
         .await
         .unwrap_or(Err(StoreError::Interrupted { volume }));
     shared.lock().machine.reloaded(ticket, result, now());

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
-use csi_structs::PluginId;
+use csi_structs::{NodeId, PluginId};
 
 use crate::backoff::BackoffPolicy;
 
@@ -21,6 +21,52 @@ pub struct MachineConfig {
     /// Seed of the jitter generator. Give each agent its own (for example from its node id)
     /// so agents do not retry in lockstep; tests fix it to replay exactly.
     pub jitter_seed: u64,
+    /// Which release steps this machine performs. Default: all of them (one agent, or a
+    /// store of its own). Agents sharing one store split them: each performs the node steps
+    /// of its own node, and one at a time the controller-side steps (see
+    /// [`ReleaseMachine::set_controller_duty`](super::ReleaseMachine::set_controller_duty)).
+    pub duties: Duties,
+}
+
+/// Which release steps a machine performs; see [`Side`](crate::transition::Side).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Duties {
+    /// Node steps of claims on which nodes.
+    pub node: NodeDuties,
+    /// Whether it performs controller-side steps from the start. Changed at run time with
+    /// [`ReleaseMachine::set_controller_duty`](super::ReleaseMachine::set_controller_duty).
+    pub controller: bool,
+}
+
+impl Duties {
+    /// Every step: the default.
+    pub const ALL: Duties = Duties {
+        node: NodeDuties::All,
+        controller: true,
+    };
+
+    /// The node steps of `node` only, and controller-side steps while `controller` says so.
+    pub fn node(node: NodeId, controller: bool) -> Self {
+        Self {
+            node: NodeDuties::Only(node),
+            controller,
+        }
+    }
+}
+
+impl Default for Duties {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+/// Node steps of which nodes' claims a machine performs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeDuties {
+    /// Every node's (one agent reaches every node plugin, e.g. through csi-rpc-shim).
+    All,
+    /// One node's: the agent of that node.
+    Only(NodeId),
 }
 
 impl MachineConfig {
@@ -43,13 +89,14 @@ impl MachineConfig {
 }
 
 impl Default for MachineConfig {
-    /// [`BackoffPolicy::DEFAULT`], one controller call per plugin, jitter seed 0.
+    /// [`BackoffPolicy::DEFAULT`], one controller call per plugin, jitter seed 0, every duty.
     fn default() -> Self {
         Self {
             backoff: BackoffPolicy::DEFAULT,
             controller_calls_per_plugin: NonZeroUsize::MIN,
             controller_calls_by_plugin: HashMap::new(),
             jitter_seed: 0,
+            duties: Duties::ALL,
         }
     }
 }

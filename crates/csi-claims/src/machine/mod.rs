@@ -79,7 +79,7 @@ use std::time::Instant;
 
 use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 
-pub use config::MachineConfig;
+pub use config::{Duties, MachineConfig, NodeDuties};
 pub use error::{ClaimError, LoadError, ReleaseError};
 pub use output::{Action, Event, PersistRequest, ReloadRequest, Ticket};
 pub use status::{LastError, Pending, VolumeStatus};
@@ -87,10 +87,11 @@ pub use status::{LastError, Pending, VolumeStatus};
 use crate::accounting::{Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
 use crate::detach::{ControllerDetachRequest, DetachError, NodeDetachRequest};
+use crate::error::error_chain;
 use crate::model::{Claim, ClaimMode, ClaimRequest, VolumeInfo, VolumeRecord};
 use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
 use crate::store::{Format, StoreError, Stored, Version};
-use crate::transition::{Step, next_step};
+use crate::transition::{Side, Step, next_step_performed_by};
 
 /// The outcome of an accepted [`ReleaseMachine::claim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,6 +227,9 @@ struct Entry {
     /// Claims freed in memory, announced once durable: (revision, claim in state Freed).
     frees: Vec<(u64, Claim)>,
     queued: bool,
+    /// The newest change another writer made that the machine could not take over at once
+    /// (a write or read was out): its version, and whether a record exists after it.
+    stale: Option<(Version, bool)>,
 }
 
 impl Entry {
@@ -243,6 +247,19 @@ impl Entry {
             waiters: Vec::new(),
             frees: Vec::new(),
             queued: false,
+            stale: None,
+        }
+    }
+
+    /// No write, no reload and no unwritten change: a record seen in the store can replace
+    /// the one in memory.
+    fn settled(&self) -> bool {
+        self.clean() && self.reload == Reload::None
+    }
+
+    fn mark_stale(&mut self, version: Version, exists: bool) {
+        if self.stale.is_none_or(|(v, _)| v < version) {
+            self.stale = Some((version, exists));
         }
     }
 
@@ -281,6 +298,7 @@ pub struct ReleaseMachine {
     controller_busy: HashMap<PluginId, usize>,
     slot_waiters: HashMap<PluginId, Vec<VolumeId>>,
     gone: HashSet<NodeId>,
+    controller_duty: bool,
     rng: JitterRng,
     next_ticket: u64,
 }
@@ -290,6 +308,7 @@ impl ReleaseMachine {
     pub fn new(config: MachineConfig) -> Self {
         let rng = JitterRng::from_seed(config.jitter_seed);
         Self {
+            controller_duty: config.duties.controller,
             config,
             volumes: HashMap::new(),
             ready: VecDeque::new(),
@@ -548,6 +567,87 @@ impl ReleaseMachine {
         });
     }
 
+    /// Starts or stops performing controller-side steps (see
+    /// [`Side::Controller`]): agents that share a store hand this duty to one of them at a
+    /// time, e.g. by an election. Starting wakes every volume, so releases another agent left
+    /// half-done resume from their stored checkpoints; stopping lets calls in flight finish
+    /// but starts no new controller-side step.
+    pub fn set_controller_duty(&mut self, on: bool, _now: Instant) {
+        let was = std::mem::replace(&mut self.controller_duty, on);
+        if on && !was {
+            self.wake_where(|_| true);
+        }
+    }
+
+    /// Whether this machine performs controller-side steps now.
+    pub fn controller_duty(&self) -> bool {
+        self.controller_duty
+    }
+
+    /// A change of a volume's record made in the store by any writer (a shared store's
+    /// watch, see [`ClaimStore::load_and_watch`](crate::ClaimStore::load_and_watch)):
+    /// `record` as written at `version`, or `None` when the record was deleted.
+    ///
+    /// A change no newer than the machine's copy (its own write coming back) changes nothing.
+    /// A newer one replaces the copy at once when nothing of the volume is being written or
+    /// read; otherwise it is remembered, and the volume is read again once the write is
+    /// answered (a write based on the older copy is refused by the store anyway). A volume the
+    /// machine does not manage yet is taken over, as [`load`](Self::load) does.
+    pub fn observed(
+        &mut self,
+        volume: &VolumeId,
+        version: Version,
+        record: Option<VolumeRecord>,
+        _now: Instant,
+    ) {
+        let Some(entry) = self.volumes.get_mut(volume) else {
+            if let Some(record) = record.filter(|r| !r.claims.is_empty() && &r.info.id == volume) {
+                self.volumes
+                    .insert(volume.clone(), Entry::new(record, Some(version)));
+                self.queue(volume);
+            }
+            return;
+        };
+        if entry.version.is_some_and(|known| known >= version) {
+            return;
+        }
+        if !entry.settled() {
+            entry.mark_stale(version, record.is_some());
+            return;
+        }
+        let exists = record.is_some();
+        let record = record
+            .filter(|r| r.info.id == *volume)
+            .unwrap_or_else(|| VolumeRecord::new(entry.record.info.clone()));
+        self.events.extend(freed_elsewhere(&entry.record, &record));
+        entry.record = Arc::new(record);
+        entry.version = exists.then_some(version);
+        entry.stale = None;
+        // The other writer's progress may be what a failed step was waiting for.
+        entry.step_retry.not_before = None;
+        self.queue(volume);
+    }
+
+    /// Every record in the store at `version`, after a shared store's watch lost its place:
+    /// each is [`observed`](Self::observed), and a managed volume without a record is
+    /// observed deleted.
+    pub fn resync(&mut self, version: Version, records: Vec<Stored>, now: Instant) {
+        let present: HashSet<VolumeId> = records.iter().map(|s| s.record.info.id.clone()).collect();
+        let missing: Vec<VolumeId> = self
+            .volumes
+            .keys()
+            .filter(|v| !present.contains(*v))
+            .cloned()
+            .collect();
+        for volume in missing {
+            self.observed(&volume, version, None, now);
+        }
+        for stored in records {
+            let volume = stored.record.info.id.clone();
+            self.observed(&volume, stored.version, Some(stored.record), now);
+        }
+    }
+
     /// Retries every due step. Call when the deadline from
     /// [`poll_timeout`](Self::poll_timeout) has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -603,6 +703,16 @@ impl ReleaseMachine {
         entry.persist = None;
         match result {
             Ok(version) => {
+                // A change by another writer newer than this write, or a record made again
+                // after this delete, is read before anything else.
+                let behind = match (entry.stale.take(), version) {
+                    (Some((seen, _)), Some(written)) => seen > written,
+                    (Some((_, exists)), None) => exists,
+                    (None, _) => false,
+                };
+                if behind {
+                    entry.reload = Reload::Wanted;
+                }
                 entry.version = version;
                 entry.durable_rev = rev;
                 entry.store_retry.succeeded();
@@ -704,13 +814,31 @@ impl ReleaseMachine {
                 entry.waiters = kept;
                 // Frees not yet durable: if the claim is gone from the store, someone freed
                 // it; if not, it will be released again from its stored state.
-                entry.frees.clear();
+                for (_, claim) in entry.frees.drain(..) {
+                    if record.position(&claim.workload).is_none() {
+                        self.events.push_back(Event::Freed(claim));
+                    }
+                }
+                self.events.extend(freed_elsewhere(&entry.record, &record));
                 entry.record = Arc::new(record);
                 entry.version = version;
                 entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
                 entry.store_retry.succeeded();
+                // A change seen after this read was made: read again (the watch's report of
+                // what was read settles it).
+                entry.reload = match (entry.stale.take(), version) {
+                    (Some((seen, exists)), Some(read)) if seen > read => {
+                        entry.stale = Some((seen, exists));
+                        Reload::Wanted
+                    }
+                    (Some((seen, true)), None) => {
+                        entry.stale = Some((seen, true));
+                        Reload::Wanted
+                    }
+                    _ => Reload::None,
+                };
             }
             Err(e) => {
                 entry.reload = Reload::Wanted;
@@ -932,6 +1060,14 @@ impl ReleaseMachine {
             .collect()
     }
 
+    /// Whether `volume`'s record is being read again (claims and releases of it are refused
+    /// with a `Reloading` error meanwhile).
+    pub fn is_reloading(&self, volume: &VolumeId) -> bool {
+        self.volumes
+            .get(volume)
+            .is_some_and(|e| e.reload != Reload::None)
+    }
+
     /// Whether `node` was reported gone.
     pub fn is_node_gone(&self, node: &NodeId) -> bool {
         self.gone.contains(node)
@@ -987,6 +1123,14 @@ impl ReleaseMachine {
 
     fn next_action(&mut self, volume: &VolumeId) -> Option<Action> {
         let gone = &self.gone;
+        let (node_duties, controller_duty) = (&self.config.duties.node, self.controller_duty);
+        let performs = |claim: &Claim, side: Side| match side {
+            Side::Node => match node_duties {
+                NodeDuties::All => true,
+                NodeDuties::Only(node) => &claim.node == node,
+            },
+            Side::Controller => controller_duty,
+        };
         let entry = self.volumes.get_mut(volume)?;
 
         // 1. A reload after a stale write comes before anything else.
@@ -1023,7 +1167,7 @@ impl ReleaseMachine {
             return None;
         }
         let deferred = entry.step_retry.failed_for.as_ref();
-        match next_step(&entry.record, |n| gone.contains(n), deferred) {
+        match next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs) {
             Step::Idle => None,
             Step::Record { index, to } => {
                 Arc::make_mut(&mut entry.record).claims[index].state = to;
@@ -1123,15 +1267,23 @@ impl ReleaseMachine {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// [`Event::Freed`] for each claim that was being released in `old` and is gone from `new`:
+/// another writer freed it. The claim carries the last state this machine saw (in state
+/// [`ClaimState::Freed`] when that state said how both steps ended).
+fn freed_elsewhere<'a>(
+    old: &'a VolumeRecord,
+    new: &'a VolumeRecord,
+) -> impl Iterator<Item = Event> + 'a {
+    old.claims
+        .iter()
+        .filter(|c| c.state.is_releasing() && new.position(&c.workload).is_none())
+        .map(|c| {
+            let mut claim = c.clone();
+            if let ClaimState::ControllerDetached(d) | ClaimState::ReadyToFree(d) = &claim.state {
+                claim.state = ClaimState::Freed(d.clone());
+            }
+            Event::Freed(claim)
+        })
 }
 
 #[cfg(test)]

@@ -89,6 +89,7 @@ pub enum Event {
     },
     /// The claim is freed (durably gone from the store); its capacity is back. Carries the
     /// claim in state [`ClaimState::Freed`](crate::ClaimState::Freed), with how both steps
-    /// ended.
+    /// ended. A claim freed by another agent sharing the store carries the last state this
+    /// machine saw of it (`Freed` when that said how both steps ended).
     Freed(Claim),
 }

@@ -13,7 +13,7 @@ use super::*;
 use crate::accounting::DenyReason;
 use crate::detach::DetachRpc;
 use crate::model::ControllerRequirement;
-use crate::store::{ClaimStore, MemoryStore};
+use crate::store::MemoryStore;
 
 fn vid(s: &str) -> VolumeId {
     VolumeId::new(s).unwrap()
@@ -113,11 +113,11 @@ impl Harness {
                     );
                     let result =
                         self.store
-                            .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
+                            .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref());
                     self.m.persisted(p.ticket, result, self.now);
                 }
                 Action::Reload(r) => {
-                    let result = self.store.load(&r.volume);
+                    let result = Ok(self.store.load_now(&r.volume));
                     self.m.reloaded(r.ticket, result, self.now);
                 }
                 Action::NodeDetach(n) => self.node_calls.push(n),
@@ -164,8 +164,7 @@ impl Harness {
 
     fn stored_states(&self, volume: &str) -> Vec<&'static str> {
         self.store
-            .load(&vid(volume))
-            .unwrap()
+            .load_now(&vid(volume))
             .map(|s| s.record.claims().iter().map(|c| c.state().name()).collect())
             .unwrap_or_default()
     }
@@ -227,10 +226,7 @@ fn a_claim_is_durable_only_after_its_write() {
         )
         .unwrap();
     assert!(again.durable);
-    assert_eq!(
-        h.store.load(&vid("v")).unwrap().unwrap().version,
-        Version::FIRST
-    );
+    assert_eq!(h.store.load_now(&vid("v")).unwrap().version, Version::FIRST);
 }
 
 #[test]
@@ -280,7 +276,7 @@ fn release_runs_node_then_controller_then_free_with_a_checkpoint_between_each() 
             vec![],
         ]
     );
-    assert!(h.store.load(&vid("v")).unwrap().is_none(), "record deleted");
+    assert!(h.store.load_now(&vid("v")).is_none(), "record deleted");
     assert_eq!(h.freed(), ["a"]);
     let Some(Event::Freed(claim)) = h.events.last() else {
         panic!("last event should be Freed");
@@ -323,7 +319,7 @@ fn no_call_is_made_while_a_change_is_not_durable() {
     );
     let result = h
         .store
-        .compare_and_swap(&p.volume, p.expected, p.record.as_deref());
+        .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref());
     h.m.persisted(p.ticket, result, h.now);
     let Some(Action::NodeDetach(n)) = h.m.poll_action() else {
         panic!("node call after the write");
@@ -709,10 +705,10 @@ fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
     )
     .unwrap();
     // Another writer replaces the record behind the machine's back.
-    let mut other = h.store.load(&vid("v")).unwrap().unwrap();
+    let mut other = h.store.load_now(&vid("v")).unwrap();
     other.record.claims[0].workload = wid("z");
     h.store
-        .compare_and_swap(&vid("v"), Some(other.version), Some(&other.record))
+        .compare_and_swap_now(&vid("v"), Some(other.version), Some(&other.record))
         .unwrap();
     h.events.clear();
     h.claim(
@@ -783,7 +779,7 @@ fn an_older_record_is_rewritten_in_the_current_format_at_once() {
     assert_eq!(claim.attachment(), AccessTypeKind::Block);
     let mut h = Harness::new();
     h.store
-        .compare_and_swap(&vid("v"), None, Some(&record))
+        .compare_and_swap_now(&vid("v"), None, Some(&record))
         .unwrap();
     h.m.load(Stored {
         version: Version::FIRST,
@@ -949,4 +945,175 @@ fn a_claim_stuck_on_one_node_does_not_hold_up_the_others() {
     h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
     assert_eq!(h.m.status(&vid("v")).unwrap().attempts, 2);
     assert_eq!(h.m.poll_timeout(), Some(h.now + Duration::from_secs(2)));
+}
+
+fn node_only(node: &str, controller: bool) -> Harness {
+    Harness::with_config(MachineConfig {
+        duties: Duties::node(nid(node), controller),
+        ..MachineConfig::with_seed(5)
+    })
+}
+
+#[test]
+fn duties_split_node_steps_by_node_and_controller_steps_by_duty() {
+    let v = info("v", ControllerRequirement::Required);
+    // The agent of n2 does not perform n1's node step.
+    let mut other = node_only("n2", true);
+    other
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    other.release("v", "a");
+    assert!(
+        other.node_calls.is_empty(),
+        "n1's node step is n1's agent's"
+    );
+
+    // The agent of n1 performs its node step, then waits for the controller duty.
+    let mut h = node_only("n1", false);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.release("v", "a");
+    let node = h.node_calls.pop().expect("own node step");
+    h.m.node_detached(node.ticket, Ok(()), h.now);
+    h.pump();
+    assert_eq!(h.stored_states("v"), ["node_detached"]);
+    assert!(
+        h.controller_calls.is_empty(),
+        "no controller step without the duty"
+    );
+    h.m.set_controller_duty(true, h.now);
+    h.pump();
+    assert_eq!(h.controller_calls.len(), 1, "the duty wakes the volume");
+}
+
+#[test]
+fn another_writers_claim_seen_by_the_watch_is_counted_before_any_write() {
+    let v = info("v", ControllerRequirement::Required);
+    let mut writer = Harness::new();
+    writer
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    let stored = writer.store.load_now(&vid("v")).unwrap();
+
+    let mut h = Harness::new();
+    h.m.observed(
+        &vid("v"),
+        stored.version,
+        Some(stored.record.clone()),
+        h.now,
+    );
+    h.pump();
+    let denied = h
+        .claim(
+            &v,
+            request(
+                "v",
+                "b",
+                "n2",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap_err();
+    assert!(matches!(denied, ClaimError::Denied(_)), "{denied:?}");
+    assert!(h.writes.is_empty(), "refused before any write");
+    // The writer's release, seen by the watch, frees the capacity: and waiters hear of it.
+    writer.release("v", "a");
+    let releasing = writer.store.load_now(&vid("v")).unwrap();
+    h.m.observed(&vid("v"), releasing.version, Some(releasing.record), h.now);
+    let gone = Version::from_u64(releasing.version.get() + 10).unwrap();
+    h.m.observed(&vid("v"), gone, None, h.now);
+    h.pump();
+    assert_eq!(h.freed(), ["a"], "a claim freed elsewhere is announced");
+    h.claim(
+        &v,
+        request(
+            "v",
+            "b",
+            "n2",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .expect("free again");
+}
+
+#[test]
+fn a_change_seen_during_a_write_is_read_again_after_it_and_an_echo_is_not() {
+    let v = info("v", ControllerRequirement::Required);
+    let mut h = Harness::new();
+    h.m.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        ),
+        h.now,
+    )
+    .unwrap();
+    let Some(Action::Persist(p)) = h.m.poll_action() else {
+        panic!("a write");
+    };
+    let written = h
+        .store
+        .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref())
+        .unwrap();
+    // The watch brings the machine's own write back before its answer: nothing to read.
+    h.m.observed(
+        &vid("v"),
+        written.unwrap(),
+        p.record.as_deref().cloned(),
+        h.now,
+    );
+    h.m.persisted(p.ticket, Ok(written), h.now);
+    assert!(h.m.poll_action().is_none(), "no reload for an echo");
+
+    // Another writer adds a claim while this machine's next write is out.
+    h.m.release(&vid("v"), &wid("a"), h.now).unwrap();
+    let Some(Action::Persist(p)) = h.m.poll_action() else {
+        panic!("a write");
+    };
+    let written = h
+        .store
+        .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref())
+        .unwrap();
+    let mut theirs = h.store.load_now(&vid("v")).unwrap();
+    let newer = Version::from_u64(written.unwrap().get() + 1).unwrap();
+    theirs.version = newer;
+    h.m.observed(&vid("v"), newer, Some(theirs.record), h.now);
+    h.m.persisted(p.ticket, Ok(written), h.now);
+    assert!(
+        matches!(h.m.poll_action(), Some(Action::Reload(_))),
+        "a change newer than the write is read again"
+    );
 }

@@ -31,28 +31,55 @@ impl MemoryStore {
     }
 }
 
+#[async_trait::async_trait]
 impl ClaimStore for MemoryStore {
-    fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
-        Ok(self
-            .lock()
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        Ok(self.load_all_now())
+    }
+
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        Ok(self.load_now(volume))
+    }
+
+    async fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+    ) -> Result<Option<Version>, StoreError> {
+        self.compare_and_swap_now(volume, expected, new)
+    }
+}
+
+/// The same calls without `async`, for code that drives a machine by hand (tests).
+impl MemoryStore {
+    /// [`ClaimStore::load_all`], answered at once.
+    pub fn load_all_now(&self) -> Vec<Stored> {
+        self.lock()
             .values()
             .map(|(version, record)| Stored {
                 version: *version,
                 record: record.clone(),
                 format: Format::V2,
             })
-            .collect())
+            .collect()
     }
 
-    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
-        Ok(self.lock().get(volume).map(|(version, record)| Stored {
+    /// [`ClaimStore::load`], answered at once.
+    pub fn load_now(&self, volume: &VolumeId) -> Option<Stored> {
+        self.lock().get(volume).map(|(version, record)| Stored {
             version: *version,
             record: record.clone(),
             format: Format::V2,
-        }))
+        })
     }
 
-    fn compare_and_swap(
+    /// [`ClaimStore::compare_and_swap`], answered at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClaimStore::compare_and_swap`].
+    pub fn compare_and_swap_now(
         &self,
         volume: &VolumeId,
         expected: Option<Version>,

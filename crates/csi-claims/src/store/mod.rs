@@ -5,7 +5,7 @@
 //! refused with [`StoreError::Conflict`] instead of being merged blindly (a second agent, or an
 //! old leader, must not overwrite what it never read).
 //!
-//! Two stores ship here:
+//! Three stores ship here:
 //! - [`MemoryStore`]: a `HashMap` behind a mutex, for tests and for agents that keep claims
 //!   elsewhere.
 //! - [`RedbStore`]: the durable default, on [redb](https://docs.rs/redb), an embedded,
@@ -13,11 +13,19 @@
 //!   (`Durability::Immediate`, its default) and crash-safe by design (copy-on-write B-trees with
 //!   checksummed commit slots), it needs no C toolchain or server, it is actively maintained,
 //!   and one write transaction gives the read-compare-write of a compare-and-swap for free.
+//!   Its calls run on tokio's blocking pool, so a disk flush never stalls the runtime.
+//! - `EtcdStore` (cargo feature `etcd`): the claims of a cluster of agents in etcd, one key per
+//!   volume, compare-and-swap as a transaction on the key's `mod_revision`, and a watch so that
+//!   every agent's driver learns of the volumes another agent changed, and of no others.
 //!
-//! The trait is synchronous: a store call is short and the [driver](crate::driver) runs it on
-//! tokio's blocking pool, so a disk flush never stalls the runtime.
+//! The trait is async (a store across the network waits on it) and object-safe
+//! (`Arc<dyn ClaimStore>` works), through `async-trait`.
 
 mod codec;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_duty;
 mod memory;
 mod redb_store;
 
@@ -26,13 +34,21 @@ use std::num::NonZeroU64;
 use csi_structs::VolumeId;
 
 pub use codec::{DecodeError, Format, decode, encode};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdPassword, EtcdStore, EtcdStoreConfig, EtcdTls};
+#[cfg(feature = "etcd")]
+pub use etcd_duty::{ControllerElection, MIN_DUTY_TTL};
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 
 use crate::model::VolumeRecord;
 
-/// The version of a stored record. The first write of a volume gets version 1; every write
-/// increases it by one. "No record" is `None`, never a zero version.
+/// The version of a stored record: a number that grows with every write of the volume, so a
+/// writer can say which record it read. "No record" is `None`, never a zero version.
+///
+/// [`MemoryStore`] and [`RedbStore`] count each volume's writes from [`Version::FIRST`];
+/// `EtcdStore` uses the key's `mod_revision`, which grows across the whole store, so versions of
+/// one store can also be ordered across volumes and deletions (what a watch needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version(NonZeroU64);
 
@@ -137,6 +153,27 @@ pub enum StoreError {
     /// Reading every record at startup did not finish (its task panicked or was cancelled).
     #[error("loading every claim record did not finish")]
     LoadInterrupted,
+    /// The etcd cluster could not be reached or refused the request. Whether a write in
+    /// flight happened is unknown, so the writer reloads before writing again.
+    #[error("claim store (etcd at {endpoints}) failed to {operation}: {detail}")]
+    Etcd {
+        /// The endpoints configured, comma-separated.
+        endpoints: String,
+        /// What the store was doing, e.g. `compare and swap volume v1`.
+        operation: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// A record is larger than the store accepts in one request.
+    #[error("claims of volume {volume} take {size} bytes encoded; the store's limit is {limit}")]
+    TooLarge {
+        /// The volume.
+        volume: VolumeId,
+        /// Encoded size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The redb database failed.
     #[error("claim store (redb) failed to {operation}")]
     Redb {
@@ -163,10 +200,46 @@ impl StoreError {
     pub fn needs_reload(&self) -> bool {
         matches!(
             self,
-            StoreError::Conflict { .. } | StoreError::Interrupted { .. }
+            StoreError::Conflict { .. } | StoreError::Interrupted { .. } | StoreError::Etcd { .. }
         )
     }
 }
+
+/// A change of the stored records, as a shared store's watch reports it (see
+/// [`ClaimStore::load_and_watch`]). Changes come in the order the store made them, the
+/// writer's own writes included.
+#[derive(Debug)]
+pub enum Change {
+    /// A volume's record as it is now (`record: None`: deleted), written at `version`.
+    Volume {
+        /// The volume.
+        volume: VolumeId,
+        /// The version of the change (for a deletion, the version of the delete).
+        version: Version,
+        /// The record, or `None` when it was deleted.
+        record: Option<VolumeRecord>,
+    },
+    /// The watch lost its place (the store's history was compacted past it) and read
+    /// everything again: `records` is every record stored at `version`; a volume not in it
+    /// has no record.
+    Resync {
+        /// The version of the read.
+        version: Version,
+        /// Every record.
+        records: Vec<Stored>,
+    },
+    /// A value under the store's keys that cannot be decoded; it is skipped (the other
+    /// volumes go on) and named here so that it can be reported.
+    Undecodable(StoreError),
+    /// The watch broke (the store is unreachable) and is being re-established from the last
+    /// change seen; nothing is missed. Reported once per outage.
+    Interrupted(StoreError),
+    /// The watch is back after an [`Change::Interrupted`].
+    Resumed,
+}
+
+/// The changes of a shared store, from the moment of the read they were asked with.
+pub type Changes = tokio::sync::mpsc::Receiver<Change>;
 
 /// Durable storage for volume records, with compare-and-swap per volume.
 ///
@@ -177,21 +250,36 @@ impl StoreError {
 ///   the write is durable (it survives a crash of the process).
 /// - Versions of one volume only grow; deleting a record and writing it again starts over at
 ///   [`Version::FIRST`] (the expected `None` protects that case).
-/// - Implementations are internally synchronized; calls may come from several threads.
+/// - Implementations are internally synchronized; calls may come from several tasks.
+/// - A store shared by several writers (agents) answers
+///   [`load_and_watch`](Self::load_and_watch) with the changes after its read, so that each
+///   writer's view follows the others'.
+#[async_trait::async_trait]
 pub trait ClaimStore: Send + Sync + 'static {
     /// Every stored record.
     ///
     /// # Errors
     ///
     /// A backend failure or a record that cannot be decoded.
-    fn load_all(&self) -> Result<Vec<Stored>, StoreError>;
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError>;
+
+    /// Every stored record, and for a store that other writers share, every change made after
+    /// that read ([`Changes`]), without a gap. `None` (the default): this writer is the
+    /// store's only one.
+    ///
+    /// # Errors
+    ///
+    /// As [`load_all`](Self::load_all).
+    async fn load_and_watch(&self) -> Result<(Vec<Stored>, Option<Changes>), StoreError> {
+        Ok((self.load_all().await?, None))
+    }
 
     /// The record of one volume, if any.
     ///
     /// # Errors
     ///
     /// A backend failure or a record that cannot be decoded.
-    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError>;
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError>;
 
     /// Replaces the record of `volume` if its version is still `expected`; `new = None`
     /// deletes it. Returns the new version (`None` after a delete).
@@ -200,7 +288,7 @@ pub trait ClaimStore: Send + Sync + 'static {
     ///
     /// [`StoreError::Conflict`] for a stale writer, [`StoreError::WrongKey`] when the record is
     /// about another volume, or a backend failure.
-    fn compare_and_swap(
+    async fn compare_and_swap(
         &self,
         volume: &VolumeId,
         expected: Option<Version>,
@@ -208,22 +296,27 @@ pub trait ClaimStore: Send + Sync + 'static {
     ) -> Result<Option<Version>, StoreError>;
 }
 
+#[async_trait::async_trait]
 impl<S: ClaimStore + ?Sized> ClaimStore for std::sync::Arc<S> {
-    fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
-        (**self).load_all()
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        (**self).load_all().await
     }
 
-    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
-        (**self).load(volume)
+    async fn load_and_watch(&self) -> Result<(Vec<Stored>, Option<Changes>), StoreError> {
+        (**self).load_and_watch().await
     }
 
-    fn compare_and_swap(
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        (**self).load(volume).await
+    }
+
+    async fn compare_and_swap(
         &self,
         volume: &VolumeId,
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
-        (**self).compare_and_swap(volume, expected, new)
+        (**self).compare_and_swap(volume, expected, new).await
     }
 }
 

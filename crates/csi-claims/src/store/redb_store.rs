@@ -1,6 +1,7 @@
 //! The durable [`ClaimStore`] on redb.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use csi_structs::VolumeId;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -16,16 +17,22 @@ const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.v
 /// [`compare_and_swap`](ClaimStore::compare_and_swap) is one write transaction committed with
 /// immediate durability, so it survives a crash once it returns.
 ///
+/// Each call runs on tokio's blocking pool (a commit waits for the disk), so the store needs a
+/// tokio runtime.
+///
 /// ```
 /// use csi_claims::store::{ClaimStore, RedbStore};
 ///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = RedbStore::open(dir.path().join("claims.redb")).unwrap();
-/// assert!(store.load_all().unwrap().is_empty());
+/// assert!(store.load_all().await.unwrap().is_empty());
+/// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RedbStore {
-    db: Database,
+    db: Arc<Database>,
 }
 
 fn redb_err(operation: &'static str) -> impl FnOnce(redb::Error) -> StoreError {
@@ -59,7 +66,7 @@ impl RedbStore {
         txn.open_table(VOLUMES)
             .map_err(|e| redb_err("create the table")(e.into()))?;
         txn.commit().map_err(|e| redb_err("commit")(e.into()))?;
-        Ok(Self { db })
+        Ok(Self { db: Arc::new(db) })
     }
 
     /// The underlying database.
@@ -97,8 +104,58 @@ fn stored_version(value: &[u8]) -> Option<Version> {
     Version::from_u64(u64::from_be_bytes(bytes))
 }
 
+/// Runs `call` on the blocking pool; a call that never finished (its task panicked or was
+/// cancelled) is `lost`.
+async fn blocking<T: Send + 'static>(
+    lost: StoreError,
+    call: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(call).await.unwrap_or(Err(lost))
+}
+
+#[async_trait::async_trait]
 impl ClaimStore for RedbStore {
-    fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        let this = self.clone();
+        blocking(StoreError::LoadInterrupted, move || {
+            this.load_all_blocking()
+        })
+        .await
+    }
+
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        let (this, key) = (self.clone(), volume.clone());
+        let lost = StoreError::Interrupted {
+            volume: volume.clone(),
+        };
+        blocking(lost, move || this.load_blocking(&key)).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+    ) -> Result<Option<Version>, StoreError> {
+        check_key(volume, new)?;
+        let encoded = new
+            .map(|record| {
+                codec::encode(record).map_err(|source| StoreError::Encode {
+                    volume: volume.clone(),
+                    source,
+                })
+            })
+            .transpose()?;
+        let (this, key) = (self.clone(), volume.clone());
+        let lost = StoreError::Interrupted {
+            volume: volume.clone(),
+        };
+        blocking(lost, move || this.swap_blocking(&key, expected, encoded)).await
+    }
+}
+
+impl RedbStore {
+    fn load_all_blocking(&self) -> Result<Vec<Stored>, StoreError> {
         let txn = self
             .db
             .begin_read()
@@ -117,7 +174,7 @@ impl ClaimStore for RedbStore {
         Ok(out)
     }
 
-    fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+    fn load_blocking(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
         let txn = self
             .db
             .begin_read()
@@ -131,21 +188,12 @@ impl ClaimStore for RedbStore {
         value.map(|v| split(volume.as_str(), v.value())).transpose()
     }
 
-    fn compare_and_swap(
+    fn swap_blocking(
         &self,
         volume: &VolumeId,
         expected: Option<Version>,
-        new: Option<&VolumeRecord>,
+        encoded: Option<Vec<u8>>,
     ) -> Result<Option<Version>, StoreError> {
-        check_key(volume, new)?;
-        let encoded = new
-            .map(|record| {
-                codec::encode(record).map_err(|source| StoreError::Encode {
-                    volume: volume.clone(),
-                    source,
-                })
-            })
-            .transpose()?;
         let txn = self
             .db
             .begin_write()

@@ -557,6 +557,7 @@ async fn durable_release_survives_a_crash_while_the_node_plugin_is_missing() {
     // The file holds the whole claim, releasing, with the plugin's node id and the modes.
     let stored = store
         .load(&f.info.id)
+        .await
         .unwrap()
         .expect("the volume is stored");
     let claim = stored
@@ -612,7 +613,7 @@ async fn durable_release_survives_a_crash_while_the_node_plugin_is_missing() {
         .unwrap();
     f.assert_fully_detached();
     driver.shutdown().await;
-    let left = store.load(&f.info.id).unwrap();
+    let left = store.load(&f.info.id).await.unwrap();
     assert!(
         left.as_ref()
             .is_none_or(|s| s.record.claim(&f.request.workload).is_none()),

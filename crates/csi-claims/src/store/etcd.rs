@@ -1,0 +1,678 @@
+//! The [`ClaimStore`] of a cluster of agents, in etcd.
+//!
+//! # Layout
+//!
+//! Every key starts with the configured prefix (default `/csi-agent`):
+//!
+//! | key | value |
+//! |---|---|
+//! | `<prefix>/claims/<volume>` | the volume's [`VolumeRecord`], encoded as in every store ([`encode`]) |
+//!
+//! One key per volume keeps a claim decision one compare-and-swap: the accounting of a volume
+//! reads every claim of it from one value, and a write names the `mod_revision` it read, so two
+//! agents that decided on the same record cannot both write (etcd's transaction compares the
+//! revision and writes atomically). The price is the value's size: etcd refuses a request
+//! larger than `--max-request-bytes` (1.5 MiB by default), and a claim takes about 300 bytes
+//! encoded, so one volume holds a few thousand claims. A write over
+//! [`EtcdStoreConfig::max_value_bytes`] is refused before it is sent
+//! ([`StoreError::TooLarge`], naming the volume, the size and the limit).
+//!
+//! # Versions and the watch
+//!
+//! A record's [`Version`] is its key's `mod_revision`, which grows across the whole store.
+//! [`ClaimStore::load_and_watch`] reads every record at one revision and watches the prefix
+//! from the next one, so no change is missed between the two. The watch reports each change
+//! as a [`Change`] (O(changed volumes), never a rescan); a broken watch is re-established from
+//! the last revision it reported; a watch whose start was compacted away reads everything again
+//! ([`Change::Resync`]). A value that does not decode is reported with its key
+//! ([`Change::Undecodable`]) and skipped; the other volumes go on.
+//!
+//! Operators must let etcd compact its history (`--auto-compaction-mode=periodic
+//! --auto-compaction-retention=1h`, say): every write keeps a revision until then.
+//!
+//! # Deadlines
+//!
+//! Every request carries [`EtcdStoreConfig::request_timeout`]; an unreachable cluster answers
+//! [`StoreError::Etcd`] naming the endpoints and the operation, and the release machine retries
+//! with its backoff.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_structs::VolumeId;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
+    WatchOptions, WatchResponse,
+};
+use tokio::sync::mpsc;
+
+use super::{Change, Changes, ClaimStore, StoreError, Stored, Version, check_key, codec};
+use crate::model::VolumeRecord;
+
+/// How the watch backs off while the cluster is unreachable.
+const WATCH_RETRY_MIN: Duration = Duration::from_millis(100);
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How many changes may wait for the driver before the watch waits.
+const CHANGE_BUFFER: usize = 1024;
+
+/// How to reach etcd and where to keep claims.
+#[derive(Clone)]
+pub struct EtcdStoreConfig {
+    /// Client URLs (`http://host:port` or `https://host:port`; a bare `host:port` is
+    /// `http://`). At least one.
+    pub endpoints: Vec<String>,
+    /// Every key starts with it; agents of one cluster share it. Default `/csi-agent`.
+    pub prefix: String,
+    /// The deadline of each request. Default 5 s.
+    pub request_timeout: Duration,
+    /// The largest encoded record written. Default 1,000,000 bytes (etcd's default request
+    /// limit is 1.5 MiB, with room left for the key and the transaction).
+    pub max_value_bytes: usize,
+    /// A user and password for etcd's authentication, if it is enabled.
+    pub user: Option<(String, EtcdPassword)>,
+    /// TLS for `https://` endpoints: a CA certificate (PEM) and, for client certificates, a
+    /// certificate and key (PEM).
+    pub tls: Option<EtcdTls>,
+}
+
+impl EtcdStoreConfig {
+    /// The defaults with `endpoints`.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            prefix: "/csi-agent".to_owned(),
+            request_timeout: Duration::from_secs(5),
+            max_value_bytes: 1_000_000,
+            user: None,
+            tls: None,
+        }
+    }
+
+    /// The same with another key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The endpoints as one line, for errors and logs.
+    pub fn endpoints_text(&self) -> String {
+        self.endpoints.join(",")
+    }
+}
+
+impl fmt::Debug for EtcdStoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStoreConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_value_bytes", &self.max_value_bytes)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// An etcd password: its `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdPassword(String);
+
+impl EtcdPassword {
+    /// Wraps a password.
+    pub fn new(password: impl Into<String>) -> Self {
+        Self(password.into())
+    }
+
+    /// The password itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for EtcdPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EtcdPassword(<redacted>)")
+    }
+}
+
+/// TLS material for etcd, in PEM.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA that signed the servers' certificates.
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate and private key, for clusters that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .field("client_identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+/// Claims in etcd; see the [module docs](self). Cheap to clone (one connection, shared).
+///
+/// ```no_run
+/// use csi_claims::store::{ClaimStore, EtcdStore, EtcdStoreConfig};
+///
+/// # async fn example() -> Result<(), csi_claims::StoreError> {
+/// let config = EtcdStoreConfig::new(vec!["http://127.0.0.1:2379".into()]).with_prefix("/prod");
+/// let store = EtcdStore::connect(config).await?;
+/// let (records, changes) = store.load_and_watch().await?;
+/// println!("{} volumes with claims; watching: {}", records.len(), changes.is_some());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdStoreConfig,
+    endpoints: String,
+    /// `<prefix>/claims/`.
+    claims_prefix: String,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster (lazily: an unreachable cluster fails the first request, not
+    /// this call, unless authentication is configured, which asks for a token at once).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Etcd`] for an endpoint that is not a URL, TLS material that does not
+    /// parse, or refused credentials.
+    pub async fn connect(config: EtcdStoreConfig) -> Result<Self, StoreError> {
+        let endpoints = config.endpoints_text();
+        let fail = |operation: &str, e: &dyn fmt::Display| StoreError::Etcd {
+            endpoints: endpoints.clone(),
+            operation: operation.to_owned(),
+            detail: e.to_string(),
+        };
+        if config.endpoints.is_empty() {
+            return Err(fail("connect", &"no endpoint configured"));
+        }
+        let prefix = config.prefix.trim_end_matches('/');
+        if prefix.is_empty() || !prefix.starts_with('/') {
+            return Err(fail(
+                "connect",
+                &format!(
+                    "key prefix {:?} must start with '/' and name something",
+                    config.prefix
+                ),
+            ));
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), config.request_timeout);
+        if let Some((name, password)) = &config.user {
+            options = options.with_user(name.clone(), password.expose().to_owned());
+        }
+        if let Some(tls) = &config.tls {
+            let mut options_tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                options_tls = options_tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(options_tls);
+        }
+        let client = tokio::time::timeout(
+            config.request_timeout,
+            Client::connect(&config.endpoints, Some(options)),
+        )
+        .await
+        .map_err(|_| {
+            fail(
+                "connect",
+                &format!("no answer within {:?}", config.request_timeout),
+            )
+        })?
+        .map_err(|e| fail("connect", &e))?;
+        let claims_prefix = format!("{prefix}/claims/");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                endpoints,
+                claims_prefix,
+                config,
+            }),
+        })
+    }
+
+    /// The etcd client, to keep other cluster state (members, volumes) on the same
+    /// connection.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdStoreConfig {
+        &self.inner.config
+    }
+
+    /// The key of a volume's record.
+    pub fn key(&self, volume: &VolumeId) -> String {
+        format!("{}{}", self.inner.claims_prefix, volume.as_str())
+    }
+
+    fn error(&self, operation: impl Into<String>, detail: impl fmt::Display) -> StoreError {
+        StoreError::Etcd {
+            endpoints: self.inner.endpoints.clone(),
+            operation: operation.into(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Runs one request under the configured deadline. A request that no member took (a
+    /// member that refuses connections, while the client spreads requests over all of them)
+    /// is sent again, once per endpoint; so is a read that failed as unavailable.
+    async fn bounded<T, F, Fut>(
+        &self,
+        operation: impl Fn() -> String,
+        idempotent: bool,
+        mut call: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let limit = self.inner.config.request_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut last = None;
+        for _ in 0..=self.inner.config.endpoints.len() {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if again(&e, idempotent) => last = Some(e),
+                Ok(Err(e)) => return Err(self.error(operation(), e)),
+                Err(_) => {
+                    return Err(self.error(operation(), format!("no answer within {limit:?}")));
+                }
+            }
+        }
+        let detail = last.map_or_else(|| "no attempt".to_owned(), |e| e.to_string());
+        Err(self.error(operation(), detail))
+    }
+
+    /// Decodes one key-value pair under the claims prefix.
+    fn decode(&self, kv: &KeyValue) -> Result<Stored, StoreError> {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        let decode_err = |source| StoreError::Decode {
+            key: key.clone(),
+            source,
+        };
+        let volume = self.volume_of(kv.key()).ok_or_else(|| {
+            decode_err(codec::DecodeError::UnsupportedFormat {
+                found: "a key that is not a volume id".to_owned(),
+            })
+        })?;
+        let version = u64::try_from(kv.mod_revision())
+            .ok()
+            .and_then(Version::from_u64)
+            .ok_or_else(|| {
+                decode_err(codec::DecodeError::UnsupportedFormat {
+                    found: format!("mod_revision {}", kv.mod_revision()),
+                })
+            })?;
+        let (record, format) = codec::decode(kv.value()).map_err(decode_err)?;
+        if record.info.id != volume {
+            return Err(StoreError::WrongKey {
+                key: volume,
+                record: record.info.id.clone(),
+            });
+        }
+        Ok(Stored {
+            version,
+            record,
+            format,
+        })
+    }
+
+    fn volume_of(&self, key: &[u8]) -> Option<VolumeId> {
+        let key = std::str::from_utf8(key).ok()?;
+        let id = key.strip_prefix(&self.inner.claims_prefix)?;
+        VolumeId::new(id).ok()
+    }
+
+    /// Every record at one revision; records that do not decode are returned apart.
+    async fn read_all(&self) -> Result<(Vec<Stored>, Vec<StoreError>, i64), StoreError> {
+        let prefix = self.inner.claims_prefix.as_str();
+        let response = self
+            .bounded(
+                || "read every claim record".to_owned(),
+                true,
+                || {
+                    let mut kv = self.inner.client.kv_client();
+                    async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
+                },
+            )
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let (mut good, mut bad) = (Vec::new(), Vec::new());
+        for kv in response.kvs() {
+            match self.decode(kv) {
+                Ok(stored) => good.push(stored),
+                Err(e) => bad.push(e),
+            }
+        }
+        Ok((good, bad, revision))
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for EtcdStore {
+    /// Every record that decodes; one that does not is logged with its key and skipped, so
+    /// that one damaged value does not stop the other volumes.
+    async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
+        let (good, bad, _) = self.read_all().await?;
+        for e in bad {
+            tracing::error!(error = %crate::error::error_chain(&e), "claim store: skipped a record");
+        }
+        Ok(good)
+    }
+
+    async fn load_and_watch(&self) -> Result<(Vec<Stored>, Option<Changes>), StoreError> {
+        let (good, bad, revision) = self.read_all().await?;
+        let (tx, rx) = mpsc::channel(CHANGE_BUFFER);
+        for e in bad {
+            // The channel is new and larger than any first batch the driver cannot take;
+            // a full channel only drops reports of damaged values.
+            let _ = tx.try_send(Change::Undecodable(e));
+        }
+        tokio::spawn(watch(self.clone(), revision, tx));
+        Ok((good, Some(rx)))
+    }
+
+    async fn load(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
+        let key = self.key(volume);
+        let response = self
+            .bounded(
+                || format!("read the claims of volume {volume}"),
+                true,
+                || {
+                    let mut kv = self.inner.client.kv_client();
+                    let key = key.as_str();
+                    async move { kv.get(key, None).await }
+                },
+            )
+            .await?;
+        response.kvs().first().map(|kv| self.decode(kv)).transpose()
+    }
+
+    async fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+    ) -> Result<Option<Version>, StoreError> {
+        check_key(volume, new)?;
+        let key = self.key(volume);
+        let encoded = new
+            .map(|record| {
+                codec::encode(record).map_err(|source| StoreError::Encode {
+                    volume: volume.clone(),
+                    source,
+                })
+            })
+            .transpose()?;
+        let limit = self.inner.config.max_value_bytes;
+        if let Some(body) = &encoded
+            && body.len() > limit
+        {
+            return Err(StoreError::TooLarge {
+                volume: volume.clone(),
+                size: body.len(),
+                limit,
+            });
+        }
+        let expected_revision = expected.map_or(0, |v| i64::try_from(v.get()).unwrap_or(i64::MAX));
+        let write = match encoded {
+            Some(body) => TxnOp::put(key.as_str(), body, None),
+            None => TxnOp::delete(key.as_str(), None),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                expected_revision,
+            )])
+            .and_then([write])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let response = self
+            .bounded(
+                || format!("compare and swap the claims of volume {volume}"),
+                false,
+                || {
+                    let mut kv = self.inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                },
+            )
+            .await?;
+        if response.succeeded() {
+            if new.is_none() {
+                return Ok(None);
+            }
+            let revision = response.header().map_or(0, |h| h.revision());
+            let version = u64::try_from(revision).ok().and_then(Version::from_u64);
+            return match version {
+                Some(v) => Ok(Some(v)),
+                None => Err(self.error(
+                    format!("compare and swap the claims of volume {volume}"),
+                    format!("answer carries revision {revision}"),
+                )),
+            };
+        }
+        let found = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(
+                get.kvs()
+                    .first()
+                    .and_then(|kv| u64::try_from(kv.mod_revision()).ok())
+                    .and_then(Version::from_u64),
+            ),
+            _ => None,
+        });
+        Err(StoreError::Conflict {
+            volume: volume.clone(),
+            expected,
+            found: found.flatten(),
+        })
+    }
+}
+
+/// Feeds `tx` with every change after `revision` until the receiver is dropped.
+async fn watch(store: EtcdStore, mut revision: i64, tx: mpsc::Sender<Change>) {
+    let mut delay = WATCH_RETRY_MIN;
+    let mut broken = false;
+    loop {
+        let outcome = watch_once(&store, &mut revision, &tx, &mut broken).await;
+        if tx.is_closed() {
+            return;
+        }
+        match outcome {
+            WatchEnd::Receiver => return,
+            WatchEnd::Compacted => match store.read_all().await {
+                Ok((records, bad, at)) => {
+                    revision = at;
+                    for e in bad {
+                        if tx.send(Change::Undecodable(e)).await.is_err() {
+                            return;
+                        }
+                    }
+                    let Some(version) = u64::try_from(at).ok().and_then(Version::from_u64) else {
+                        continue;
+                    };
+                    if tx.send(Change::Resync { version, records }).await.is_err() {
+                        return;
+                    }
+                    delay = WATCH_RETRY_MIN;
+                }
+                Err(e) => {
+                    if !broken {
+                        broken = true;
+                        if tx.send(Change::Interrupted(e)).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(WATCH_RETRY_MAX);
+                }
+            },
+            WatchEnd::Broken(e) => {
+                if !broken {
+                    broken = true;
+                    if tx.send(Change::Interrupted(e)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(WATCH_RETRY_MAX);
+            }
+        }
+        // A watch that delivered something, or was created, resets the backoff (below).
+        if !broken {
+            delay = WATCH_RETRY_MIN;
+        }
+    }
+}
+
+enum WatchEnd {
+    /// The driver is gone.
+    Receiver,
+    /// The start revision was compacted away: read everything again.
+    Compacted,
+    /// The stream failed or ended: watch again from the last revision.
+    Broken(StoreError),
+}
+
+async fn watch_once(
+    store: &EtcdStore,
+    revision: &mut i64,
+    tx: &mpsc::Sender<Change>,
+    broken: &mut bool,
+) -> WatchEnd {
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(*revision + 1)
+        .with_progress_notify();
+    let prefix = store.inner.claims_prefix.as_str();
+    let stream = store
+        .bounded(
+            || "watch the claim records".to_owned(),
+            true,
+            || {
+                let mut client = store.inner.client.watch_client();
+                let options = options.clone();
+                async move { client.watch(prefix, Some(options)).await }
+            },
+        )
+        .await;
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(e) => return WatchEnd::Broken(e),
+    };
+    loop {
+        let message = tokio::select! {
+            m = stream.message() => m,
+            () = tx.closed() => return WatchEnd::Receiver,
+        };
+        let response = match message {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                return WatchEnd::Broken(store.error("watch the claim records", "stream ended"));
+            }
+            Err(e) => return WatchEnd::Broken(store.error("watch the claim records", e)),
+        };
+        if response.compact_revision() > 0 {
+            return WatchEnd::Compacted;
+        }
+        if response.canceled() {
+            let reason = response.cancel_reason().to_owned();
+            return WatchEnd::Broken(
+                store.error("watch the claim records", format!("cancelled: {reason}")),
+            );
+        }
+        if *broken {
+            *broken = false;
+            if tx.send(Change::Resumed).await.is_err() {
+                return WatchEnd::Receiver;
+            }
+        }
+        if deliver(store, &response, revision, tx).await.is_err() {
+            return WatchEnd::Receiver;
+        }
+    }
+}
+
+/// Sends the changes of one watch response, advancing `revision` past each.
+async fn deliver(
+    store: &EtcdStore,
+    response: &WatchResponse,
+    revision: &mut i64,
+    tx: &mpsc::Sender<Change>,
+) -> Result<(), ()> {
+    for event in response.events() {
+        let Some(kv) = event.kv() else { continue };
+        *revision = (*revision).max(kv.mod_revision());
+        let change = match event.event_type() {
+            etcd_client::EventType::Put => match store.decode(kv) {
+                Ok(stored) => Change::Volume {
+                    volume: stored.record.info.id.clone(),
+                    version: stored.version,
+                    record: Some(stored.record),
+                },
+                Err(e) => Change::Undecodable(e),
+            },
+            etcd_client::EventType::Delete => {
+                let volume = store.volume_of(kv.key());
+                let version = u64::try_from(kv.mod_revision())
+                    .ok()
+                    .and_then(Version::from_u64);
+                match (volume, version) {
+                    (Some(volume), Some(version)) => Change::Volume {
+                        volume,
+                        version,
+                        record: None,
+                    },
+                    _ => continue,
+                }
+            }
+        };
+        tx.send(change).await.map_err(|_| ())?;
+    }
+    // A progress notification (no events, not the creation answer, which comes before the
+    // replayed events) says every change up to its revision was sent.
+    if response.events().is_empty()
+        && !response.created()
+        && let Some(h) = response.header()
+    {
+        *revision = (*revision).max(h.revision());
+    }
+    Ok(())
+}
+
+/// Whether a failed request may be sent again: it never reached a member (the connection was
+/// refused or could not be made), or it is a read and the member was unavailable.
+fn again(error: &etcd_client::Error, idempotent: bool) -> bool {
+    match error {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable
+                && (idempotent || status.message().contains("connect"))
+        }
+        _ => false,
+    }
+}

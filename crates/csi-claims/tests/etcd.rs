@@ -1,0 +1,639 @@
+//! `EtcdStore` against a real etcd (Debian's `etcd-server`), started by the tests on loopback
+//! with a temporary data directory and free ports: several drivers (one per "agent") share one
+//! store. Run with `cargo test -p csi-claims --features etcd` (needs `etcd` on the PATH).
+#![cfg(feature = "etcd")]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use csi_claims::driver::{
+    ClaimsDriver, ClaimsHandle, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
+};
+use csi_claims::store::{Change, ClaimStore, EtcdStore, EtcdStoreConfig, StoreError};
+use csi_claims::{
+    ClaimError, ClaimMode, ClaimRequest, ClaimState, ControllerDetachRequest,
+    ControllerRequirement, DetachError, Duties, MachineConfig, NodeDetachRequest, VolumeInfo,
+};
+use csi_structs::{
+    AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
+    VolumeId, WorkloadId,
+};
+
+// ---------------------------------------------------------------------------------------
+// etcd on loopback
+// ---------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+/// One or more etcd members on loopback; killed when dropped.
+struct Etcd {
+    members: Vec<Member>,
+    cluster: String,
+}
+
+impl Etcd {
+    fn start(n: usize) -> Etcd {
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                dir: tempfile::tempdir().expect("temp dir"),
+                child: None,
+            })
+            .collect();
+        let cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut etcd = Etcd { members, cluster };
+        for i in 0..n {
+            etcd.spawn(i, "new");
+        }
+        etcd
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let m = &mut self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client);
+        let peer = format!("http://127.0.0.1:{}", m.peer);
+        let child = Command::new("etcd")
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(m.dir.path())
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args([
+                "--initial-cluster",
+                &self.cluster,
+                "--initial-cluster-state",
+                state,
+            ])
+            .args(["--initial-cluster-token", "csi-claims-test"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd on the PATH (Debian: apt-get install etcd-server)");
+        m.child = Some(child);
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a killed member again on its data directory.
+    fn restart(&mut self, i: usize) {
+        self.spawn(i, "existing");
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect()
+    }
+
+    fn config(&self, prefix: &str) -> EtcdStoreConfig {
+        let mut config = EtcdStoreConfig::new(self.endpoints()).with_prefix(prefix);
+        config.request_timeout = Duration::from_secs(2);
+        config
+    }
+
+    /// A store once the cluster answers (bounded: 30 s).
+    async fn store(&self, prefix: &str) -> EtcdStore {
+        let store = EtcdStore::connect(self.config(prefix))
+            .await
+            .expect("connect");
+        for _ in 0..300 {
+            if store.load_all().await.is_ok() {
+                return store;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("etcd did not answer within 30 s");
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Agents: a driver per node over one store
+// ---------------------------------------------------------------------------------------
+
+/// Detachers that succeed, or hang while `hang` is set (a call in flight when its agent dies).
+#[derive(Default)]
+struct Plugin {
+    hang_controller: AtomicBool,
+    controller_calls: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+#[async_trait]
+impl NodeDetacher for Plugin {
+    async fn node_unpublish(&self, _: &NodeDetachRequest) -> Result<(), DetachError> {
+        Ok(())
+    }
+    async fn node_unstage(&self, _: &NodeDetachRequest) -> Result<(), DetachError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ControllerDetacher for Plugin {
+    async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
+        if self.hang_controller.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.controller_calls
+            .lock()
+            .unwrap()
+            .push((r.volume.to_string(), r.workload.to_string()));
+        Ok(())
+    }
+}
+
+struct Agent {
+    node: NodeId,
+    claims: ClaimsHandle,
+    driver: ClaimsDriver,
+    plugin: Arc<Plugin>,
+}
+
+async fn agent(store: &EtcdStore, node: &str, controller: bool) -> Agent {
+    let node = NodeId::new(node).unwrap();
+    let plugin = Arc::new(Plugin::default());
+    let config = DriverConfig {
+        machine: MachineConfig {
+            duties: Duties::node(node.clone(), controller),
+            ..MachineConfig::with_seed(node.as_str().len() as u64)
+        },
+        call_timeout: Duration::from_secs(60),
+        ..DriverConfig::default()
+    };
+    let (claims, driver) = ClaimsDriver::start(
+        Arc::new(store.clone()),
+        Arc::clone(&plugin),
+        Arc::clone(&plugin),
+        config,
+    )
+    .await
+    .expect("driver starts");
+    Agent {
+        node,
+        claims,
+        driver,
+        plugin,
+    }
+}
+
+fn info(volume: &str, controller: ControllerRequirement) -> VolumeInfo {
+    VolumeInfo {
+        id: VolumeId::new(volume).unwrap(),
+        external_id: ExternalVolumeId::new(format!("ext-{volume}")).unwrap(),
+        plugin: PluginId::new("plug").unwrap(),
+        controller,
+    }
+}
+
+fn request(
+    info: &VolumeInfo,
+    node: &NodeId,
+    workload: &str,
+    mode: ClaimMode,
+    access: AccessMode,
+) -> ClaimRequest {
+    ClaimRequest {
+        volume: info.id.clone(),
+        workload: WorkloadId::new(workload).unwrap(),
+        node: node.clone(),
+        plugin_node: PluginNodeId::new(format!("sp-{node}")).unwrap(),
+        mode,
+        access_mode: access,
+        attachment: AccessTypeKind::Mount,
+    }
+}
+
+/// Waits (bounded) until `check` holds.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within 30 s: {what}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_on_a_single_writer_volume_one_wins_every_time() {
+    let etcd = Etcd::start(1);
+    let store = etcd.store("/race").await;
+    // Three agents, each with its own connection; the first also drives controller-side steps.
+    let mut agents = Vec::new();
+    for (i, node) in ["n0", "n1", "n2"].into_iter().enumerate() {
+        let own = EtcdStore::connect(etcd.config("/race")).await.unwrap();
+        agents.push(agent(&own, node, i == 0).await);
+    }
+    let sw = info("sw", ControllerRequirement::Required);
+    for round in 0..100 {
+        let attempts = agents.iter().map(|a| {
+            let claims = a.claims.clone();
+            let req = request(
+                &sw,
+                &a.node,
+                &format!("w{round}-{}", a.node),
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            );
+            let sw = sw.clone();
+            tokio::spawn(async move { claims.claim(&sw, req).await })
+        });
+        let mut results = Vec::new();
+        for a in attempts.collect::<Vec<_>>() {
+            results.push(a.await.unwrap());
+        }
+        let winners: Vec<usize> = (0..3).filter(|&i| results[i].is_ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        for (i, r) in results.iter().enumerate() {
+            if let Err(e) = r {
+                assert!(
+                    matches!(e, DriverError::Claim(ClaimError::Denied(_))),
+                    "round {round}: agent {i} was refused by the claim accounting, not {e:?}"
+                );
+            }
+        }
+        // The winner releases; its node step runs on its agent, the rest on agent 0.
+        let w = winners[0];
+        let workload = WorkloadId::new(format!("w{round}-{}", agents[w].node)).unwrap();
+        let freed = tokio::time::timeout(
+            Duration::from_secs(30),
+            agents[w].claims.release_and_wait(&sw.id, &workload),
+        )
+        .await
+        .expect("released within 30 s")
+        .unwrap();
+        assert_eq!(freed.workload(), &workload);
+        eventually("every agent sees the volume free", async || {
+            agents.iter().all(|a| {
+                a.claims
+                    .record(&sw.id)
+                    .is_none_or(|r| r.claims().is_empty())
+            })
+        })
+        .await;
+    }
+    // Every controller step ran on agent 0, once per round.
+    assert_eq!(agents[0].plugin.controller_calls.lock().unwrap().len(), 100);
+    assert!(agents[1].plugin.controller_calls.lock().unwrap().is_empty());
+    assert!(store.load_all().await.unwrap().is_empty());
+
+    // Read-only many-node volume: every agent's read claim is admitted.
+    let ro = info("ro", ControllerRequirement::NotRequired);
+    for a in &agents {
+        let req = request(
+            &ro,
+            &a.node,
+            &format!("r-{}", a.node),
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        );
+        a.claims
+            .claim(&ro, req)
+            .await
+            .expect("read claims are all admitted");
+    }
+    let stored = store.load(&ro.id).await.unwrap().expect("record");
+    assert_eq!(stored.record.claims().len(), 3);
+    for a in agents {
+        a.driver.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_values_are_named_and_do_not_stop_other_volumes() {
+    let etcd = Etcd::start(1);
+    let store = etcd.store("/garbage").await;
+    let mut kv = store.client().kv_client();
+    kv.put("/garbage/claims/bad", "not json", None)
+        .await
+        .unwrap();
+    kv.put("/garbage/claims/no spaces allowed?", "{}", None)
+        .await
+        .unwrap();
+    let a = agent(&store, "n0", true).await;
+    let v = info("good", ControllerRequirement::NotRequired);
+    a.claims
+        .claim(
+            &v,
+            request(
+                &v,
+                &a.node,
+                "w",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .await
+        .expect("other volumes work");
+
+    let (records, changes) = store.load_and_watch().await.unwrap();
+    assert_eq!(records.len(), 1, "only the good record");
+    let mut changes = changes.expect("etcd watches");
+    let mut named = Vec::new();
+    while let Ok(Some(Change::Undecodable(e))) =
+        tokio::time::timeout(Duration::from_millis(500), changes.recv()).await
+    {
+        named.push(e.to_string());
+    }
+    assert_eq!(named.len(), 2, "{named:?}");
+    assert!(
+        named.iter().any(|e| e.contains("/garbage/claims/bad")),
+        "{named:?}"
+    );
+    // A value that goes bad later is reported by the watch, with its key.
+    kv.put("/garbage/claims/later", [0xff, 0x00], None)
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), changes.recv()).await {
+        Ok(Some(Change::Undecodable(StoreError::Decode { key, .. }))) => {
+            assert_eq!(key, "/garbage/claims/later");
+        }
+        other => panic!("expected the damaged value to be named, got {other:?}"),
+    }
+    a.driver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_named_and_the_release_resumes_when_etcd_is_back() {
+    let mut etcd = Etcd::start(1);
+    let store = etcd.store("/outage").await;
+    let a = agent(&store, "n0", true).await;
+    let v = info("v", ControllerRequirement::Required);
+    let workload = WorkloadId::new("w").unwrap();
+    a.claims
+        .claim(
+            &v,
+            request(
+                &v,
+                &a.node,
+                "w",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .await
+        .unwrap();
+
+    etcd.kill(0);
+    // A store call names the store and what it was doing.
+    let err = store.load(&v.id).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("etcd at http://127.0.0.1:"), "{text}");
+    assert!(text.contains("volume v"), "{text}");
+    assert_eq!(csi_claims::Error::from(err).class(), ErrorClass::Retry);
+    // The release is asked for during the outage; its write fails and is retried.
+    let release = {
+        let claims = a.claims.clone();
+        let (id, w) = (v.id.clone(), workload.clone());
+        tokio::spawn(async move { claims.release_and_wait(&id, &w).await })
+    };
+    eventually("the stuck write names the store", async || {
+        a.claims.stuck().iter().any(|s| {
+            s.last_error
+                .as_ref()
+                .is_some_and(|e| matches!(e, csi_claims::machine::LastError::Store { detail, .. } if detail.contains("etcd at")))
+        })
+    })
+    .await;
+    eventually("the watch reports the outage", async || {
+        a.claims.store_watch_error().is_some()
+    })
+    .await;
+
+    etcd.restart(0);
+    let freed = tokio::time::timeout(Duration::from_secs(60), release)
+        .await
+        .expect("the release finishes once etcd is back")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(freed.state(), ClaimState::Freed(_)));
+    assert_eq!(a.plugin.controller_calls.lock().unwrap().len(), 1);
+    eventually("the watch resumes", async || {
+        a.claims.store_watch_error().is_none()
+    })
+    .await;
+    assert!(store.load(&v.id).await.unwrap().is_none());
+    a.driver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_cluster_with_one_member_killed_keeps_working() {
+    let mut etcd = Etcd::start(3);
+    let store = etcd.store("/three").await;
+    let a = agent(&store, "n0", true).await;
+    let v = info("v", ControllerRequirement::Required);
+    a.claims
+        .claim(
+            &v,
+            request(
+                &v,
+                &a.node,
+                "w1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .await
+        .unwrap();
+    etcd.kill(0);
+    // Claims and releases go on through the other two members.
+    let u = info("u", ControllerRequirement::Required);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        a.claims.claim(
+            &u,
+            request(
+                &u,
+                &a.node,
+                "w2",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        ),
+    )
+    .await
+    .expect("claim within 30 s")
+    .unwrap();
+    for (vol, w) in [(&v, "w1"), (&u, "w2")] {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            a.claims
+                .release_and_wait(&vol.id, &WorkloadId::new(w).unwrap()),
+        )
+        .await
+        .expect("release within 30 s")
+        .unwrap();
+    }
+    assert!(store.load_all().await.unwrap().is_empty());
+    a.driver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_it() {
+    let etcd = Etcd::start(1);
+    let store_a = etcd.store("/takeover").await;
+    let store_b = EtcdStore::connect(etcd.config("/takeover")).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let a = agent(&store_a, "n0", false).await;
+    let election_a = store_a.elect_controller_duty("n0", ttl, a.claims.clone());
+    eventually("n0 takes the duty", async || a.claims.controller_duty()).await;
+    let b = agent(&store_b, "n1", false).await;
+    let election_b = store_b.elect_controller_duty("n1", ttl, b.claims.clone());
+    eventually("n1 sees n0 lead", async || {
+        election_b.leader().as_deref() == Some("n0")
+    })
+    .await;
+    assert!(!b.claims.controller_duty());
+
+    // A claim of n1's workload; n0 will hang in its controller call when released.
+    a.plugin.hang_controller.store(true, Ordering::SeqCst);
+    let v = info("v", ControllerRequirement::Required);
+    let w = WorkloadId::new("w").unwrap();
+    b.claims
+        .claim(
+            &v,
+            request(
+                &v,
+                &b.node,
+                "w",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .await
+        .unwrap();
+    b.claims.release(&v.id, &w).await.unwrap();
+    eventually("n0's controller call is in flight", async || {
+        a.claims
+            .status(&v.id)
+            .is_some_and(|s| matches!(s.pending, csi_claims::machine::Pending::ControllerDetach(_)))
+    })
+    .await;
+
+    // n0 dies: its driver and campaign stop without resigning (the lease runs out).
+    a.driver.abort();
+    drop(election_a);
+    let freed = tokio::time::timeout(
+        Duration::from_secs(30),
+        b.claims.release_and_wait(&v.id, &w),
+    )
+    .await
+    .expect("n1 finishes the release within 30 s")
+    .unwrap();
+    assert!(matches!(freed.state(), ClaimState::Freed(_)), "{freed:?}");
+    assert!(b.claims.controller_duty(), "n1 took the duty over");
+    assert_eq!(election_b.leader().as_deref(), Some("n1"));
+    assert_eq!(
+        b.plugin.controller_calls.lock().unwrap().as_slice(),
+        &[("v".to_owned(), "w".to_owned())],
+        "the controller step ran once, on n1"
+    );
+    assert!(store_b.load(&v.id).await.unwrap().is_none());
+    election_b.resign().await;
+    assert!(!b.claims.controller_duty());
+    b.driver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_over_the_value_limit_is_refused_before_it_is_sent() {
+    let etcd = Etcd::start(1);
+    let mut config = etcd.config("/large");
+    config.max_value_bytes = 2_000;
+    let store = EtcdStore::connect(config).await.unwrap();
+    let v = info("v", ControllerRequirement::NotRequired);
+    let record = readers(&v, 50);
+    match store.compare_and_swap(&v.id, None, Some(&record)).await {
+        Err(StoreError::TooLarge {
+            volume,
+            size,
+            limit,
+        }) => {
+            assert_eq!(volume, v.id);
+            assert!(size > limit);
+            assert_eq!(limit, 2_000);
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // With the default limit, 2,000 readers on one volume fit in one value.
+    let store = etcd.store("/large").await;
+    let record = readers(&v, 2_000);
+    let version = store
+        .compare_and_swap(&v.id, None, Some(&record))
+        .await
+        .unwrap();
+    let stored = store.load(&v.id).await.unwrap().unwrap();
+    assert_eq!(Some(stored.version), version);
+    assert_eq!(stored.record.claims().len(), 2_000);
+}
+
+/// A record with `n` read claims, as a machine would write it.
+fn readers(v: &VolumeInfo, n: usize) -> csi_claims::VolumeRecord {
+    let now = std::time::Instant::now();
+    let mut machine = csi_claims::ReleaseMachine::new(MachineConfig::with_seed(1));
+    let node = NodeId::new("n").unwrap();
+    for i in 0..n {
+        let req = request(
+            v,
+            &node,
+            &format!("reader-{i}"),
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        );
+        machine.claim(v, req, now).unwrap();
+    }
+    match machine.poll_action() {
+        Some(csi_claims::Action::Persist(p)) => (*p.record.unwrap()).clone(),
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
