@@ -23,7 +23,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::OnceCell;
 
 use crate::channel::{LayerStack, PluginChannel};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Address, Endpoint};
 use crate::link::Link;
 
 /// How a [`Connection`] dials.
@@ -282,9 +282,9 @@ impl DialTarget {
 
     async fn open_once(&self) -> io::Result<Stream> {
         self.dials.fetch_add(1, Ordering::Relaxed);
-        match &self.endpoint {
-            Endpoint::Unix(path) => UnixStream::connect(path).await.map(Stream::Unix),
-            Endpoint::Tcp { host, port } => {
+        match self.endpoint.address() {
+            Address::Unix(path) => UnixStream::connect(path).await.map(Stream::Unix),
+            Address::Tcp { host, port } => {
                 let stream = TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
                 Ok(Stream::Tcp(stream))

@@ -17,7 +17,16 @@ pub const CSI_ENDPOINT_VAR: &str = "CSI_ENDPOINT";
 /// Longest unix socket path the kernel accepts in `sockaddr_un.sun_path` (108 bytes, one for NUL).
 pub const MAX_UNIX_PATH_BYTES: usize = 107;
 
-/// The address of a CSI plugin.
+/// Longest host name of a tcp endpoint: DNS's limit (RFC 1035) without the trailing dot.
+pub const MAX_HOST_BYTES: usize = 253;
+
+/// The address of a CSI plugin: a unix socket at an absolute path, or a TCP `host:port`.
+///
+/// An `Endpoint` is always checked: the only ways to make one ([`Endpoint::unix`],
+/// [`Endpoint::tcp`], parsing with [`FromStr`], [`Endpoint::from_env`]) refuse an empty or
+/// relative path, a NUL byte, a path longer than `sun_path` ([`MAX_UNIX_PATH_BYTES`]), a
+/// missing or malformed host and port 0, with an [`EndpointError`] naming what is wrong. Its
+/// contents are private, so a malformed endpoint cannot reach a dial.
 ///
 /// ```
 /// use csi_client::Endpoint;
@@ -27,10 +36,21 @@ pub const MAX_UNIX_PATH_BYTES: usize = 107;
 /// let bare: Endpoint = "/run/csi/plugin.sock".parse()?;
 /// assert_eq!(ep, bare);
 /// assert!("unix://relative.sock".parse::<Endpoint>().is_err());
+/// assert!(Endpoint::unix("").is_err());
 /// # Ok::<(), csi_client::EndpointError>(())
 /// ```
+///
+/// There is no way around the checks:
+///
+/// ```compile_fail
+/// let unchecked = csi_client::Endpoint::Unix(std::path::PathBuf::new());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint(Address);
+
+/// What an [`Endpoint`] holds; only this crate sees it, after the checks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Endpoint {
+pub(crate) enum Address {
     /// A unix domain socket at an absolute path.
     Unix(PathBuf),
     /// A TCP address, for plugins behind a local proxy.
@@ -95,6 +115,27 @@ pub enum EndpointError {
         /// The endpoint as given.
         endpoint: String,
     },
+    /// A tcp host that is neither an IP literal nor a host name (letters, digits, `-`, `.`
+    /// and `_`).
+    #[error(
+        "endpoint {endpoint:?}: host {host:?} is neither an IP address nor a host name (letters, digits, '-', '.', '_')"
+    )]
+    InvalidHost {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The host found.
+        host: String,
+    },
+    /// A tcp host name longer than DNS allows.
+    #[error("endpoint {endpoint:?}: host is {len} bytes, the limit is {limit}")]
+    HostTooLong {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The host's length in bytes.
+        len: usize,
+        /// [`MAX_HOST_BYTES`].
+        limit: usize,
+    },
     /// A `tcp://` endpoint without `:port`.
     #[error("endpoint {endpoint:?}: tcp endpoint has no port")]
     MissingPort {
@@ -124,13 +165,51 @@ impl Endpoint {
     ///
     /// # Errors
     ///
-    /// [`EndpointError::RelativePath`], [`EndpointError::PathTooLong`] or
-    /// [`EndpointError::NulInPath`] when the path cannot name a socket.
+    /// [`EndpointError::Empty`], [`EndpointError::RelativePath`],
+    /// [`EndpointError::PathTooLong`] or [`EndpointError::NulInPath`] when the path cannot
+    /// name a socket.
     pub fn unix(path: impl AsRef<Path>) -> Result<Self, EndpointError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
         check_unix_path(&shown, path)?;
-        Ok(Endpoint::Unix(path.to_path_buf()))
+        Ok(Endpoint(Address::Unix(path.to_path_buf())))
+    }
+
+    /// A tcp endpoint, for a plugin behind a local proxy. `host` is a host name or an IP
+    /// literal (IPv6 without brackets).
+    ///
+    /// ```
+    /// use csi_client::Endpoint;
+    ///
+    /// let ep = Endpoint::tcp("::1", 9000)?;
+    /// assert_eq!(ep.to_string(), "tcp://[::1]:9000");
+    /// assert_eq!(ep.tcp_address(), Some(("::1", 9000)));
+    /// assert!(Endpoint::tcp("", 9000).is_err());
+    /// assert!(Endpoint::tcp("localhost", 0).is_err());
+    /// # Ok::<(), csi_client::EndpointError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`EndpointError::MissingHost`], [`EndpointError::InvalidHost`],
+    /// [`EndpointError::HostTooLong`] or [`EndpointError::InvalidPort`] (port 0).
+    pub fn tcp(host: &str, port: u16) -> Result<Self, EndpointError> {
+        let shown = if host.contains(':') {
+            format!("tcp://[{host}]:{port}")
+        } else {
+            format!("tcp://{host}:{port}")
+        };
+        check_host(&shown, host)?;
+        if port == 0 {
+            return Err(EndpointError::InvalidPort {
+                endpoint: shown,
+                port: port.to_string(),
+            });
+        }
+        Ok(Endpoint(Address::Tcp {
+            host: host.to_owned(),
+            port,
+        }))
     }
 
     /// Reads the endpoint from `CSI_ENDPOINT`.
@@ -155,11 +234,58 @@ impl Endpoint {
 
     /// The socket path, for a unix endpoint.
     pub fn unix_path(&self) -> Option<&Path> {
-        match self {
-            Endpoint::Unix(path) => Some(path),
-            Endpoint::Tcp { .. } => None,
+        match &self.0 {
+            Address::Unix(path) => Some(path),
+            Address::Tcp { .. } => None,
         }
     }
+
+    /// The host (IPv6 without brackets) and port, for a tcp endpoint.
+    pub fn tcp_address(&self) -> Option<(&str, u16)> {
+        match &self.0 {
+            Address::Unix(_) => None,
+            Address::Tcp { host, port } => Some((host, *port)),
+        }
+    }
+
+    /// What the endpoint holds, for the dial.
+    pub(crate) fn address(&self) -> &Address {
+        &self.0
+    }
+}
+
+/// A host name or an IP literal that a connect and an HTTP/2 `:authority` can carry.
+fn check_host(endpoint: &str, host: &str) -> Result<(), EndpointError> {
+    if host.is_empty() {
+        return Err(EndpointError::MissingHost {
+            endpoint: endpoint.to_owned(),
+        });
+    }
+    let invalid = || EndpointError::InvalidHost {
+        endpoint: endpoint.to_owned(),
+        host: host.to_owned(),
+    };
+    if host.contains(':') {
+        // Only an IPv6 literal has colons.
+        return host
+            .parse::<std::net::Ipv6Addr>()
+            .map(|_| ())
+            .map_err(|_| invalid());
+    }
+    if host.len() > MAX_HOST_BYTES {
+        return Err(EndpointError::HostTooLong {
+            endpoint: endpoint.to_owned(),
+            len: host.len(),
+            limit: MAX_HOST_BYTES,
+        });
+    }
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    {
+        return Err(invalid());
+    }
+    Ok(())
 }
 
 fn check_unix_path(endpoint: &str, path: &Path) -> Result<(), EndpointError> {
@@ -231,11 +357,7 @@ fn parse_tcp(endpoint: &str, rest: &str) -> Result<Endpoint, EndpointError> {
             }
         }
     };
-    if host.is_empty() {
-        return Err(EndpointError::MissingHost {
-            endpoint: endpoint.to_owned(),
-        });
-    }
+    check_host(endpoint, host)?;
     let port = match port.parse::<u16>() {
         Ok(p) if p != 0 => p,
         _ => {
@@ -245,10 +367,10 @@ fn parse_tcp(endpoint: &str, rest: &str) -> Result<Endpoint, EndpointError> {
             });
         }
     };
-    Ok(Endpoint::Tcp {
+    Ok(Endpoint(Address::Tcp {
         host: host.to_owned(),
         port,
-    })
+    }))
 }
 
 impl FromStr for Endpoint {
@@ -273,7 +395,7 @@ impl FromStr for Endpoint {
             "unix" => {
                 let path = Path::new(rest);
                 check_unix_path(trimmed, path)?;
-                Ok(Endpoint::Unix(path.to_path_buf()))
+                Ok(Endpoint(Address::Unix(path.to_path_buf())))
             }
             "tcp" => parse_tcp(trimmed, rest),
             _ => Err(EndpointError::UnsupportedScheme {
@@ -286,13 +408,21 @@ impl FromStr for Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
-            Endpoint::Tcp { host, port } if host.contains(':') => {
+        match &self.0 {
+            Address::Unix(path) => write!(f, "unix://{}", path.display()),
+            Address::Tcp { host, port } if host.contains(':') => {
                 write!(f, "tcp://[{host}]:{port}")
             }
-            Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
+            Address::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
         }
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Endpoint")
+            .field(&format_args!("{self}"))
+            .finish()
     }
 }
 
@@ -314,45 +444,93 @@ mod tests {
         }
     }
 
+    fn unix(path: &str) -> Endpoint {
+        match Endpoint::unix(path) {
+            Ok(ep) => ep,
+            Err(e) => panic!("{path:?} should be a unix endpoint: {e}"),
+        }
+    }
+
+    fn tcp(host: &str, port: u16) -> Endpoint {
+        match Endpoint::tcp(host, port) {
+            Ok(ep) => ep,
+            Err(e) => panic!("{host:?}:{port} should be a tcp endpoint: {e}"),
+        }
+    }
+
     #[test]
     fn unix_forms() {
-        assert_eq!(
-            ok("unix:///run/p.sock"),
-            Endpoint::Unix("/run/p.sock".into())
-        );
-        assert_eq!(ok("/run/p.sock"), Endpoint::Unix("/run/p.sock".into()));
-        assert_eq!(
-            ok("  UNIX:///run/p.sock\n"),
-            Endpoint::Unix("/run/p.sock".into())
-        );
+        assert_eq!(ok("unix:///run/p.sock"), unix("/run/p.sock"));
+        assert_eq!(ok("/run/p.sock"), unix("/run/p.sock"));
+        assert_eq!(ok("  UNIX:///run/p.sock\n"), unix("/run/p.sock"));
         assert_eq!(ok("unix:///run/p.sock").to_string(), "unix:///run/p.sock");
+        assert_eq!(
+            unix("/run/p.sock").unix_path(),
+            Some(Path::new("/run/p.sock"))
+        );
+        assert_eq!(unix("/run/p.sock").tcp_address(), None);
+        assert_eq!(
+            format!("{:?}", unix("/run/p.sock")),
+            "Endpoint(unix:///run/p.sock)"
+        );
     }
 
     #[test]
     fn tcp_forms() {
+        assert_eq!(ok("tcp://127.0.0.1:10000"), tcp("127.0.0.1", 10000));
+        assert_eq!(ok("tcp://localhost:1/"), tcp("localhost", 1));
         assert_eq!(
-            ok("tcp://127.0.0.1:10000"),
-            Endpoint::Tcp {
-                host: "127.0.0.1".into(),
-                port: 10000
-            }
-        );
-        assert_eq!(
-            ok("tcp://localhost:1/"),
-            Endpoint::Tcp {
-                host: "localhost".into(),
-                port: 1
-            }
+            ok("tcp://plugin_proxy.local:1"),
+            tcp("plugin_proxy.local", 1)
         );
         let v6 = ok("tcp://[::1]:9000");
-        assert_eq!(
-            v6,
-            Endpoint::Tcp {
-                host: "::1".into(),
-                port: 9000
-            }
-        );
+        assert_eq!(v6, tcp("::1", 9000));
         assert_eq!(v6.to_string(), "tcp://[::1]:9000");
+        assert_eq!(v6.tcp_address(), Some(("::1", 9000)));
+        assert_eq!(v6.unix_path(), None);
+    }
+
+    #[test]
+    fn constructors_check_like_the_parser() {
+        assert_eq!(Endpoint::unix(""), Err(EndpointError::Empty));
+        assert!(matches!(
+            Endpoint::unix("run/p.sock"),
+            Err(EndpointError::RelativePath { path, .. }) if path == "run/p.sock"
+        ));
+        assert!(matches!(
+            Endpoint::unix("/a\0b.sock"),
+            Err(EndpointError::NulInPath { .. })
+        ));
+        let long = format!("/{}", "a".repeat(MAX_UNIX_PATH_BYTES));
+        assert!(matches!(
+            Endpoint::unix(&long),
+            Err(EndpointError::PathTooLong { len, limit: MAX_UNIX_PATH_BYTES, .. })
+                if len == MAX_UNIX_PATH_BYTES + 1
+        ));
+        // One byte under the limit is fine.
+        assert!(Endpoint::unix(&long[..MAX_UNIX_PATH_BYTES]).is_ok());
+
+        assert!(matches!(
+            Endpoint::tcp("", 80),
+            Err(EndpointError::MissingHost { .. })
+        ));
+        assert!(matches!(
+            Endpoint::tcp("localhost", 0),
+            Err(EndpointError::InvalidPort { endpoint, port }) if endpoint == "tcp://localhost:0" && port == "0"
+        ));
+        for bad in ["ho st", "u@host", "host/x", "[::1]", "::g", "h%1"] {
+            assert!(
+                matches!(Endpoint::tcp(bad, 80), Err(EndpointError::InvalidHost { ref host, .. }) if host == bad),
+                "{bad:?}: {:?}",
+                Endpoint::tcp(bad, 80)
+            );
+        }
+        let long_host = "a".repeat(MAX_HOST_BYTES + 1);
+        assert!(matches!(
+            Endpoint::tcp(&long_host, 80),
+            Err(EndpointError::HostTooLong { len, limit: MAX_HOST_BYTES, .. }) if len == MAX_HOST_BYTES + 1
+        ));
+        assert!(Endpoint::tcp(&long_host[..MAX_HOST_BYTES], 80).is_ok());
     }
 
     #[test]
@@ -370,6 +548,13 @@ mod tests {
             EndpointError::MissingHost { .. }
         ));
         assert!(matches!(err("tcp://"), EndpointError::MissingHost { .. }));
+        assert!(
+            matches!(err("tcp://ho st:80"), EndpointError::InvalidHost { host, .. } if host == "ho st")
+        );
+        assert!(matches!(
+            err("tcp://[::g]:80"),
+            EndpointError::InvalidHost { .. }
+        ));
         assert!(matches!(
             err("tcp://host"),
             EndpointError::MissingPort { .. }

@@ -30,7 +30,7 @@ use tonic::body::Body;
 use tower::BoxError;
 
 use crate::connection::{ConnectError, DialFailure, DialTarget, HandshakeError};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Address, Endpoint};
 
 /// The `user-agent` of every request.
 const AGENT: &str = concat!("csi-client/", env!("CARGO_PKG_VERSION"));
@@ -212,12 +212,12 @@ impl Shared {
 /// The `:authority` of every request: `localhost` for a unix socket (strict servers refuse a
 /// socket path there), `host:port` for tcp.
 fn authority(endpoint: &Endpoint) -> Authority {
-    let text = match endpoint {
-        Endpoint::Unix(_) => return Authority::from_static("localhost"),
-        Endpoint::Tcp { host, port } if host.contains(':') => format!("[{host}]:{port}"),
-        Endpoint::Tcp { host, port } => format!("{host}:{port}"),
+    let text = match endpoint.address() {
+        Address::Unix(_) => return Authority::from_static("localhost"),
+        Address::Tcp { host, port } if host.contains(':') => format!("[{host}]:{port}"),
+        Address::Tcp { host, port } => format!("{host}:{port}"),
     };
-    // The endpoint parser already refused anything that is not host:port.
+    // Every way to make an endpoint already refused anything that is not host:port.
     text.parse()
         .unwrap_or_else(|_| Authority::from_static("localhost"))
 }
