@@ -300,7 +300,7 @@ impl Caller {
                     }
                     Err(kind) => kind,
                 },
-                Ok(Err(AttemptError::Dial(DialFailure::Connect(e)))) => ErrorKind::NotConnected(e),
+                Ok(Err(AttemptError::Dial(DialFailure::Connect(e)))) => ErrorKind::of_dial(e),
                 Ok(Err(AttemptError::Dial(DialFailure::Handshake(e)))) => ErrorKind::Handshake(e),
                 Ok(Err(AttemptError::Status(status))) => kind_of_status(status),
                 Err(_) if handover.is_waiting() => {
@@ -379,12 +379,12 @@ pub(crate) fn kind_of_status(status: tonic::Status) -> ErrorKind {
         transport = true;
         if let Some(dial) = err.downcast_ref::<DialFailure>() {
             return match dial {
-                DialFailure::Connect(connect) => ErrorKind::NotConnected(connect.duplicate()),
+                DialFailure::Connect(connect) => ErrorKind::of_dial(connect.duplicate()),
                 DialFailure::Handshake(handshake) => ErrorKind::Handshake(handshake.clone()),
             };
         }
         if let Some(connect) = err.downcast_ref::<ConnectError>() {
-            return ErrorKind::NotConnected(connect.duplicate());
+            return ErrorKind::of_dial(connect.duplicate());
         }
         source = err.source();
     }

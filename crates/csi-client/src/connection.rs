@@ -13,7 +13,9 @@
 //! The `:authority` of every request is `localhost` for a unix socket (strict servers reject a
 //! socket path as authority) and `host:port` for tcp.
 
+use std::fmt;
 use std::io;
+use std::os::unix::fs::FileTypeExt as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -60,17 +62,98 @@ impl Default for ConnectOptions {
     }
 }
 
+/// Why a dial can never succeed while the endpoint and the filesystem stay as they are.
+///
+/// A socket that is missing or refuses connections is a plugin starting or restarting: the
+/// dial waits for it (bounded by [`ConnectOptions::socket_wait`]) and the call retries it.
+/// These faults are different: waiting cannot fix them, so the dial gives up at once and the
+/// call ends at its first attempt with [`ErrorKind::BadEndpoint`](crate::ErrorKind::BadEndpoint),
+/// class [`Fatal`](csi_structs::ErrorClass::Fatal). Someone has to change the endpoint, the
+/// file at its path or the permissions; until then, sending the call again fails the same way.
+///
+/// Other dial errors (a DNS failure, an unreachable network) are not faults: they may pass,
+/// and are retried as a plugin that could not be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndpointFault {
+    /// The path exists but is not a socket (a regular file, a directory, ...). The kernel
+    /// refuses such a connection exactly as it refuses a socket nobody listens on; the client
+    /// tells the two apart by the file's type.
+    NotASocket,
+    /// Permission denied (`EACCES`, `EPERM`): this process may not connect to the socket, or
+    /// may not search a directory on its path. The socket's or a directory's owner or mode
+    /// must change.
+    PermissionDenied,
+    /// A component of the socket path is not a directory (`ENOTDIR`).
+    NotADirectory,
+    /// The system refused the address itself (`EINVAL`).
+    InvalidAddress,
+    /// The path or one of its components is longer than the filesystem allows
+    /// (`ENAMETOOLONG`).
+    NameTooLong,
+}
+
+impl EndpointFault {
+    /// A snake_case name, for metrics and logs: `not_a_socket`, `permission_denied`,
+    /// `not_a_directory`, `invalid_address`, `name_too_long`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EndpointFault::NotASocket => "not_a_socket",
+            EndpointFault::PermissionDenied => "permission_denied",
+            EndpointFault::NotADirectory => "not_a_directory",
+            EndpointFault::InvalidAddress => "invalid_address",
+            EndpointFault::NameTooLong => "name_too_long",
+        }
+    }
+}
+
+impl fmt::Display for EndpointFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndpointFault::NotASocket => "the path exists but is not a socket",
+            EndpointFault::PermissionDenied => {
+                "permission denied on the socket or a directory on its path"
+            }
+            EndpointFault::NotADirectory => "a component of the socket path is not a directory",
+            EndpointFault::InvalidAddress => "the system refused the address as invalid",
+            EndpointFault::NameTooLong => "the socket path is longer than the filesystem allows",
+        })
+    }
+}
+
 /// A dial that failed: the request never reached the plugin.
 ///
 /// A redial inside a call returns this type through the HTTP/2 service, so the client
 /// recognises "never connected" in a failed call by its type, not its text.
-#[derive(Debug, thiserror::Error)]
-#[error("could not connect to {endpoint} after waiting {waited:?}: {source}")]
+#[derive(Debug)]
 pub struct ConnectError {
     endpoint: String,
     waited: Duration,
-    #[source]
+    fault: Option<EndpointFault>,
     source: io::Error,
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.fault {
+            Some(fault) => write!(
+                f,
+                "cannot connect to {}: {fault}, which no wait can change: {}",
+                self.endpoint, self.source
+            ),
+            None => write!(
+                f,
+                "could not connect to {} after waiting {:?}: {}",
+                self.endpoint, self.waited, self.source
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 impl ConnectError {
@@ -89,16 +172,37 @@ impl ConnectError {
         &self.source
     }
 
+    /// Why no wait can make this dial succeed, when that is so; `None` for a socket that is
+    /// missing, refuses connections or did not accept in time (a plugin that may yet come).
+    pub fn fault(&self) -> Option<EndpointFault> {
+        self.fault
+    }
+
     /// The dial did not finish within the caller's deadline (the socket is missing or does
     /// not accept).
     pub(crate) fn timed_out(endpoint: &Endpoint, waited: Duration) -> ConnectError {
         ConnectError {
             endpoint: endpoint.to_string(),
             waited,
+            fault: None,
             source: io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the plugin socket did not accept a connection before the deadline",
             ),
+        }
+    }
+
+    /// A dial of `endpoint` that failed with `source` for a reason no wait can fix.
+    pub(crate) fn faulty(
+        endpoint: &Endpoint,
+        fault: EndpointFault,
+        source: io::Error,
+    ) -> ConnectError {
+        ConnectError {
+            endpoint: endpoint.to_string(),
+            waited: Duration::ZERO,
+            fault: Some(fault),
+            source,
         }
     }
 
@@ -107,6 +211,7 @@ impl ConnectError {
         ConnectError {
             endpoint: endpoint.to_string(),
             waited: Duration::ZERO,
+            fault: None,
             source: io::Error::new(
                 io::ErrorKind::ConnectionReset,
                 "the plugin closed a new connection before the request was sent",
@@ -120,6 +225,7 @@ impl ConnectError {
         ConnectError {
             endpoint: self.endpoint.clone(),
             waited: self.waited,
+            fault: self.fault,
             source: io::Error::new(self.source.kind(), self.source.to_string()),
         }
     }
@@ -292,8 +398,30 @@ impl DialTarget {
         }
     }
 
+    /// Why no wait can make a dial that failed with `err` succeed, if that is so.
+    async fn fault(&self, err: &io::Error) -> Option<EndpointFault> {
+        let unix = self.endpoint.unix_path();
+        match err.kind() {
+            io::ErrorKind::PermissionDenied => Some(EndpointFault::PermissionDenied),
+            io::ErrorKind::NotADirectory => Some(EndpointFault::NotADirectory),
+            io::ErrorKind::InvalidFilename => Some(EndpointFault::NameTooLong),
+            // For tcp, only the system's own EINVAL: a host that resolved to no address is
+            // reported as InvalidInput too, and DNS may yet answer.
+            io::ErrorKind::InvalidInput if unix.is_some() || err.raw_os_error().is_some() => {
+                Some(EndpointFault::InvalidAddress)
+            }
+            // A file that is not a socket refuses like a socket nobody listens on: look.
+            io::ErrorKind::ConnectionRefused => {
+                let found = tokio::fs::metadata(unix?).await.ok()?;
+                (!found.file_type().is_socket()).then_some(EndpointFault::NotASocket)
+            }
+            _ => None,
+        }
+    }
+
     /// Dials, waiting with backoff while the socket is missing or refuses connections (a
-    /// plugin that is starting, or restarting and recreating its socket).
+    /// plugin that is starting, or restarting and recreating its socket). A fault no wait
+    /// can fix ([`EndpointFault`]) ends the dial at once.
     pub(crate) async fn open(&self) -> Result<TokioIo<EitherStream>, ConnectError> {
         let start = tokio::time::Instant::now();
         let mut pause = self.options.initial_backoff;
@@ -302,6 +430,13 @@ impl DialTarget {
                 Ok(stream) => return Ok(TokioIo::new(EitherStream(stream))),
                 Err(err) => {
                     let waited = start.elapsed();
+                    if let Some(fault) = self.fault(&err).await {
+                        tracing::debug!(endpoint = %self.endpoint, error = %err, fault = fault.as_str(), "plugin endpoint cannot be dialled");
+                        return Err(ConnectError {
+                            waited,
+                            ..ConnectError::faulty(&self.endpoint, fault, err)
+                        });
+                    }
                     let transient = matches!(
                         err.kind(),
                         io::ErrorKind::NotFound
@@ -312,6 +447,7 @@ impl DialTarget {
                         return Err(ConnectError {
                             endpoint: self.endpoint.to_string(),
                             waited,
+                            fault: None,
                             source: err,
                         });
                     }
@@ -388,5 +524,100 @@ impl tokio::io::AsyncWrite for EitherStream {
             Stream::Unix(s) => s.is_write_vectored(),
             Stream::Tcp(s) => s.is_write_vectored(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(endpoint: &str) -> DialTarget {
+        let endpoint = endpoint
+            .parse()
+            .expect("test invariant: the endpoint is well formed");
+        DialTarget::new(endpoint, ConnectOptions::DEFAULT, Arc::default())
+    }
+
+    fn os(kind: io::ErrorKind) -> io::Error {
+        io::Error::from(kind)
+    }
+
+    #[tokio::test]
+    async fn errors_no_wait_can_fix_are_faults() {
+        let unix = target("unix:///run/csi/none.sock");
+        for (kind, want) in [
+            (
+                io::ErrorKind::PermissionDenied,
+                EndpointFault::PermissionDenied,
+            ),
+            (io::ErrorKind::NotADirectory, EndpointFault::NotADirectory),
+            (io::ErrorKind::InvalidFilename, EndpointFault::NameTooLong),
+            (io::ErrorKind::InvalidInput, EndpointFault::InvalidAddress),
+        ] {
+            assert_eq!(unix.fault(&os(kind)).await, Some(want), "{kind:?}");
+        }
+        // A plugin starting or restarting: the dial waits.
+        for kind in [
+            io::ErrorKind::NotFound,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+        ] {
+            assert_eq!(unix.fault(&os(kind)).await, None, "{kind:?}");
+        }
+        // Refused, and there is nothing at the path to look at: a socket may yet appear.
+        assert_eq!(
+            unix.fault(&os(io::ErrorKind::ConnectionRefused)).await,
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_a_fault_only_when_the_path_is_not_a_socket() {
+        let dir = tempfile::tempdir().expect("test invariant: temp dirs can be made");
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, b"").expect("test invariant: temp files can be written");
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("test invariant: fresh path"));
+        let refused = || os(io::ErrorKind::ConnectionRefused);
+        let at = |path: &std::path::Path| {
+            DialTarget::new(
+                Endpoint::unix(path).expect("test invariant: temp paths are short"),
+                ConnectOptions::DEFAULT,
+                Arc::default(),
+            )
+        };
+        assert_eq!(
+            at(&file).fault(&refused()).await,
+            Some(EndpointFault::NotASocket)
+        );
+        assert_eq!(
+            at(dir.path()).fault(&refused()).await,
+            Some(EndpointFault::NotASocket)
+        );
+        assert_eq!(at(&stale).fault(&refused()).await, None, "a stale socket");
+    }
+
+    #[tokio::test]
+    async fn tcp_faults_are_the_systems_own() {
+        let tcp = target("tcp://127.0.0.1:9");
+        assert_eq!(
+            tcp.fault(&os(io::ErrorKind::PermissionDenied)).await,
+            Some(EndpointFault::PermissionDenied)
+        );
+        // A name that resolved to no address: DNS may yet answer.
+        let unresolved = io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "could not resolve to any address",
+        );
+        assert_eq!(tcp.fault(&unresolved).await, None);
+        // EINVAL is 22 on every unix.
+        let einval = io::Error::from_raw_os_error(22);
+        assert_eq!(einval.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            tcp.fault(&einval).await,
+            Some(EndpointFault::InvalidAddress)
+        );
+        // Refused over tcp: nothing to look at, a proxy may yet listen.
+        assert_eq!(tcp.fault(&os(io::ErrorKind::ConnectionRefused)).await, None);
     }
 }

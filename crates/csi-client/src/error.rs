@@ -131,9 +131,20 @@ pub enum ErrorKind {
         #[source]
         source: Box<tonic::Status>,
     },
-    /// The plugin could not be reached; nothing was sent.
+    /// The plugin could not be reached (its socket is missing, refuses connections, or did not
+    /// accept within the wait); nothing was sent. The plugin may yet come: the call retried
+    /// this as far as its policy allows, and the class is
+    /// [`RetryElsewhere`](ErrorClass::RetryElsewhere).
     #[error(transparent)]
     NotConnected(ConnectError),
+    /// The endpoint can never be dialled as it is: its path is not a socket, permission is
+    /// denied, or the system refused the address ([`ConnectError::fault`] says which). Nothing
+    /// was sent, and the call ended at its first attempt, because no wait or retry can change
+    /// that. The class is [`Fatal`](ErrorClass::Fatal): do not send the call again until the
+    /// endpoint, the file at its path or its permissions are fixed (csi-claims' release
+    /// driver retries a fatal step only at its backoff cap, and shows the error meanwhile).
+    #[error(transparent)]
+    BadEndpoint(ConnectError),
     /// The socket opened but the HTTP/2 connection could not be set up; nothing was sent.
     #[error(transparent)]
     Handshake(HandshakeError),
@@ -146,6 +157,16 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind of a failed dial: [`BadEndpoint`](Self::BadEndpoint) when no wait can fix
+    /// it, otherwise [`NotConnected`](Self::NotConnected).
+    pub(crate) fn of_dial(error: ConnectError) -> ErrorKind {
+        if error.fault().is_some() {
+            ErrorKind::BadEndpoint(error)
+        } else {
+            ErrorKind::NotConnected(error)
+        }
+    }
+
     /// The failure as the policy table sees it.
     pub fn failure(&self) -> Failure {
         match self {
@@ -156,6 +177,7 @@ impl ErrorKind {
             },
             ErrorKind::ConnectionLost { .. } => Failure::ConnectionLost,
             ErrorKind::NotConnected(_) | ErrorKind::Handshake(_) => Failure::NotConnected,
+            ErrorKind::BadEndpoint(_) => Failure::BadEndpoint,
             ErrorKind::InvalidRequest(_) => Failure::InvalidRequest,
             ErrorKind::InvalidResponse(_) => Failure::InvalidResponse,
         }
@@ -457,6 +479,25 @@ mod tests {
         assert_eq!(
             ErrorKind::InvalidRequest(ValidationErrors::new()).failure(),
             Failure::InvalidRequest
+        );
+    }
+
+    #[test]
+    fn a_dial_is_a_bad_endpoint_only_with_a_fault() {
+        let endpoint: crate::Endpoint = "/run/none.sock".parse().unwrap();
+        let waiting = ConnectError::timed_out(&endpoint, Duration::from_millis(5));
+        assert_eq!(ErrorKind::of_dial(waiting).failure(), Failure::NotConnected);
+        let faulty = ConnectError::faulty(
+            &endpoint,
+            crate::EndpointFault::NotASocket,
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        );
+        let kind = ErrorKind::of_dial(faulty);
+        assert_eq!(kind.failure(), Failure::BadEndpoint);
+        let text = kind.to_string();
+        assert!(
+            text.contains("unix:///run/none.sock") && text.contains("not a socket"),
+            "{text}"
         );
     }
 }

@@ -90,7 +90,7 @@ mod validate;
 pub use budget::RetryBudget;
 pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
-pub use connection::{ConnectError, ConnectOptions, Connection, HandshakeError};
+pub use connection::{ConnectError, ConnectOptions, Connection, EndpointFault, HandshakeError};
 pub use controller::ControllerClient;
 pub use csi_proto::Rpc;
 /// The CSI wire messages, for the RPCs that take or return raw messages.

@@ -45,7 +45,7 @@ impl Outcome {
 
     /// A short label for metrics: the code name (`Ok`, `NotFound`, …) or the failure kind
     /// (`attempt_deadline`, `call_deadline`, `connection_lost`, `not_connected`,
-    /// `invalid_response`, `invalid_request`).
+    /// `bad_endpoint`, `invalid_response`, `invalid_request`).
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Ok => "Ok",
@@ -55,6 +55,7 @@ impl Outcome {
                 Failure::CallDeadline => "call_deadline",
                 Failure::ConnectionLost => "connection_lost",
                 Failure::NotConnected => "not_connected",
+                Failure::BadEndpoint => "bad_endpoint",
                 Failure::InvalidResponse => "invalid_response",
                 Failure::InvalidRequest => "invalid_request",
             },

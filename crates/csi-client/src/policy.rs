@@ -180,6 +180,10 @@ pub enum Failure {
     ConnectionLost,
     /// The plugin could not be reached at all; the request was never sent.
     NotConnected,
+    /// The endpoint can never be dialled as it is (not a socket, permission denied, an
+    /// invalid address: an [`EndpointFault`](crate::connection::EndpointFault)); the request
+    /// was never sent and no retry can change that.
+    BadEndpoint,
     /// The plugin answered OK but the response breaks the spec (a missing required field, a
     /// negative size, a stream out of order).
     InvalidResponse,
@@ -417,6 +421,8 @@ pub const fn classify(rpc: Rpc, code: Code) -> ErrorClass {
 ///   the operation may have happened → [`ErrorClass::Uncertain`]; on a read → retry.
 /// - The plugin could not be reached at all: this instance cannot serve →
 ///   [`ErrorClass::RetryElsewhere`].
+/// - The endpoint can never be dialled as it is (not a socket, permission denied, an invalid
+///   address) → [`ErrorClass::Fatal`]: the configuration or the filesystem must change.
 /// - A response that breaks the spec: on a mutating RPC the operation happened but its result
 ///   is unusable → uncertain; on a read the plugin is broken → fatal.
 /// - A request refused before sending → fatal.
@@ -432,6 +438,7 @@ pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
             }
         }
         Failure::NotConnected => ErrorClass::RetryElsewhere,
+        Failure::BadEndpoint => ErrorClass::Fatal,
         Failure::InvalidResponse => {
             if mutating {
                 ErrorClass::Uncertain
@@ -447,15 +454,19 @@ impl RpcPolicy {
     /// Whether the client retries `failure` itself (attempts and budgets permitting).
     ///
     /// Never: INVALID_ARGUMENT, UNIMPLEMENTED (whatever the table says), invalid requests and
-    /// responses, the overall deadline. Always (if `max_attempts` allows): a plugin that could
-    /// not be reached, because nothing was sent.
+    /// responses, the overall deadline, an endpoint that can never be dialled as it is.
+    /// Always (if `max_attempts` allows): a plugin that could not be reached, because nothing
+    /// was sent.
     pub const fn retries(&self, failure: Failure) -> bool {
         match failure {
             Failure::Status(Code::InvalidArgument | Code::Unimplemented) => false,
             Failure::Status(code) => self.retry_codes.contains(code),
             Failure::AttemptDeadline | Failure::ConnectionLost => self.retry_uncertain,
             Failure::NotConnected => true,
-            Failure::CallDeadline | Failure::InvalidResponse | Failure::InvalidRequest => false,
+            Failure::CallDeadline
+            | Failure::BadEndpoint
+            | Failure::InvalidResponse
+            | Failure::InvalidRequest => false,
         }
     }
 
@@ -691,6 +702,13 @@ mod tests {
             classify_failure(Rpc::NodePublishVolume, Failure::NotConnected),
             RetryElsewhere
         );
+        for &rpc in Rpc::ALL {
+            assert_eq!(
+                classify_failure(rpc, Failure::BadEndpoint),
+                Fatal,
+                "{rpc:?}"
+            );
+        }
         assert_eq!(
             classify_failure(Rpc::CreateVolume, Failure::InvalidResponse),
             Uncertain
@@ -721,6 +739,8 @@ mod tests {
             assert!(!p.retries(Failure::Status(Code::AlreadyExists)), "{rpc:?}");
             assert!(!p.retries(Failure::InvalidResponse), "{rpc:?}");
             assert!(!p.retries(Failure::CallDeadline), "{rpc:?}");
+            assert!(!p.retries(Failure::BadEndpoint), "{rpc:?}");
+            assert!(p.retries(Failure::NotConnected), "{rpc:?}");
             assert!(p.max_attempts >= 1, "{rpc:?}");
             assert!(p.attempt_deadline <= p.total_budget, "{rpc:?}");
             // Whatever the client retries, the caller would also be told to retry.

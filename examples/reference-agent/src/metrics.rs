@@ -135,9 +135,11 @@ fn escape(value: &str) -> String {
 ///
 /// - a call refused before sending (`attempts == 0`, e.g. `invalid_request`): the client
 ///   stops it before the channel;
-/// - an attempt that ended `not_connected`: the plugin could not be dialled. Dial failures
-///   before the client's first connection never reach the layer; a failed *redial* on an
-///   established client also passes through the layer, which counts it as `transport_error`.
+/// - an attempt that ended `not_connected` (the plugin could not be dialled yet) or
+///   `bad_endpoint` (the endpoint can never be dialled as it is: not a socket, permission
+///   denied). Dial failures before the client's first connection never reach the layer; a
+///   failed *redial* on an established client also passes through the layer, which counts it
+///   as `transport_error`.
 ///
 /// Everything else the old per-call observer counted (codes and latency) comes from the layer.
 #[derive(Debug, Default)]
@@ -164,7 +166,7 @@ impl Unsent {
 impl CallObserver for Unsent {
     fn on_attempt(&self, event: &AttemptEvent) {
         if let Outcome::Failed {
-            failure: Failure::NotConnected,
+            failure: Failure::NotConnected | Failure::BadEndpoint,
             ..
         } = event.outcome
         {
@@ -237,6 +239,15 @@ mod tests {
                 class: ErrorClass::RetryElsewhere,
             },
         });
+        unsent.on_attempt(&AttemptEvent {
+            rpc: Rpc::NodeUnpublishVolume,
+            attempt: 1,
+            duration: Duration::ZERO,
+            outcome: Outcome::Failed {
+                failure: Failure::BadEndpoint,
+                class: ErrorClass::Fatal,
+            },
+        });
         let mut g = Gauges::default();
         g.claims.insert("taken".into(), 2);
         g.stuck_releases = 1;
@@ -249,6 +260,7 @@ mod tests {
             r#"csi_rpc_duration_seconds_count{plugin="mock",rpc="Probe"} 2"#,
             r#"csi_agent_rpc_unsent_total{plugin="mock",rpc="NodeStageVolume",reason="invalid_request"} 1"#,
             r#"csi_agent_rpc_unsent_total{plugin="mock",rpc="Probe",reason="not_connected"} 1"#,
+            r#"csi_agent_rpc_unsent_total{plugin="mock",rpc="NodeUnpublishVolume",reason="bad_endpoint"} 1"#,
             r#"csi_agent_claims{state="taken"} 2"#,
             "csi_agent_stuck_releases 1",
         ] {
@@ -256,7 +268,7 @@ mod tests {
         }
         assert_eq!(
             text.matches("csi_agent_rpc_unsent_total{").count(),
-            2,
+            3,
             "{text}"
         );
         // One header pair per family, even with several plugins.

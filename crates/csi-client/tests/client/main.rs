@@ -1,10 +1,11 @@
 //! Integration tests of csi-client over real unix sockets: the connection (authority,
-//! one dial, late socket, restart), the retry and deadline policy and error classes against
+//! one dial, late socket, restart, endpoints that can never be dialled), the retry and deadline policy and error classes against
 //! the csi-testkit mock plugin, and the typed answers and helpers, and the tower layer hook with its metrics layer.
 
 mod support;
 
 mod connection;
+mod dial;
 mod lifecycle;
 mod metrics;
 mod retries;
