@@ -184,13 +184,68 @@ impl ErrorKind {
     }
 }
 
-/// Which RPC a failure belongs to, and the objects it names.
+/// A path field of a node request, as [`CallContext`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PathField {
+    /// `staging_target_path` (NodeStageVolume, NodeUnstageVolume, NodePublishVolume,
+    /// NodeGetVolumeStats, NodeGetVolumeHealth, NodeExpandVolume).
+    StagingTargetPath,
+    /// `target_path` (NodePublishVolume, NodeUnpublishVolume).
+    TargetPath,
+    /// `volume_path` (NodeGetVolumeStats, NodeExpandVolume).
+    VolumePath,
+    /// `volume_publish_path` (NodeGetVolumeHealth).
+    VolumePublishPath,
+}
+
+impl PathField {
+    /// The field's name in the request.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PathField::StagingTargetPath => "staging_target_path",
+            PathField::TargetPath => "target_path",
+            PathField::VolumePath => "volume_path",
+            PathField::VolumePublishPath => "volume_publish_path",
+        }
+    }
+}
+
+impl fmt::Display for PathField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Longest path a [`CallContext`] keeps: Linux's `PATH_MAX`. A longer one is left out of the
+/// context, so an error stays small whatever the request held.
+pub const MAX_CONTEXT_PATH_BYTES: usize = 4096;
+
+/// Which RPC a failure belongs to, and the objects it names: the volume, node and snapshot
+/// ids, and a node request's paths (staging, target, volume path), so that an error such as
+/// NodeStageVolume's ALREADY_EXISTS ("staged at this path with another capability") shows the
+/// path.
+///
+/// ```
+/// use csi_client::{CallContext, PathField, Rpc};
+///
+/// let ctx = CallContext::new(Rpc::NodeStageVolume)
+///     .volume("vol-1")
+///     .with_path(PathField::StagingTargetPath, "/var/lib/csi/staging/vol-1");
+/// assert_eq!(ctx.staging_target_path(), Some("/var/lib/csi/staging/vol-1"));
+/// assert_eq!(
+///     ctx.to_string(),
+///     r#"NodeStageVolume volume vol-1 staging_target_path "/var/lib/csi/staging/vol-1""#
+/// );
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallContext {
     rpc: Rpc,
     volume_id: Option<ExternalVolumeId>,
     node_id: Option<PluginNodeId>,
     snapshot_id: Option<SnapshotId>,
+    /// At most one entry per field, in the order they were named.
+    paths: Vec<(PathField, String)>,
 }
 
 impl CallContext {
@@ -201,6 +256,7 @@ impl CallContext {
             volume_id: None,
             node_id: None,
             snapshot_id: None,
+            paths: Vec::new(),
         }
     }
 
@@ -223,6 +279,41 @@ impl CallContext {
     pub fn snapshot(mut self, id: &str) -> Self {
         self.snapshot_id = SnapshotId::new(id).ok();
         self
+    }
+
+    /// Names a path of the request; naming a field again replaces its path. An empty path,
+    /// or one longer than [`MAX_CONTEXT_PATH_BYTES`], is left out (validation reports a
+    /// missing one).
+    #[must_use]
+    pub fn with_path(mut self, field: PathField, path: &str) -> Self {
+        self.paths.retain(|(f, _)| *f != field);
+        if !path.is_empty() && path.len() <= MAX_CONTEXT_PATH_BYTES {
+            self.paths.push((field, path.to_owned()));
+        }
+        self
+    }
+
+    /// The path the request gave for `field`, if the context names it.
+    pub fn path(&self, field: PathField) -> Option<&str> {
+        self.paths
+            .iter()
+            .find(|(f, _)| *f == field)
+            .map(|(_, p)| p.as_str())
+    }
+
+    /// Every path the context names, in the order they were named.
+    pub fn paths(&self) -> impl Iterator<Item = (PathField, &str)> {
+        self.paths.iter().map(|(f, p)| (*f, p.as_str()))
+    }
+
+    /// The request's `staging_target_path`, where it has one.
+    pub fn staging_target_path(&self) -> Option<&str> {
+        self.path(PathField::StagingTargetPath)
+    }
+
+    /// The request's `target_path`, where it has one.
+    pub fn target_path(&self) -> Option<&str> {
+        self.path(PathField::TargetPath)
     }
 
     /// The RPC.
@@ -258,15 +349,19 @@ impl fmt::Display for CallContext {
         if let Some(n) = &self.node_id {
             write!(f, " node {n}")?;
         }
+        // Quoted and escaped: a path may hold spaces or control characters.
+        for (field, path) in &self.paths {
+            write!(f, " {field} {path:?}")?;
+        }
         Ok(())
     }
 }
 
-/// A failed CSI call: the RPC and the volume/node it named, what went wrong, how many attempts
-/// were made, and the [`ErrorClass`] telling the caller what to do.
+/// A failed CSI call: the RPC and the volume/node/snapshot and paths it named, what went
+/// wrong, how many attempts were made, and the [`ErrorClass`] telling the caller what to do.
 ///
 /// Secrets never appear: requests are not stored, and no field holds request data other than
-/// ids.
+/// ids and a node request's paths.
 ///
 /// ```no_run
 /// # async fn f(node: csi_client::NodeClient, req: csi_client::proto::NodeUnpublishVolumeRequest) {
@@ -343,6 +438,16 @@ impl Error {
     /// The snapshot id, where the request had one.
     pub fn snapshot_id(&self) -> Option<&SnapshotId> {
         self.inner.context.snapshot_id()
+    }
+
+    /// The request's `staging_target_path`, where it had one (node calls).
+    pub fn staging_target_path(&self) -> Option<&str> {
+        self.inner.context.staging_target_path()
+    }
+
+    /// The request's `target_path`, where it had one (node publish and unpublish).
+    pub fn target_path(&self) -> Option<&str> {
+        self.inner.context.target_path()
     }
 
     /// What went wrong.
@@ -456,6 +561,57 @@ mod tests {
         assert_eq!(e.code(), Some(Code::NotFound));
         assert_eq!(e.volume_id().map(|v| v.as_str()), Some("vol-1"));
         assert!(e.timeout().is_none());
+    }
+
+    #[test]
+    fn display_names_the_paths_of_a_node_call() {
+        let ctx = CallContext::new(Rpc::NodePublishVolume)
+            .volume("vol-1")
+            .with_path(PathField::StagingTargetPath, "/var/lib/csi/staging/vol-1")
+            .with_path(PathField::TargetPath, "/var/lib/pods/p 1/vol-1");
+        let e = Error::new(
+            ctx,
+            ErrorKind::Status {
+                code: Code::AlreadyExists,
+                message: "published at this path with another capability".into(),
+            },
+            ErrorClass::Fatal,
+            1,
+        );
+        assert_eq!(
+            e.to_string(),
+            "NodePublishVolume volume vol-1 staging_target_path \"/var/lib/csi/staging/vol-1\" \
+             target_path \"/var/lib/pods/p 1/vol-1\": plugin returned AlreadyExists: published at \
+             this path with another capability (fatal, 1 attempt)"
+        );
+        assert_eq!(e.staging_target_path(), Some("/var/lib/csi/staging/vol-1"));
+        assert_eq!(e.target_path(), Some("/var/lib/pods/p 1/vol-1"));
+        assert_eq!(e.context().path(PathField::VolumePath), None);
+    }
+
+    #[test]
+    fn paths_are_escaped_replaced_and_bounded() {
+        let ctx = CallContext::new(Rpc::NodeUnpublishVolume)
+            .with_path(PathField::TargetPath, "/old")
+            .with_path(PathField::TargetPath, "/a\nb");
+        assert_eq!(ctx.target_path(), Some("/a\nb"));
+        assert_eq!(ctx.paths().count(), 1, "naming a field again replaces it");
+        // A newline cannot forge a second log line.
+        assert_eq!(
+            ctx.to_string(),
+            r#"NodeUnpublishVolume target_path "/a\nb""#
+        );
+
+        let at_limit = format!("/{}", "p".repeat(MAX_CONTEXT_PATH_BYTES - 1));
+        let ctx = CallContext::new(Rpc::NodeStageVolume)
+            .with_path(PathField::StagingTargetPath, &at_limit);
+        assert_eq!(ctx.staging_target_path(), Some(at_limit.as_str()));
+        let over = format!("{at_limit}p");
+        let ctx = CallContext::new(Rpc::NodeStageVolume)
+            .with_path(PathField::StagingTargetPath, &over)
+            .with_path(PathField::TargetPath, "");
+        assert_eq!(ctx.paths().count(), 0);
+        assert_eq!(ctx.to_string(), "NodeStageVolume");
     }
 
     #[test]

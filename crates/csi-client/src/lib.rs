@@ -12,7 +12,8 @@
 //!   UNIMPLEMENTED, INVALID_ARGUMENT or Probe. The whole policy is one table:
 //!   [`policy`].
 //! - **Every error is classified once** into an [`ErrorClass`] ("already done", "retry",
-//!   "retry elsewhere", "uncertain", "fatal") and names the RPC, volume and node. A deadline
+//!   "retry elsewhere", "uncertain", "fatal") and names the RPC, volume and node, and a node
+//!   call's staging and target paths. A deadline
 //!   or lost connection on a mutating RPC is *uncertain*, not *failed*.
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
 //!   plugin has not created yet, reconnects when the plugin restarts (a request the closed
@@ -97,7 +98,10 @@ pub use csi_proto::Rpc;
 pub use csi_proto::v1 as proto;
 pub use csi_structs::ErrorClass;
 pub use endpoint::{CSI_ENDPOINT_VAR, Endpoint, EndpointError};
-pub use error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
+pub use error::{
+    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, MAX_CONTEXT_PATH_BYTES, PathField,
+    ResponseError,
+};
 pub use fingerprint::Fingerprint;
 pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};

@@ -21,7 +21,7 @@ use csi_structs::{
     ValidationErrors, Volume, VolumeCapability, WireError,
 };
 
-use crate::error::CallContext;
+use crate::error::{CallContext, PathField};
 
 /// A request message: which RPC it belongs to, what it names, and its spec checks.
 pub(crate) trait CsiRequest: Clone + Send + Sync + 'static {
@@ -576,7 +576,8 @@ pub(crate) fn check_block_metadata(c: &mut Checker, capacity: i64, blocks: &[pb:
 
 // ---- Node ----
 request!(pb::NodeStageVolumeRequest, Rpc::NodeStageVolume,
-    |r| context ctx(Rpc::NodeStageVolume).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeStageVolume).volume(&r.volume_id)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.map(at("publish_context"), &r.publish_context);
     c.path(at("staging_target_path"), &r.staging_target_path);
@@ -585,12 +586,15 @@ request!(pb::NodeStageVolumeRequest, Rpc::NodeStageVolume,
     c.map(at("volume_context"), &r.volume_context);
 });
 request!(pb::NodeUnstageVolumeRequest, Rpc::NodeUnstageVolume,
-    |r| context ctx(Rpc::NodeUnstageVolume).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeUnstageVolume).volume(&r.volume_id)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.path(at("staging_target_path"), &r.staging_target_path);
 });
 request!(pb::NodePublishVolumeRequest, Rpc::NodePublishVolume,
-    |r| context ctx(Rpc::NodePublishVolume).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodePublishVolume).volume(&r.volume_id)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path)
+        .with_path(PathField::TargetPath, &r.target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.map(at("publish_context"), &r.publish_context);
     c.path(at("target_path"), &r.target_path);
@@ -599,12 +603,15 @@ request!(pb::NodePublishVolumeRequest, Rpc::NodePublishVolume,
     c.map(at("volume_context"), &r.volume_context);
 });
 request!(pb::NodeUnpublishVolumeRequest, Rpc::NodeUnpublishVolume,
-    |r| context ctx(Rpc::NodeUnpublishVolume).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeUnpublishVolume).volume(&r.volume_id)
+        .with_path(PathField::TargetPath, &r.target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.path(at("target_path"), &r.target_path);
 });
 request!(pb::NodeGetVolumeStatsRequest, Rpc::NodeGetVolumeStats,
-    |r| context ctx(Rpc::NodeGetVolumeStats).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeGetVolumeStats).volume(&r.volume_id)
+        .with_path(PathField::VolumePath, &r.volume_path)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.path(at("volume_path"), &r.volume_path);
 });
@@ -619,7 +626,9 @@ impl CsiResponse for pb::NodeGetVolumeStatsResponse {
     }
 }
 request!(pb::NodeGetVolumeHealthRequest, Rpc::NodeGetVolumeHealth,
-    |r| context ctx(Rpc::NodeGetVolumeHealth).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeGetVolumeHealth).volume(&r.volume_id)
+        .with_path(PathField::VolumePublishPath, &r.volume_publish_path)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
 });
 impl CsiResponse for pb::NodeGetVolumeHealthResponse {
@@ -632,7 +641,9 @@ request!(pb::NodeGetStorageHealthRequest, Rpc::NodeGetStorageHealth, |r| context
 });
 no_checks!(pb::NodeGetStorageHealthResponse);
 request!(pb::NodeExpandVolumeRequest, Rpc::NodeExpandVolume,
-    |r| context ctx(Rpc::NodeExpandVolume).volume(&r.volume_id), |r, c| {
+    |r| context ctx(Rpc::NodeExpandVolume).volume(&r.volume_id)
+        .with_path(PathField::VolumePath, &r.volume_path)
+        .with_path(PathField::StagingTargetPath, &r.staging_target_path), |r, c| {
     c.id(at("volume_id"), &r.volume_id);
     c.path(at("volume_path"), &r.volume_path);
     c.capacity_range(at("capacity_range"), &r.capacity_range, false);
@@ -997,5 +1008,68 @@ mod tests {
         assert_eq!(ctx.rpc(), Rpc::ControllerPublishVolume);
         assert_eq!(ctx.volume_id().map(|v| v.as_str()), Some("v1"));
         assert_eq!(ctx.node_id().map(|v| v.as_str()), Some("n1"));
+    }
+
+    #[test]
+    fn node_contexts_name_their_paths() {
+        use PathField::*;
+        fn paths(ctx: CallContext) -> Vec<(PathField, String)> {
+            ctx.paths().map(|(f, p)| (f, p.to_owned())).collect()
+        }
+        let named = |pairs: &[(PathField, &str)]| -> Vec<(PathField, String)> {
+            pairs.iter().map(|&(f, p)| (f, p.to_owned())).collect()
+        };
+        let stage = pb::NodeStageVolumeRequest {
+            staging_target_path: "/s".into(),
+            ..Default::default()
+        };
+        assert_eq!(paths(stage.context()), named(&[(StagingTargetPath, "/s")]));
+        let unstage = pb::NodeUnstageVolumeRequest {
+            staging_target_path: "/s".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            paths(unstage.context()),
+            named(&[(StagingTargetPath, "/s")])
+        );
+        let publish = pb::NodePublishVolumeRequest {
+            staging_target_path: "/s".into(),
+            target_path: "/t".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            paths(publish.context()),
+            named(&[(StagingTargetPath, "/s"), (TargetPath, "/t")])
+        );
+        // Without staging (no STAGE_UNSTAGE_VOLUME), only the target.
+        let publish = pb::NodePublishVolumeRequest {
+            target_path: "/t".into(),
+            ..Default::default()
+        };
+        assert_eq!(paths(publish.context()), named(&[(TargetPath, "/t")]));
+        let unpublish = pb::NodeUnpublishVolumeRequest {
+            target_path: "/t".into(),
+            ..Default::default()
+        };
+        assert_eq!(paths(unpublish.context()), named(&[(TargetPath, "/t")]));
+        let stats = pb::NodeGetVolumeStatsRequest {
+            volume_path: "/v".into(),
+            staging_target_path: "/s".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            paths(stats.context()),
+            named(&[(VolumePath, "/v"), (StagingTargetPath, "/s")])
+        );
+        let health = pb::NodeGetVolumeHealthRequest {
+            volume_publish_path: "/p".into(),
+            ..Default::default()
+        };
+        assert_eq!(paths(health.context()), named(&[(VolumePublishPath, "/p")]));
+        let expand = pb::NodeExpandVolumeRequest {
+            volume_path: "/v".into(),
+            ..Default::default()
+        };
+        assert_eq!(paths(expand.context()), named(&[(VolumePath, "/v")]));
     }
 }

@@ -1,6 +1,7 @@
-//! Integration tests of csi-client over real unix sockets: the connection (authority,
-//! one dial, late socket, restart, endpoints that can never be dialled), the retry and deadline policy and error classes against
-//! the csi-testkit mock plugin, and the typed answers and helpers, and the tower layer hook with its metrics layer.
+//! Integration tests of csi-client over real unix sockets: the connection (authority, one
+//! dial, late socket, restart, endpoints that can never be dialled), the retry and deadline
+//! policy and error classes against the csi-testkit mock plugin, the typed answers and
+//! helpers, the paths node errors name, and the tower layer hook with its metrics layer.
 
 mod support;
 
@@ -8,5 +9,6 @@ mod connection;
 mod dial;
 mod lifecycle;
 mod metrics;
+mod paths;
 mod retries;
 mod typed;
