@@ -56,6 +56,7 @@ impl Error {
                 DriverError::Claim(c) => c.class(),
                 DriverError::Release(r) => r.class(),
                 DriverError::Lost { .. } => ErrorClass::Retry,
+                DriverError::Refused { .. } => ErrorClass::Fatal,
                 DriverError::Stopped => ErrorClass::Fatal,
             },
         }

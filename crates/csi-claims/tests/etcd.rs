@@ -588,6 +588,7 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_over_the_value_limit_is_refused_before_it_is_sent() {
     let etcd = Etcd::start(1);
+    let default_limit = etcd.store("/large").await;
     let mut config = etcd.config("/large");
     config.max_value_bytes = 2_000;
     let store = EtcdStore::connect(config).await.unwrap();
@@ -605,14 +606,40 @@ async fn a_write_over_the_value_limit_is_refused_before_it_is_sent() {
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
+    // Through a driver, a claim that would not fit is refused with the reason, not hung.
+    let mut tiny = etcd.config("/large");
+    tiny.max_value_bytes = 100;
+    let a = agent(&EtcdStore::connect(tiny).await.unwrap(), "n", true).await;
+    let u = info("u", ControllerRequirement::NotRequired);
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.claims.claim(
+            &u,
+            request(
+                &u,
+                &a.node,
+                "w",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        ),
+    )
+    .await
+    .expect("answered within 30 s");
+    match refused {
+        Err(DriverError::Refused { reason, .. }) => {
+            assert!(reason.contains("limit is 100"), "{reason}")
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    a.driver.shutdown().await;
     // With the default limit, 2,000 readers on one volume fit in one value.
-    let store = etcd.store("/large").await;
     let record = readers(&v, 2_000);
-    let version = store
+    let version = default_limit
         .compare_and_swap(&v.id, None, Some(&record))
         .await
         .unwrap();
-    let stored = store.load(&v.id).await.unwrap().unwrap();
+    let stored = default_limit.load(&v.id).await.unwrap().unwrap();
     assert_eq!(Some(stored.version), version);
     assert_eq!(stored.record.claims().len(), 2_000);
 }

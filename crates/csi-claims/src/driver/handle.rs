@@ -30,6 +30,17 @@ pub enum DriverError {
         /// The workload.
         workload: WorkloadId,
     },
+    /// The claim can never be stored: the store refused the volume's record for good (too
+    /// large, say); `reason` says why. Claiming again fails the same way.
+    #[error("claim of workload {workload} on volume {volume} cannot be stored: {reason}")]
+    Refused {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// The store's error.
+        reason: String,
+    },
     /// The driver stopped before the answer came.
     #[error("the claims driver stopped")]
     Stopped,
@@ -63,6 +74,20 @@ impl Waiters {
                         workload: workload.clone(),
                     });
                     let _ = tx.send(answer);
+                }
+            }
+            Event::ClaimRefused {
+                volume,
+                workload,
+                reason,
+            } => {
+                let key = (volume.clone(), workload.clone());
+                for tx in self.durable.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(Err(DriverError::Refused {
+                        volume: volume.clone(),
+                        workload: workload.clone(),
+                        reason: reason.clone(),
+                    }));
                 }
             }
             Event::ReleaseDurable { volume, workload } => {

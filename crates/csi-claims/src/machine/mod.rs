@@ -738,6 +738,37 @@ impl ReleaseMachine {
             Err(e) if e.needs_reload() => {
                 entry.reload = Reload::Wanted;
             }
+            Err(e) if e.is_permanent() => {
+                // The unwritten changes can never be written: new claims are refused, and the
+                // volume is read again (releases asked for are asked for again), after a
+                // backoff so that a release that cannot be written does not spin.
+                let reason = error_chain(&e);
+                let mut kept = Vec::new();
+                for waiter in entry.waiters.drain(..) {
+                    if waiter.what == WaitFor::Claim && waiter.rev > entry.durable_rev {
+                        self.events.push_back(Event::ClaimRefused {
+                            volume: volume.clone(),
+                            workload: waiter.workload,
+                            reason: reason.clone(),
+                        });
+                    } else {
+                        kept.push(waiter);
+                    }
+                }
+                entry.waiters = kept;
+                entry.reload = Reload::Wanted;
+                let at = entry.store_retry.failed(
+                    now,
+                    LastError::Store {
+                        detail: reason,
+                        at: now,
+                    },
+                    false,
+                    &self.config.backoff,
+                    &mut self.rng,
+                );
+                self.timers.push(Reverse((at, volume.clone())));
+            }
             Err(e) => {
                 let at = entry.store_retry.failed(
                     now,

@@ -87,6 +87,16 @@ pub enum Event {
         /// The workload.
         workload: WorkloadId,
     },
+    /// A claim that was not yet durable can never be written: the store refused the volume's
+    /// record for good (too large for it, say). The claim is dropped; `reason` says why.
+    ClaimRefused {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// The store's error, as text.
+        reason: String,
+    },
     /// The claim is freed (durably gone from the store); its capacity is back. Carries the
     /// claim in state [`ClaimState::Freed`](crate::ClaimState::Freed), with how both steps
     /// ended. A claim freed by another agent sharing the store carries the last state this

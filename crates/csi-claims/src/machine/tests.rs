@@ -1117,3 +1117,56 @@ fn a_change_seen_during_a_write_is_read_again_after_it_and_an_echo_is_not() {
         "a change newer than the write is read again"
     );
 }
+
+#[test]
+fn a_claim_the_store_can_never_hold_is_refused_and_dropped() {
+    let v = info("v", ControllerRequirement::Required);
+    let mut h = Harness::new();
+    h.m.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+        h.now,
+    )
+    .unwrap();
+    let Some(Action::Persist(p)) = h.m.poll_action() else {
+        panic!("a write");
+    };
+    let too_large = StoreError::TooLarge {
+        volume: vid("v"),
+        size: 2_000_000,
+        limit: 1_000_000,
+    };
+    h.m.persisted(p.ticket, Err(too_large), h.now);
+    match h.m.poll_event() {
+        Some(Event::ClaimRefused {
+            workload, reason, ..
+        }) => {
+            assert_eq!(workload, wid("a"));
+            assert!(reason.contains("2000000 bytes"), "{reason}");
+        }
+        other => panic!("expected ClaimRefused, got {other:?}"),
+    }
+    // The volume is read again after a backoff, not at once (no spin), and the claim is gone.
+    assert!(h.m.poll_action().is_none(), "waits out the backoff");
+    h.now += Duration::from_secs(60);
+    h.m.handle_timeout(h.now);
+    h.pump();
+    assert!(h.m.record(&vid("v")).is_none_or(|r| r.claims().is_empty()));
+    h.claim(
+        &v,
+        request(
+            "v",
+            "b",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .expect("the refused claim holds no capacity");
+}

@@ -195,6 +195,15 @@ impl StoreError {
         matches!(self, StoreError::Conflict { .. })
     }
 
+    /// Whether writing the same record again can never succeed (it is too large for the
+    /// store, cannot be encoded, or names another volume): the change must be dropped.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::TooLarge { .. } | StoreError::Encode { .. } | StoreError::WrongKey { .. }
+        )
+    }
+
     /// Whether the writer must reload the record before writing again (a stale write, or a
     /// write whose outcome is unknown) instead of retrying the same write.
     pub fn needs_reload(&self) -> bool {

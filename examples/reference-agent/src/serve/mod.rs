@@ -386,6 +386,13 @@ fn log_event(event: &csi_claims::Event) {
         Event::ReleaseDurable { volume, workload } => {
             tracing::debug!(%volume, %workload, "release written");
         }
+        Event::ClaimRefused {
+            volume,
+            workload,
+            reason,
+        } => {
+            tracing::warn!(%volume, %workload, %reason, "claim refused by the claim store");
+        }
         Event::ClaimLost { volume, workload } => {
             tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
         }
