@@ -206,7 +206,10 @@ impl Campaign {
         self.handle.set_controller_duty(true);
         self.hold(id).await;
         tracing::warn!(name = %self.name, "gave up the controller duty: lease not confirmed");
+        self.handle.set_controller_duty(false);
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // If the cluster still has the lease, free the key now rather than at its expiry.
+        let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
         let _ = self.leader.send(None);
         Round::Lost
     }

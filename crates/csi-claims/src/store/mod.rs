@@ -257,8 +257,9 @@ pub type Changes = tokio::sync::mpsc::Receiver<Change>;
 /// - [`compare_and_swap`](Self::compare_and_swap) writes only if the stored version equals
 ///   `expected` (`None`: no record stored) and returns the new version; when it returns `Ok`
 ///   the write is durable (it survives a crash of the process).
-/// - Versions of one volume only grow; deleting a record and writing it again starts over at
-///   [`Version::FIRST`] (the expected `None` protects that case).
+/// - Versions of one volume only grow while its record exists. After a delete, a store may
+///   start over at [`Version::FIRST`] (memory, redb: the expected `None` protects that case)
+///   or keep growing (etcd's `mod_revision`).
 /// - Implementations are internally synchronized; calls may come from several tasks.
 /// - A store shared by several writers (agents) answers
 ///   [`load_and_watch`](Self::load_and_watch) with the changes after its read, so that each
