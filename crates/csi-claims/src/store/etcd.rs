@@ -48,7 +48,7 @@ use etcd_client::{
 };
 use tokio::sync::mpsc;
 
-use super::{Change, Changes, ClaimStore, StoreError, Stored, Version, check_key, codec};
+use super::{Change, Changes, ClaimStore, StoreError, Stored, Version, codec, encode_for};
 use crate::model::VolumeRecord;
 
 /// How the watch backs off while the cluster is unreachable.
@@ -419,16 +419,8 @@ impl ClaimStore for EtcdStore {
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
-        check_key(volume, new)?;
         let key = self.key(volume);
-        let encoded = new
-            .map(|record| {
-                codec::encode(record).map_err(|source| StoreError::Encode {
-                    volume: volume.clone(),
-                    source,
-                })
-            })
-            .transpose()?;
+        let encoded = encode_for(volume, new)?;
         let limit = self.inner.config.max_value_bytes;
         if let Some(body) = &encoded
             && body.len() > limit
@@ -522,32 +514,38 @@ async fn watch(store: EtcdStore, mut revision: i64, tx: mpsc::Sender<Change>) {
                     delay = WATCH_RETRY_MIN;
                 }
                 Err(e) => {
-                    if !broken {
-                        broken = true;
-                        if tx.send(Change::Interrupted(e)).await.is_err() {
-                            return;
-                        }
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(WATCH_RETRY_MAX);
-                }
-            },
-            WatchEnd::Broken(e) => {
-                if !broken {
-                    broken = true;
-                    if tx.send(Change::Interrupted(e)).await.is_err() {
+                    if interrupted(&tx, &mut broken, &mut delay, e).await.is_err() {
                         return;
                     }
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(WATCH_RETRY_MAX);
+            },
+            WatchEnd::Broken(e) => {
+                if interrupted(&tx, &mut broken, &mut delay, e).await.is_err() {
+                    return;
+                }
             }
         }
-        // A watch that delivered something, or was created, resets the backoff (below).
+        // A watch that delivered something, or was created, resets the backoff.
         if !broken {
             delay = WATCH_RETRY_MIN;
         }
     }
+}
+
+/// Reports the first failure of an outage, then waits out the backoff.
+async fn interrupted(
+    tx: &mpsc::Sender<Change>,
+    broken: &mut bool,
+    delay: &mut Duration,
+    error: StoreError,
+) -> Result<(), ()> {
+    if !*broken {
+        *broken = true;
+        tx.send(Change::Interrupted(error)).await.map_err(|_| ())?;
+    }
+    tokio::time::sleep(*delay).await;
+    *delay = (*delay * 2).min(WATCH_RETRY_MAX);
+    Ok(())
 }
 
 enum WatchEnd {

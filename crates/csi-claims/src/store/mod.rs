@@ -330,6 +330,21 @@ impl<S: ClaimStore + ?Sized> ClaimStore for std::sync::Arc<S> {
     }
 }
 
+/// The stored bytes of `new` for `volume` (`None`: a delete), after [`check_key`].
+pub(crate) fn encode_for(
+    volume: &VolumeId,
+    new: Option<&VolumeRecord>,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    check_key(volume, new)?;
+    new.map(|record| {
+        encode(record).map_err(|source| StoreError::Encode {
+            volume: volume.clone(),
+            source,
+        })
+    })
+    .transpose()
+}
+
 pub(crate) fn check_key(volume: &VolumeId, new: Option<&VolumeRecord>) -> Result<(), StoreError> {
     match new {
         Some(record) if &record.info.id != volume => Err(StoreError::WrongKey {

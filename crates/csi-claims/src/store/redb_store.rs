@@ -6,7 +6,7 @@ use std::sync::Arc;
 use csi_structs::VolumeId;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{ClaimStore, StoreError, Stored, Version, check_key, codec};
+use super::{ClaimStore, StoreError, Stored, Version, codec, encode_for};
 use crate::model::VolumeRecord;
 
 /// One table: volume id → 8-byte big-endian version followed by the JSON record
@@ -137,15 +137,7 @@ impl ClaimStore for RedbStore {
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
-        check_key(volume, new)?;
-        let encoded = new
-            .map(|record| {
-                codec::encode(record).map_err(|source| StoreError::Encode {
-                    volume: volume.clone(),
-                    source,
-                })
-            })
-            .transpose()?;
+        let encoded = encode_for(volume, new)?;
         let (this, key) = (self.clone(), volume.clone());
         let lost = StoreError::Interrupted {
             volume: volume.clone(),
