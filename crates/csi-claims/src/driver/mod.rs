@@ -127,6 +127,9 @@ impl ClaimsDriver {
     {
         let (records, changes) = store.load_and_watch().await?;
         let mut machine = ReleaseMachine::new(config.machine.clone());
+        if changes.is_some() {
+            machine.follow_store_changes();
+        }
         for stored in records {
             let volume = stored.record.info().id.clone();
             if machine.load(stored).is_err() {

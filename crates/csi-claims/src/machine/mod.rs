@@ -230,6 +230,12 @@ struct Entry {
     /// The newest change another writer made that the machine could not take over at once
     /// (a write or read was out): its version, and whether a record exists after it.
     stale: Option<(Version, bool)>,
+    /// The newest version of the record this machine knows of (written, read or observed),
+    /// kept across a delete: a store's watch may bring back older changes, the machine's own
+    /// among them, after the machine has moved past them.
+    floor: Option<Version>,
+    /// The last write was this machine's delete of the record: its echo is still to come.
+    deleted_here: bool,
 }
 
 impl Entry {
@@ -248,6 +254,8 @@ impl Entry {
             frees: Vec::new(),
             queued: false,
             stale: None,
+            floor: version,
+            deleted_here: false,
         }
     }
 
@@ -255,6 +263,10 @@ impl Entry {
     /// the one in memory.
     fn settled(&self) -> bool {
         self.clean() && self.reload == Reload::None
+    }
+
+    fn raise_floor(&mut self, version: Option<Version>) {
+        self.floor = self.floor.max(version);
     }
 
     fn mark_stale(&mut self, version: Version, exists: bool) {
@@ -299,6 +311,11 @@ pub struct ReleaseMachine {
     slot_waiters: HashMap<PluginId, Vec<VolumeId>>,
     gone: HashSet<NodeId>,
     controller_duty: bool,
+    /// Whether a store's changes are fed to [`observed`](Self::observed): then the floors of
+    /// volumes no longer managed are kept until their deletion is observed.
+    observing: bool,
+    /// Floors of volumes that were finished and dropped while observing.
+    retired: HashMap<VolumeId, Version>,
     rng: JitterRng,
     next_ticket: u64,
 }
@@ -309,6 +326,8 @@ impl ReleaseMachine {
         let rng = JitterRng::from_seed(config.jitter_seed);
         Self {
             controller_duty: config.duties.controller,
+            observing: false,
+            retired: HashMap::new(),
             config,
             volumes: HashMap::new(),
             ready: VecDeque::new(),
@@ -567,6 +586,14 @@ impl ReleaseMachine {
         });
     }
 
+    /// Says that every change of the store will be fed to [`observed`](Self::observed) (a
+    /// store shared through a watch). From then on the machine remembers, for each volume it
+    /// deleted and dropped, the last version it knew, until the watch brings back the
+    /// deletion, so that an older change arriving late does not bring the volume back.
+    pub fn follow_store_changes(&mut self) {
+        self.observing = true;
+    }
+
     /// Starts or stops performing controller-side steps (see
     /// [`Side::Controller`]): agents that share a store hand this duty to one of them at a
     /// time, e.g. by an election. Starting wakes every volume, so releases another agent left
@@ -601,6 +628,12 @@ impl ReleaseMachine {
         _now: Instant,
     ) {
         let Some(entry) = self.volumes.get_mut(volume) else {
+            if let Some(&floor) = self.retired.get(volume) {
+                if version <= floor {
+                    return; // a change from before this machine dropped the volume
+                }
+                self.retired.remove(volume);
+            }
             if let Some(record) = record.filter(|r| !r.claims.is_empty() && &r.info.id == volume) {
                 self.volumes
                     .insert(volume.clone(), Entry::new(record, Some(version)));
@@ -608,7 +641,7 @@ impl ReleaseMachine {
             }
             return;
         };
-        if entry.version.is_some_and(|known| known >= version) {
+        if entry.floor.is_some_and(|known| known >= version) {
             return;
         }
         if !entry.settled() {
@@ -622,6 +655,8 @@ impl ReleaseMachine {
         self.events.extend(freed_elsewhere(&entry.record, &record));
         entry.record = Arc::new(record);
         entry.version = exists.then_some(version);
+        entry.raise_floor(Some(version));
+        entry.deleted_here = false;
         entry.stale = None;
         // The other writer's progress may be what a failed step was waiting for.
         entry.step_retry.not_before = None;
@@ -713,6 +748,8 @@ impl ReleaseMachine {
                 if behind {
                     entry.reload = Reload::Wanted;
                 }
+                entry.raise_floor(version);
+                entry.deleted_here = version.is_none();
                 entry.version = version;
                 entry.durable_rev = rev;
                 entry.store_retry.succeeded();
@@ -853,6 +890,8 @@ impl ReleaseMachine {
                 self.events.extend(freed_elsewhere(&entry.record, &record));
                 entry.record = Arc::new(record);
                 entry.version = version;
+                entry.raise_floor(version);
+                entry.deleted_here = false;
                 entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
@@ -1015,8 +1054,13 @@ impl ReleaseMachine {
                 self.queue(&volume);
                 return Some(action);
             }
-            if self.volumes.get(&volume).is_some_and(Entry::finished) {
-                self.volumes.remove(&volume);
+            if self.volumes.get(&volume).is_some_and(Entry::finished)
+                && let Some(entry) = self.volumes.remove(&volume)
+                && self.observing
+                && entry.deleted_here
+                && let Some(floor) = entry.floor
+            {
+                self.retired.insert(volume, floor);
             }
         }
         None

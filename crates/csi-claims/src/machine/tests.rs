@@ -1170,3 +1170,72 @@ fn a_claim_the_store_can_never_hold_is_refused_and_dropped() {
     )
     .expect("the refused claim holds no capacity");
 }
+
+#[test]
+fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
+    let v = info("v", ControllerRequirement::NotRequired);
+    let mut h = Harness::new();
+    h.m.follow_store_changes();
+    // Every write, as a watch would bring it back later: (version, record).
+    let mut echoes = Vec::new();
+    h.m.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+        h.now,
+    )
+    .unwrap();
+    h.m.release(&vid("v"), &wid("a"), h.now).unwrap();
+    loop {
+        match h.m.poll_action() {
+            Some(Action::Persist(p)) => {
+                let result =
+                    h.store
+                        .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref());
+                if let (Ok(Some(version)), Some(record)) = (&result, &p.record) {
+                    echoes.push((*version, (**record).clone()));
+                }
+                h.m.persisted(p.ticket, result, h.now);
+            }
+            Some(Action::NodeDetach(n)) => h.m.node_detached(n.ticket, Ok(()), h.now),
+            Some(other) => panic!("unexpected {other:?}"),
+            None => break,
+        }
+    }
+    assert!(h.m.record(&vid("v")).is_none(), "freed and dropped");
+    assert!(echoes.len() >= 3, "{echoes:?}");
+    for (version, record) in echoes {
+        h.m.observed(&vid("v"), version, Some(record), h.now);
+        assert!(h.m.poll_action().is_none(), "an old change starts nothing");
+    }
+    assert!(h.m.record(&vid("v")).is_none(), "not brought back");
+    // The deletion's own echo ends the memory of it; a later write by another agent counts.
+    let delete = Version::from_u64(100).unwrap();
+    h.m.observed(&vid("v"), delete, None, h.now);
+    let mut theirs = Harness::new();
+    theirs
+        .claim(
+            &v,
+            request(
+                "v",
+                "b",
+                "n2",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    let record = theirs.store.load_now(&vid("v")).unwrap().record;
+    h.m.observed(
+        &vid("v"),
+        Version::from_u64(101).unwrap(),
+        Some(record),
+        h.now,
+    );
+    assert_eq!(h.m.record(&vid("v")).map(|r| r.claims().len()), Some(1));
+}
