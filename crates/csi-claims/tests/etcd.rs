@@ -250,6 +250,17 @@ fn request(
     }
 }
 
+/// A write claim of a single-writer volume.
+fn writer(info: &VolumeInfo, node: &NodeId, workload: &str) -> ClaimRequest {
+    request(
+        info,
+        node,
+        workload,
+        ClaimMode::Write,
+        AccessMode::SingleNodeWriter,
+    )
+}
+
 /// Waits (bounded) until `check` holds.
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..600 {
@@ -364,16 +375,7 @@ async fn undecodable_values_are_named_and_do_not_stop_other_volumes() {
     let a = agent(&store, "n0", true).await;
     let v = info("good", ControllerRequirement::NotRequired);
     a.claims
-        .claim(
-            &v,
-            request(
-                &v,
-                &a.node,
-                "w",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
+        .claim(&v, writer(&v, &a.node, "w"))
         .await
         .expect("other volumes work");
 
@@ -411,19 +413,7 @@ async fn a_store_outage_is_named_and_the_release_resumes_when_etcd_is_back() {
     let a = agent(&store, "n0", true).await;
     let v = info("v", ControllerRequirement::Required);
     let workload = WorkloadId::new("w").unwrap();
-    a.claims
-        .claim(
-            &v,
-            request(
-                &v,
-                &a.node,
-                "w",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .await
-        .unwrap();
+    a.claims.claim(&v, writer(&v, &a.node, "w")).await.unwrap();
 
     etcd.kill(0);
     // A store call names the store and what it was doing.
@@ -473,34 +463,13 @@ async fn a_three_member_cluster_with_one_member_killed_keeps_working() {
     let store = etcd.store("/three").await;
     let a = agent(&store, "n0", true).await;
     let v = info("v", ControllerRequirement::Required);
-    a.claims
-        .claim(
-            &v,
-            request(
-                &v,
-                &a.node,
-                "w1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .await
-        .unwrap();
+    a.claims.claim(&v, writer(&v, &a.node, "w1")).await.unwrap();
     etcd.kill(0);
     // Claims and releases go on through the other two members.
     let u = info("u", ControllerRequirement::Required);
     tokio::time::timeout(
         Duration::from_secs(30),
-        a.claims.claim(
-            &u,
-            request(
-                &u,
-                &a.node,
-                "w2",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        ),
+        a.claims.claim(&u, writer(&u, &a.node, "w2")),
     )
     .await
     .expect("claim within 30 s")
@@ -540,19 +509,7 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
     a.plugin.hang_controller.store(true, Ordering::SeqCst);
     let v = info("v", ControllerRequirement::Required);
     let w = WorkloadId::new("w").unwrap();
-    b.claims
-        .claim(
-            &v,
-            request(
-                &v,
-                &b.node,
-                "w",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .await
-        .unwrap();
+    b.claims.claim(&v, writer(&v, &b.node, "w")).await.unwrap();
     b.claims.release(&v.id, &w).await.unwrap();
     eventually("n0's controller call is in flight", async || {
         a.claims
@@ -613,16 +570,7 @@ async fn a_write_over_the_value_limit_is_refused_before_it_is_sent() {
     let u = info("u", ControllerRequirement::NotRequired);
     let refused = tokio::time::timeout(
         Duration::from_secs(30),
-        a.claims.claim(
-            &u,
-            request(
-                &u,
-                &a.node,
-                "w",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        ),
+        a.claims.claim(&u, writer(&u, &a.node, "w")),
     )
     .await
     .expect("answered within 30 s");

@@ -138,10 +138,7 @@ impl Campaign {
         let mut delay = Duration::from_millis(100);
         loop {
             match self.round().await {
-                Round::Lost => {
-                    self.handle.set_controller_duty(false);
-                    delay = Duration::from_millis(100);
-                }
+                Round::Lost => delay = Duration::from_millis(100),
                 Round::Follow(revision) => {
                     delay = Duration::from_millis(100);
                     if !self.follow(revision).await {
