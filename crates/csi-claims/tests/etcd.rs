@@ -612,3 +612,61 @@ fn readers(v: &VolumeInfo, n: usize) -> csi_claims::VolumeRecord {
         other => panic!("expected a write, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_a_compaction_reads_everything_again() {
+    let mut etcd = Etcd::start(3);
+    let all = etcd.endpoints();
+    // Agent a reaches the cluster through member 0 only; agent b through the other two.
+    let mut only_first = etcd.config("/compact");
+    only_first.endpoints = vec![all[0].clone()];
+    let mut the_others = etcd.config("/compact");
+    the_others.endpoints = all[1..].to_vec();
+    let _ready = etcd.store("/compact").await;
+    let store_b = EtcdStore::connect(the_others).await.unwrap();
+    let a = agent(&EtcdStore::connect(only_first).await.unwrap(), "n0", false).await;
+    let b = agent(&store_b, "n1", true).await;
+    let v = info("v", ControllerRequirement::NotRequired);
+    b.claims.claim(&v, writer(&v, &b.node, "w1")).await.unwrap();
+    eventually("a sees b's first claim", async || {
+        a.claims.record(&v.id).is_some()
+    })
+    .await;
+
+    // While a's member is down, b writes and the history is compacted past a's watch.
+    etcd.kill(0);
+    eventually("a's watch notices", async || {
+        a.claims.store_watch_error().is_some()
+    })
+    .await;
+    b.claims
+        .release_and_wait(&v.id, &WorkloadId::new("w1").unwrap())
+        .await
+        .unwrap();
+    let u = info("u", ControllerRequirement::NotRequired);
+    b.claims.claim(&u, writer(&u, &b.node, "w2")).await.unwrap();
+    let mut kv = store_b.client().kv_client();
+    let now = kv.get("/compact/claims/u", None).await.unwrap();
+    let revision = now.header().expect("a header").revision();
+    kv.compact(
+        revision,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+
+    etcd.restart(0);
+    eventually("a reads everything again: v freed, u claimed", async || {
+        a.claims.record(&v.id).is_none_or(|r| r.claims().is_empty())
+            && a.claims
+                .record(&u.id)
+                .is_some_and(|r| r.claims().len() == 1)
+    })
+    .await;
+    eventually("a's watch is back", async || {
+        a.claims.store_watch_error().is_none()
+    })
+    .await;
+    a.driver.shutdown().await;
+    b.driver.shutdown().await;
+}
