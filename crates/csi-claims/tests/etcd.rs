@@ -3,8 +3,6 @@
 //! store. Run with `cargo test -p csi-claims --features etcd` (needs `etcd` on the PATH).
 #![cfg(feature = "etcd")]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,107 +20,31 @@ use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
     VolumeId, WorkloadId,
 };
+use csi_testkit::etcd::LocalEtcd;
 
 // ---------------------------------------------------------------------------------------
 // etcd on loopback
 // ---------------------------------------------------------------------------------------
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-struct Member {
-    name: String,
-    client: u16,
-    peer: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-/// One or more etcd members on loopback; killed when dropped.
-struct Etcd {
-    members: Vec<Member>,
-    cluster: String,
-}
+/// A local etcd (csi-testkit's) and stores on it.
+struct Etcd(LocalEtcd);
 
 impl Etcd {
     fn start(n: usize) -> Etcd {
-        let members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client: free_port(),
-                peer: free_port(),
-                dir: tempfile::tempdir().expect("temp dir"),
-                child: None,
-            })
-            .collect();
-        let cluster = members
-            .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut etcd = Etcd { members, cluster };
-        for i in 0..n {
-            etcd.spawn(i, "new");
-        }
-        etcd
-    }
-
-    fn spawn(&mut self, i: usize, state: &str) {
-        let m = &mut self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client);
-        let peer = format!("http://127.0.0.1:{}", m.peer);
-        let child = Command::new("etcd")
-            .args(["--name", &m.name])
-            .arg("--data-dir")
-            .arg(m.dir.path())
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args([
-                "--initial-cluster",
-                &self.cluster,
-                "--initial-cluster-state",
-                state,
-            ])
-            .args(["--initial-cluster-token", "csi-claims-test"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd on the PATH (Debian: apt-get install etcd-server)");
-        m.child = Some(child);
+        Etcd(LocalEtcd::start(n).expect("etcd on the PATH (Debian: apt-get install etcd-server)"))
     }
 
     fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.kill(i);
     }
 
     /// Starts a killed member again on its data directory.
     fn restart(&mut self, i: usize) {
-        self.spawn(i, "existing");
+        self.0.restart(i).expect("etcd restarts");
     }
 
     fn endpoints(&self) -> Vec<String> {
-        self.members
-            .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
-            .collect()
+        self.0.endpoints()
     }
 
     fn config(&self, prefix: &str) -> EtcdStoreConfig {
@@ -143,14 +65,6 @@ impl Etcd {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("etcd did not answer within 30 s");
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        for i in 0..self.members.len() {
-            self.kill(i);
-        }
     }
 }
 
@@ -669,4 +583,106 @@ async fn a_watch_behind_a_compaction_reads_everything_again() {
     .await;
     a.driver.shutdown().await;
     b.driver.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Beside the claims: mirrors and held keys
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_follows_other_agents_writes_and_never_goes_back() {
+    let etcd = Etcd::start(1);
+    let a = etcd.store("/mirror").await;
+    let b = etcd.store("/mirror").await;
+    for bad in ["", "claims", "leader", "a/b"] {
+        let e = a.mirror(bad).await.expect_err("not a mirror name");
+        assert!(e.to_string().contains("one path segment"), "{e}");
+    }
+    let mirror = a.mirror("things").await.expect("mirror");
+    assert!(mirror.is_empty());
+    assert_eq!(mirror.key("x"), "/mirror/things/x");
+    let mut changes = mirror.subscribe();
+
+    // Another agent's writes arrive through the watch; keys outside the prefix do not.
+    let mut kv = b.client().kv_client();
+    kv.put("/mirror/things/x", "one", None).await.expect("put");
+    kv.put("/mirror/other/x", "elsewhere", None)
+        .await
+        .expect("put");
+    eventually("the mirror sees x", async || {
+        mirror.get("x").is_some_and(|e| e.value == b"one")
+    })
+    .await;
+    assert!(changes.has_changed().expect("sender alive"));
+    changes.mark_unchanged();
+    assert_eq!(mirror.len(), 1);
+
+    // A delete noted at its revision is not undone by an older write arriving late.
+    let put = kv.put("/mirror/things/y", "two", None).await.expect("put");
+    let put_revision = put.header().expect("header").revision();
+    let deleted = kv.delete("/mirror/things/y", None).await.expect("delete");
+    let delete_revision = deleted.header().expect("header").revision();
+    mirror.note("y", None, delete_revision);
+    mirror.note("y", Some((b"two".to_vec(), 0)), put_revision);
+    assert!(mirror.get("y").is_none(), "an older write came back");
+    // The watch delivers both; y stays deleted, x stays.
+    kv.put("/mirror/things/z", "three", None)
+        .await
+        .expect("put");
+    eventually("the watch passes the delete", async || {
+        mirror.get("z").is_some()
+    })
+    .await;
+    assert!(mirror.get("y").is_none());
+    assert_eq!(mirror.len(), 2);
+
+    let other = b
+        .mirror("things")
+        .await
+        .expect("a second mirror reads everything");
+    let names: Vec<String> = other.list().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["x", "z"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_lives_with_its_holder_and_comes_back_after_its_lease_is_lost() {
+    let etcd = Etcd::start(1);
+    let store = etcd.store("/held").await;
+    let members = store.mirror("members").await.expect("mirror");
+    let ttl = Duration::from_secs(2);
+
+    let held = store.hold_key(members.key("a"), b"v1".to_vec(), ttl);
+    eventually("a is a member", async || members.get("a").is_some()).await;
+    let first = members.get("a").expect("a");
+    assert_eq!(first.value, b"v1");
+    assert_ne!(first.lease, 0, "the key hangs on a lease");
+    assert_eq!(
+        held.state(),
+        csi_claims::store::Held::Held { lease: first.lease }
+    );
+
+    held.set(b"v2".to_vec());
+    eventually("the new value is written", async || {
+        members.get("a").is_some_and(|e| e.value == b"v2")
+    })
+    .await;
+
+    // The cluster drops the lease (as after an outage longer than the TTL): the holder
+    // notices, takes a new lease and writes the key again.
+    let mut leases = store.client().lease_client();
+    leases.revoke(first.lease).await.expect("revoke");
+    eventually("a is written again under a new lease", async || {
+        members
+            .get("a")
+            .is_some_and(|e| e.lease != first.lease && e.value == b"v2")
+    })
+    .await;
+
+    // Released: gone now. Dropped: gone when the lease runs out.
+    held.release().await;
+    eventually("a left", async || members.get("a").is_none()).await;
+    let dropped = store.hold_key(members.key("b"), b"b".to_vec(), ttl);
+    eventually("b is a member", async || members.get("b").is_some()).await;
+    drop(dropped);
+    eventually("b's lease ran out", async || members.get("b").is_none()).await;
 }

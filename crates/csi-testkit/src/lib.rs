@@ -65,6 +65,7 @@ pub mod conformance;
 mod dispatch;
 pub mod endpoint;
 pub mod error;
+pub mod etcd;
 pub mod faults;
 mod metadata;
 mod plugin;

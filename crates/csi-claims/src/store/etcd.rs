@@ -270,7 +270,11 @@ impl EtcdStore {
         format!("{}{}", self.inner.claims_prefix, volume.as_str())
     }
 
-    fn error(&self, operation: impl Into<String>, detail: impl fmt::Display) -> StoreError {
+    pub(crate) fn error(
+        &self,
+        operation: impl Into<String>,
+        detail: impl fmt::Display,
+    ) -> StoreError {
         StoreError::Etcd {
             endpoints: self.inner.endpoints.clone(),
             operation: operation.into(),
@@ -281,7 +285,7 @@ impl EtcdStore {
     /// Runs one request under the configured deadline. A request that no member took (a
     /// member that refuses connections, while the client spreads requests over all of them)
     /// is sent again, once per endpoint; so is a read that failed as unavailable.
-    async fn bounded<T, F, Fut>(
+    pub(crate) async fn bounded<T, F, Fut>(
         &self,
         operation: impl Fn() -> String,
         idempotent: bool,

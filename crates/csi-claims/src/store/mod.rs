@@ -26,6 +26,8 @@ mod codec;
 mod etcd;
 #[cfg(feature = "etcd")]
 mod etcd_duty;
+#[cfg(feature = "etcd")]
+mod etcd_mirror;
 mod memory;
 mod redb_store;
 
@@ -36,8 +38,13 @@ use csi_structs::VolumeId;
 pub use codec::{DecodeError, Format, decode, encode};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdPassword, EtcdStore, EtcdStoreConfig, EtcdTls};
+/// The etcd client crate, for transactions beside the claims ([`EtcdStore::txn`]).
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 #[cfg(feature = "etcd")]
 pub use etcd_duty::{ControllerElection, MIN_DUTY_TTL};
+#[cfg(feature = "etcd")]
+pub use etcd_mirror::{Held, HeldKey, Mirror, MirrorEntry};
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 
