@@ -89,6 +89,34 @@ pub struct ConfigArgs {
     /// Log filter, e.g. `info` or `csi_agent=debug` (default `info`).
     #[arg(long, env = "CSI_AGENT_LOG")]
     pub log: Option<String>,
+    /// Where volumes and claims live: `embedded` (this node only, the default) or
+    /// `etcd://HOST:PORT[,HOST:PORT...]` (a cluster of agents sharing one etcd; needs a
+    /// csi-agent built with `--features etcd`).
+    #[arg(long, env = "CSI_AGENT_STORE")]
+    pub store: Option<String>,
+    /// The etcd key prefix of this cluster (default `/csi-agent`).
+    #[arg(long, env = "CSI_AGENT_STORE_PREFIX")]
+    pub store_prefix: Option<String>,
+    /// The CA certificate (PEM) that signed etcd's server certificates; setting it makes the
+    /// etcd endpoints `https://`.
+    #[arg(long, env = "CSI_AGENT_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// This agent's client certificate for etcd (PEM), with `etcd_key_file`.
+    #[arg(long, env = "CSI_AGENT_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// The private key of `etcd_cert_file` (PEM).
+    #[arg(long, env = "CSI_AGENT_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// The etcd user, when etcd's authentication is enabled (with `etcd_password_file`).
+    #[arg(long, env = "CSI_AGENT_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// A file holding the etcd user's password (never given on the command line).
+    #[arg(long, env = "CSI_AGENT_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// The lease of this agent's membership and of the controller duty in etcd: how long a
+    /// dead agent keeps them (default `10s`, at least `2s`).
+    #[arg(long, env = "CSI_AGENT_LEASE_TTL")]
+    pub lease_ttl: Option<String>,
 }
 
 /// The TOML file: the same keys, all optional; unknown keys are refused.
@@ -112,6 +140,100 @@ struct FileConfig {
     node_detach_socket_wait: Option<String>,
     node_detach_attempts: Option<u32>,
     log: Option<String>,
+    store: Option<String>,
+    store_prefix: Option<String>,
+    etcd_ca_file: Option<PathBuf>,
+    etcd_cert_file: Option<PathBuf>,
+    etcd_key_file: Option<PathBuf>,
+    etcd_user: Option<String>,
+    etcd_password_file: Option<PathBuf>,
+    lease_ttl: Option<String>,
+}
+
+/// Where volumes and claims live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// This node's data directory (`claims.redb`, `volumes.json`).
+    Embedded,
+    /// A cluster of agents sharing one etcd.
+    Etcd(EtcdSettings),
+}
+
+/// How to reach the cluster's etcd (files are read when `serve` starts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// Client URLs (`http://` or, with a CA file, `https://`).
+    pub endpoints: Vec<String>,
+    /// The key prefix.
+    pub prefix: String,
+    /// The CA certificate file.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate and key files.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The user and the file holding the password.
+    pub user: Option<(String, PathBuf)>,
+    /// The lease of membership and of the controller duty.
+    pub lease_ttl: Duration,
+}
+
+impl EtcdSettings {
+    /// The store as the operator wrote it: `etcd://HOST:PORT,...` (`https` when TLS is on).
+    pub fn display(&self) -> String {
+        let hosts: Vec<&str> = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                e.trim_start_matches("https://")
+                    .trim_start_matches("http://")
+            })
+            .collect();
+        let tls = if self.ca_file.is_some() { " (TLS)" } else { "" };
+        format!("etcd://{}{tls}", hosts.join(","))
+    }
+}
+
+/// The shortest `lease_ttl` (etcd does not keep shorter leases reliably).
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// Parses `store`: `embedded` or `etcd://HOST:PORT[,HOST:PORT...]`; `https` picks the
+/// endpoints' scheme.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming `store`.
+pub fn parse_store(text: &str, https: bool) -> Result<Option<Vec<String>>, ConfigError> {
+    let expected = "expected `embedded` or etcd://HOST:PORT[,HOST:PORT...]";
+    let trimmed = text.trim();
+    if trimmed == "embedded" {
+        return Ok(None);
+    }
+    let list = trimmed
+        .strip_prefix("etcd://")
+        .ok_or_else(|| invalid("store", text, expected))?;
+    let scheme = if https { "https" } else { "http" };
+    let mut endpoints = Vec::new();
+    for part in list.split(',') {
+        let part = part.trim();
+        let (host, port) = part
+            .rsplit_once(':')
+            .ok_or_else(|| invalid("store", text, format!("{part:?} has no port; {expected}")))?;
+        let host_ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'));
+        if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(invalid(
+                "store",
+                text,
+                format!("{part:?} is not HOST:PORT; {expected}"),
+            ));
+        }
+        endpoints.push(format!("{scheme}://{part}"));
+    }
+    if endpoints.len() > 16 {
+        return Err(invalid("store", text, "at most 16 etcd endpoints"));
+    }
+    Ok(Some(endpoints))
 }
 
 /// A peer agent.
@@ -158,6 +280,8 @@ pub struct AgentConfig {
     pub node_detach: NodeDetachPolicy,
     /// Log filter.
     pub log: String,
+    /// Where volumes and claims live.
+    pub store: StoreChoice,
 }
 
 /// A configuration that cannot be used.
@@ -364,7 +488,119 @@ impl AgentConfig {
         Self::merge(args.clone(), file)
     }
 
-    fn merge(a: ConfigArgs, f: FileConfig) -> Result<Self, ConfigError> {
+    /// The `store` key and the etcd keys that go with it.
+    fn store(a: &mut ConfigArgs, f: &mut FileConfig) -> Result<StoreChoice, ConfigError> {
+        let ca_file = a.etcd_ca_file.take().or(f.etcd_ca_file.take());
+        let cert = a.etcd_cert_file.take().or(f.etcd_cert_file.take());
+        let key = a.etcd_key_file.take().or(f.etcd_key_file.take());
+        let user = a.etcd_user.take().or(f.etcd_user.take());
+        let password = a.etcd_password_file.take().or(f.etcd_password_file.take());
+        let prefix = a.store_prefix.take().or(f.store_prefix.take());
+        let ttl = a.lease_ttl.take().or(f.lease_ttl.take());
+        let text = a
+            .store
+            .take()
+            .or(f.store.take())
+            .unwrap_or_else(|| "embedded".to_owned());
+        let Some(endpoints) = parse_store(&text, ca_file.is_some())? else {
+            let stray = [
+                ("store_prefix", prefix.is_some()),
+                ("etcd_ca_file", ca_file.is_some()),
+                ("etcd_cert_file", cert.is_some()),
+                ("etcd_key_file", key.is_some()),
+                ("etcd_user", user.is_some()),
+                ("etcd_password_file", password.is_some()),
+                ("lease_ttl", ttl.is_some()),
+            ];
+            if let Some((key, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    key,
+                    "(set)",
+                    "only used with an etcd store (`store = etcd://HOST:PORT`)",
+                ));
+            }
+            return Ok(StoreChoice::Embedded);
+        };
+        let prefix = prefix.unwrap_or_else(|| "/csi-agent".to_owned());
+        let segments_ok = prefix
+            .trim_end_matches('/')
+            .strip_prefix('/')
+            .is_some_and(|rest| {
+                !rest.is_empty()
+                    && rest.split('/').all(|seg| {
+                        !seg.is_empty()
+                            && seg
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                    })
+            });
+        if !segments_ok || prefix.len() > 128 {
+            return Err(invalid(
+                "store_prefix",
+                &prefix,
+                "expected /name[/name...] of letters, digits, `-`, `_` and `.`, at most 128 bytes",
+            ));
+        }
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Missing {
+                    key: "etcd_key_file",
+                    reason: "a client certificate needs its private key",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Missing {
+                    key: "etcd_cert_file",
+                    reason: "a private key needs its client certificate",
+                });
+            }
+        };
+        if identity.is_some() && ca_file.is_none() {
+            return Err(ConfigError::Missing {
+                key: "etcd_ca_file",
+                reason: "client certificates are only sent over TLS, which needs the CA",
+            });
+        }
+        let user = match (user, password) {
+            (Some(u), Some(p)) if !u.trim().is_empty() => Some((u, p)),
+            (Some(u), Some(_)) => return Err(invalid("etcd_user", &u, "must not be empty")),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Missing {
+                    key: "etcd_password_file",
+                    reason: "the etcd user's password is read from this file",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Missing {
+                    key: "etcd_user",
+                    reason: "a password file needs the user it belongs to",
+                });
+            }
+        };
+        let ttl_text = ttl.unwrap_or_else(|| "10s".to_owned());
+        let lease_ttl = parse_duration("lease_ttl", &ttl_text)?;
+        if lease_ttl < MIN_LEASE_TTL || lease_ttl.subsec_nanos() != 0 {
+            return Err(invalid(
+                "lease_ttl",
+                &ttl_text,
+                "must be whole seconds, at least 2s",
+            ));
+        }
+        Ok(StoreChoice::Etcd(EtcdSettings {
+            endpoints,
+            prefix,
+            ca_file,
+            identity,
+            user,
+            lease_ttl,
+        }))
+    }
+
+    fn merge(mut a: ConfigArgs, mut f: FileConfig) -> Result<Self, ConfigError> {
+        let store = Self::store(&mut a, &mut f)?;
         let node_text = a
             .node_id
             .or(f.node_id)
@@ -465,7 +701,23 @@ impl AgentConfig {
             },
             ..NodeDetachPolicy::DEFAULT
         };
+        if let StoreChoice::Etcd(_) = store {
+            if !peers.is_empty() {
+                return Err(invalid(
+                    "peers",
+                    &peer_texts.join(";"),
+                    "with an etcd store, agents find each other through etcd; remove the peers",
+                ));
+            }
+            if shim_listen.is_none() {
+                return Err(ConfigError::Missing {
+                    key: "shim_listen",
+                    reason: "with an etcd store, the other agents reach this one through it",
+                });
+            }
+        }
         Ok(Self {
+            store,
             node_id,
             release_backoff,
             node_detach,
@@ -645,6 +897,136 @@ mod tests {
         assert!(file.node_id.is_some() && file.release_backoff_max.is_some());
         assert!(file.node_detach_socket_wait.is_some() && file.node_detach_attempts.is_some());
         assert_eq!(file.peers.map(|p| p.len()), Some(1));
+    }
+
+    #[test]
+    fn the_store_key_and_its_etcd_keys() {
+        assert_eq!(parse_store("embedded", false).expect("valid"), None);
+        assert_eq!(
+            parse_store("etcd://10.0.0.1:2379,etcd-b:2379", false).expect("valid"),
+            Some(vec![
+                "http://10.0.0.1:2379".to_owned(),
+                "http://etcd-b:2379".to_owned()
+            ])
+        );
+        assert_eq!(
+            parse_store("etcd://h:2379", true).expect("valid"),
+            Some(vec!["https://h:2379".to_owned()])
+        );
+        for bad in [
+            "etcd",
+            "redis://h:1",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:0",
+            "etcd://h:x",
+        ] {
+            assert_eq!(
+                key_of(parse_store(bad, false).unwrap_err()),
+                "store",
+                "{bad}"
+            );
+        }
+
+        let etcd = |f: fn(&mut ConfigArgs)| {
+            let mut a = ConfigArgs {
+                store: Some("etcd://127.0.0.1:2379".into()),
+                shim_listen: Some("127.0.0.1:7400".into()),
+                ..ConfigArgs::default()
+            };
+            f(&mut a);
+            AgentConfig::merge(a, FileConfig::default())
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "a-cluster-token-of-enough-length").expect("token");
+        let with_token = |mut a: ConfigArgs| {
+            a.cluster_token_file = Some(token.clone());
+            AgentConfig::merge(a, FileConfig::default())
+        };
+        let base = ConfigArgs {
+            store: Some("etcd://127.0.0.1:2379".into()),
+            shim_listen: Some("127.0.0.1:7400".into()),
+            ..ConfigArgs::default()
+        };
+        let c = with_token(base.clone()).expect("valid cluster config");
+        let StoreChoice::Etcd(settings) = &c.store else {
+            panic!("not etcd: {:?}", c.store);
+        };
+        assert_eq!(settings.prefix, "/csi-agent");
+        assert_eq!(settings.lease_ttl, Duration::from_secs(10));
+        assert_eq!(settings.display(), "etcd://127.0.0.1:2379");
+
+        let key = |r: Result<AgentConfig, ConfigError>| key_of(r.unwrap_err());
+        assert_eq!(key(etcd(|a| a.shim_listen = None)), "shim_listen");
+        assert_eq!(
+            key(with_token(ConfigArgs {
+                peers: vec!["b=127.0.0.1:1,127.0.0.1:2".into()],
+                ..base.clone()
+            })),
+            "peers"
+        );
+        assert_eq!(key(etcd(|a| a.lease_ttl = Some("1s".into()))), "lease_ttl");
+        assert_eq!(
+            key(etcd(|a| a.lease_ttl = Some("2500ms".into()))),
+            "lease_ttl"
+        );
+        assert_eq!(
+            key(etcd(|a| a.store_prefix = Some("no-slash".into()))),
+            "store_prefix"
+        );
+        assert_eq!(
+            key(etcd(|a| a.store_prefix = Some("/a//b".into()))),
+            "store_prefix"
+        );
+        assert_eq!(
+            key(etcd(|a| a.etcd_cert_file = Some("/c.pem".into()))),
+            "etcd_key_file"
+        );
+        assert_eq!(
+            key(etcd(|a| {
+                a.etcd_cert_file = Some("/c.pem".into());
+                a.etcd_key_file = Some("/k.pem".into());
+            })),
+            "etcd_ca_file"
+        );
+        assert_eq!(
+            key(etcd(|a| a.etcd_user = Some("root".into()))),
+            "etcd_password_file"
+        );
+        assert_eq!(
+            key(etcd(|a| a.etcd_password_file = Some("/p".into()))),
+            "etcd_user"
+        );
+        // etcd keys without an etcd store are a mistake, not silently ignored.
+        let e = AgentConfig::merge(
+            ConfigArgs {
+                store_prefix: Some("/x".into()),
+                ..ConfigArgs::default()
+            },
+            FileConfig::default(),
+        );
+        assert_eq!(key(e), "store_prefix");
+    }
+
+    #[test]
+    fn the_cluster_example_file_is_a_valid_cluster_config() {
+        let file: FileConfig =
+            toml::from_str(include_str!("../agent.cluster.example.toml")).expect("example parses");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "a-cluster-token-of-enough-length").expect("token");
+        let args = ConfigArgs {
+            cluster_token_file: Some(token),
+            ..ConfigArgs::default()
+        };
+        let c = AgentConfig::merge(args, file).expect("valid");
+        let StoreChoice::Etcd(settings) = c.store else {
+            panic!("the example is a cluster config");
+        };
+        assert_eq!(settings.endpoints.len(), 3);
+        assert!(settings.endpoints.iter().all(|e| e.starts_with("https://")));
+        assert!(settings.identity.is_some() && settings.user.is_some());
     }
 
     #[test]

@@ -22,7 +22,7 @@ enum Command {
     /// Walk one volume through its whole life against the built-in mock plugin or a real one.
     Demo(csi_agent::demo::DemoArgs),
     /// Run the agent: discover plugins, track claims, release volumes.
-    Serve(csi_agent::serve::ServeArgs),
+    Serve(Box<csi_agent::serve::ServeArgs>),
     /// Inspect the plugins a running agent knows.
     Plugin(csi_agent::ops::PluginArgs),
     /// Manage volumes through a running agent.
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => exit(csi_agent::demo::run(args)),
-        Command::Serve(args) => exit(csi_agent::serve::run(args)),
+        Command::Serve(args) => exit(csi_agent::serve::run(*args)),
         Command::Plugin(args) => exit(csi_agent::ops::plugin(args)),
         Command::Volume(args) => exit(csi_agent::ops::volume(args)),
         Command::Status(args) => exit(csi_agent::ops::status(args)),

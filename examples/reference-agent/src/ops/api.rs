@@ -283,6 +283,41 @@ pub struct StatusView {
     pub stuck: Vec<ReleaseView>,
     /// Uncertain node publications awaiting cleanup.
     pub uncertain: Vec<UncertainView>,
+    /// Cluster mode: the store, the members and who drives controller-side releases (`None`:
+    /// the embedded store of this node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterView>,
+}
+
+/// The cluster an agent in cluster mode belongs to.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterView {
+    /// The store, `etcd://HOST:PORT,...`.
+    pub store: String,
+    /// The key prefix.
+    pub prefix: String,
+    /// The agent that performs controller-side release steps (`None`: nobody now, or not
+    /// known while etcd is unreachable).
+    pub controller_duty: Option<String>,
+    /// The live members (their leases are current), this agent among them.
+    pub members: Vec<MemberView>,
+    /// Why this agent's view of the cluster may be behind, while etcd is unreachable.
+    pub outage: Option<String>,
+}
+
+/// One live member of the cluster.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberView {
+    /// Its node id.
+    pub node: String,
+    /// Whether it is the agent answering.
+    pub me: bool,
+    /// Its control API address (loopback on its host).
+    pub http: String,
+    /// Its agent-to-agent address.
+    pub shim: String,
+    /// The ids of its fingerprinted plugins.
+    pub plugins: Vec<String>,
 }
 
 /// One plugin as a peer advertises it.

@@ -232,6 +232,34 @@ pub(crate) fn status(s: &StatusView) -> String {
         }
     );
     out.push_str(&plugins(&s.plugins));
+    if let Some(c) = &s.cluster {
+        out.push_str(&format!(
+            "\nCLUSTER  store {} prefix {}  controller duty: {}\n",
+            c.store,
+            c.prefix,
+            c.controller_duty.as_deref().unwrap_or("nobody now")
+        ));
+        if let Some(outage) = &c.outage {
+            out.push_str(&format!(
+                "etcd unreachable, the view may be behind: {outage}\n"
+            ));
+        }
+        let mut t = Table::new(&["MEMBER", "SHIM", "HTTP", "PLUGINS"]);
+        for m in &c.members {
+            let node = if m.me {
+                format!("{} (this agent)", m.node)
+            } else {
+                m.node.clone()
+            };
+            t.row(vec![
+                node,
+                m.shim.clone(),
+                m.http.clone(),
+                m.plugins.join(","),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
     if !s.peers.is_empty() {
         out.push_str("\nPEERS\n");
         let mut t = Table::new(&["NODE", "REACHABLE", "PLUGINS", "LAST-ERROR"]);

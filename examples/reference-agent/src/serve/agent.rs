@@ -18,7 +18,7 @@ use csi_structs::{
     PublishContext, Secrets, VolumeContext, VolumeId, WorkloadId,
 };
 
-use super::book::{Book, BookEntry};
+use super::book::{Book, BookEntry, BookError};
 use super::node::{MountRequest, VolumeManager};
 use super::plugins::Plugins;
 use super::store::StateFileError;
@@ -34,6 +34,12 @@ pub struct PeerState {
     pub plugins: Vec<api::PeerPlugin>,
     /// The last poll error.
     pub last_error: Option<String>,
+}
+
+/// What `status` shows of the cluster, in cluster mode.
+pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
+    /// The store, the members and the controller duty's holder.
+    fn view(&self) -> api::ClusterView;
 }
 
 /// A failed control operation.
@@ -74,6 +80,19 @@ pub enum AgentError {
     /// A state file could not be written.
     #[error(transparent)]
     State(#[from] StateFileError),
+    /// The cluster store failed (cluster mode).
+    #[error(transparent)]
+    Store(#[from] csi_claims::StoreError),
+}
+
+impl From<BookError> for AgentError {
+    fn from(e: BookError) -> Self {
+        match e {
+            BookError::State(e) => AgentError::State(e),
+            BookError::Store(e) => AgentError::Store(e),
+            claimed @ BookError::Claimed { .. } => AgentError::Conflict(claimed.to_string()),
+        }
+    }
 }
 
 impl AgentError {
@@ -87,6 +106,8 @@ impl AgentError {
             AgentError::Claims(_) => (409, "claim", None),
             AgentError::Plugin { class, .. } => (502, "plugin", Some(*class)),
             AgentError::State(_) => (500, "state", None),
+            AgentError::Store(e) if e.is_permanent() => (400, "store", None),
+            AgentError::Store(_) => (503, "store", None),
         }
     }
 }
@@ -96,6 +117,12 @@ fn bad(field: &'static str, reason: impl std::fmt::Display) -> AgentError {
         field,
         reason: reason.to_string(),
     }
+}
+
+fn deleting(volume: &VolumeId) -> AgentError {
+    AgentError::Conflict(format!(
+        "volume {volume} is being deleted; it admits no new claim"
+    ))
 }
 
 fn parse_volume_id(id: &str) -> Result<VolumeId, AgentError> {
@@ -139,6 +166,8 @@ pub struct Agent {
     pub peers: Mutex<BTreeMap<NodeId, PeerState>>,
     /// The deadline of one call.
     pub call_timeout: Duration,
+    /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
+    pub cluster: Option<std::sync::Arc<dyn ClusterStatus>>,
 }
 
 impl Agent {
@@ -208,6 +237,7 @@ impl Agent {
             attachment: parse_attachment(&r.attachment)?,
             controller_publish,
             created: false,
+            deleting: false,
             capacity_bytes: None,
             context: r.context,
         };
@@ -215,7 +245,7 @@ impl Agent {
         if self.controller_publish_of(&entry.plugin).is_some() {
             self.validate(&entry).await?;
         }
-        self.insert(entry)
+        self.insert(entry).await
     }
 
     async fn validate(&self, entry: &BookEntry) -> Result<(), AgentError> {
@@ -251,10 +281,10 @@ impl Agent {
         }
     }
 
-    fn insert(&self, entry: BookEntry) -> Result<api::VolumeView, AgentError> {
+    async fn insert(&self, entry: BookEntry) -> Result<api::VolumeView, AgentError> {
         let id = entry.id.clone();
         self.check_volume_id(&entry)?;
-        if !self.book.insert(entry)? {
+        if !self.book.insert(entry).await? {
             return Err(AgentError::Conflict(format!(
                 "volume {id} is already registered"
             )));
@@ -296,6 +326,7 @@ impl Agent {
             attachment,
             controller_publish: false,
             created: true,
+            deleting: false,
             capacity_bytes: None,
             context: BTreeMap::new(),
         };
@@ -328,6 +359,7 @@ impl Agent {
             context: created.volume_context.into_inner(),
             ..draft
         })
+        .await
     }
 
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
@@ -340,6 +372,9 @@ impl Agent {
     /// [`AgentError`].
     pub async fn claim(&self, id: &str, r: api::ClaimVolume) -> Result<api::ClaimView, AgentError> {
         let entry = self.entry(id)?;
+        if entry.deleting {
+            return Err(deleting(&entry.id));
+        }
         let workload = WorkloadId::new(r.workload).map_err(|e| bad("workload", e))?;
         let mode = match r.mode.as_str() {
             "read" => ClaimMode::Read,
@@ -384,6 +419,25 @@ impl Agent {
             )
             .await?;
         tracing::info!(volume = %entry.id, workload = %workload, "claim durable");
+        // In a cluster another agent may have deleted the volume between our read of the
+        // book and the claim: its delete compares the claims key, so it either failed (our
+        // claim came first) or came first, and then the volume is gone now.
+        let refusal = match self.book.confirm(&entry.id).await {
+            Ok(Some(now)) if !now.deleting => None,
+            Ok(Some(_)) => Some(deleting(&entry.id)),
+            Ok(None) => Some(AgentError::NotFound {
+                what: "volume",
+                id: id.to_owned(),
+            }),
+            Err(e) => Some(e.into()),
+        };
+        if let Some(refusal) = refusal {
+            tracing::warn!(volume = %entry.id, workload = %workload, error = %refusal, "claim given up: the volume is being deleted");
+            if let Err(r) = self.claims.release(&entry.id, &workload).await {
+                tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release of the given-up claim was refused");
+            }
+            return Err(refusal);
+        }
         match self
             .publish(&entry, &workload, &plugin_node, read_only)
             .await
@@ -489,6 +543,14 @@ impl Agent {
                 view.claims.len()
             )));
         }
+        // No claim is admitted from here on; in a cluster, a claim another agent made a
+        // moment ago makes this fail instead.
+        let Some(entry) = self.book.mark_deleting(&entry.id).await? else {
+            return Err(AgentError::NotFound {
+                what: "volume",
+                id: id.to_owned(),
+            });
+        };
         if entry.created {
             self.shim
                 .delete_volume(
@@ -507,7 +569,7 @@ impl Agent {
                     detail: e.to_string(),
                 })?;
         }
-        self.book.remove(&entry.id)?;
+        self.book.remove(&entry.id).await?;
         tracing::info!(volume = %entry.id, "volume deleted");
         Ok(view)
     }
@@ -635,6 +697,7 @@ impl Agent {
             claims: self.claim_counts(),
             stuck: self.claims.stuck().iter().map(release_view).collect(),
             uncertain: self.volumes.uncertain(),
+            cluster: self.cluster.as_ref().map(|c| c.view()),
         }
     }
 

@@ -36,6 +36,9 @@ pub struct BookEntry {
     pub capacity_bytes: Option<i64>,
     /// The volume context (from creation or registration).
     pub context: BTreeMap<String, String>,
+    /// A delete has begun: no new claim is admitted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 impl BookEntry {
@@ -73,11 +76,41 @@ impl BookEntry {
     }
 }
 
-/// The book. Every change is written before it returns.
+/// Why the book could not change.
+#[derive(Debug, thiserror::Error)]
+pub enum BookError {
+    /// `volumes.json` could not be written.
+    #[error(transparent)]
+    State(#[from] StateFileError),
+    /// The cluster store failed (cluster mode).
+    #[error(transparent)]
+    Store(#[from] csi_claims::StoreError),
+    /// The volume still has claims (cluster mode: seen by the store itself, so a claim made
+    /// by another agent a moment ago counts).
+    #[error("volume {volume} still has {claims} claim(s); release them first")]
+    Claimed {
+        /// The volume.
+        volume: VolumeId,
+        /// How many.
+        claims: usize,
+    },
+}
+
+/// The book: on this node (`volumes.json`), or in the cluster's etcd. Every change is written
+/// before it returns.
 #[derive(Debug)]
 pub struct Book {
-    path: PathBuf,
-    entries: Mutex<BTreeMap<VolumeId, BookEntry>>,
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    File {
+        path: PathBuf,
+        entries: Mutex<BTreeMap<VolumeId, BookEntry>>,
+    },
+    #[cfg(feature = "etcd")]
+    Cluster(super::cluster::ClusterBook),
 }
 
 impl Book {
@@ -89,56 +122,131 @@ impl Book {
     pub fn open(data_dir: &Path) -> Result<Self, StateFileError> {
         let path = data_dir.join("volumes.json");
         let list: Vec<BookEntry> = load_json(&path)?.unwrap_or_default();
+        let entries = Mutex::new(list.into_iter().map(|e| (e.id.clone(), e)).collect());
         Ok(Self {
-            path,
-            entries: Mutex::new(list.into_iter().map(|e| (e.id.clone(), e)).collect()),
+            backend: Backend::File { path, entries },
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<VolumeId, BookEntry>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The book of a cluster, kept in etcd.
+    #[cfg(feature = "etcd")]
+    pub fn cluster(book: super::cluster::ClusterBook) -> Self {
+        Self {
+            backend: Backend::Cluster(book),
+        }
+    }
+
+    fn lock(
+        entries: &Mutex<BTreeMap<VolumeId, BookEntry>>,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<VolumeId, BookEntry>> {
+        entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One volume.
     pub fn get(&self, id: &VolumeId) -> Option<BookEntry> {
-        self.lock().get(id).cloned()
+        match &self.backend {
+            Backend::File { entries, .. } => Self::lock(entries).get(id).cloned(),
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.get(id),
+        }
     }
 
     /// Every volume, by id.
     pub fn list(&self) -> Vec<BookEntry> {
-        self.lock().values().cloned().collect()
+        match &self.backend {
+            Backend::File { entries, .. } => Self::lock(entries).values().cloned().collect(),
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.list(),
+        }
     }
 
     /// Adds a volume; `false` when the id is taken (nothing changes).
     ///
     /// # Errors
     ///
-    /// When the file cannot be written (nothing changes).
-    pub fn insert(&self, entry: BookEntry) -> Result<bool, StateFileError> {
-        let mut map = self.lock();
-        if map.contains_key(&entry.id) {
-            return Ok(false);
+    /// When the change cannot be written (nothing changes).
+    pub async fn insert(&self, entry: BookEntry) -> Result<bool, BookError> {
+        match &self.backend {
+            Backend::File { path, entries } => {
+                let mut map = Self::lock(entries);
+                if map.contains_key(&entry.id) {
+                    return Ok(false);
+                }
+                let mut next = map.clone();
+                next.insert(entry.id.clone(), entry);
+                save_json(path, &next.values().collect::<Vec<_>>())?;
+                *map = next;
+                Ok(true)
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.insert(&entry).await,
         }
-        let mut next = map.clone();
-        next.insert(entry.id.clone(), entry);
-        save_json(&self.path, &next.values().collect::<Vec<_>>())?;
-        *map = next;
-        Ok(true)
     }
 
-    /// Removes a volume.
+    /// Removes a volume that has no claims.
     ///
     /// # Errors
     ///
-    /// When the file cannot be written (nothing changes).
-    pub fn remove(&self, id: &VolumeId) -> Result<Option<BookEntry>, StateFileError> {
-        let mut map = self.lock();
-        let mut next = map.clone();
-        let removed = next.remove(id);
-        if removed.is_some() {
-            save_json(&self.path, &next.values().collect::<Vec<_>>())?;
-            *map = next;
+    /// When the change cannot be written, or (cluster mode) the store holds claims of it.
+    pub async fn remove(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        match &self.backend {
+            Backend::File { path, entries } => {
+                let mut map = Self::lock(entries);
+                let mut next = map.clone();
+                let removed = next.remove(id);
+                if removed.is_some() {
+                    save_json(path, &next.values().collect::<Vec<_>>())?;
+                    *map = next;
+                }
+                Ok(removed)
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.remove(id).await,
         }
-        Ok(removed)
+    }
+
+    /// Marks a volume with no claims as being deleted (no claim is admitted any more) and
+    /// returns it.
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Claimed`] (cluster mode: seen by the store itself), or the change cannot
+    /// be written.
+    pub async fn mark_deleting(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        match &self.backend {
+            Backend::File { path, entries } => {
+                let mut map = Self::lock(entries);
+                let Some(entry) = map.get(id).cloned() else {
+                    return Ok(None);
+                };
+                let mut next = map.clone();
+                next.insert(
+                    id.clone(),
+                    BookEntry {
+                        deleting: true,
+                        ..entry.clone()
+                    },
+                );
+                save_json(path, &next.values().collect::<Vec<_>>())?;
+                *map = next;
+                Ok(Some(entry))
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.mark_deleting(id).await,
+        }
+    }
+
+    /// The volume as the store holds it now rather than this agent's copy (in cluster mode
+    /// another agent may have begun deleting it a moment ago).
+    ///
+    /// # Errors
+    ///
+    /// When the cluster store cannot be read.
+    pub async fn confirm(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        match &self.backend {
+            Backend::File { .. } => Ok(self.get(id)),
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.confirm(id).await,
+        }
     }
 }

@@ -20,6 +20,8 @@
 
 pub mod agent;
 pub mod book;
+#[cfg(feature = "etcd")]
+pub mod cluster;
 pub mod detach;
 pub mod http;
 pub mod local;
@@ -38,11 +40,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
+use csi_claims::machine::Duties;
+use csi_claims::store::ClaimStore;
 use csi_claims::{MachineConfig, RedbStore, StoreError};
 use csi_rpc_shim::NodeStatus;
 use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
 
-use crate::config::{AgentConfig, ConfigArgs, ConfigError};
+use crate::config::{AgentConfig, ConfigArgs, ConfigError, StoreChoice};
 use crate::metrics::Metrics;
 use crate::ops::api::AgentInfo;
 
@@ -86,6 +90,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// Cluster mode could not start (another agent has this node id, say).
+    #[error("cluster: {0}")]
+    Cluster(String),
     /// The async runtime or signal handling could not start.
     #[error("runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -139,9 +146,10 @@ fn random_hex(bytes: usize) -> std::io::Result<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The operator token: `<data_dir>/control.token`, created (mode 0600) when missing.
-fn control_token(data_dir: &Path) -> Result<String, ServeError> {
-    let path = data_dir.join("control.token");
+/// A random value kept in `<data_dir>/<name>` (mode 0600), created when missing: the operator
+/// token (`control.token`), this data directory's identity in a cluster (`instance.id`).
+fn random_file(data_dir: &Path, name: &str) -> Result<String, ServeError> {
+    let path = data_dir.join(name);
     match std::fs::read_to_string(&path) {
         Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
         Ok(_) => {}
@@ -172,7 +180,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
         .map_err(data_err(&data))?;
     let me = config.node_id.clone();
-    let control = control_token(&data)?;
+    let control = random_file(&data, "control.token")?;
     let metrics = Metrics::new();
     let registry = Arc::new(Registry::new());
     registry.set_node_status(&me, NodeStatus::Ready);
@@ -190,7 +198,18 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         },
     );
     let volumes = node::VolumeManager::open(&data, plugins.clone())?;
-    let book = book::Book::open(&data)?;
+    // Bound first, so a taken port stops the agent before it joins anything.
+    let http_listener = bind("listen", config.listen).await?;
+    let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
+    let shim_listener = match config.shim_listen {
+        Some(addr) => Some(bind("shim_listen", addr).await?),
+        None => None,
+    };
+    let shim_addr = shim_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
+        .map_err(ServeError::Runtime)?;
 
     // The shim: this node serves its own plugins; peers are trusted with cluster scope.
     let own_token = match &config.cluster_token {
@@ -221,11 +240,8 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     });
     let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
 
-    // The claim store and the release driver.
-    let store_path = data.join("claims.redb");
-    let store = tokio::task::spawn_blocking(move || RedbStore::open(store_path))
-        .await
-        .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+    // The volume book, the claim store and the release driver.
+    let stores = open_stores(&config).await?;
     let detacher = Arc::new(detach::ShimDetacher {
         shim: shim.clone(),
         timeout: config.call_timeout,
@@ -235,13 +251,14 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let driver_config = DriverConfig {
         machine: MachineConfig {
             backoff: config.release_backoff,
+            duties: stores.duties.clone(),
             ..MachineConfig::with_seed(hasher.finish())
         },
         call_timeout: config.call_timeout.saturating_mul(2),
         ..DriverConfig::default()
     };
     let (claims, driver) = ClaimsDriver::start(
-        Arc::new(store),
+        stores.claims,
         Arc::clone(&detacher),
         detacher,
         driver_config,
@@ -250,6 +267,33 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     plugins.set_claims(claims.clone());
     let mut events = claims.subscribe();
     // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
+    let book = stores.book;
+    let store_description = stores.description;
+    #[cfg(feature = "etcd")]
+    let membership = match &stores.etcd {
+        Some((store, settings)) => {
+            let record = cluster::MemberRecord {
+                format: 1,
+                node: me.to_string(),
+                instance: random_file(&data, "instance.id")?,
+                http: http_addr.to_string(),
+                shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
+                plugins: Vec::new(),
+            };
+            let joined =
+                cluster::Membership::join(store, settings.clone(), &record, claims.clone())
+                    .await
+                    .map_err(|e| ServeError::Cluster(e.to_string()))?;
+            Some((Arc::new(joined), record))
+        }
+        None => None,
+    };
+    #[cfg(feature = "etcd")]
+    let cluster_status = membership
+        .as_ref()
+        .map(|(m, _)| Arc::clone(m) as Arc<dyn agent::ClusterStatus>);
+    #[cfg(not(feature = "etcd"))]
+    let cluster_status = None;
     let resumed = book
         .list()
         .iter()
@@ -267,19 +311,8 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         metrics,
         peers: Mutex::new(Default::default()),
         call_timeout: config.call_timeout,
+        cluster: cluster_status,
     });
-
-    let http_listener = bind("listen", config.listen).await?;
-    let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
-    let shim_listener = match config.shim_listen {
-        Some(addr) => Some(bind("shim_listen", addr).await?),
-        None => None,
-    };
-    let shim_addr = shim_listener
-        .as_ref()
-        .map(|l| l.local_addr())
-        .transpose()
-        .map_err(ServeError::Runtime)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -322,6 +355,17 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             }
         });
     }
+    #[cfg(feature = "etcd")]
+    if let Some((membership, record)) = &membership {
+        tasks.spawn(cluster::run(
+            Arc::clone(&agent),
+            Arc::clone(membership),
+            record.clone(),
+            own_token.clone(),
+            config.scan_interval,
+            stop_rx.clone(),
+        ));
+    }
     if let (false, Some(token)) = (config.peers.is_empty(), &config.cluster_token) {
         tasks.spawn(peers::run(
             Arc::clone(&agent),
@@ -345,6 +389,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         http = %http_addr,
         shim = %shim_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
         plugin_dir = %config.plugin_dir.display(),
+        store = %store_description,
         resumed_releases = resumed,
         "csi-agent serving"
     );
@@ -364,6 +409,15 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     // Every release step was checkpointed before its call; stopping drops calls in flight,
     // and the next start repeats the step from the store.
     driver.shutdown().await;
+    // Hand the controller duty and the membership over now rather than at lease expiry.
+    #[cfg(feature = "etcd")]
+    if let Some((membership, _)) = membership {
+        drop(agent);
+        match Arc::try_unwrap(membership) {
+            Ok(m) => m.leave().await,
+            Err(_) => tracing::warn!("membership still in use; it ends with its lease"),
+        }
+    }
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
@@ -374,6 +428,106 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     Ok(())
+}
+
+/// The volume book and the claim store of the configured kind.
+struct Stores {
+    book: book::Book,
+    claims: Arc<dyn ClaimStore>,
+    duties: Duties,
+    /// What `serve` logs at the start.
+    description: String,
+    #[cfg(feature = "etcd")]
+    etcd: Option<(csi_claims::store::EtcdStore, crate::config::EtcdSettings)>,
+}
+
+async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
+    match &config.store {
+        StoreChoice::Embedded => {
+            let book = book::Book::open(&config.data_dir)?;
+            let store_path = config.data_dir.join("claims.redb");
+            let description = format!("embedded {}", store_path.display());
+            let store = tokio::task::spawn_blocking(move || RedbStore::open(store_path))
+                .await
+                .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+            Ok(Stores {
+                book,
+                claims: Arc::new(store),
+                duties: Duties::ALL,
+                description,
+                #[cfg(feature = "etcd")]
+                etcd: None,
+            })
+        }
+        #[cfg(feature = "etcd")]
+        StoreChoice::Etcd(settings) => {
+            let store = csi_claims::store::EtcdStore::connect(etcd_config(settings)?).await?;
+            let book = book::Book::cluster(cluster::ClusterBook::open(store.clone()).await?);
+            Ok(Stores {
+                book,
+                claims: Arc::new(store.clone()),
+                // The node steps of this node's claims; the controller duty when elected.
+                duties: Duties::node(config.node_id.clone(), false),
+                description: format!("{} prefix {}", settings.display(), settings.prefix),
+                etcd: Some((store, settings.clone())),
+            })
+        }
+        #[cfg(not(feature = "etcd"))]
+        StoreChoice::Etcd(settings) => Err(ConfigError::Invalid {
+            key: "store",
+            value: settings.display(),
+            reason: "this csi-agent was built without cluster mode; build it with \
+                     `cargo build --release -p csi-agent --features etcd`"
+                .into(),
+        }
+        .into()),
+    }
+}
+
+/// The etcd client's configuration, with the files of `settings` read.
+#[cfg(feature = "etcd")]
+fn etcd_config(
+    settings: &crate::config::EtcdSettings,
+) -> Result<csi_claims::store::EtcdStoreConfig, ConfigError> {
+    use csi_claims::store::{EtcdPassword, EtcdStoreConfig, EtcdTls};
+    let read = |key: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|e| ConfigError::Invalid {
+            key,
+            value: path.display().to_string(),
+            reason: format!("cannot read the file: {e}"),
+        })
+    };
+    let mut config =
+        EtcdStoreConfig::new(settings.endpoints.clone()).with_prefix(settings.prefix.clone());
+    if let Some(ca) = &settings.ca_file {
+        let identity = match &settings.identity {
+            Some((cert, key)) => Some((read("etcd_cert_file", cert)?, read("etcd_key_file", key)?)),
+            None => None,
+        };
+        config.tls = Some(EtcdTls {
+            ca_pem: read("etcd_ca_file", ca)?,
+            identity,
+        });
+    }
+    if let Some((user, file)) = &settings.user {
+        let bytes = read("etcd_password_file", file)?;
+        // The error names the file, never its content.
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Invalid {
+            key: "etcd_password_file",
+            value: file.display().to_string(),
+            reason: "the password is not UTF-8".into(),
+        })?;
+        let password = text.trim_end_matches(['\r', '\n']);
+        if password.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "etcd_password_file",
+                value: file.display().to_string(),
+                reason: "the file is empty".into(),
+            });
+        }
+        config.user = Some((user.clone(), EtcdPassword::new(password)));
+    }
+    Ok(config)
 }
 
 /// One log line per claim event (the release's own steps are logged by the driver).

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_rpc_shim::{Health, Instance, NodeStatus, ServiceKind};
-use csi_structs::{PluginId, PluginNodeId};
+use csi_structs::{NodeId, PluginId, PluginNodeId};
 
 use super::agent::Agent;
 use crate::config::Peer;
-use crate::ops::api::PeerPlugins;
+use crate::ops::api::{PeerPlugin, PeerPlugins};
 use crate::ops::client;
 
 /// Polls `peers` until `stop` is set.
@@ -36,7 +36,6 @@ pub async fn run(
 }
 
 async fn poll(agent: &Agent, peer: &Peer, token: &str, limit: Duration) {
-    let registry = agent.shim.registry();
     let answer = client::call::<(), PeerPlugins>(
         peer.http,
         Some(token),
@@ -46,26 +45,36 @@ async fn poll(agent: &Agent, peer: &Peer, token: &str, limit: Duration) {
         limit.max(Duration::from_secs(1)),
     )
     .await;
+    apply(
+        agent,
+        &peer.node,
+        answer.map(|a| a.plugins).map_err(|e| e.to_string()),
+    );
+}
+
+/// Feeds the shim's registry with what a peer hosts (`Ok`), or marks it down (`Err`, why).
+pub fn apply(agent: &Agent, node: &NodeId, answer: Result<Vec<PeerPlugin>, String>) {
+    let registry = agent.shim.registry();
     let mut peers = agent
         .peers
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let state = peers.entry(peer.node.clone()).or_default();
+    let state = peers.entry(node.clone()).or_default();
     match answer {
-        Ok(list) => {
+        Ok(plugins) => {
             if !state.reachable {
-                tracing::info!(peer = %peer.node, plugins = list.plugins.len(), "peer reachable");
+                tracing::info!(peer = %node, plugins = plugins.len(), "peer reachable");
             }
-            registry.set_node_status(&peer.node, NodeStatus::Ready);
+            registry.set_node_status(node, NodeStatus::Ready);
             for old in &state.plugins {
-                if !list.plugins.iter().any(|p| p.id == old.id)
+                if !plugins.iter().any(|p| p.id == old.id)
                     && let Ok(id) = PluginId::new(old.id.clone())
                 {
-                    registry.remove(&peer.node, &id, ServiceKind::Controller);
-                    registry.remove(&peer.node, &id, ServiceKind::Node);
+                    registry.remove(node, &id, ServiceKind::Controller);
+                    registry.remove(node, &id, ServiceKind::Node);
                 }
             }
-            for p in &list.plugins {
+            for p in &plugins {
                 let Ok(id) = PluginId::new(p.id.clone()) else {
                     continue;
                 };
@@ -77,14 +86,14 @@ async fn poll(agent: &Agent, peer: &Peer, token: &str, limit: Duration) {
                     }
                 };
                 match p.controller {
-                    Some(ok) => registry.update(&peer.node, &id, Instance::Controller(health(ok))),
-                    None => registry.remove(&peer.node, &id, ServiceKind::Controller),
+                    Some(ok) => registry.update(node, &id, Instance::Controller(health(ok))),
+                    None => registry.remove(node, &id, ServiceKind::Controller),
                 }
                 match &p.node {
                     Some((node_id, ok)) => {
                         if let Ok(plugin_node) = PluginNodeId::new(node_id.clone()) {
                             registry.update(
-                                &peer.node,
+                                node,
                                 &id,
                                 Instance::Node {
                                     plugin_node,
@@ -93,20 +102,20 @@ async fn poll(agent: &Agent, peer: &Peer, token: &str, limit: Duration) {
                             );
                         }
                     }
-                    None => registry.remove(&peer.node, &id, ServiceKind::Node),
+                    None => registry.remove(node, &id, ServiceKind::Node),
                 }
             }
             state.reachable = true;
-            state.plugins = list.plugins;
+            state.plugins = plugins;
             state.last_error = None;
         }
         Err(e) => {
             if state.reachable || state.last_error.is_none() {
-                tracing::warn!(peer = %peer.node, error = %e, "peer unreachable");
+                tracing::warn!(peer = %node, error = %e, "peer unreachable");
             }
-            registry.set_node_status(&peer.node, NodeStatus::Down);
+            registry.set_node_status(node, NodeStatus::Down);
             state.reachable = false;
-            state.last_error = Some(e.to_string());
+            state.last_error = Some(e);
         }
     }
 }

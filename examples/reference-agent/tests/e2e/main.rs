@@ -5,6 +5,8 @@
 
 mod adapters;
 mod claims_release;
+#[cfg(feature = "etcd")]
+mod cluster;
 mod demo;
 mod serve;
 mod support;

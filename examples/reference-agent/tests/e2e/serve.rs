@@ -16,18 +16,18 @@ use csi_testkit::{MockPlugin, Outcome, Role};
 use serde::de::DeserializeOwned;
 
 /// Hang guard of each wait; never a timing assertion.
-const GUARD: Duration = Duration::from_secs(90);
+pub(crate) const GUARD: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
 /// A running `csi-agent serve`, killed (SIGKILL) and reaped when dropped.
-struct Serve {
+pub(crate) struct Serve {
     child: Option<Child>,
     data: PathBuf,
     log: PathBuf,
 }
 
 impl Serve {
-    fn start(dir: &Path, name: &str, data: &Path, args: &[String]) -> Serve {
+    pub(crate) fn start(dir: &Path, name: &str, data: &Path, args: &[String]) -> Serve {
         // A restart must not read the address of the previous process.
         let _ = std::fs::remove_file(data.join("agent.json"));
         let log = dir.join(format!("{name}.log"));
@@ -60,12 +60,12 @@ impl Serve {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL, as a crash.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -73,7 +73,7 @@ impl Serve {
     }
 
     /// SIGTERM, then the exit code.
-    fn terminate(&mut self) -> Option<i32> {
+    pub(crate) fn terminate(&mut self) -> Option<i32> {
         let mut c = self.child.take()?;
         let status = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
@@ -92,14 +92,14 @@ impl Serve {
     }
 
     /// Waits until the agent answers `status`; panics (with its log) if it exits.
-    async fn ready(&mut self) {
+    pub(crate) async fn ready(&mut self) {
         if let Err(log) = self.try_ready().await {
             panic!("csi-agent serve exited:\n{log}");
         }
     }
 
     /// Waits until the agent answers `status`; `Err(log)` if it exits first.
-    async fn try_ready(&mut self) -> Result<(), String> {
+    pub(crate) async fn try_ready(&mut self) -> Result<(), String> {
         let data = self.data.clone();
         for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
             if let Some(c) = self.child.as_mut()
@@ -126,7 +126,7 @@ impl Drop for Serve {
 }
 
 /// Polls `f` until it yields a value; panics after [`GUARD`].
-async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..(GUARD.as_millis() / POLL.as_millis()) {
         if let Some(v) = f().await {
             return v;
@@ -137,7 +137,7 @@ async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
 }
 
 /// Runs an operator command; `Ok(stdout)` on exit 0, `Err(stderr)` otherwise.
-async fn cli(data: &Path, args: &[&str]) -> Result<String, String> {
+pub(crate) async fn cli(data: &Path, args: &[&str]) -> Result<String, String> {
     let mut command = Command::new(env!("CARGO_BIN_EXE_csi-agent"));
     command
         .args(args)
@@ -157,7 +157,7 @@ async fn cli(data: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
-async fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
+pub(crate) async fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
     let mut all = args.to_vec();
     all.push("--json");
     let out = cli(data, &all)
@@ -166,7 +166,7 @@ async fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("csi-agent {args:?}: {e}: {out}"))
 }
 
-fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
+pub(crate) fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
     mock.calls()
         .of(rpc)
         .records()
@@ -543,7 +543,7 @@ fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
     out
 }
 
-fn fast_backoff(plugins: &Path) -> Vec<String> {
+pub(crate) fn fast_backoff(plugins: &Path) -> Vec<String> {
     [
         "--plugin-dir",
         &plugins.display().to_string(),

@@ -1,0 +1,514 @@
+//! Cluster mode (cargo feature `etcd`, `--store etcd://...`): agents share one etcd.
+//!
+//! Under the key prefix (`/csi-agent` by default):
+//! - `claims/<volume>`: the claims of each volume (csi-claims' `EtcdStore`), so a claim is
+//!   admitted against every agent's claims of the volume in one compare-and-swap;
+//! - `volumes/<volume>`: the volume book ([`ClusterBook`]), so every agent sees every volume
+//!   exactly once;
+//! - `members/<node>`: each agent's [`MemberRecord`] under a lease ([`Membership`]): its
+//!   addresses and plugins, which replace the static `--peer` list;
+//! - `leader/controller-duty`: the agent that performs controller-side release steps (one at a
+//!   time, elected; another takes over within the lease TTL when it dies).
+//!
+//! Node-side release steps stay with the node's own agent.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use csi_claims::store::etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use csi_claims::store::{ClaimStore, ControllerElection, EtcdStore, Held, HeldKey, Mirror};
+use csi_claims::{StoreError, driver::ClaimsHandle};
+use csi_rpc_shim::{Scope, Token};
+use csi_structs::{NodeId, VolumeId};
+use serde::{Deserialize, Serialize};
+
+use super::agent::{Agent, ClusterStatus};
+use super::book::{BookEntry, BookError};
+use super::peers;
+use crate::config::EtcdSettings;
+use crate::ops::api;
+
+/// The format of the values this agent writes under `volumes/` and `members/`.
+const FORMAT: u32 = 1;
+/// How often an agent deleting a volume tries again when the volume or its claims change
+/// between its read and its write.
+const DELETE_ATTEMPTS: usize = 5;
+
+/// The volume book in etcd: a [`Mirror`] of `<prefix>/volumes/`, written with transactions.
+#[derive(Debug)]
+pub struct ClusterBook {
+    store: EtcdStore,
+    mirror: Mirror,
+    /// Undecodable values already reported (name, revision), so each is logged once.
+    reported: Mutex<BTreeMap<String, i64>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredVolume {
+    format: u32,
+    #[serde(flatten)]
+    entry: BookEntry,
+}
+
+impl ClusterBook {
+    /// Mirrors the cluster's volumes.
+    ///
+    /// # Errors
+    ///
+    /// When etcd cannot be read.
+    pub async fn open(store: EtcdStore) -> Result<Self, StoreError> {
+        let mirror = store.mirror("volumes").await?;
+        Ok(Self {
+            store,
+            mirror,
+            reported: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn decode(&self, name: &str, value: &[u8], revision: i64) -> Option<BookEntry> {
+        let problem = match serde_json::from_slice::<StoredVolume>(value) {
+            Ok(v) if v.format != FORMAT => {
+                format!("format {}; this agent reads {FORMAT}", v.format)
+            }
+            Ok(v) if v.entry.id.as_str() != name => {
+                format!("the value is for volume {:?}", v.entry.id.as_str())
+            }
+            Ok(v) => return Some(v.entry),
+            Err(e) => format!("not a volume record: {e}"),
+        };
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        if reported.insert(name.to_owned(), revision) != Some(revision) {
+            tracing::error!(key = %self.mirror.key(name), %problem, "skipped a volume the agents cannot read");
+        }
+        None
+    }
+
+    /// One volume.
+    pub fn get(&self, id: &VolumeId) -> Option<BookEntry> {
+        let entry = self.mirror.get(id.as_str())?;
+        self.decode(id.as_str(), &entry.value, entry.revision)
+    }
+
+    /// Every volume that decodes, by id.
+    pub fn list(&self) -> Vec<BookEntry> {
+        self.mirror
+            .list()
+            .into_iter()
+            .filter_map(|(name, e)| self.decode(&name, &e.value, e.revision))
+            .collect()
+    }
+
+    /// Adds a volume unless its id exists in the cluster (`false`).
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Store`].
+    pub async fn insert(&self, entry: &BookEntry) -> Result<bool, BookError> {
+        let name = entry.id.as_str();
+        let key = self.mirror.key(name);
+        let value = serde_json::to_vec(&StoredVolume {
+            format: FORMAT,
+            entry: entry.clone(),
+        })
+        .map_err(|e| StoreError::Etcd {
+            endpoints: self.store.config().endpoints_text(),
+            operation: format!("encode volume {name}"),
+            detail: e.to_string(),
+        })?;
+        let limit = self.store.config().max_value_bytes;
+        if value.len() > limit {
+            return Err(StoreError::TooLarge {
+                volume: entry.id.clone(),
+                size: value.len(),
+                limit,
+            }
+            .into());
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), value.clone(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let answer = self
+            .store
+            .txn(|| format!("register volume {name}"), txn)
+            .await?;
+        if answer.succeeded() {
+            let revision = answer.header().map_or(0, |h| h.revision());
+            self.mirror.note(name, Some((value, 0)), revision);
+            return Ok(true);
+        }
+        for op in answer.op_responses() {
+            if let TxnOpResponse::Get(get) = op
+                && let Some(kv) = get.kvs().first()
+            {
+                let found = (kv.value().to_vec(), kv.lease());
+                self.mirror.note(name, Some(found), kv.mod_revision());
+            }
+        }
+        Ok(false)
+    }
+
+    /// Marks a volume as being deleted, only if the cluster holds no claim of it: the volume
+    /// key and the claims key are compared in the same transaction, so a claim another agent
+    /// makes meanwhile either comes first (and this is refused) or finds the mark when it
+    /// [`confirm`](Self::confirm)s the volume after its claim is durable, and gives it up.
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Claimed`], or [`BookError::Store`].
+    pub async fn mark_deleting(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        self.unclaimed(id, "mark volume {} as being deleted", |key, _, entry| {
+            let mut marked = entry.clone();
+            marked.deleting = true;
+            let value = serde_json::to_vec(&StoredVolume {
+                format: FORMAT,
+                entry: marked,
+            })
+            .unwrap_or_default();
+            vec![TxnOp::put(key, value, None)]
+        })
+        .await
+    }
+
+    /// Removes a volume (and its empty claims record), only if the cluster holds no claim of
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Claimed`], or [`BookError::Store`].
+    pub async fn remove(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        self.unclaimed(id, "delete volume {}", |key, claims_key, _| {
+            vec![TxnOp::delete(key, None), TxnOp::delete(claims_key, None)]
+        })
+        .await
+    }
+
+    /// Runs `ops` on a volume that exists and has no claims, in one transaction that compares
+    /// both keys with what was read; tries again when either changed in between.
+    async fn unclaimed(
+        &self,
+        id: &VolumeId,
+        operation: &str,
+        ops: impl Fn(&str, &str, &BookEntry) -> Vec<TxnOp>,
+    ) -> Result<Option<BookEntry>, BookError> {
+        let name = id.as_str();
+        let key = self.mirror.key(name);
+        let claims_key = self.store.key(id);
+        let operation = || operation.replace("{}", name);
+        for _ in 0..DELETE_ATTEMPTS {
+            let Some(kv) = self.store.read_key(&key).await? else {
+                return Ok(None);
+            };
+            let Some(entry) = self.decode(name, kv.value(), kv.mod_revision()) else {
+                return Err(StoreError::Etcd {
+                    endpoints: self.store.config().endpoints_text(),
+                    operation: operation(),
+                    detail: format!("the value under {key} cannot be read"),
+                }
+                .into());
+            };
+            let claims = self.store.load(id).await?;
+            let claimed = claims.as_ref().map_or(0, |s| s.record.claims().len());
+            if claimed > 0 {
+                return Err(BookError::Claimed {
+                    volume: id.clone(),
+                    claims: claimed,
+                });
+            }
+            let claims_revision = claims
+                .as_ref()
+                .map_or(0, |s| i64::try_from(s.version.get()).unwrap_or(i64::MAX));
+            let writes = ops(&key, &claims_key, &entry);
+            let txn = Txn::new()
+                .when([
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
+                    Compare::mod_revision(claims_key.as_str(), CompareOp::Equal, claims_revision),
+                ])
+                .and_then(writes.clone());
+            let answer = self.store.txn(operation, txn).await?;
+            if answer.succeeded() {
+                // The mirror learns the outcome from its watch; read it now for this agent.
+                self.confirm(id).await?;
+                return Ok(Some(entry));
+            }
+        }
+        Err(StoreError::Etcd {
+            endpoints: self.store.config().endpoints_text(),
+            operation: operation(),
+            detail: format!(
+                "the volume or its claims changed between reading and writing {DELETE_ATTEMPTS} times"
+            ),
+        }
+        .into())
+    }
+
+    /// The volume as etcd holds it now (a linearizable read); the mirror learns it too.
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Store`].
+    pub async fn confirm(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        let name = id.as_str();
+        let (value, revision) = self.store.read_key_at(&self.mirror.key(name)).await?;
+        match value {
+            Some(kv) => {
+                let found = (kv.value().to_vec(), kv.lease());
+                self.mirror.note(name, Some(found), kv.mod_revision());
+                Ok(self.decode(name, kv.value(), kv.mod_revision()))
+            }
+            None => {
+                self.mirror.note(name, None, revision);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What an agent says of itself under `members/<node>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// The value format.
+    pub format: u32,
+    /// Its node id.
+    pub node: String,
+    /// Identifies one data directory: a restarted agent keeps it, another agent that was
+    /// given the same node id by mistake does not.
+    pub instance: String,
+    /// Its control API (loopback: for the operator on that host).
+    pub http: String,
+    /// Its agent-to-agent (shim) address.
+    pub shim: String,
+    /// Its fingerprinted plugins.
+    pub plugins: Vec<api::PeerPlugin>,
+}
+
+/// This agent's membership, the other members, and the controller duty.
+#[derive(Debug)]
+pub struct Membership {
+    settings: EtcdSettings,
+    me: NodeId,
+    members: Mirror,
+    held: HeldKey,
+    election: Mutex<Option<ControllerElection>>,
+}
+
+/// Why cluster mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// etcd failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another live agent uses this node id.
+    #[error(
+        "node id {node} is already a member of the cluster (agent at {shim}, another data \
+         directory); every agent needs its own node id"
+    )]
+    DuplicateNode {
+        /// The node id.
+        node: String,
+        /// The other agent's shim address.
+        shim: String,
+    },
+}
+
+impl Membership {
+    /// Checks that no other live agent has this node id, then registers this agent under a
+    /// lease and campaigns for the controller duty.
+    ///
+    /// # Errors
+    ///
+    /// [`JoinError`].
+    pub async fn join(
+        store: &EtcdStore,
+        settings: EtcdSettings,
+        record: &MemberRecord,
+        claims: ClaimsHandle,
+    ) -> Result<Self, JoinError> {
+        let me = NodeId::new(record.node.clone()).map_err(|e| StoreError::Etcd {
+            endpoints: settings.endpoints.join(","),
+            operation: "join the cluster".into(),
+            detail: e.to_string(),
+        })?;
+        let members = store.mirror("members").await?;
+        if let Some(found) = members.get(me.as_str())
+            && let Ok(other) = serde_json::from_slice::<MemberRecord>(&found.value)
+            && other.instance != record.instance
+        {
+            return Err(JoinError::DuplicateNode {
+                node: other.node,
+                shim: other.shim,
+            });
+        }
+        let held = store.hold_key(
+            members.key(me.as_str()),
+            encode_member(record),
+            settings.lease_ttl,
+        );
+        let election = store.elect_controller_duty(me.as_str(), settings.lease_ttl, claims);
+        Ok(Self {
+            settings,
+            me,
+            members,
+            held,
+            election: Mutex::new(Some(election)),
+        })
+    }
+
+    /// Publishes a new record of this agent (its plugins changed).
+    pub fn update(&self, record: &MemberRecord) {
+        self.held.set(encode_member(record));
+    }
+
+    /// The members that decode, by node.
+    pub fn members(&self) -> Vec<MemberRecord> {
+        self.members
+            .list()
+            .into_iter()
+            .filter_map(|(name, e)| {
+                serde_json::from_slice::<MemberRecord>(&e.value)
+                    .ok()
+                    .filter(|m| m.node == name && m.format == FORMAT)
+            })
+            .collect()
+    }
+
+    /// Wakes when the members change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.members.subscribe()
+    }
+
+    /// Gives up the controller duty and the membership at once (a clean stop), so the others
+    /// need not wait for the leases to expire.
+    pub async fn leave(self) {
+        let election = self
+            .election
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(e) = election {
+            e.resign().await;
+        }
+        self.held.release().await;
+    }
+
+    fn duty_holder(&self) -> Option<String> {
+        self.election
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(ControllerElection::leader)
+    }
+}
+
+fn encode_member(record: &MemberRecord) -> Vec<u8> {
+    // A record of strings and booleans always encodes.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+impl ClusterStatus for Membership {
+    fn view(&self) -> api::ClusterView {
+        let outage = self.members.outage().or_else(|| match self.held.state() {
+            Held::Failing(e) => Some(format!("membership: {e}")),
+            _ => None,
+        });
+        api::ClusterView {
+            store: self.settings.display(),
+            prefix: self.settings.prefix.clone(),
+            controller_duty: self.duty_holder(),
+            members: self
+                .members()
+                .into_iter()
+                .map(|m| api::MemberView {
+                    me: m.node == self.me.as_str(),
+                    node: m.node,
+                    http: m.http,
+                    shim: m.shim,
+                    plugins: m.plugins.into_iter().map(|p| p.id).collect(),
+                })
+                .collect(),
+            outage,
+        }
+    }
+}
+
+/// Keeps this agent's record current and the other members known to the shim and the
+/// registry, until `stop`.
+pub async fn run(
+    agent: Arc<Agent>,
+    membership: Arc<Membership>,
+    mut record: MemberRecord,
+    token: Token,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut changes = membership.subscribe();
+    let mut routes = BTreeMap::new();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let plugins = agent.plugins.peer_view();
+        if plugins != record.plugins {
+            record.plugins = plugins;
+            membership.update(&record);
+        }
+        follow_members(&agent, &membership, &token, &mut routes);
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = changes.changed() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Routes and tokens for every other member; members gone (their lease expired) are marked
+/// down.
+fn follow_members(
+    agent: &Agent,
+    membership: &Membership,
+    token: &Token,
+    routes: &mut BTreeMap<NodeId, SocketAddr>,
+) {
+    let members = membership.members();
+    let mut present = Vec::new();
+    for m in &members {
+        let Ok(node) = NodeId::new(m.node.clone()) else {
+            continue;
+        };
+        if node == agent.me {
+            continue;
+        }
+        let Ok(addr) = m.shim.parse::<SocketAddr>() else {
+            tracing::warn!(member = %m.node, shim = %m.shim, "member has an unusable shim address");
+            continue;
+        };
+        if routes.get(&node) != Some(&addr) {
+            routes.insert(node.clone(), addr);
+            tracing::info!(member = %m.node, shim = %m.shim, "cluster member joined");
+            agent
+                .shim
+                .update_routes(|r| r.set_direct(node.clone(), addr));
+            agent
+                .shim
+                .update_tokens(|t| t.insert(node.clone(), token.clone(), Scope::Cluster));
+        }
+        peers::apply(agent, &node, Ok(m.plugins.clone()));
+        present.push(node);
+    }
+    let gone: Vec<NodeId> = routes
+        .keys()
+        .filter(|n| !present.contains(n))
+        .cloned()
+        .collect();
+    for node in gone {
+        if routes.remove(&node).is_some() {
+            tracing::warn!(member = %node, "cluster member left (its lease expired or it stopped)");
+        }
+        peers::apply(
+            agent,
+            &node,
+            Err("not a cluster member: its lease expired or it stopped".to_owned()),
+        );
+    }
+}

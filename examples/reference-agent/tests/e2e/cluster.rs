@@ -1,0 +1,368 @@
+//! Cluster mode end to end (feature `etcd`): several `csi-agent serve` processes on one real
+//! etcd (csi-testkit's `LocalEtcd`, needs `etcd` on the PATH), one mock plugin instance served
+//! to every agent (one cloud: its controller state is shared; each agent stages and publishes
+//! under its own data directory).
+//!
+//! Run with `cargo test -p csi-agent --features etcd --test e2e cluster`.
+
+use std::path::{Path, PathBuf};
+
+use csi_agent::ops::api::{ClaimView, ClusterView, StatusView, VolumeView};
+use csi_client::Rpc;
+use csi_testkit::etcd::LocalEtcd;
+use csi_testkit::{MockPlugin, MockServer, Role};
+
+use super::serve::{GUARD, Serve, cli, eventually, fast_backoff, json, ok_count};
+
+/// One agent of the test cluster.
+struct Node {
+    agent: Serve,
+    data: PathBuf,
+    _server: MockServer,
+}
+
+/// Starts agent `name` on `etcd`, serving `mock` to it as plugin `mock`.
+async fn node(dir: &Path, name: &str, etcd: &LocalEtcd, mock: &MockPlugin) -> Node {
+    let plugins = dir.join(format!("{name}-plugins"));
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    let data = dir.join(name);
+    let mut agent = Serve::start(dir, name, &data, &args(dir, name, etcd, &plugins));
+    agent.ready().await;
+    Node {
+        agent,
+        data,
+        _server: server,
+    }
+}
+
+fn args(dir: &Path, name: &str, etcd: &LocalEtcd, plugins: &Path) -> Vec<String> {
+    let token = dir.join("cluster.token");
+    if !token.exists() {
+        std::fs::write(&token, "cluster-test-token-0123456789abcdef").expect("token file");
+    }
+    let mut args: Vec<String> = [
+        "--node-id",
+        name,
+        "--shim-listen",
+        "127.0.0.1:0",
+        "--cluster-token-file",
+        &token.display().to_string(),
+        "--store",
+        &format!("etcd://{}", etcd.host_ports()),
+        "--store-prefix",
+        "/e2e",
+        "--lease-ttl",
+        "2s",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(fast_backoff(plugins));
+    args
+}
+
+async fn cluster_view(data: &Path) -> ClusterView {
+    let status: StatusView = json(data, &["status"]).await;
+    status
+        .cluster
+        .expect("an agent in cluster mode shows its cluster")
+}
+
+/// Waits until every agent sees all `n` members and the mock on every node.
+async fn converged(nodes: &[&Node], n: usize) {
+    for node in nodes {
+        eventually("every member sees every member and plugin", async || {
+            let c = cluster_view(&node.data).await;
+            (c.members.len() == n && c.members.iter().all(|m| m.plugins == ["mock"])).then_some(())
+        })
+        .await;
+    }
+}
+
+fn start_etcd() -> LocalEtcd {
+    let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
+    etcd.wait_healthy(GUARD).expect("etcd healthy");
+    etcd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd();
+    // One plugin, three nodes: a hosts its controller and a node service, b and c node
+    // services with their own plugin node ids (the controller on a attaches to all three).
+    let mock = MockPlugin::builder()
+        .node_id("a-node")
+        .other_node("b-node")
+        .other_node("c-node")
+        .build()
+        .expect("mock");
+    let node_only = |id: &str| {
+        MockPlugin::builder()
+            .role(Role::Node)
+            .node_id(id)
+            .build()
+            .expect("node mock")
+    };
+    let (mock_b, mock_c) = (node_only("b-node"), node_only("c-node"));
+    let a = node(dir.path(), "a", &etcd, &mock).await;
+    let b = node(dir.path(), "b", &etcd, &mock_b).await;
+    let c = node(dir.path(), "c", &etcd, &mock_c).await;
+    converged(&[&a, &b, &c], 3).await;
+    let mocks = [&mock, &mock_b, &mock_c];
+    let view = cluster_view(&a.data).await;
+    assert_eq!(view.prefix, "/e2e");
+    assert!(view.store.starts_with("etcd://127.0.0.1:"), "{view:?}");
+    assert_eq!(view.members.iter().filter(|m| m.me).count(), 1);
+    let duty = eventually("someone holds the controller duty", async || {
+        cluster_view(&c.data).await.controller_duty
+    })
+    .await;
+    assert!(["a", "b", "c"].contains(&duty.as_str()), "{duty}");
+
+    // A volume created through a is in every agent's book, once.
+    let created: VolumeView = json(
+        &a.data,
+        &[
+            "volume",
+            "create",
+            "v1",
+            "--plugin",
+            "mock",
+            "--capacity",
+            "1Mi",
+        ],
+    )
+    .await;
+    for n in [&b, &c] {
+        let list: Vec<VolumeView> = json(&n.data, &["volume", "status"]).await;
+        let ids: Vec<&str> = list.iter().map(|v| v.id.as_str()).collect();
+        assert_eq!(ids, ["v1"], "{list:?}");
+        assert_eq!(list[0].external_id, created.external_id);
+    }
+    let again = cli(&b.data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    assert!(again.is_err_and(|e| e.contains("already registered")));
+    assert_eq!(mock.calls().count(Rpc::CreateVolume), 1);
+
+    // Write claims on a single-node-writer volume, raced from all three agents: the claim
+    // accounting admits one, and the others are refused before any plugin call.
+    let nodes = [&a, &b, &c];
+    let mut winners = std::collections::BTreeMap::<String, usize>::new();
+    const ROUNDS: usize = 10;
+    for round in 0..ROUNDS {
+        let workloads: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| format!("w{round}-{n}"))
+            .collect();
+        let claim = |i: usize| {
+            let data = nodes[i].data.clone();
+            let workload = workloads[i].clone();
+            async move {
+                cli(
+                    &data,
+                    &["volume", "claim", "v1", "--workload", &workload, "--json"],
+                )
+                .await
+            }
+        };
+        let publishes = mock.calls().count(Rpc::ControllerPublishVolume);
+        let (ra, rb, rc) = tokio::join!(claim(0), claim(1), claim(2));
+        let results = [ra, rb, rc];
+        let won: Vec<usize> = (0..3).filter(|i| results[*i].is_ok()).collect();
+        assert_eq!(won.len(), 1, "round {round}: {results:?}");
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(
+                e.contains("v1") && e.contains("SINGLE_NODE_WRITER") && e.contains("denied"),
+                "refused by the claim accounting, naming the volume and its mode: {e}"
+            );
+        }
+        assert_eq!(
+            mock.calls().count(Rpc::ControllerPublishVolume),
+            publishes + 1,
+            "only the winner reached the plugin"
+        );
+        let w = won[0];
+        let view: ClaimView =
+            serde_json::from_str(results[w].as_ref().expect("won")).expect("claim view");
+        assert_eq!(view.node, ["a", "b", "c"][w]);
+        *winners.entry(view.node.clone()).or_default() += 1;
+        let released: VolumeView =
+            json(&nodes[(w + 1) % 3].data, &["volume", "status", "v1"]).await;
+        assert_eq!(released.claims.len(), 1, "every agent sees the claim");
+        let done: VolumeView = json(
+            &nodes[w].data,
+            &[
+                "volume",
+                "release",
+                "v1",
+                "--workload",
+                &workloads[w],
+                "--wait",
+            ],
+        )
+        .await;
+        assert!(done.claims.is_empty(), "{done:?}");
+    }
+    assert_eq!(winners.values().sum::<usize>(), ROUNDS);
+    for m in mocks {
+        assert!(m.published().is_empty() && m.staged().is_empty());
+    }
+
+    // A reader-only volume: read claims from every agent succeed.
+    let _: VolumeView = json(
+        &b.data,
+        &[
+            "volume",
+            "create",
+            "ro",
+            "--plugin",
+            "mock",
+            "--access-mode",
+            "multi-node-reader-only",
+        ],
+    )
+    .await;
+    for (n, name) in nodes.iter().zip(["a", "b", "c"]) {
+        let claim: ClaimView = json(
+            &n.data,
+            &[
+                "volume",
+                "claim",
+                "ro",
+                "--workload",
+                &format!("r-{name}"),
+                "--mode",
+                "read",
+            ],
+        )
+        .await;
+        assert_eq!(claim.state, "taken");
+    }
+    let ro: VolumeView = json(&a.data, &["volume", "status", "ro"]).await;
+    assert_eq!(ro.claims.len(), 3, "{ro:?}");
+    // Claimed from b and c: a refuses to delete it.
+    let refused = cli(&a.data, &["volume", "delete", "ro"]).await;
+    assert!(refused.is_err_and(|e| e.contains("claim")));
+    for (n, name) in nodes.iter().zip(["a", "b", "c"]) {
+        let _: VolumeView = json(
+            &n.data,
+            &[
+                "volume",
+                "release",
+                "ro",
+                "--workload",
+                &format!("r-{name}"),
+                "--wait",
+            ],
+        )
+        .await;
+    }
+    let _: VolumeView = json(&c.data, &["volume", "delete", "ro"]).await;
+    let _: VolumeView = json(&c.data, &["volume", "delete", "v1"]).await;
+    eventually("a sees both volumes gone", async || {
+        let list: Vec<VolumeView> = json(&a.data, &["volume", "status"]).await;
+        list.is_empty().then_some(())
+    })
+    .await;
+    assert!(mock.volumes().is_empty());
+
+    // A fourth agent with b's node id (another data directory) is refused.
+    let plugins = dir.path().join("dup-plugins");
+    std::fs::create_dir_all(&plugins).expect("dir");
+    let mut dup = Serve::start(
+        dir.path(),
+        "dup",
+        &dir.path().join("dup"),
+        &args(dir.path(), "b", &etcd, &plugins),
+    );
+    let log = dup
+        .try_ready()
+        .await
+        .expect_err("a duplicate node id stops the agent");
+    assert!(log.contains("node id b is already a member"), "{log}");
+    drop((a, b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_agent_driving_a_release_another_finishes_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd();
+    let mock = MockPlugin::builder().build().expect("mock");
+    let mut nodes = [
+        node(dir.path(), "a", &etcd, &mock).await,
+        node(dir.path(), "b", &etcd, &mock).await,
+        node(dir.path(), "c", &etcd, &mock).await,
+    ];
+    converged(&nodes.iter().collect::<Vec<_>>(), 3).await;
+    let duty = eventually("someone holds the controller duty", async || {
+        cluster_view(&nodes[0].data).await.controller_duty
+    })
+    .await;
+    let holder = ["a", "b", "c"]
+        .iter()
+        .position(|n| *n == duty)
+        .expect("a member holds the duty");
+    // The claim lives on another node: node steps stay with that node's agent.
+    let claimer = (holder + 1) % 3;
+    let data = nodes[claimer].data.clone();
+    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    let claim: ClaimView = json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
+    assert_eq!(claim.state, "taken");
+
+    // The first ControllerUnpublishVolume never answers: the duty holder dies mid-release.
+    mock.faults()
+        .on(Rpc::ControllerUnpublishVolume)
+        .hang()
+        .install();
+    let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
+    mock.calls()
+        .wait_for(GUARD, |c| c.count(Rpc::ControllerUnpublishVolume) >= 1)
+        .await
+        .expect("the release reaches ControllerUnpublishVolume");
+    nodes[holder].agent.kill();
+
+    // Another agent takes the duty when the dead one's lease runs out, and finishes.
+    let freed = eventually("another agent frees the claim", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(v)
+    })
+    .await;
+    assert!(freed.release.is_none(), "{freed:?}");
+    let now = cluster_view(&data).await;
+    assert_ne!(
+        now.controller_duty.as_deref(),
+        Some(duty.as_str()),
+        "{now:?}"
+    );
+    assert_eq!(now.members.len(), 2, "the dead agent left: {now:?}");
+    let calls = mock.calls();
+    assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(ok_count(&mock, Rpc::NodeUnstageVolume), 1);
+    assert_eq!(
+        calls.count(Rpc::NodeUnpublishVolume),
+        1,
+        "{:?}",
+        calls.rpcs()
+    );
+    // The call cut off by the kill is repeated once, by the new holder, and succeeds.
+    assert_eq!(calls.count(Rpc::ControllerUnpublishVolume), 2);
+    assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
+    assert!(mock.published_nodes(&freed.external_id).is_empty());
+
+    // The killed agent restarts on its data directory and rejoins under its node id.
+    let name = ["a", "b", "c"][holder];
+    let plugins = dir.path().join(format!("{name}-plugins"));
+    let restarted = Serve::start(
+        dir.path(),
+        &format!("{name}-again"),
+        &nodes[holder].data,
+        &args(dir.path(), name, &etcd, &plugins),
+    );
+    nodes[holder].agent = restarted;
+    nodes[holder].agent.ready().await;
+    converged(&nodes.iter().collect::<Vec<_>>(), 3).await;
+}
