@@ -6,16 +6,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use csi_agent::adapters::{
-    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
-};
-use csi_agent::layout::Layout;
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::{
     Action, ClaimMode, ClaimRequest, ClaimState, ControllerRequirement, MachineConfig, MemoryStore,
     ReleaseMachine, VolumeInfo, store::Version,
 };
 use csi_client::CsiClient;
+use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
+use csi_node::layout::Layout;
 use csi_structs::{AccessMode, AccessTypeKind, PluginNodeId};
 use tokio::runtime::Runtime;
 
@@ -283,7 +281,7 @@ impl fmt::Display for ClaimsRelease {
 /// (spread over nodes as in [`claims_memory`]),
 /// then releases them all at once through [`ClaimsDriver`] (memory store, default machine
 /// configuration: one controller call per plugin at a time), whose detachers are the reference
-/// agent's ([`csi_agent::adapters`]) calling the mock over its unix socket through csi-client.
+/// agent's ([`csi_node::detach`]) calling the mock over its unix socket through csi-client.
 /// Returns the timings.
 ///
 /// # Errors

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use csi_claims::backoff::BackoffPolicy;
 
-use crate::adapters::NodeDetachPolicy;
+use csi_node::detach::NodeDetachPolicy;
 use csi_rpc_shim::Token;
 use csi_structs::NodeId;
 use serde::Deserialize;

@@ -2,15 +2,13 @@
 //!
 //! - [`demo`]: walk one volume through its whole life (create, claim, publish, write, release,
 //!   delete) against the built-in csi-testkit mock or any external plugin.
-//! - [`adapters`]: csi-claims' detacher traits implemented with csi-client.
-//! - [`layout`]: where staging and publish paths live under the data directory.
+//! - Node paths, csi-claims' detachers over csi-client and state files come from the
+//!   `csi-node` crate, which an orchestrator embeds without this agent.
 //! - [`serve`], [`ops`]: the long-running agent and the operator commands; [`config`]: its
 //!   configuration; [`metrics`]: its Prometheus metrics.
 
-pub mod adapters;
 pub mod config;
 pub mod demo;
-pub mod layout;
 pub mod metrics;
 pub mod ops;
 pub mod serve;

@@ -9,7 +9,7 @@ use csi_claims::driver::DriverError;
 
 use super::plan::PlanError;
 use super::step::Step;
-use crate::layout::LayoutError;
+use csi_node::layout::LayoutError;
 
 /// Why one step failed.
 #[derive(Debug, thiserror::Error)]

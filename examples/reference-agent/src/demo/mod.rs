@@ -9,7 +9,7 @@
 //! The steps ([`Step::ALL`]): fingerprint, create, validate, claim for writing (csi-claims),
 //! controller publish, node stage, node publish, write a file through the published path,
 //! stop the workload, then the release through csi-claims' release pipeline and the
-//! [adapters](crate::adapters) (node unpublish, node unstage, controller unpublish, free), and
+//! [adapters](csi_node::detach) (node unpublish, node unstage, controller unpublish, free), and
 //! delete. Node paths follow the agent's [`Layout`].
 //!
 //! On success nothing is left behind. On failure the demo names the step and lists what it
@@ -43,8 +43,8 @@ pub use plan::{Plan, PlanError, VolumeSource};
 pub use step::Step;
 pub use table::Table;
 
-use crate::adapters::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
-use crate::layout::Layout;
+use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
+use csi_node::layout::Layout;
 use walk::Walk;
 
 /// Arguments of `csi-agent demo`.

@@ -19,7 +19,7 @@ use super::leftovers::Leftovers;
 use super::plan::{Plan, VolumeSource};
 use super::step::Step;
 use super::table::Table;
-use crate::layout::{Layout, Usage};
+use csi_node::layout::{Layout, Usage};
 
 /// The orchestrator-side ids the demo uses.
 pub(crate) const DEMO_VOLUME: &str = "demo-volume";

@@ -222,7 +222,7 @@ impl Conn {
             (Some(a), _) => a.clone(),
             (None, Some(dir)) => {
                 let path = dir.join("agent.json");
-                let info: api::AgentInfo = crate::serve::store::load_json(&path)
+                let info: api::AgentInfo = csi_node::state::load_json(&path)
                     .map_err(|e| OpsError::Locate(e.to_string()))?
                     .ok_or_else(|| {
                         OpsError::Locate(format!(

@@ -21,9 +21,9 @@ use csi_structs::{
 use super::book::{Book, BookEntry, BookError};
 use super::node::{MountRequest, VolumeManager};
 use super::plugins::Plugins;
-use super::store::StateFileError;
 use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
+use csi_node::state::StateFileError;
 
 /// What the agent knows about a peer.
 #[derive(Clone, Debug, Default)]

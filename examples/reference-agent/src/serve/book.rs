@@ -13,7 +13,7 @@ use csi_structs::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::store::{StateFileError, load_json, save_json};
+use csi_node::state::{StateFileError, load_json, save_json};
 
 /// One registered volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

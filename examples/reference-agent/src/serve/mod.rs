@@ -28,7 +28,6 @@ pub mod local;
 pub mod node;
 pub mod peers;
 pub mod plugins;
-pub mod store;
 pub mod usage;
 
 use std::hash::{Hash, Hasher};
@@ -75,7 +74,7 @@ pub enum ServeError {
     },
     /// A state file is damaged or unwritable.
     #[error(transparent)]
-    State(#[from] store::StateFileError),
+    State(#[from] csi_node::state::StateFileError),
     /// The claim store cannot be opened or read.
     #[error("claim store: {0}")]
     Store(#[from] StoreError),
@@ -383,7 +382,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         pid: std::process::id(),
     };
     let info_path = data.join("agent.json");
-    store::save_json(&info_path, &info)?;
+    csi_node::state::save_json(&info_path, &info)?;
     tracing::info!(
         node = %me,
         http = %http_addr,

@@ -3,7 +3,7 @@
 //! ([`super::usage`], so a restart knows who still uses what), idempotent unpublish when the
 //! mount was already cleaned up, and uncertain outcomes recorded until a release cleans them up.
 //!
-//! Paths follow [`crate::layout`] rooted at `<data_dir>/node` (volume ids are unique per
+//! Paths follow [`csi_node::layout`] rooted at `<data_dir>/node` (volume ids are unique per
 //! agent; ids that would escape their directory are refused):
 //!
 //! ```text
@@ -27,11 +27,11 @@ use csi_structs::{
 };
 
 use super::plugins::Plugins;
-use super::store::{StateFileError, save_json};
 pub use super::usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
 use super::usage::{UsageFile, key as usage_key};
-use crate::layout::{Layout, LayoutError, Usage};
 use crate::ops::api::UncertainView;
+use csi_node::layout::{Layout, LayoutError, Usage};
+use csi_node::state::{StateFileError, save_json};
 
 /// What a mount needs.
 #[derive(Clone, Debug)]
@@ -479,7 +479,7 @@ impl VolumeManager {
     }
 
     /// The plugin's client for node detach calls (see
-    /// [`NodeDetachPolicy`](crate::adapters::NodeDetachPolicy)), or `PluginMissing`.
+    /// [`NodeDetachPolicy`](csi_node::detach::NodeDetachPolicy)), or `PluginMissing`.
     fn detach_client(&self, plugin: &PluginId) -> Result<csi_client::CsiClient, NodeError> {
         self.inner
             .plugins
@@ -490,9 +490,9 @@ impl VolumeManager {
     }
 
     /// Removes `path` and its empty parents below `root` (the shared cleanup of
-    /// [`crate::adapters::remove_empty_dirs`]); a failure is a retryable local error.
+    /// [`csi_node::detach::remove_empty_dirs`]); a failure is a retryable local error.
     fn remove_dirs(&self, path: &Path, root: &Path, volume: &VolumeId) -> Result<(), NodeError> {
-        crate::adapters::remove_empty_dirs(path, root).map_err(|e| NodeError::Local {
+        csi_node::detach::remove_empty_dirs(path, root).map_err(|e| NodeError::Local {
             volume: volume.clone(),
             detail: format!("cannot remove {}: {e}", path.display()),
         })
@@ -658,7 +658,7 @@ mod tests {
                 // `serve`'s default, so the old two minutes would show as retried attempts.
                 call_timeout: Duration::from_secs(60),
                 fingerprint_interval: Duration::from_secs(30),
-                node_detach: crate::adapters::NodeDetachPolicy::DEFAULT,
+                node_detach: csi_node::detach::NodeDetachPolicy::DEFAULT,
             },
         )
     }

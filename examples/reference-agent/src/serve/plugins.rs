@@ -16,9 +16,9 @@ use csi_rpc_shim::{Health, Instance, Registry, ServiceKind};
 use csi_structs::{NodeId, PluginId};
 use tokio::task::JoinHandle;
 
-use crate::adapters::NodeDetachPolicy;
 use crate::metrics::Metrics;
 use crate::ops::api::{PeerPlugin, PluginView};
+use csi_node::detach::NodeDetachPolicy;
 
 /// One local plugin.
 #[derive(Debug)]

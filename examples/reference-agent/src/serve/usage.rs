@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use csi_structs::{PluginId, VolumeId};
 use serde::{Deserialize, Serialize};
 
-use super::store::{StateFileError, load_json};
+use csi_node::state::{StateFileError, load_json};
 
 /// The format this agent writes.
 pub const USAGE_FORMAT: u32 = 2;

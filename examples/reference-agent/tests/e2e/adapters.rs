@@ -5,17 +5,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_agent::adapters::{
-    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
-};
 use csi_agent::demo::{DetachRecord, Observed};
-use csi_agent::layout::{Layout, Usage};
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::{
     ClaimMode, ClaimRequest, ControllerRequirement, DetachRpc, MemoryStore, VolumeInfo,
 };
 use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
+use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
+use csi_node::layout::{Layout, Usage};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,

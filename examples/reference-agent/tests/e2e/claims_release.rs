@@ -21,10 +21,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use csi_agent::adapters::{
-    ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
-};
-use csi_agent::layout::{Layout, Usage};
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, NodeDetacher};
 use csi_claims::machine::{LastError, Pending, VolumeStatus};
@@ -35,6 +31,8 @@ use csi_claims::{
 };
 use csi_claims::{ControllerDetachRequest, driver::ControllerDetacher};
 use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
+use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
+use csi_node::layout::{Layout, Usage};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,

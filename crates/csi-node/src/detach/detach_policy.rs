@@ -28,7 +28,7 @@ pub const NODE_DETACH_RPCS: [Rpc; 2] = [Rpc::NodeUnpublishVolume, Rpc::NodeUnsta
 /// place the limits live; nothing overrides them per call.
 ///
 /// ```
-/// use csi_agent::adapters::NodeDetachPolicy;
+/// use csi_node::detach::NodeDetachPolicy;
 /// use csi_client::{CsiClient, Rpc};
 ///
 /// # fn f() -> Result<(), Box<dyn std::error::Error>> {

@@ -21,10 +21,10 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use csi_agent::adapters::{
+//! use csi_node::detach::{
 //!     ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy,
 //! };
-//! use csi_agent::layout::Layout;
+//! use csi_node::layout::Layout;
 //! use csi_claims::MemoryStore;
 //! use csi_claims::driver::{ClaimsDriver, DriverConfig};
 //! use csi_client::{CsiClient, Endpoint};

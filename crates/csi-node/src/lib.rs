@@ -1,0 +1,16 @@
+//! The orchestrator's node side of CSI, on csi-client and csi-claims.
+//!
+//! - [`layout`]: where staging and publish paths live under a node's data directory, with
+//!   every id checked so that none escapes its directory.
+//! - [`detach`]: csi-claims' [`NodeDetacher`](csi_claims::driver::NodeDetacher) and
+//!   [`ControllerDetacher`](csi_claims::driver::ControllerDetacher) implemented with
+//!   csi-client, with the node detach policy (a short wait for a missing socket, one attempt:
+//!   the release driver is the retry loop).
+//! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename).
+//!
+//! The reference agent (`csi-agent`) composes these; an orchestrator's node embeds them the
+//! same way.
+
+pub mod detach;
+pub mod layout;
+pub mod state;
