@@ -27,7 +27,7 @@ pub const PLUGIN: &str = "bench.csi.example";
 /// How many orchestrator nodes the bench's claims are spread over.
 pub const NODES: usize = 50;
 
-fn id<T>(what: &'static str, value: String) -> Result<T, BenchError>
+pub(crate) fn id<T>(what: &'static str, value: String) -> Result<T, BenchError>
 where
     T: TryFrom<String, Error = csi_structs::ValidationErrors>,
 {
@@ -406,7 +406,7 @@ pub fn claims_release(
     })
 }
 
-fn driver_error(step: &'static str, e: csi_claims::driver::DriverError) -> BenchError {
+pub(crate) fn driver_error(step: &'static str, e: csi_claims::driver::DriverError) -> BenchError {
     BenchError::ClaimsDriver {
         step,
         source: Box::new(e),

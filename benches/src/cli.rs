@@ -16,6 +16,13 @@ pub const MAX_CALLERS: u32 = 10_000;
 pub const MAX_CONNECTIONS: u32 = 50_000;
 /// Most claims `--claims-memory` and `--claims-release` make.
 pub const MAX_CLAIMS: u32 = 10_000_000;
+/// Most claims `--claims-etcd` makes.
+pub const MAX_ETCD_CLAIMS: u32 = 1_000_000;
+/// Most claims `--claims-etcd` puts on one volume: one volume's claims are one etcd value,
+/// which `EtcdStore` keeps under 1,000,000 bytes (about 160 bytes a claim).
+pub const MAX_ETCD_CLAIMS_PER_VOLUME: u32 = 4_000;
+/// Most agents `--claims-etcd` runs.
+pub const MAX_AGENTS: u32 = 16;
 
 /// Load generator for CSI plugins: drives any plugin through `csi-client` and prints one line,
 /// `client=csi-client rpc=<rpc> n=<n> c=<c> ops_per_s=<x> p50_us=<x> p99_us=<x>`.
@@ -23,8 +30,8 @@ pub const MAX_CLAIMS: u32 = 10_000_000;
 #[command(name = "csi-bench", version)]
 #[command(group(ArgGroup::new("target").args(["endpoint", "mock"])))]
 #[command(group(ArgGroup::new("mode").args([
-    "baseline", "compare", "conn_memory", "claims_memory", "claims_release", "shim_hop",
-    "baseline_child", "serve_mock",
+    "baseline", "compare", "conn_memory", "claims_memory", "claims_release", "claims_etcd",
+    "shim_hop", "baseline_child", "serve_mock", "etcd_memory_child",
 ])))]
 pub struct Cli {
     /// The plugin's endpoint, `unix:///path/to/csi.sock`.
@@ -93,9 +100,29 @@ pub struct Cli {
     #[arg(long, value_name = "CLAIMS")]
     pub claims_release: Option<u32>,
 
-    /// How many volumes `--claims-memory` and `--claims-release` spread their claims over.
+    /// How many volumes `--claims-memory`, `--claims-release` and `--claims-etcd` spread
+    /// their claims over.
     #[arg(long, default_value_t = 100)]
     pub volumes: u32,
+
+    /// Make this many write claims over `--volumes` volumes through etcd (csi-claims'
+    /// `EtcdStore`) from `--agents` agents, `-c` callers each; then measure the memory of one
+    /// more agent that loads them, and release them all. Prints claims per second, the memory
+    /// line and release throughput. Needs csi-bench built with `--features etcd`.
+    #[arg(long, value_name = "CLAIMS")]
+    pub claims_etcd: Option<u32>,
+
+    /// How many agents `--claims-etcd` runs (default 1): each its own claims driver on its own
+    /// etcd connection, performing the node steps of its own node; the first also performs
+    /// the controller-side steps.
+    #[arg(long, value_name = "A")]
+    pub agents: Option<u32>,
+
+    /// The etcd cluster `--claims-etcd` uses, as comma-separated client URLs
+    /// (`http://HOST:PORT`). Without it the bench starts `etcd` itself on loopback, with a
+    /// temporary data directory, and stops it at the end.
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
 
     /// Measure what one agent-to-agent hop (csi-rpc-shim over loopback TCP) adds to
     /// `ControllerUnpublishVolume` against the in-process mock: prints the direct, local-shim
@@ -110,6 +137,11 @@ pub struct Cli {
     /// Internal: serve the mock plugin at this socket until stdin closes.
     #[arg(long, hide = true, value_name = "PATH")]
     pub serve_mock: Option<PathBuf>,
+
+    /// Internal: be one agent that loads the claims under this key prefix from
+    /// `--etcd-endpoints` and print its resident memory before and after.
+    #[arg(long, hide = true, value_name = "PREFIX")]
+    pub etcd_memory_child: Option<String>,
 }
 
 /// Which tokio runtime a run uses (`--runtime`).
@@ -150,10 +182,57 @@ pub enum Mode {
     ShimHop,
     /// Releasing claims through the driver against the mock.
     ClaimsRelease(u32),
+    /// Claims, memory and releases through etcd.
+    ClaimsEtcd(EtcdSpec),
+    /// Internal: load the claims under a prefix as one agent and report memory.
+    EtcdMemoryChild {
+        /// etcd's client URLs.
+        endpoints: Vec<String>,
+        /// The bench run's key prefix.
+        prefix: String,
+    },
     /// Internal: ping-pong peer.
     BaselineChild(PathBuf),
     /// Internal: mock server child.
     ServeMock(PathBuf),
+}
+
+/// What `--claims-etcd` runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdSpec {
+    /// Claims made (and released).
+    pub claims: u32,
+    /// Agents making them.
+    pub agents: u32,
+    /// The etcd cluster given with `--etcd-endpoints`; `None`: start one.
+    pub endpoints: Option<Vec<String>>,
+}
+
+/// The error of `--claims-etcd` in a csi-bench built without the `etcd` feature.
+pub fn etcd_not_built(claims: u32) -> BenchError {
+    bad(
+        "claims-etcd",
+        claims,
+        "this csi-bench was built without etcd support; build it with `cargo build --release \
+         -p csi-benches --features etcd` (needs protoc: Debian's protobuf-compiler)",
+    )
+}
+
+fn check_endpoints(endpoints: &[String]) -> Result<(), BenchError> {
+    for endpoint in endpoints {
+        let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+        let well_formed = rest
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !well_formed || rest.contains("://") || rest.contains('/') {
+            return Err(bad(
+                "etcd-endpoints",
+                endpoint,
+                "each must be http://HOST:PORT or HOST:PORT (the bench speaks plain HTTP to etcd)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn bad<T: ToString>(flag: &'static str, value: T, limit: &'static str) -> BenchError {
@@ -190,6 +269,29 @@ impl Cli {
         }
         if self.volumes == 0 || self.volumes > MAX_CLAIMS {
             return Err(bad("volumes", self.volumes, "must be 1..=10000000"));
+        }
+        if let Some(prefix) = &self.etcd_memory_child {
+            if self.etcd_endpoints.is_empty() {
+                return Err(bad("etcd-memory-child", prefix, "needs --etcd-endpoints"));
+            }
+            check_endpoints(&self.etcd_endpoints)?;
+            return Ok(Mode::EtcdMemoryChild {
+                endpoints: self.etcd_endpoints.clone(),
+                prefix: prefix.clone(),
+            });
+        }
+        if let Some(claims) = self.claims_etcd {
+            return self.claims_etcd_mode(claims);
+        }
+        if let Some(agents) = self.agents {
+            return Err(bad("agents", agents, "only with --claims-etcd"));
+        }
+        if !self.etcd_endpoints.is_empty() {
+            return Err(bad(
+                "etcd-endpoints",
+                self.etcd_endpoints.join(","),
+                "only with --claims-etcd",
+            ));
         }
         if let Some(path) = &self.baseline_child {
             return Ok(Mode::BaselineChild(path.clone()));
@@ -232,6 +334,33 @@ impl Cli {
             return Ok(Mode::ClaimsRelease(claims));
         }
         Ok(Mode::Load(self.target("a load run")?))
+    }
+
+    fn claims_etcd_mode(&self, claims: u32) -> Result<Mode, BenchError> {
+        if !(1..=MAX_ETCD_CLAIMS).contains(&claims) {
+            return Err(bad("claims-etcd", claims, "must be 1..=1000000"));
+        }
+        let agents = self.agents.unwrap_or(1);
+        if !(1..=MAX_AGENTS).contains(&agents) {
+            return Err(bad("agents", agents, "must be 1..=16"));
+        }
+        if claims.div_ceil(self.volumes) > MAX_ETCD_CLAIMS_PER_VOLUME {
+            return Err(bad(
+                "claims-etcd",
+                claims,
+                "at most 4000 claims per volume (raise --volumes): one volume's claims are one \
+                 etcd value, which the store keeps under 1 MB",
+            ));
+        }
+        check_endpoints(&self.etcd_endpoints)?;
+        if !cfg!(feature = "etcd") {
+            return Err(etcd_not_built(claims));
+        }
+        Ok(Mode::ClaimsEtcd(EtcdSpec {
+            claims,
+            agents,
+            endpoints: (!self.etcd_endpoints.is_empty()).then(|| self.etcd_endpoints.clone()),
+        }))
     }
 }
 
@@ -290,5 +419,82 @@ mod tests {
         ));
         assert!(parse(&["--baseline", "--compare"]).is_err());
         assert!(parse(&["--mock", "--endpoint", "unix:///x.sock"]).is_err());
+    }
+
+    #[test]
+    fn claims_etcd_flags_are_checked_and_name_their_flag() {
+        for (args, flag) in [
+            (&["--claims-etcd", "0"][..], "claims-etcd"),
+            (&["--claims-etcd", "2000000"][..], "claims-etcd"),
+            (&["--claims-etcd", "10", "--agents", "0"][..], "agents"),
+            (&["--claims-etcd", "10", "--agents", "17"][..], "agents"),
+            // More than 4,000 claims on one volume cannot be one etcd value.
+            (
+                &["--claims-etcd", "8001", "--volumes", "2"][..],
+                "claims-etcd",
+            ),
+            (
+                &["--claims-etcd", "10", "--etcd-endpoints", "https://h:2379"][..],
+                "etcd-endpoints",
+            ),
+            (
+                &["--claims-etcd", "10", "--etcd-endpoints", "h:2379,nope"][..],
+                "etcd-endpoints",
+            ),
+            (&["--baseline", "--agents", "3"][..], "agents"),
+            (
+                &["--mock", "--etcd-endpoints", "h:2379"][..],
+                "etcd-endpoints",
+            ),
+        ] {
+            match parse(args) {
+                Err(BenchError::BadFlag { flag: f, .. }) => assert_eq!(f, flag, "{args:?}"),
+                other => panic!("{args:?}: expected a bad --{flag}, got {other:?}"),
+            }
+        }
+        let given = parse(&[
+            "--claims-etcd",
+            "8000",
+            "--volumes",
+            "2",
+            "--agents",
+            "3",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379,[::1]:2379",
+        ]);
+        let started = parse(&["--claims-etcd", "10"]);
+        if cfg!(feature = "etcd") {
+            assert_eq!(
+                given.ok(),
+                Some(Mode::ClaimsEtcd(EtcdSpec {
+                    claims: 8000,
+                    agents: 3,
+                    endpoints: Some(vec![
+                        "http://127.0.0.1:2379".to_owned(),
+                        "[::1]:2379".to_owned()
+                    ]),
+                }))
+            );
+            assert_eq!(
+                started.ok(),
+                Some(Mode::ClaimsEtcd(EtcdSpec {
+                    claims: 10,
+                    agents: 1,
+                    endpoints: None,
+                }))
+            );
+        } else {
+            for refused in [given, started] {
+                match refused {
+                    Err(
+                        e @ BenchError::BadFlag {
+                            flag: "claims-etcd",
+                            ..
+                        },
+                    ) => assert!(e.to_string().contains("--features etcd"), "{e}"),
+                    other => panic!("expected the build hint, got {other:?}"),
+                }
+            }
+        }
     }
 }

@@ -176,6 +176,79 @@ pub enum BenchError {
         /// The state it ended in.
         state: Box<csi_claims::ClaimState>,
     },
+    /// `etcd` could not be started for `--claims-etcd`.
+    #[error(
+        "cannot start etcd for --claims-etcd: {step}: {detail} (install it, e.g. Debian's \
+         etcd-server package, or give --etcd-endpoints)"
+    )]
+    EtcdStart {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// A request the etcd bench makes itself (not through the claim store) failed.
+    #[error("claims-etcd bench: etcd at {endpoints} failed to {operation}: {detail}")]
+    EtcdRequest {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// What the bench asked for.
+        operation: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// A phase of the etcd bench made no progress for too long.
+    #[error(
+        "claims-etcd bench: the {phase} phase made no progress for {waited:?}: {done} of \
+         {total} done; {stuck}"
+    )]
+    Stalled {
+        /// `claim` or `release`.
+        phase: &'static str,
+        /// Claims or releases done.
+        done: u64,
+        /// Claims or releases asked for.
+        total: u64,
+        /// How long nothing finished.
+        waited: std::time::Duration,
+        /// What the first agent reports stuck.
+        stuck: String,
+    },
+    /// A claim or release was still answered "try again" after many attempts.
+    #[error(
+        "claims-etcd bench: the {what} of {workload} on {volume} was still refused after \
+         {attempts} attempts"
+    )]
+    GaveUp {
+        /// `claim` or `release`.
+        what: &'static str,
+        /// The volume.
+        volume: String,
+        /// The workload.
+        workload: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last answer.
+        #[source]
+        source: Box<csi_claims::driver::DriverError>,
+    },
+    /// The child that measures an agent loading the claims failed or printed something else.
+    #[error("claims-etcd bench: the memory child {detail}")]
+    MemoryChild {
+        /// What went wrong.
+        detail: String,
+    },
+    /// Volume records were still in etcd after every claim was freed.
+    #[error(
+        "claims-etcd bench: {records} volume records left under {prefix} after every claim \
+         was freed"
+    )]
+    Leftover {
+        /// The bench's key prefix.
+        prefix: String,
+        /// How many records.
+        records: usize,
+    },
     /// A shim token could not be made.
     #[error("shim hop bench: a token was refused")]
     ShimToken(#[source] csi_rpc_shim::TokenError),

@@ -8,7 +8,8 @@
 //!
 //! It also measures the floor (a raw 100-byte unix-socket ping-pong between two processes),
 //! compares sequential Probe with it, measures resident memory per open connection and per
-//! claim, and releases many claims through the `csi-claims` driver against the mock plugin.
+//! claim, and releases many claims through the `csi-claims` driver against the mock plugin
+//! (with the `etcd` feature, also through etcd from several agents).
 //! See `benches/README.md` for every command, its target and the numbers measured.
 //!
 //! The binary is a thin wrapper around [`run`], which tests call directly:
@@ -33,14 +34,20 @@
 //!   [`child`]: the re-executed child processes; [`memory`]: resident memory from `/proc`;
 //!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks;
 //!   [`shim_hop`]: the cost of one agent-to-agent hop.
+//! - With the `etcd` feature: `claims_etcd`, claims, memory and releases through etcd
+//!   (`--claims-etcd`), and `etcd_process`, the `etcd` it starts when given no endpoints.
 
 pub mod baseline;
 pub mod child;
 pub mod claims;
+#[cfg(feature = "etcd")]
+pub mod claims_etcd;
 pub mod cli;
 pub mod compare;
 pub mod conn_memory;
 pub mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd_process;
 pub mod hyper_h2;
 pub mod load;
 pub mod memory;
@@ -52,7 +59,7 @@ pub mod target;
 
 use std::path::Path;
 
-pub use cli::{Cli, Mode, RuntimeFlavor};
+pub use cli::{Cli, EtcdSpec, Mode, RuntimeFlavor};
 pub use error::BenchError;
 pub use report::{Line, LineError};
 pub use rpc::BenchRpc;
@@ -106,7 +113,35 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
                 claims::claims_release(&rt, claims, cli.volumes)?.to_string(),
             ])
         }
+        Mode::ClaimsEtcd(spec) => claims_etcd(&spec, cli, exe),
+        Mode::EtcdMemoryChild { endpoints, prefix } => {
+            etcd_memory_child(&endpoints, &prefix, cli.volumes)
+        }
     }
+}
+
+#[cfg(feature = "etcd")]
+fn claims_etcd(spec: &EtcdSpec, cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
+    Ok(claims_etcd::run_claims_etcd(spec, cli.volumes, cli.c, exe)?.lines())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn claims_etcd(spec: &EtcdSpec, _: &Cli, _: &Path) -> Result<Vec<String>, BenchError> {
+    Err(cli::etcd_not_built(spec.claims))
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_memory_child(
+    endpoints: &[String],
+    prefix: &str,
+    volumes: u32,
+) -> Result<Vec<String>, BenchError> {
+    claims_etcd::memory_child(endpoints, prefix, volumes)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_memory_child(_: &[String], _: &str, _: u32) -> Result<Vec<String>, BenchError> {
+    Err(cli::etcd_not_built(0))
 }
 
 /// The multi-threaded runtime runs use unless `--runtime` says otherwise (one worker per
