@@ -161,6 +161,19 @@ fn binary_fails_with_a_message_naming_the_flag() {
     assert!(err.contains("--calls 0"), "{err}");
 }
 
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn claims_etcd_without_the_feature_says_how_to_build() {
+    let out = Command::new(EXE)
+        .args(["--claims-etcd", "10", "--agents", "3"])
+        .output()
+        .expect("csi-bench runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--claims-etcd 10"), "{err}");
+    assert!(err.contains("--features etcd"), "{err}");
+}
+
 #[test]
 fn shim_hop_prints_three_lines_and_the_added_cost() {
     let lines = run(
