@@ -112,6 +112,9 @@ pub enum NodeStep {
     /// [`ReleaseMachine::node_gone`](crate::ReleaseMachine::node_gone)); there is nothing
     /// left to unpublish on it. Recorded before the controller step runs.
     SkippedNodeGone,
+    /// Another agent sharing the store performed it; this one learned only that the claim was
+    /// freed. Only seen in [`Event::Freed`](crate::Event::Freed); never stored.
+    DoneElsewhere,
 }
 
 /// How a claim's controller step ended.
@@ -128,4 +131,7 @@ pub enum ControllerStep {
         /// The workload still using the volume on that node.
         by: WorkloadId,
     },
+    /// Another agent sharing the store performed it; this one learned only that the claim was
+    /// freed. Only seen in [`Event::Freed`](crate::Event::Freed); never stored.
+    DoneElsewhere,
 }

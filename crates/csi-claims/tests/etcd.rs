@@ -77,11 +77,16 @@ impl Etcd {
 struct Plugin {
     hang_controller: AtomicBool,
     controller_calls: std::sync::Mutex<Vec<(String, String)>>,
+    node_calls: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 #[async_trait]
 impl NodeDetacher for Plugin {
-    async fn node_unpublish(&self, _: &NodeDetachRequest) -> Result<(), DetachError> {
+    async fn node_unpublish(&self, r: &NodeDetachRequest) -> Result<(), DetachError> {
+        self.node_calls
+            .lock()
+            .unwrap()
+            .push((r.volume.to_string(), r.workload.to_string()));
         Ok(())
     }
     async fn node_unstage(&self, _: &NodeDetachRequest) -> Result<(), DetachError> {
@@ -685,4 +690,79 @@ async fn a_held_key_lives_with_its_holder_and_comes_back_after_its_lease_is_lost
     eventually("b is a member", async || members.get("b").is_some()).await;
     drop(dropped);
     eventually("b's lease ran out", async || members.get("b").is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_interleaved_across_agents_answer_freed_and_call_each_step_once() {
+    let etcd = Etcd::start(1);
+    let store_a = etcd.store("/freed-elsewhere").await;
+    let store_b = EtcdStore::connect(etcd.config("/freed-elsewhere"))
+        .await
+        .unwrap();
+    // n0 does its own node steps only; n1 holds the controller duty and frees.
+    let a = agent(&store_a, "n0", false).await;
+    let b = agent(&store_b, "n1", true).await;
+    let v = info("v", ControllerRequirement::Required);
+    for round in 0..4 {
+        let workloads: Vec<WorkloadId> = (0..30)
+            .map(|i| WorkloadId::new(format!("w{round}-{i}")).unwrap())
+            .collect();
+        for w in &workloads {
+            let multi = request(
+                &v,
+                &a.node,
+                w.as_str(),
+                ClaimMode::Write,
+                AccessMode::MultiNodeMultiWriter,
+            );
+            a.claims.claim(&v, multi).await.unwrap();
+        }
+        // All released at once: n0's node steps and n1's controller steps and frees interleave
+        // on one record, so n0 often sees a claim vanish before it saw its controller step.
+        let waits: Vec<_> = workloads
+            .iter()
+            .map(|w| {
+                let claims = a.claims.clone();
+                let (id, w) = (v.id.clone(), w.clone());
+                tokio::spawn(async move { claims.release_and_wait(&id, &w).await })
+            })
+            .collect();
+        for wait in waits {
+            let freed = tokio::time::timeout(Duration::from_secs(60), wait)
+                .await
+                .expect("every release ends")
+                .expect("no panic")
+                .expect("released, with no Reloading error on the way");
+            // However much of the release n0 saw, its waiter hears `Freed`.
+            let ClaimState::Freed(done) = freed.state() else {
+                panic!("not freed: {freed:?}");
+            };
+            assert_ne!(
+                done.node,
+                csi_claims::NodeStep::DoneElsewhere,
+                "n0 did the node step"
+            );
+        }
+    }
+    assert!(store_a.load(&v.id).await.unwrap().is_none());
+    // Each call made once: a step's outcome that a refused write carried is written again
+    // after the read, not earned again with a second call. (The controller is called for
+    // the last claim on the node only: the others skip it, the volume still being used.)
+    let node_calls = a.plugin.node_calls.lock().unwrap().clone();
+    let controller_calls = b.plugin.controller_calls.lock().unwrap().clone();
+    for (who, calls) in [
+        ("n0's node", &node_calls),
+        ("n1's controller", &controller_calls),
+    ] {
+        let distinct: std::collections::BTreeSet<_> = calls.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            calls.len(),
+            "{who} calls repeated: {calls:?}"
+        );
+    }
+    assert_eq!(node_calls.len(), 120);
+    assert!(controller_calls.len() >= 4, "{controller_calls:?}");
+    a.driver.shutdown().await;
+    b.driver.shutdown().await;
 }

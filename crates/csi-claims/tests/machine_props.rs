@@ -285,6 +285,7 @@ impl World {
                 prop_assert!(p.node_ok, "freed without node detach: {:?}", key)
             }
             NodeStep::SkippedNodeGone => prop_assert!(self.gone.contains(claim.node())),
+            NodeStep::DoneElsewhere => prop_assert!(false, "one machine alone freed {:?}", key),
         }
         let info = self.infos.iter().find(|i| &i.id == claim.volume()).unwrap();
         match &done.controller {
@@ -294,6 +295,9 @@ impl World {
             }
             ControllerStep::SkippedStillUsedOnNode { .. } => {
                 prop_assert_eq!(info.controller, ControllerRequirement::Required)
+            }
+            ControllerStep::DoneElsewhere => {
+                prop_assert!(false, "one machine alone freed {:?}", key)
             }
         }
         Ok(())

@@ -49,7 +49,7 @@ pub enum DriverError {
 type Key = (VolumeId, WorkloadId);
 
 /// How often [`ClaimsHandle::claim`] decides again after losing a race for a volume's record.
-const CLAIM_ATTEMPTS: u32 = 5;
+const CLAIM_ATTEMPTS: u32 = 6;
 
 /// Callers waiting for a claim to become durable or to be freed.
 #[derive(Debug, Default)]
@@ -146,8 +146,13 @@ impl ClaimsHandle {
         loop {
             attempts += 1;
             match self.claim_once(info, request.clone()).await {
-                Err(DriverError::Lost { .. })
-                | Err(DriverError::Claim(ClaimError::Reloading { .. }))
+                Err(DriverError::Lost { .. }) if attempts < CLAIM_ATTEMPTS => {
+                    // Other agents are writing the volume: step aside a little longer each
+                    // time (10 ms, 20 ms, ...) so that racing claims do not collide again.
+                    self.settled(&request.volume).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(5 << attempts)).await;
+                }
+                Err(DriverError::Claim(ClaimError::Reloading { .. }))
                     if attempts < CLAIM_ATTEMPTS =>
                 {
                     // A reload in flight settles in one store read; wait for the machine.
@@ -156,6 +161,33 @@ impl ClaimsHandle {
                 other => return other,
             }
         }
+    }
+
+    /// The driver's state once the volume can take a release: with a store shared by several
+    /// agents, the volume's record may be being read again after another agent's write, and a
+    /// release waits for that (as a claim does) rather than failing.
+    async fn start_release(
+        &self,
+        volume: &VolumeId,
+    ) -> Result<std::sync::MutexGuard<'_, super::State>, DriverError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            {
+                let state = self.shared.lock();
+                if state.stopped {
+                    return Err(DriverError::Stopped);
+                }
+                if !state.machine.is_reloading(volume) {
+                    return Ok(state);
+                }
+            }
+            self.settled(volume).await;
+        }
+        // Still reloading: the machine answers with its `Reloading` error.
+        let state = self.shared.lock();
+        if state.stopped {
+            return Err(DriverError::Stopped);
+        }
+        Ok(state)
     }
 
     /// Waits, at most about a second, until the volume's record is not being read again.
@@ -203,10 +235,7 @@ impl ClaimsHandle {
         workload: &WorkloadId,
     ) -> Result<ReleaseStarted, DriverError> {
         let (started, rx) = {
-            let mut state = self.shared.lock();
-            if state.stopped {
-                return Err(DriverError::Stopped);
-            }
+            let mut state = self.start_release(volume).await?;
             let started = state.machine.release(volume, workload, now())?;
             let (tx, rx) = oneshot::channel();
             state
@@ -235,10 +264,7 @@ impl ClaimsHandle {
         workload: &WorkloadId,
     ) -> Result<Claim, DriverError> {
         let rx = {
-            let mut state = self.shared.lock();
-            if state.stopped {
-                return Err(DriverError::Stopped);
-            }
+            let mut state = self.start_release(volume).await?;
             state.machine.release(volume, workload, now())?;
             let (tx, rx) = oneshot::channel();
             state

@@ -236,6 +236,12 @@ struct Entry {
     floor: Option<Version>,
     /// The last write was this machine's delete of the record: its echo is still to come.
     deleted_here: bool,
+    /// Steps this machine performed whose outcome is in memory but not yet durable: the
+    /// revision that holds it, the claim as it was before the step, and the state after. A
+    /// write refused because another agent wrote the volume meanwhile is followed by a read;
+    /// these outcomes are applied again to what was read (if the claim is still as it was),
+    /// so that a call that succeeded is not made again.
+    unrecorded: Vec<(u64, Claim, ClaimState)>,
 }
 
 impl Entry {
@@ -256,6 +262,7 @@ impl Entry {
             stale: None,
             floor: version,
             deleted_here: false,
+            unrecorded: Vec::new(),
         }
     }
 
@@ -752,6 +759,7 @@ impl ReleaseMachine {
                 entry.deleted_here = version.is_none();
                 entry.version = version;
                 entry.durable_rev = rev;
+                entry.unrecorded.retain(|(r, _, _)| *r > rev);
                 entry.store_retry.succeeded();
                 let mut kept = Vec::new();
                 for waiter in entry.waiters.drain(..) {
@@ -853,6 +861,17 @@ impl ReleaseMachine {
                 };
                 let mut record = record;
                 let mut rev = u64::from(format == Format::V1);
+                // Outcomes of calls this machine made that the refused write carried.
+                let mut unrecorded = Vec::new();
+                for (_, before, after) in entry.unrecorded.drain(..) {
+                    if let Some(i) = record.position(&before.workload)
+                        && record.claims[i] == before
+                    {
+                        record.claims[i].state = after.clone();
+                        rev += 1;
+                        unrecorded.push((rev, before, after));
+                    }
+                }
                 let mut kept = Vec::new();
                 for mut waiter in entry.waiters.drain(..) {
                     let position = record.position(&waiter.workload);
@@ -892,6 +911,10 @@ impl ReleaseMachine {
                 entry.version = version;
                 entry.raise_floor(version);
                 entry.deleted_here = false;
+                for outcome in &mut unrecorded {
+                    outcome.0 = rev;
+                }
+                entry.unrecorded = unrecorded;
                 entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
@@ -969,10 +992,13 @@ impl ReleaseMachine {
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if claim.state == ClaimState::Releasing {
+                        let before = claim.clone();
                         claim.state = ClaimState::NodeDetached(NodeDetached {
                             node: NodeStep::Detached { unstaged: unstage },
                         });
                         entry.rev += 1;
+                        let after = claim.state.clone();
+                        entry.unrecorded.push((entry.rev, before, after));
                     }
                 }
             }
@@ -1026,11 +1052,14 @@ impl ReleaseMachine {
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if let ClaimState::NodeDetached(done) = &claim.state {
+                        let before = claim.clone();
                         claim.state = ClaimState::ControllerDetached(Detached {
                             node: done.node,
                             controller: ControllerStep::Detached,
                         });
                         entry.rev += 1;
+                        let after = claim.state.clone();
+                        entry.unrecorded.push((entry.rev, before, after));
                     }
                 }
             }
@@ -1354,9 +1383,19 @@ fn freed_elsewhere<'a>(
         .filter(|c| c.state.is_releasing() && new.position(&c.workload).is_none())
         .map(|c| {
             let mut claim = c.clone();
-            if let ClaimState::ControllerDetached(d) | ClaimState::ReadyToFree(d) = &claim.state {
-                claim.state = ClaimState::Freed(d.clone());
-            }
+            // The agent that freed it knew how both steps ended; this one knows what it saw.
+            let detached = match &claim.state {
+                ClaimState::ControllerDetached(d) | ClaimState::ReadyToFree(d) => d.clone(),
+                ClaimState::NodeDetached(n) => Detached {
+                    node: n.node,
+                    controller: ControllerStep::DoneElsewhere,
+                },
+                _ => Detached {
+                    node: NodeStep::DoneElsewhere,
+                    controller: ControllerStep::DoneElsewhere,
+                },
+            };
+            claim.state = ClaimState::Freed(detached);
             Event::Freed(claim)
         })
 }
