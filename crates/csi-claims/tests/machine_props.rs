@@ -367,10 +367,26 @@ impl World {
             Action::ControllerDetach(c) => {
                 let r = result(DetachRpc::ControllerUnpublish);
                 if r.is_ok() || matches!(outcome, Outcome::AlreadyDone) {
-                    self.progress
-                        .entry((c.volume.clone(), c.workload.clone()))
-                        .or_default()
-                        .controller_ok = true;
+                    // One call detaches the volume from the node: it counts for every claim
+                    // on that node whose node step is done.
+                    let on_node: Vec<WorkloadId> = self
+                        .machine
+                        .record(&c.volume)
+                        .map(|rec| {
+                            rec.claims()
+                                .iter()
+                                .filter(|x| x.node() == &c.node)
+                                .map(|x| x.workload().clone())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    for w in on_node.into_iter().chain([c.workload.clone()]) {
+                        let asked = w == c.workload;
+                        let p = self.progress.entry((c.volume.clone(), w)).or_default();
+                        if p.node_ok || asked {
+                            p.controller_ok = true;
+                        }
+                    }
                 }
                 if matches!(outcome, Outcome::Fail(_)) {
                     self.failed.insert(c.volume.clone());

@@ -1049,17 +1049,31 @@ impl ReleaseMachine {
             }
             _ => {
                 entry.step_retry.succeeded_for(&workload);
-                if let Some(i) = entry.record.position(&workload) {
-                    let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
-                    if let ClaimState::NodeDetached(done) = &claim.state {
-                        let before = claim.clone();
-                        claim.state = ClaimState::ControllerDetached(Detached {
-                            node: done.node,
-                            controller: ControllerStep::Detached,
-                        });
+                // `ControllerUnpublishVolume` detaches the volume from the node, not from one
+                // claim: every claim on that node whose node step is done is detached by it
+                // (none still uses the node, or the step would not have been taken).
+                let node = entry
+                    .record
+                    .position(&workload)
+                    .map(|i| entry.record.claims[i].node.clone());
+                if let Some(node) = node {
+                    let record = Arc::make_mut(&mut entry.record);
+                    let mut changed = false;
+                    for claim in record.claims.iter_mut().filter(|c| c.node == node) {
+                        if let ClaimState::NodeDetached(done) = &claim.state {
+                            let before = claim.clone();
+                            claim.state = ClaimState::ControllerDetached(Detached {
+                                node: done.node,
+                                controller: ControllerStep::Detached,
+                            });
+                            changed = true;
+                            entry
+                                .unrecorded
+                                .push((entry.rev + 1, before, claim.state.clone()));
+                        }
+                    }
+                    if changed {
                         entry.rev += 1;
-                        let after = claim.state.clone();
-                        entry.unrecorded.push((entry.rev, before, after));
                     }
                 }
             }
