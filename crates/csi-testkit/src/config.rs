@@ -9,7 +9,7 @@ use crate::capabilities::{
     GroupControllerCapability, NODE_IMPLEMENTED, NodeCapability, PluginCapabilities, PluginService,
     VolumeExpansion,
 };
-use csi_structs::limits::{MAX_NAME_CHARS, MAX_PLUGIN_NODE_ID_BYTES};
+use csi_structs::limits::{MAX_NAME_CHARS, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES};
 
 use crate::plugin::{MockPlugin, Shared};
 use crate::quirks::{Quirk, Quirks};
@@ -89,6 +89,16 @@ pub enum ConfigError {
         /// The text given.
         text: String,
     },
+    /// A configured `mutable_parameters` key is empty or longer than the spec's 128 bytes.
+    #[error("mutable parameter key {key:?} is {len} bytes; it must be 1 to {limit} bytes")]
+    InvalidMutableParameterKey {
+        /// The key given.
+        key: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, 128.
+        limit: usize,
+    },
     /// The default volume size exceeds the largest volume allowed.
     #[error("default volume size {default} exceeds the maximum volume size {max}")]
     DefaultAboveMax {
@@ -134,6 +144,10 @@ pub struct Config {
     pub group_caps: BTreeSet<GroupControllerCapability>,
     /// Keep at most this many call records (oldest dropped first); `None` keeps all.
     pub call_log_limit: Option<usize>,
+    /// The `mutable_parameters` keys `CreateVolume` and `ControllerModifyVolume` accept; any
+    /// other key is refused with INVALID_ARGUMENT naming it. Empty by default: the mock
+    /// supports no mutable parameter until told which.
+    pub mutable_parameter_keys: BTreeSet<String>,
 }
 
 /// A volume that exists before any `CreateVolume`, as a pre-provisioned volume would.
@@ -178,6 +192,7 @@ impl Default for MockPluginBuilder {
                 node_caps: NODE_IMPLEMENTED.iter().copied().collect(),
                 group_caps: GROUP_CONTROLLER_IMPLEMENTED.iter().copied().collect(),
                 call_log_limit: None,
+                mutable_parameter_keys: BTreeSet::new(),
             },
             plugin_caps_set: false,
             expansion: None,
@@ -348,6 +363,22 @@ impl MockPluginBuilder {
         self
     }
 
+    /// A `mutable_parameters` key `CreateVolume` and `ControllerModifyVolume` accept
+    /// (repeatable). Other keys are refused with INVALID_ARGUMENT naming the key, as real
+    /// plugins refuse what they cannot change; with none configured, every key is refused.
+    ///
+    /// ```
+    /// let plugin = csi_testkit::MockPlugin::builder()
+    ///     .mutable_parameter_key("iops")
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(plugin.config().mutable_parameter_keys.contains("iops"));
+    /// ```
+    pub fn mutable_parameter_key(mut self, key: impl Into<String>) -> Self {
+        self.config.mutable_parameter_keys.insert(key.into());
+        self
+    }
+
     /// Keep at most `limit` call records (useful for long benchmarks).
     pub fn call_log_limit(mut self, limit: usize) -> Self {
         self.config.call_log_limit = Some(limit);
@@ -405,6 +436,15 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
             default: config.default_volume_bytes,
             max: config.max_volume_bytes,
         });
+    }
+    for key in &config.mutable_parameter_keys {
+        if key.is_empty() || key.len() > MAX_STRING_BYTES {
+            return Err(ConfigError::InvalidMutableParameterKey {
+                key: key.clone(),
+                len: key.len(),
+                limit: MAX_STRING_BYTES,
+            });
+        }
     }
     for (key, value) in &config.topology {
         for (part, text) in [("key", key), ("value", value)] {

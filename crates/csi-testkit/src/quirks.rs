@@ -26,6 +26,15 @@ pub enum Quirk {
     /// A repeated `NodeUnpublishVolume`, `NodeUnstageVolume` or `ControllerUnpublishVolume`
     /// for something no longer published answers NOT_FOUND instead of OK.
     NotFoundOnRepeatedUnpublish,
+    /// Argument checks come before the existence check where real plugins and csi-sanity
+    /// expect the reverse, as this mock once did: `ControllerModifyVolume` without
+    /// `mutable_parameters`, `NodeGetVolumeStats` and `NodeExpandVolume` with a relative
+    /// `volume_path`, and `GetVolumeGroupSnapshot` / `DeleteVolumeGroupSnapshot` without
+    /// `snapshot_ids` answer INVALID_ARGUMENT even when the object does not exist.
+    ArgumentChecksFirst,
+    /// `CreateVolume` and `ControllerModifyVolume` accept any `mutable_parameters` key, not
+    /// only the configured ones (as this mock once did).
+    AnyMutableParameterKey,
 }
 
 /// What `Probe` answers.
@@ -47,6 +56,8 @@ pub(crate) struct Quirks {
     pub(crate) probe: ProbeAnswer,
     pub(crate) late_socket: Option<Duration>,
     pub(crate) not_found_on_repeated_unpublish: bool,
+    pub(crate) argument_checks_first: bool,
+    pub(crate) any_mutable_parameter_key: bool,
 }
 
 impl Quirks {
@@ -60,6 +71,8 @@ impl Quirks {
             Quirk::ProbeNotReady => self.probe = ProbeAnswer::NotReady,
             Quirk::LateSocket(delay) => self.late_socket = Some(delay),
             Quirk::NotFoundOnRepeatedUnpublish => self.not_found_on_repeated_unpublish = true,
+            Quirk::ArgumentChecksFirst => self.argument_checks_first = true,
+            Quirk::AnyMutableParameterKey => self.any_mutable_parameter_key = true,
         }
     }
 }

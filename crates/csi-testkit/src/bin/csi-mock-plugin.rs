@@ -37,10 +37,15 @@ wire_name!(
     PluginService
 );
 
+/// A comma-separated list given as one flag value. A newtype, because clap reads
+/// `Option<Vec<T>>` as a repeatable flag of single values.
+#[derive(Clone, Debug)]
+struct List<T>(Vec<T>);
+
 /// Parses `A,B,C` (case-insensitive, `-` for `_`) or `none`.
-fn parse_list<T: WireName + Clone + Send + Sync + 'static>(text: &str) -> Result<Vec<T>, String> {
+fn parse_list<T: WireName + Clone + Send + Sync + 'static>(text: &str) -> Result<List<T>, String> {
     if text.trim().eq_ignore_ascii_case("none") {
-        return Ok(Vec::new());
+        return Ok(List(Vec::new()));
     }
     text.split(',')
         .map(str::trim)
@@ -49,7 +54,8 @@ fn parse_list<T: WireName + Clone + Send + Sync + 'static>(text: &str) -> Result
             let name = s.to_ascii_uppercase().replace('-', "_");
             T::from_wire_name(&name).ok_or_else(|| format!("unknown capability {s:?}"))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(List)
 }
 
 fn parse_topology(text: &str) -> Result<(String, String), String> {
@@ -85,6 +91,10 @@ enum QuirkArg {
     ProbeNotReady,
     /// A repeated unpublish or unstage answers NOT_FOUND.
     NotFoundOnRepeatedUnpublish,
+    /// Argument checks before the existence check (this mock's behaviour before csi-sanity).
+    ArgumentChecksFirst,
+    /// CreateVolume and ControllerModifyVolume accept any mutable_parameters key.
+    AnyMutableParameterKey,
 }
 
 impl QuirkArg {
@@ -97,6 +107,8 @@ impl QuirkArg {
             QuirkArg::ProbeReadyAbsent => Quirk::ProbeReadyAbsent,
             QuirkArg::ProbeNotReady => Quirk::ProbeNotReady,
             QuirkArg::NotFoundOnRepeatedUnpublish => Quirk::NotFoundOnRepeatedUnpublish,
+            QuirkArg::ArgumentChecksFirst => Quirk::ArgumentChecksFirst,
+            QuirkArg::AnyMutableParameterKey => Quirk::AnyMutableParameterKey,
         }
     }
 }
@@ -146,17 +158,17 @@ struct Args {
     /// Plugin service capabilities, comma-separated wire names, or `none`
     /// (default: follows the role).
     #[arg(long, value_parser = parse_list::<PluginService>)]
-    plugin_caps: Option<Vec<PluginService>>,
+    plugin_caps: Option<List<PluginService>>,
     /// The volume expansion mode GetPluginCapabilities reports.
     #[arg(long, value_enum, default_value = "online")]
     expansion: ExpansionArg,
     /// Controller capabilities, comma-separated wire names (CREATE_DELETE_VOLUME,...), or
     /// `none` (default: every one the mock implements).
     #[arg(long, value_parser = parse_list::<ControllerCapability>)]
-    controller_caps: Option<Vec<ControllerCapability>>,
+    controller_caps: Option<List<ControllerCapability>>,
     /// Node capabilities, comma-separated wire names, or `none` (default: all implemented).
     #[arg(long, value_parser = parse_list::<NodeCapability>)]
-    node_caps: Option<Vec<NodeCapability>>,
+    node_caps: Option<List<NodeCapability>>,
     /// Behave like a plugin with this quirk (repeatable).
     #[arg(long = "quirk", value_enum)]
     quirks: Vec<QuirkArg>,
@@ -165,7 +177,11 @@ struct Args {
     late_socket_ms: Option<u64>,
     /// Group controller capabilities, comma-separated wire names, or `none`.
     #[arg(long, value_parser = parse_list::<GroupControllerCapability>)]
-    group_caps: Option<Vec<GroupControllerCapability>>,
+    group_caps: Option<List<GroupControllerCapability>>,
+    /// A mutable_parameters key CreateVolume and ControllerModifyVolume accept (repeatable);
+    /// other keys are refused with INVALID_ARGUMENT. Default: none.
+    #[arg(long = "mutable-parameter-key")]
+    mutable_parameter_keys: Vec<String>,
 }
 
 fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
@@ -200,7 +216,7 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
         ExpansionArg::Offline => Some(VolumeExpansion::Offline),
         ExpansionArg::None => None,
     };
-    if let Some(services) = &args.plugin_caps {
+    if let Some(List(services)) = &args.plugin_caps {
         builder = builder.plugin_capabilities(services.iter().copied(), expansion);
     }
     builder = builder.volume_expansion(expansion);
@@ -210,14 +226,17 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
     if let Some(ms) = args.late_socket_ms {
         builder = builder.quirk(Quirk::LateSocket(std::time::Duration::from_millis(ms)));
     }
-    if let Some(caps) = &args.controller_caps {
+    if let Some(List(caps)) = &args.controller_caps {
         builder = builder.controller_capabilities(caps.iter().copied());
     }
-    if let Some(caps) = &args.node_caps {
+    if let Some(List(caps)) = &args.node_caps {
         builder = builder.node_capabilities(caps.iter().copied());
     }
-    if let Some(caps) = &args.group_caps {
+    if let Some(List(caps)) = &args.group_caps {
         builder = builder.group_controller_capabilities(caps.iter().copied());
+    }
+    for key in &args.mutable_parameter_keys {
+        builder = builder.mutable_parameter_key(key);
     }
     builder.build()
 }

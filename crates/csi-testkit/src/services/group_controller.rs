@@ -129,13 +129,18 @@ impl MockPlugin {
         req: DeleteVolumeGroupSnapshotRequest,
     ) -> Result<DeleteVolumeGroupSnapshotResponse, Status> {
         validate::required("group_snapshot_id", &req.group_snapshot_id)?;
-        let ids = check_ids("snapshot_ids", &req.snapshot_ids)?;
         validate::secrets(&req.secrets)?;
         let mut inner = self.shared.lock();
+        if inner.quirks.argument_checks_first {
+            check_ids("snapshot_ids", &req.snapshot_ids)?;
+        }
         let state = &mut inner.state;
+        // Gone already: OK whatever the member list says (csi-sanity deletes an unknown id
+        // without snapshot_ids and expects OK).
         let Some(group) = state.groups.get(&req.group_snapshot_id) else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
+        let ids = check_ids("snapshot_ids", &req.snapshot_ids)?;
         Self::check_members(group, &ids)?;
         if let Some(group) = state.groups.remove(&req.group_snapshot_id) {
             for id in &group.snapshot_ids {
@@ -151,9 +156,11 @@ impl MockPlugin {
         req: GetVolumeGroupSnapshotRequest,
     ) -> Result<GetVolumeGroupSnapshotResponse, Status> {
         validate::required("group_snapshot_id", &req.group_snapshot_id)?;
-        let ids = check_ids("snapshot_ids", &req.snapshot_ids)?;
         validate::secrets(&req.secrets)?;
         let inner = self.shared.lock();
+        if inner.quirks.argument_checks_first {
+            check_ids("snapshot_ids", &req.snapshot_ids)?;
+        }
         let group = inner
             .state
             .groups
@@ -164,6 +171,7 @@ impl MockPlugin {
                     req.group_snapshot_id
                 ))
             })?;
+        let ids = check_ids("snapshot_ids", &req.snapshot_ids)?;
         Self::check_members(group, &ids)?;
         Ok(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(inner.state.group_to_wire(group)),

@@ -109,3 +109,114 @@ async fn serves_from_csi_endpoint_and_stops_on_sigterm() {
     assert_eq!(exit.code(), Some(0));
     assert!(!path.exists(), "the socket is removed");
 }
+
+/// A `csi-mock-plugin` child serving on `<dir>/csi.sock`, killed if the test ends early.
+pub(crate) struct Running {
+    child: std::process::Child,
+    pub(crate) socket: std::path::PathBuf,
+}
+
+impl Running {
+    /// Starts the binary with `args` and waits (hang guard only) until Probe answers.
+    pub(crate) async fn start(dir: &std::path::Path, args: &[&str]) -> Running {
+        let socket = dir.join("csi.sock");
+        let child = Command::new(BIN)
+            .env_remove("CSI_ENDPOINT")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary starts");
+        let running = Running { child, socket };
+        tokio::time::timeout(GUARD, async {
+            loop {
+                if let Ok(channel) = csi_testkit::transport::connect_unix(&running.socket).await
+                    && IdentityClient::new(channel)
+                        .probe(ProbeRequest {})
+                        .await
+                        .is_ok()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the binary starts serving");
+        running
+    }
+
+    pub(crate) async fn channel(&self) -> tonic::transport::Channel {
+        csi_testkit::transport::connect_unix(&self.socket)
+            .await
+            .expect("the binary serves its socket")
+    }
+
+    /// SIGTERM, then the exit code.
+    pub(crate) async fn stop(mut self) -> Option<i32> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+        tokio::time::timeout(GUARD, async {
+            loop {
+                if let Some(exit) = self.child.try_wait().expect("wait for the child") {
+                    return exit.code();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the binary stops on SIGTERM")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn capability_lists_reach_the_plugin() {
+    use csi_proto::v1::controller_client::ControllerClient;
+    use csi_proto::v1::{ControllerGetCapabilitiesRequest, controller_service_capability};
+    let dir = tempfile::tempdir().unwrap();
+    let running = Running::start(
+        dir.path(),
+        &[
+            "--controller-caps",
+            "create_delete_volume,MODIFY-VOLUME",
+            "--node-caps",
+            "none",
+            "--mutable-parameter-key",
+            "iops",
+        ],
+    )
+    .await;
+    let mut controller = ControllerClient::new(running.channel().await);
+    let caps: Vec<i32> = controller
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| {
+            c.r#type
+                .map(|controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
+        })
+        .collect();
+    assert_eq!(
+        caps,
+        [
+            csi_testkit::ControllerCapability::CreateDeleteVolume as i32,
+            csi_testkit::ControllerCapability::ModifyVolume as i32
+        ]
+    );
+    assert_eq!(running.stop().await, Some(0));
+}

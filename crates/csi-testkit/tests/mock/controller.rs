@@ -147,16 +147,13 @@ async fn modify_get_restore_clone_and_health() {
             .collect(),
         ..Default::default()
     };
-    h.controller()
-        .controller_modify_volume(modify(&[("iops", "3000")], &volume.volume_id))
-        .await
-        .expect("modify an existing volume");
     let status = code(
         h.controller()
-            .controller_modify_volume(modify(&[], &volume.volume_id))
+            .controller_modify_volume(modify(&[("iops", "3000")], &volume.volume_id))
             .await,
     );
-    assert!(status.message().contains("mutable_parameters"));
+    assert_eq!(status.code(), Code::InvalidArgument, "no key is configured");
+    assert!(status.message().contains("\"iops\""), "{status:?}");
     let status = code(
         h.controller()
             .controller_modify_volume(modify(&[("iops", "1")], "vol-ghost"))

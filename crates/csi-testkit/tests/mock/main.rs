@@ -2,6 +2,7 @@
 //! clients. One test binary (link time is precious); one module per concern.
 
 mod binary;
+mod check_order;
 mod controller;
 mod errors;
 mod faults;

@@ -40,6 +40,9 @@ impl MockPlugin {
                  MODIFY_VOLUME",
             ));
         }
+        if !self.shared.lock().quirks.any_mutable_parameter_key {
+            self.check_mutable_keys(&req.mutable_parameters)?;
+        }
         if req.accessibility_requirements.is_some()
             && !self.has_plugin_service(PluginService::VolumeAccessibilityConstraints)
         {
@@ -267,25 +270,70 @@ impl MockPlugin {
         })
     }
 
+    /// Checks in the order real plugins and csi-sanity expect: the volume id, then that the
+    /// volume exists (NOT_FOUND), then the keys. An empty `mutable_parameters` changes nothing
+    /// and answers OK (csi-sanity's "modify a volume created without a volume attribute class"
+    /// sends exactly that).
     pub(super) fn modify_volume(
         &self,
         req: ControllerModifyVolumeRequest,
     ) -> Result<ControllerModifyVolumeResponse, Status> {
         validate::required("volume_id", &req.volume_id)?;
-        if req.mutable_parameters.is_empty() {
+        validate::map("mutable_parameters", &req.mutable_parameters)?;
+        validate::secrets(&req.secrets)?;
+        let mut inner = self.shared.lock();
+        if inner.quirks.argument_checks_first && req.mutable_parameters.is_empty() {
             return Err(Status::invalid_argument(
                 "mutable_parameters is required (at least one key)",
             ));
         }
-        validate::map("mutable_parameters", &req.mutable_parameters)?;
-        validate::secrets(&req.secrets)?;
-        let mut inner = self.shared.lock();
+        let any_key = inner.quirks.any_mutable_parameter_key;
         let volume =
             inner.state.volumes.get_mut(&req.volume_id).ok_or_else(|| {
                 Status::not_found(format!("volume {} does not exist", req.volume_id))
             })?;
+        if !any_key {
+            self.check_mutable_keys(&req.mutable_parameters)?;
+        }
         volume.mutable_parameters.extend(req.mutable_parameters);
         Ok(ControllerModifyVolumeResponse {})
+    }
+
+    /// Refuses every `mutable_parameters` key the configuration does not list, naming them.
+    pub(super) fn check_mutable_keys(
+        &self,
+        mutable_parameters: &HashMap<String, String>,
+    ) -> Result<(), Status> {
+        let supported = &self.config().mutable_parameter_keys;
+        let mut unsupported: Vec<&str> = mutable_parameters
+            .keys()
+            .map(String::as_str)
+            .filter(|key| !supported.contains(*key))
+            .collect();
+        if unsupported.is_empty() {
+            return Ok(());
+        }
+        unsupported.sort_unstable();
+        let accepted = if supported.is_empty() {
+            "this plugin supports no mutable parameter".to_string()
+        } else {
+            format!(
+                "supported keys: {}",
+                supported
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        Err(Status::invalid_argument(format!(
+            "mutable_parameters key {} is not supported ({accepted})",
+            unsupported
+                .iter()
+                .map(|key| format!("{key:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     pub(super) fn get_capacity(

@@ -35,15 +35,29 @@ impl MockPlugin {
         Ok(volume.map_or(self.config().default_volume_bytes, |v| v.capacity))
     }
 
+    /// The checks of `volume_path` before the volume is looked up: present. A relative path
+    /// cannot be where a volume is staged or published, so it is answered NOT_FOUND by the
+    /// lookup, as real plugins and csi-sanity expect (with
+    /// [`Quirk::ArgumentChecksFirst`](crate::Quirk::ArgumentChecksFirst), INVALID_ARGUMENT
+    /// first, as this mock once did).
+    fn check_volume_path(&self, req_path: &str, staging_target_path: &str) -> Result<(), Status> {
+        if self.shared.lock().quirks.argument_checks_first {
+            validate::path("volume_path", req_path)?;
+        } else {
+            validate::required_within("volume_path", req_path, usize::MAX)?;
+        }
+        if !staging_target_path.is_empty() {
+            validate::path("staging_target_path", staging_target_path)?;
+        }
+        Ok(())
+    }
+
     pub(super) fn node_stats(
         &self,
         req: NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, Status> {
         validate::required("volume_id", &req.volume_id)?;
-        validate::path("volume_path", &req.volume_path)?;
-        if !req.staging_target_path.is_empty() {
-            validate::path("staging_target_path", &req.staging_target_path)?;
-        }
+        self.check_volume_path(&req.volume_path, &req.staging_target_path)?;
         let inner = self.shared.lock();
         let size = self.size_at(&inner.state, &req.volume_id, &req.volume_path)?;
         Ok(NodeGetVolumeStatsResponse {
@@ -70,10 +84,7 @@ impl MockPlugin {
         req: NodeExpandVolumeRequest,
     ) -> Result<NodeExpandVolumeResponse, Status> {
         validate::required("volume_id", &req.volume_id)?;
-        validate::path("volume_path", &req.volume_path)?;
-        if !req.staging_target_path.is_empty() {
-            validate::path("staging_target_path", &req.staging_target_path)?;
-        }
+        self.check_volume_path(&req.volume_path, &req.staging_target_path)?;
         let range = req.capacity_range.unwrap_or_default();
         validate::capacity_range("capacity_range", &range)?;
         if let Some(cap) = &req.volume_capability {
