@@ -91,7 +91,7 @@ fn assert_no_failures_and_stated_skips(report: &Report) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mock_passes_every_check_and_nothing_is_left_behind() {
-    let served = Served::start(MockPlugin::builder()).await;
+    let served = Served::start(MockPlugin::builder().mutable_parameter_key("iops")).await;
     let options = served
         .options()
         .secret(SECRET_KEY, SECRET_VALUE)
@@ -114,6 +114,10 @@ async fn the_mock_passes_every_check_and_nothing_is_left_behind() {
         Check::Idempotent(Rpc::CreateVolumeGroupSnapshot),
         Check::Idempotent(Rpc::DeleteVolumeGroupSnapshot),
         Check::NotFound(Rpc::GetVolumeGroupSnapshot),
+        Check::NotFound(Rpc::ControllerModifyVolume),
+        Check::NotFound(Rpc::NodeGetVolumeStats),
+        Check::NotFound(Rpc::NodeExpandVolume),
+        Check::MutableParameterKeys,
         Check::Pagination(Rpc::ListVolumes),
         Check::Pagination(Rpc::ListSnapshots),
         Check::ValidateConfirms,
@@ -392,6 +396,81 @@ async fn a_plugin_that_never_confirms_fails_validation() {
     // Only the checks the quirk touches fail.
     let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
     assert_eq!(failed, [Check::ValidateConfirms], "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+/// The mock as it was before csi-sanity was run against it: argument checks before the
+/// existence check. The suite fails exactly the checks csi-sanity failed it on, naming the case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argument_checks_before_not_found_fail_the_not_found_checks() {
+    let served = Served::start(
+        MockPlugin::builder()
+            .mutable_parameter_key("iops")
+            .quirk(Quirk::ArgumentChecksFirst),
+    )
+    .await;
+    let report = served
+        .run(served.options().mutable_parameter("iops", "300"))
+        .await;
+    let expected = [
+        (
+            Check::NotFound(Rpc::ControllerModifyVolume),
+            "without mutable_parameters",
+        ),
+        (
+            Check::NotFound(Rpc::GetVolumeGroupSnapshot),
+            "without snapshot_ids",
+        ),
+        (Check::NotFound(Rpc::NodeGetVolumeStats), "relative path"),
+        (Check::NotFound(Rpc::NodeExpandVolume), "relative path"),
+        (
+            Check::Idempotent(Rpc::DeleteVolumeGroupSnapshot),
+            "without snapshot_ids",
+        ),
+    ];
+    for (check, case) in expected {
+        match outcome(&report, check) {
+            Outcome::Fail { reason } => assert!(
+                reason.contains(case) && reason.contains("INVALID_ARGUMENT"),
+                "{check}: {reason}"
+            ),
+            other => panic!("{check} should fail, got {other:?}\n{report}"),
+        }
+    }
+    let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
+    assert_eq!(
+        failed.len(),
+        expected.len(),
+        "only the checks the quirk touches fail:\n{report}"
+    );
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+/// The mock as it was before: any mutable parameter key accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepting_any_mutable_parameter_key_fails_the_mutable_parameter_check() {
+    let served = Served::start(MockPlugin::builder().quirk(Quirk::AnyMutableParameterKey)).await;
+    let report = served.run(served.options()).await;
+    match outcome(&report, Check::MutableParameterKeys) {
+        Outcome::Fail { reason } => assert!(
+            reason.contains("CreateVolume") && reason.contains("ControllerModifyVolume"),
+            "both calls are named: {reason}"
+        ),
+        other => panic!("MutableParameterKeys should fail, got {other:?}\n{report}"),
+    }
+    let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
+    assert_eq!(failed, [Check::MutableParameterKeys], "{report}");
+    served.server.shutdown().await.expect("the mock shuts down");
+    // A mock configured with the key passes the same check.
+    let served = Served::start(MockPlugin::builder().mutable_parameter_key("iops")).await;
+    let report = served
+        .run(served.options().mutable_parameter("iops", "300"))
+        .await;
+    assert_eq!(
+        outcome(&report, Check::MutableParameterKeys),
+        Outcome::Pass,
+        "{report}"
+    );
     served.server.shutdown().await.expect("the mock shuts down");
 }
 

@@ -29,7 +29,11 @@ pub enum Check {
     UnadvertisedRpcsUnimplemented,
     /// Requests missing each required field are rejected with INVALID_ARGUMENT.
     RequiredFields(Rpc),
-    /// Requests naming an unknown volume, snapshot or node are answered NOT_FOUND.
+    /// Requests naming an unknown volume, snapshot or node are answered NOT_FOUND, also when
+    /// an argument that can only be judged against the object is missing or odd (a
+    /// ControllerModifyVolume without `mutable_parameters`, a relative `volume_path`, a
+    /// GetVolumeGroupSnapshot without `snapshot_ids`): real plugins and csi-sanity look the
+    /// object up first.
     NotFound(Rpc),
     /// Repeating the call gives OK and the same result.
     Idempotent(Rpc),
@@ -45,6 +49,10 @@ pub enum Check {
     /// CreateVolume accepts a name of exactly 128 bytes (the spec's string limit), and the ids
     /// and volume context the plugin returns stay within the spec's limits.
     SizeLimits,
+    /// CreateVolume and ControllerModifyVolume refuse a `mutable_parameters` key the plugin
+    /// cannot support with INVALID_ARGUMENT (and change nothing), and accept the keys given
+    /// with [`Options::mutable_parameter`](super::Options::mutable_parameter).
+    MutableParameterKeys,
 }
 
 /// RPCs with a [`Check::RequiredFields`] check, in run order.
@@ -82,6 +90,7 @@ pub const NOT_FOUND_RPCS: &[Rpc] = &[
     Rpc::GetSnapshot,
     Rpc::GetVolumeGroupSnapshot,
     Rpc::NodeGetVolumeStats,
+    Rpc::NodeExpandVolume,
 ];
 
 /// RPCs with a [`Check::Idempotent`] check, in run order. The node RPCs' repeats are part
@@ -126,6 +135,7 @@ impl Check {
             Check::NodeLifecycle,
             Check::SecretsPassedThrough,
             Check::SizeLimits,
+            Check::MutableParameterKeys,
         ]);
         all
     }
@@ -149,6 +159,7 @@ impl Check {
             Check::NodeLifecycle => "node/lifecycle".into(),
             Check::SecretsPassedThrough => "secrets/passed-through".into(),
             Check::SizeLimits => "limits/string-sizes".into(),
+            Check::MutableParameterKeys => "controller/mutable-parameter-keys".into(),
         }
     }
 
@@ -194,6 +205,10 @@ impl Check {
             }
             Check::SizeLimits => {
                 "a 128-byte name is accepted; returned ids and contexts fit the spec's limits"
+                    .into()
+            }
+            Check::MutableParameterKeys => {
+                "an unsupported mutable_parameters key is refused, the configured ones accepted"
                     .into()
             }
         }

@@ -4,6 +4,7 @@ mod consistency;
 mod idempotent;
 mod identity;
 mod limits;
+mod mutable;
 mod node;
 mod not_found;
 mod pagination;
@@ -31,5 +32,6 @@ pub(crate) async fn run(ctx: &mut Ctx, check: Check) -> Step {
         Check::NodeLifecycle => node::lifecycle(ctx).await,
         Check::SecretsPassedThrough => secrets::passed_through(ctx).await,
         Check::SizeLimits => limits::string_sizes(ctx).await,
+        Check::MutableParameterKeys => mutable::keys(ctx).await,
     }
 }

@@ -124,19 +124,31 @@ async fn cases(ctx: &mut Ctx, rpc: Rpc) -> Result<Vec<(String, Call)>, Stop> {
                 volume_capability: Some(cap),
             }),
         )],
+        // Real plugins and csi-sanity look the volume up before they judge the parameters, so
+        // an unknown volume is NOT_FOUND even with no (or unsupported) mutable parameters.
         Rpc::ControllerModifyVolume => {
             let mut mutable_parameters = ctx.options.mutable_parameters.clone();
             if mutable_parameters.is_empty() {
                 mutable_parameters.insert("csi-conformance".into(), "probe".into());
             }
-            vec![(
-                format!("unknown volume {absent_volume}"),
-                Call::ControllerModifyVolume(v1::ControllerModifyVolumeRequest {
-                    volume_id: absent_volume.clone(),
-                    secrets,
-                    mutable_parameters,
-                }),
-            )]
+            let request = v1::ControllerModifyVolumeRequest {
+                volume_id: absent_volume.clone(),
+                secrets,
+                mutable_parameters,
+            };
+            vec![
+                (
+                    format!("unknown volume {absent_volume}"),
+                    Call::ControllerModifyVolume(request.clone()),
+                ),
+                (
+                    format!("unknown volume {absent_volume} without mutable_parameters"),
+                    Call::ControllerModifyVolume(v1::ControllerModifyVolumeRequest {
+                        mutable_parameters: Default::default(),
+                        ..request
+                    }),
+                ),
+            ]
         }
         Rpc::GetSnapshot => {
             let snapshot_id = ctx.absent_id("snapshot");
@@ -150,23 +162,67 @@ async fn cases(ctx: &mut Ctx, rpc: Rpc) -> Result<Vec<(String, Call)>, Stop> {
         }
         Rpc::GetVolumeGroupSnapshot => {
             let group = ctx.absent_id("group");
-            vec![(
-                format!("unknown group snapshot {group}"),
-                Call::GetVolumeGroupSnapshot(v1::GetVolumeGroupSnapshotRequest {
-                    group_snapshot_id: group.clone(),
-                    snapshot_ids: vec![ctx.absent_id("snapshot")],
-                    secrets,
-                }),
-            )]
+            let request = v1::GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: group.clone(),
+                snapshot_ids: vec![ctx.absent_id("snapshot")],
+                secrets,
+            };
+            vec![
+                (
+                    format!("unknown group snapshot {group}"),
+                    Call::GetVolumeGroupSnapshot(request.clone()),
+                ),
+                // The member list can only be checked against a group that exists.
+                (
+                    format!("unknown group snapshot {group} without snapshot_ids"),
+                    Call::GetVolumeGroupSnapshot(v1::GetVolumeGroupSnapshotRequest {
+                        snapshot_ids: Vec::new(),
+                        ..request
+                    }),
+                ),
+            ]
         }
-        Rpc::NodeGetVolumeStats => vec![(
-            format!("unknown volume {absent_volume}"),
-            Call::NodeGetVolumeStats(v1::NodeGetVolumeStatsRequest {
-                volume_id: absent_volume.clone(),
-                volume_path: path_string(ctx.new_dir("volume-path")?),
-                staging_target_path: String::new(),
-            }),
-        )],
+        Rpc::NodeGetVolumeStats => {
+            let mut cases = Vec::new();
+            for (what, path) in volume_paths(ctx)? {
+                cases.push((
+                    format!("unknown volume {absent_volume} at {what}"),
+                    Call::NodeGetVolumeStats(v1::NodeGetVolumeStatsRequest {
+                        volume_id: absent_volume.clone(),
+                        volume_path: path,
+                        staging_target_path: String::new(),
+                    }),
+                ));
+            }
+            if let Some(volume_id) = known_volume(ctx).await? {
+                for (what, path) in volume_paths(ctx)? {
+                    cases.push((
+                        format!("volume {volume_id}, neither staged nor published at {what}"),
+                        Call::NodeGetVolumeStats(v1::NodeGetVolumeStatsRequest {
+                            volume_id: volume_id.clone(),
+                            volume_path: path,
+                            staging_target_path: String::new(),
+                        }),
+                    ));
+                }
+            }
+            cases
+        }
+        Rpc::NodeExpandVolume => volume_paths(ctx)?
+            .into_iter()
+            .map(|(what, path)| {
+                (
+                    format!("unknown volume {absent_volume} at {what}"),
+                    Call::NodeExpandVolume(v1::NodeExpandVolumeRequest {
+                        volume_id: absent_volume.clone(),
+                        volume_path: path,
+                        capacity_range: ctx.capacity(ctx.options.volume_size.saturating_mul(2)),
+                        secrets: secrets.clone(),
+                        ..Default::default()
+                    }),
+                )
+            })
+            .collect(),
         other => {
             return Err(Stop::skip(format!(
                 "no NOT_FOUND cases for {}",
@@ -174,4 +230,26 @@ async fn cases(ctx: &mut Ctx, rpc: Rpc) -> Result<Vec<(String, Call)>, Stop> {
             )));
         }
     })
+}
+
+/// The `volume_path`s a node call about a volume that is not there is sent with: a scratch
+/// directory, and a relative path (which cannot be where a volume is, so real plugins and
+/// csi-sanity answer NOT_FOUND rather than judge the path first).
+fn volume_paths(ctx: &Ctx) -> Result<Vec<(&'static str, String)>, Stop> {
+    Ok(vec![
+        (
+            "an empty directory",
+            path_string(ctx.new_dir("volume-path")?),
+        ),
+        ("a relative path", "csi-conformance/some/path".to_owned()),
+    ])
+}
+
+/// A volume the plugin knows but has not staged or published: one the suite creates, or the
+/// configured existing volume; `None` when there is neither.
+async fn known_volume(ctx: &mut Ctx) -> Result<Option<String>, Stop> {
+    if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
+        return Ok(Some(ctx.new_volume().await?.volume_id));
+    }
+    Ok(ctx.options.existing_volume.clone())
 }
