@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use crate::capabilities::{
     self, CONTROLLER_IMPLEMENTED, ControllerCapability, GROUP_CONTROLLER_IMPLEMENTED,
@@ -11,8 +12,10 @@ use crate::capabilities::{
 };
 use csi_structs::limits::{MAX_NAME_CHARS, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_BYTES};
 
-use crate::plugin::{MockPlugin, Shared};
+use crate::plugin::{MockPlugin, Shared, StateFile};
 use crate::quirks::{Quirk, Quirks};
+use crate::state::State;
+use crate::state::persist::{self, StateFileError};
 
 /// One GiB, the size of a volume created without a capacity range.
 pub const GIB: i64 = 1 << 30;
@@ -99,6 +102,17 @@ pub enum ConfigError {
         /// The limit, 128.
         limit: usize,
     },
+    /// The id tag is empty, too long, or has characters other than ASCII letters, digits, `-`.
+    #[error("id tag {tag:?} must be 1 to {limit} ASCII letters, digits or '-'")]
+    InvalidIdTag {
+        /// The tag given.
+        tag: String,
+        /// The limit in bytes, 32.
+        limit: usize,
+    },
+    /// The state file could not be read or understood.
+    #[error(transparent)]
+    StateFile(#[from] StateFileError),
     /// The default volume size exceeds the largest volume allowed.
     #[error("default volume size {default} exceeds the maximum volume size {max}")]
     DefaultAboveMax {
@@ -170,6 +184,8 @@ pub struct MockPluginBuilder {
     expansion: Option<Option<VolumeExpansion>>,
     quirks: Vec<Quirk>,
     seeds: Vec<SeedVolume>,
+    state_file: Option<PathBuf>,
+    id_tag: Option<String>,
 }
 
 impl Default for MockPluginBuilder {
@@ -198,6 +214,8 @@ impl Default for MockPluginBuilder {
             expansion: None,
             quirks: Vec::new(),
             seeds: Vec::new(),
+            state_file: None,
+            id_tag: None,
         }
     }
 }
@@ -379,6 +397,32 @@ impl MockPluginBuilder {
         self
     }
 
+    /// Keeps the storage state (volumes, snapshots, group snapshots, controller publications,
+    /// stagings and node publications) in this file, so that it survives a restart: read by
+    /// [`build`](Self::build) if it exists, written atomically (mode 0600) after every call
+    /// that changed the state. Id numbering continues where it stopped. Pre-provisioned volumes
+    /// ([`volume`](Self::volume)) the file does not have are added.
+    ///
+    /// A file that cannot be read or understood makes `build` fail with
+    /// [`ConfigError::StateFile`] naming it; it is never silently replaced.
+    pub fn state_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.state_file = Some(path.into());
+        self
+    }
+
+    /// Puts `tag` into every id the mock makes (`vol-<tag>-1`, `snap-<tag>-2`), so that two
+    /// runs without a shared [state file](Self::state_file) never hand out the same id
+    /// (`csi-mock-plugin` tags with its start time). 1 to 32 ASCII letters, digits or `-`.
+    ///
+    /// ```
+    /// let plugin = csi_testkit::MockPlugin::builder().id_tag("run7").build().unwrap();
+    /// # let _ = plugin;
+    /// ```
+    pub fn id_tag(mut self, tag: impl Into<String>) -> Self {
+        self.id_tag = Some(tag.into());
+        self
+    }
+
     /// Keep at most `limit` call records (useful for long benchmarks).
     pub fn call_log_limit(mut self, limit: usize) -> Self {
         self.config.call_log_limit = Some(limit);
@@ -401,11 +445,27 @@ impl MockPluginBuilder {
             self.config.plugin_caps.expansion = expansion;
         }
         validate(&self.config)?;
+        if let Some(tag) = &self.id_tag {
+            check_id_tag(tag)?;
+        }
         let mut quirks = Quirks::default();
         for quirk in self.quirks {
             quirks.set(quirk);
         }
-        let shared = Shared::new(self.config, quirks, self.seeds);
+        let (state, state_file) = match self.state_file {
+            None => (State::default(), None),
+            Some(path) => {
+                let loaded = persist::load(&path)?;
+                let last = loaded.as_ref().map(persist::encode).unwrap_or_default();
+                let file = StateFile {
+                    path,
+                    last: Mutex::new(last),
+                };
+                (loaded.unwrap_or_default(), Some(file))
+            }
+        };
+        let state = State::with_seeds(state, self.seeds, self.id_tag);
+        let shared = Shared::new(self.config, quirks, state, state_file);
         Ok(MockPlugin::from_shared(Arc::new(shared)))
     }
 }
@@ -457,6 +517,23 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// The longest [`MockPluginBuilder::id_tag`]: ids stay far below the spec's 128 bytes.
+const MAX_ID_TAG_BYTES: usize = 32;
+
+fn check_id_tag(tag: &str) -> Result<(), ConfigError> {
+    let valid = !tag.is_empty()
+        && tag.len() <= MAX_ID_TAG_BYTES
+        && tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidIdTag {
+            tag: tag.to_string(),
+            limit: MAX_ID_TAG_BYTES,
+        })
+    }
 }
 
 /// The plugin name rule is csi-structs' ([`PluginName::new`](csi_structs::PluginName::new)).

@@ -123,10 +123,18 @@ impl CallScope {
     /// Records the result and wraps it for tonic.
     pub(crate) fn finish<T>(mut self, result: Result<T, Status>) -> Result<Response<T>, Status> {
         match result {
-            Ok(value) => {
-                self.record(Outcome::Ok);
-                Ok(Response::new(value))
-            }
+            Ok(value) => match self.plugin.shared.save_state() {
+                Ok(()) => {
+                    self.record(Outcome::Ok);
+                    Ok(Response::new(value))
+                }
+                Err(err) => {
+                    let rpc = self.rpc.name();
+                    Err(self.fail(Status::internal(format!(
+                        "{rpc}: the state changed but was not saved: {err}"
+                    ))))
+                }
+            },
             Err(status) => Err(self.fail(status)),
         }
     }

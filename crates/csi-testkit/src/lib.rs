@@ -88,3 +88,4 @@ pub use faults::{FaultStep, Faults, ScriptBuilder};
 pub use plugin::{MockPlugin, NodePath};
 pub use quirks::Quirk;
 pub use server::MockServer;
+pub use state::persist::{STATE_FILE_VERSION, StateFileError};

@@ -11,10 +11,11 @@ use tokio::sync::Notify;
 
 use crate::calls::{CallLog, Calls};
 use crate::capabilities::unimplemented_reason;
-use crate::config::{Config, MockPluginBuilder, SeedVolume};
+use crate::config::{Config, MockPluginBuilder};
 use crate::faults::{FaultTable, Faults};
 use crate::quirks::{Quirk, Quirks};
 use crate::state::State;
+use crate::state::persist::{self, StateFileError};
 
 /// Everything that changes while the mock runs. One lock for all of it; every critical section
 /// is short and synchronous (never held across an `.await`).
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     /// once: the configuration never changes, and a call should not rebuild the capability
     /// sets to find out.
     refusals: BTreeMap<Rpc, String>,
+    /// Where the state is saved after every call that changed it, if anywhere.
+    state_file: Option<StateFile>,
     inner: Mutex<Inner>,
     /// Woken whenever a call is recorded or finishes.
     pub(crate) log_changed: Notify,
@@ -44,7 +47,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: Config, quirks: Quirks, seeds: Vec<SeedVolume>) -> Self {
+    pub(crate) fn new(
+        config: Config,
+        quirks: Quirks,
+        state: State,
+        state_file: Option<StateFile>,
+    ) -> Self {
         let calls = CallLog::new(config.call_log_limit);
         let refusals = Rpc::ALL
             .iter()
@@ -53,8 +61,9 @@ impl Shared {
         Shared {
             config,
             refusals,
+            state_file,
             inner: Mutex::new(Inner {
-                state: State::with_seeds(seeds),
+                state,
                 calls,
                 faults: FaultTable::default(),
                 quirks,
@@ -70,11 +79,37 @@ impl Shared {
         self.refusals.get(&rpc).map(String::as_str)
     }
 
+    /// Saves the state to the state file if it changed since the last save. Writers queue on
+    /// the file's own lock (taken before the state's), so saves land in the order their
+    /// snapshots were taken.
+    pub(crate) fn save_state(&self) -> Result<(), StateFileError> {
+        let Some(file) = &self.state_file else {
+            return Ok(());
+        };
+        let mut last = file.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes = persist::encode(&self.lock().state);
+        if *last == bytes {
+            return Ok(());
+        }
+        persist::write_atomically(&file.path, &bytes)?;
+        *last = bytes;
+        Ok(())
+    }
+
     /// Locks the state. A panic while holding the lock cannot leave it half-updated in a way
     /// that matters to a test double, so a poisoned lock is simply taken over.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The state file and what was last written to it.
+#[derive(Debug)]
+pub(crate) struct StateFile {
+    pub(crate) path: PathBuf,
+    /// The bytes last written (or read at start-up); a save that would write the same is
+    /// skipped.
+    pub(crate) last: Mutex<Vec<u8>>,
 }
 
 /// A stateful mock CSI plugin. Cheap to clone: clones share state, call log and faults.

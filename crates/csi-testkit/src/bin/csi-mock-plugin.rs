@@ -182,6 +182,11 @@ struct Args {
     /// other keys are refused with INVALID_ARGUMENT. Default: none.
     #[arg(long = "mutable-parameter-key")]
     mutable_parameter_keys: Vec<String>,
+    /// Keep volumes, snapshots, publications and stagings in this file across restarts
+    /// (written atomically, mode 0600). Without it every start is a fresh, empty storage
+    /// system whose ids carry the start time, so they never repeat those of an earlier run.
+    #[arg(long, value_name = "PATH")]
+    state_file: Option<std::path::PathBuf>,
 }
 
 fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
@@ -238,7 +243,20 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
     for key in &args.mutable_parameter_keys {
         builder = builder.mutable_parameter_key(key);
     }
+    builder = match &args.state_file {
+        Some(path) => builder.state_file(path),
+        None => builder.id_tag(start_tag()),
+    };
     builder.build()
+}
+
+/// A tag for this start's ids: the start time in milliseconds and the process id, in hex.
+fn start_tag() -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis())
+        .unwrap_or_default();
+    format!("{millis:x}{:x}", std::process::id())
 }
 
 fn report(error: &dyn std::error::Error) {

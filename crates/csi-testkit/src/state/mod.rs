@@ -5,6 +5,7 @@
 //! inside the plugin's one `Mutex`, which is only ever held for short, synchronous sections.
 
 pub(crate) mod pagination;
+pub(crate) mod persist;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
@@ -129,12 +130,23 @@ pub(crate) struct State {
     pub(crate) published: BTreeMap<String, PublishedRec>,
     next_id: u64,
     next_snapshot_seq: u64,
+    /// Put into every id the mock makes (`vol-<tag>-<n>`), so that ids of two runs differ.
+    id_tag: Option<String>,
 }
 
 impl State {
-    pub(crate) fn with_seeds(seeds: Vec<SeedVolume>) -> Self {
-        let mut state = State::default();
+    /// A state (loaded from a state file, or fresh) with the pre-provisioned volumes it does
+    /// not have yet, making ids with `id_tag`.
+    pub(crate) fn with_seeds(
+        mut state: State,
+        seeds: Vec<SeedVolume>,
+        id_tag: Option<String>,
+    ) -> Self {
+        state.id_tag = id_tag;
         for seed in seeds {
+            if state.volumes.contains_key(&seed.volume_id) {
+                continue;
+            }
             state.volumes.insert(
                 seed.volume_id.clone(),
                 VolumeRec {
@@ -158,7 +170,10 @@ impl State {
     pub(crate) fn new_id(&mut self, prefix: &str) -> String {
         loop {
             self.next_id += 1;
-            let id = format!("{prefix}-{}", self.next_id);
+            let id = match &self.id_tag {
+                Some(tag) => format!("{prefix}-{tag}-{}", self.next_id),
+                None => format!("{prefix}-{}", self.next_id),
+            };
             let taken = self.volumes.contains_key(&id)
                 || self.snapshots.contains_key(&id)
                 || self.groups.contains_key(&id);

@@ -220,3 +220,80 @@ async fn capability_lists_reach_the_plugin() {
     );
     assert_eq!(running.stop().await, Some(0));
 }
+
+async fn create_volume(running: &Running, name: &str) -> String {
+    use csi_proto::v1::controller_client::ControllerClient;
+    let mut request = crate::support::create_req(name);
+    request.capacity_range = None;
+    ControllerClient::new(running.channel().await)
+        .create_volume(request)
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("a volume")
+        .volume_id
+}
+
+async fn volume_ids(running: &Running) -> Vec<String> {
+    use csi_proto::v1::ListVolumesRequest;
+    use csi_proto::v1::controller_client::ControllerClient;
+    ControllerClient::new(running.channel().await)
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .expect("ListVolumes")
+        .into_inner()
+        .entries
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restart_with_a_state_file_keeps_the_volumes_and_without_one_never_reuses_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("mock-state.json");
+    let state_arg = state.to_str().unwrap();
+    let first = Running::start(dir.path(), &["--state-file", state_arg]).await;
+    let kept = create_volume(&first, "kept").await;
+    assert_eq!(first.stop().await, Some(0));
+    let second = Running::start(dir.path(), &["--state-file", state_arg]).await;
+    assert_eq!(volume_ids(&second).await, std::slice::from_ref(&kept));
+    let added = create_volume(&second, "added").await;
+    assert_ne!(added, kept);
+    assert_eq!(second.stop().await, Some(0));
+
+    let plain = tempfile::tempdir().unwrap();
+    let first = Running::start(plain.path(), &[]).await;
+    let one = create_volume(&first, "data").await;
+    assert_eq!(first.stop().await, Some(0));
+    let second = Running::start(plain.path(), &[]).await;
+    assert!(
+        volume_ids(&second).await.is_empty(),
+        "no state file, no memory"
+    );
+    let two = create_volume(&second, "data").await;
+    assert_ne!(one, two, "a restarted mock hands out new ids");
+    assert_eq!(second.stop().await, Some(0));
+}
+
+#[test]
+fn a_damaged_state_file_exits_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, "not json").unwrap();
+    let out = Command::new(BIN)
+        .arg("--endpoint")
+        .arg(format!("unix://{}", dir.path().join("csi.sock").display()))
+        .arg("--state-file")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&*state.to_string_lossy()) && stderr.contains("damaged"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -9,10 +9,7 @@ use csi_proto::v1::*;
 use csi_testkit::{MockPlugin, Quirk};
 use tonic::Code;
 
-use crate::support::{
-    Harness, code, create_req, mount, node_publish_req, path_str, publish_req, stage_req, start,
-};
-use csi_proto::v1::volume_capability::access_mode::Mode;
+use crate::support::{Harness, code, create_req, path_str, start};
 
 fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
@@ -108,35 +105,7 @@ async fn unknown_objects_are_not_found_before_argument_checks() {
 async fn a_volume_not_at_the_path_is_not_found_even_for_a_relative_path() {
     let h = start(MockPlugin::builder()).await;
     let volume = h.create("stats").await;
-    let published = h
-        .controller()
-        .controller_publish_volume(publish_req(
-            &volume,
-            "node-1",
-            mount(Mode::SingleNodeWriter),
-        ))
-        .await
-        .expect("publish")
-        .into_inner();
-    let staging = h.co_dir("staging");
-    let target = h.co_dir("target-parent").join("target");
-    h.node()
-        .node_stage_volume(stage_req(
-            &volume,
-            &staging,
-            published.publish_context.clone(),
-        ))
-        .await
-        .expect("stage");
-    h.node()
-        .node_publish_volume(node_publish_req(
-            &volume,
-            &staging,
-            &target,
-            published.publish_context,
-        ))
-        .await
-        .expect("publish on the node");
+    let target = h.attach(&volume).await;
     assert_eq!(
         stats(&h, &volume.volume_id, "some/path").await,
         Code::NotFound

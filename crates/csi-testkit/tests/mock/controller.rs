@@ -180,18 +180,7 @@ async fn modify_get_restore_clone_and_health() {
     assert_eq!(got.volume.as_ref(), Some(&volume));
     assert_eq!(got.status.unwrap().published_node_ids, vec!["node-2"]);
 
-    let snapshot = h
-        .controller()
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: volume.volume_id.clone(),
-            name: "snap".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snapshot = h.snapshot(&volume, "snap").await;
     assert!(snapshot.ready_to_use && snapshot.creation_time.is_some());
     assert_eq!(snapshot.size_bytes, volume.capacity_bytes);
     let mut restore = create_req("restored");

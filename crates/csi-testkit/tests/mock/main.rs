@@ -7,6 +7,7 @@ mod controller;
 mod errors;
 mod faults;
 mod lifecycle;
+mod persistence;
 mod streaming;
 mod support;
 mod transport;

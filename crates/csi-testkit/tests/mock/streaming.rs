@@ -143,18 +143,7 @@ async fn collect_allocated(
 async fn allocated_metadata_resumes_from_starting_offset() {
     let h = start(MockPlugin::builder()).await;
     let volume = h.create("backup-me").await;
-    let snapshot = h
-        .controller()
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: volume.volume_id.clone(),
-            name: "nightly".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snapshot = h.snapshot(&volume, "nightly").await;
     let (full, error) = collect_allocated(&h, &snapshot.snapshot_id, 0).await;
     assert!(error.is_none());
     assert!(full.len() > 10);

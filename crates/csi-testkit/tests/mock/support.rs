@@ -70,6 +70,46 @@ impl Harness {
         path
     }
 
+    /// Snapshots `volume` under `name`.
+    pub(crate) async fn snapshot(&self, volume: &Volume, name: &str) -> Snapshot {
+        self.controller()
+            .create_snapshot(CreateSnapshotRequest {
+                source_volume_id: volume.volume_id.clone(),
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("CreateSnapshot succeeds")
+            .into_inner()
+            .snapshot
+            .expect("CreateSnapshot returns the snapshot")
+    }
+
+    /// Publishes `volume` to node-1, stages it and publishes it on the node; returns the
+    /// target path.
+    pub(crate) async fn attach(&self, volume: &Volume) -> PathBuf {
+        let context = self
+            .controller()
+            .controller_publish_volume(publish_req(volume, "node-1", mount(Mode::SingleNodeWriter)))
+            .await
+            .expect("ControllerPublishVolume")
+            .into_inner()
+            .publish_context;
+        let staging = self.co_dir(&format!("staging/{}", volume.volume_id));
+        let target = self
+            .co_dir(&format!("pods/{}", volume.volume_id))
+            .join("mount");
+        self.node()
+            .node_stage_volume(stage_req(volume, &staging, context.clone()))
+            .await
+            .expect("NodeStageVolume");
+        self.node()
+            .node_publish_volume(node_publish_req(volume, &staging, &target, context))
+            .await
+            .expect("NodePublishVolume");
+        target
+    }
+
     pub(crate) async fn create(&self, name: &str) -> Volume {
         self.controller()
             .create_volume(create_req(name))
