@@ -74,6 +74,14 @@ struct Script {
     rpc: Rpc,
     volume: Option<String>,
     steps: VecDeque<FaultStep>,
+    /// Taken by every matching call once `steps` are used up, until the scripts are cleared.
+    forever: Option<FaultStep>,
+}
+
+impl Script {
+    fn is_live(&self) -> bool {
+        !self.steps.is_empty() || self.forever.is_some()
+    }
 }
 
 /// The installed scripts: plain data inside the plugin's one lock.
@@ -86,19 +94,21 @@ impl FaultTable {
     /// The next step for a call of `rpc` about `volume`, removing it from its script.
     pub(crate) fn take(&mut self, rpc: Rpc, volume: Option<&str>) -> Option<FaultStep> {
         let script = self.scripts.iter_mut().find(|s| {
-            s.rpc == rpc
-                && !s.steps.is_empty()
-                && s.volume.as_deref().is_none_or(|v| Some(v) == volume)
+            s.rpc == rpc && s.is_live() && s.volume.as_deref().is_none_or(|v| Some(v) == volume)
         })?;
-        let step = script.steps.pop_front();
-        self.scripts.retain(|s| !s.steps.is_empty());
+        let step = script.steps.pop_front().or_else(|| script.forever.clone());
+        self.scripts.retain(Script::is_live);
         step
     }
 
     fn install(&mut self, script: Script) {
-        if !script.steps.is_empty() {
+        if script.is_live() {
             self.scripts.push(script);
         }
+    }
+
+    fn has_forever(&self) -> bool {
+        self.scripts.iter().any(|s| s.forever.is_some())
     }
 
     fn pending(&self, rpc: Rpc) -> usize {
@@ -142,18 +152,22 @@ impl Faults {
                 rpc,
                 volume: None,
                 steps: VecDeque::new(),
+                forever: None,
             }),
         }
     }
 
-    /// How many scripted steps for `rpc` are still waiting to be consumed.
+    /// How many scripted steps for `rpc` are still waiting to be consumed (a step that
+    /// repeats forever, [`ScriptBuilder::forever`], is not counted).
     pub fn pending(&self, rpc: Rpc) -> usize {
         self.shared.lock().faults.pending(rpc)
     }
 
-    /// Whether every installed script has been consumed.
+    /// Whether every installed script has been consumed (never, while a script repeats a
+    /// step forever).
     pub fn is_exhausted(&self) -> bool {
-        self.shared.lock().faults.total() == 0
+        let inner = self.shared.lock();
+        inner.faults.total() == 0 && !inner.faults.has_forever()
     }
 
     /// Removes every script that has not been consumed yet.
@@ -262,6 +276,31 @@ impl ScriptBuilder {
         self.push(step)
     }
 
+    /// After the steps added so far, every further matching call takes `step`, until
+    /// [`Faults::clear`]. Steps added after this one are never reached.
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_proto::Rpc;
+    /// use csi_testkit::{FaultStep, MockPlugin};
+    /// use tonic::Code;
+    ///
+    /// let plugin = MockPlugin::builder().build()?;
+    /// // Two calls served normally, then DeleteVolume always fails.
+    /// plugin.faults().on(Rpc::DeleteVolume).pass_times(2).forever(FaultStep::Fail {
+    ///     code: Code::Internal,
+    ///     message: "backend gone".into(),
+    /// });
+    /// assert!(!plugin.faults().is_exhausted());
+    /// # Ok(()) }
+    /// ```
+    pub fn forever(mut self, step: FaultStep) -> Self {
+        if let Some(script) = self.script.as_mut() {
+            script.forever = Some(step);
+        }
+        self
+    }
+
     /// Installs the script now.
     pub fn install(mut self) {
         self.install_now();
@@ -298,6 +337,7 @@ mod tests {
             rpc: Rpc::NodeUnstageVolume,
             volume: None,
             steps: VecDeque::from([fail("a"), FaultStep::Hang]),
+            forever: None,
         });
         assert_eq!(table.take(Rpc::NodeStageVolume, None), None);
         assert_eq!(
@@ -319,11 +359,13 @@ mod tests {
             rpc: Rpc::DeleteVolume,
             volume: Some("vol-1".into()),
             steps: VecDeque::from([fail("one")]),
+            forever: None,
         });
         table.install(Script {
             rpc: Rpc::DeleteVolume,
             volume: None,
             steps: VecDeque::from([fail("any")]),
+            forever: None,
         });
         assert_eq!(
             table.take(Rpc::DeleteVolume, Some("vol-2")),
@@ -334,5 +376,27 @@ mod tests {
             table.take(Rpc::DeleteVolume, Some("vol-1")),
             Some(fail("one"))
         );
+    }
+
+    #[test]
+    fn a_forever_step_follows_the_finite_ones_and_never_runs_out() {
+        let mut table = FaultTable::default();
+        table.install(Script {
+            rpc: Rpc::NodeUnpublishVolume,
+            volume: None,
+            steps: VecDeque::from([FaultStep::Pass]),
+            forever: Some(fail("always")),
+        });
+        assert_eq!(
+            table.take(Rpc::NodeUnpublishVolume, None),
+            Some(FaultStep::Pass)
+        );
+        for _ in 0..3 {
+            assert_eq!(
+                table.take(Rpc::NodeUnpublishVolume, None),
+                Some(fail("always"))
+            );
+        }
+        assert!(table.has_forever());
     }
 }

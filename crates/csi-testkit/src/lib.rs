@@ -51,7 +51,9 @@
 //! - [`config`]: the [`MockPluginBuilder`], [`Role`] and [`Config`].
 //! - [`capabilities`]: capability names and which rpc each one enables.
 //! - [`quirks`]: [`Quirk`] switches.
-//! - [`faults`]: fault scripts ([`Faults`], [`ScriptBuilder`], [`FaultStep`]).
+//! - [`faults`]: fault scripts ([`Faults`], [`ScriptBuilder`], [`FaultStep`]);
+//!   [`fault_spec`]: the same written as text (`csi-mock-plugin --fault`);
+//!   [`control`]: a control socket to change faults and read the call log at run time.
 //! - [`calls`]: the call log ([`Calls`], [`CallRecord`], [`CallList`]).
 //! - [`server`]: [`MockServer`], started by [`MockPlugin::serve_unix`] or
 //!   [`MockPlugin::serve_in_memory`]; [`transport`]: client connectors.
@@ -62,10 +64,12 @@ pub mod calls;
 pub mod capabilities;
 pub mod config;
 pub mod conformance;
+pub mod control;
 mod dispatch;
 pub mod endpoint;
 pub mod error;
 pub mod etcd;
+pub mod fault_spec;
 pub mod faults;
 mod metadata;
 mod plugin;

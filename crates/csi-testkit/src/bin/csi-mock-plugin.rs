@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role both] [--node-id node-1] ...
+//!     [--state-file PATH] [--fault NodeUnpublishVolume=UNAVAILABLE:times=3]
+//!     [--delay CreateVolume=2s] [--hang DeleteVolume:after=1] [--control unix:///run/ctl.sock]
 //! ```
+//!
+//! See `crates/csi-testkit/README.md` for the flags, the control socket and csi-sanity.
 //!
 //! Bad flags or an endpoint that is not `unix:///absolute/path.sock` exit with code 2; a
 //! failure to serve exits with 1. SIGINT and SIGTERM stop it cleanly and remove the socket.
@@ -11,6 +15,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use csi_testkit::fault_spec::FaultSpec;
 use csi_testkit::{
     ControllerCapability, GroupControllerCapability, MockPlugin, NodeCapability, PluginService,
     Quirk, Role, UnixEndpoint, VolumeExpansion,
@@ -187,6 +192,22 @@ struct Args {
     /// system whose ids carry the start time, so they never repeat those of an earlier run.
     #[arg(long, value_name = "PATH")]
     state_file: Option<std::path::PathBuf>,
+    /// Answer RPC with a gRPC error (repeatable): RPC=CODE[:after=N][:times=M][:volume=ID],
+    /// e.g. NodeUnpublishVolume=UNAVAILABLE:times=3. Without times, every call after the
+    /// first N.
+    #[arg(long = "fault", value_name = "SPEC", value_parser = FaultSpec::parse_fault)]
+    faults: Vec<FaultSpec>,
+    /// Delay RPC, then serve it (repeatable): RPC=DURATION[:after=N][:times=M][:volume=ID],
+    /// DURATION like 500ms, 2s or 1m.
+    #[arg(long = "delay", value_name = "SPEC", value_parser = FaultSpec::parse_delay)]
+    delays: Vec<FaultSpec>,
+    /// Never answer RPC (repeatable): RPC[:after=N][:times=M][:volume=ID].
+    #[arg(long = "hang", value_name = "SPEC", value_parser = FaultSpec::parse_hang)]
+    hangs: Vec<FaultSpec>,
+    /// Serve a control socket, unix:///absolute/path.sock: one command per line (fault,
+    /// delay, hang, clear, release, calls) to change faults and read the call log at run time.
+    #[arg(long, value_name = "ENDPOINT")]
+    control: Option<String>,
 }
 
 fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
@@ -278,7 +299,24 @@ async fn wait_for_signal() -> std::io::Result<()> {
     }
 }
 
-async fn run(plugin: MockPlugin, endpoint: UnixEndpoint) -> ExitCode {
+async fn run(
+    plugin: MockPlugin,
+    endpoint: UnixEndpoint,
+    control: Option<UnixEndpoint>,
+) -> ExitCode {
+    let control = match &control {
+        None => None,
+        Some(control) => match plugin.serve_control(control.path()).await {
+            Ok(server) => {
+                eprintln!("csi-mock-plugin: control socket {control}");
+                Some(server)
+            }
+            Err(e) => {
+                report(&e);
+                return ExitCode::from(1);
+            }
+        },
+    };
     let server = match plugin.serve_unix(endpoint.path()).await {
         Ok(server) => server,
         Err(e) => {
@@ -297,6 +335,9 @@ async fn run(plugin: MockPlugin, endpoint: UnixEndpoint) -> ExitCode {
         report(&e);
     }
     eprintln!("csi-mock-plugin: stopping");
+    if let Some(control) = control {
+        control.shutdown().await;
+    }
     match server.shutdown().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -315,6 +356,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let control = match args.control.as_deref().map(UnixEndpoint::parse).transpose() {
+        Ok(control) => control,
+        Err(e) => {
+            report(&e);
+            return ExitCode::from(2);
+        }
+    };
     let plugin = match build(&args) {
         Ok(plugin) => plugin,
         Err(e) => {
@@ -322,6 +370,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for spec in args.faults.iter().chain(&args.delays).chain(&args.hangs) {
+        spec.install(&plugin.faults());
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -333,5 +384,5 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(run(plugin, endpoint))
+    runtime.block_on(run(plugin, endpoint, control))
 }

@@ -297,3 +297,114 @@ fn a_damaged_state_file_exits_2_naming_it() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Sends one control command and reads the answer up to its final `ok` or `error:` line.
+async fn control(socket: &std::path::Path, command: &str) -> Vec<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .expect("the control socket accepts");
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    let mut answer = Vec::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let last = line == "ok" || line.starts_with("error:");
+        answer.push(line);
+        if last {
+            break;
+        }
+    }
+    answer
+}
+
+#[tokio::test]
+async fn a_command_line_fault_shows_in_the_client_error_and_the_call_log() {
+    use csi_proto::v1::NodeUnpublishVolumeRequest;
+    use csi_proto::v1::node_client::NodeClient;
+    let dir = tempfile::tempdir().unwrap();
+    let control_socket = dir.path().join("control.sock");
+    let control_arg = format!("unix://{}", control_socket.display());
+    let running = Running::start(
+        dir.path(),
+        &[
+            "--role",
+            "node",
+            "--fault",
+            "NodeUnpublishVolume=UNAVAILABLE:times=3",
+            "--control",
+            &control_arg,
+        ],
+    )
+    .await;
+    let mut node = NodeClient::new(running.channel().await);
+    let unpublish = || NodeUnpublishVolumeRequest {
+        volume_id: "vol-1".into(),
+        target_path: "/var/lib/csi/pods/a/mount".into(),
+    };
+    for _ in 0..3 {
+        let status = node.node_unpublish_volume(unpublish()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().contains("fault injected")
+                && status
+                    .message()
+                    .contains("NodeUnpublishVolume=UNAVAILABLE:times=3"),
+            "{}",
+            status.message()
+        );
+    }
+    node.node_unpublish_volume(unpublish())
+        .await
+        .expect("the fault is used up after three calls");
+
+    let calls = control(&control_socket, "calls").await;
+    let unpublishes: Vec<&String> = calls
+        .iter()
+        .filter(|l| l.contains(" NodeUnpublishVolume "))
+        .collect();
+    assert_eq!(unpublishes.len(), 4, "{calls:?}");
+    for line in &unpublishes[..3] {
+        assert!(line.contains("FAILED UNAVAILABLE"), "{line}");
+        assert!(line.ends_with("volume=vol-1"), "{line}");
+    }
+    assert!(unpublishes[3].contains(" OK"), "{}", unpublishes[3]);
+    assert_eq!(calls.last().map(String::as_str), Some("ok"));
+
+    // At run time: one more failure, then a bad command is refused by name.
+    assert_eq!(
+        control(&control_socket, "fault NodeUnpublishVolume=ABORTED:times=1").await,
+        ["ok"]
+    );
+    let status = node.node_unpublish_volume(unpublish()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Aborted);
+    node.node_unpublish_volume(unpublish()).await.unwrap();
+    let refused = control(&control_socket, "fault NodeUnpublishVolume=SOMETIMES").await;
+    assert!(
+        refused.len() == 1 && refused[0].contains("SOMETIMES"),
+        "{refused:?}"
+    );
+    assert_eq!(running.stop().await, Some(0));
+    assert!(!control_socket.exists(), "the control socket is removed");
+}
+
+#[test]
+fn a_bad_fault_flag_exits_2_naming_the_part() {
+    for (flag, spec, needle) in [
+        ("--fault", "NodeUnpublishVolume=SOMETIMES", "SOMETIMES"),
+        ("--fault", "Teleport=INTERNAL", "Teleport"),
+        ("--delay", "CreateVolume=5", "duration"),
+        ("--hang", "DeleteVolume:times=-1", "times"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["--endpoint", "unix:///tmp/never.sock", flag, spec])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{spec}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{spec}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

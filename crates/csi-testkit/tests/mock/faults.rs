@@ -254,3 +254,34 @@ async fn dropping_an_in_memory_connection_fails_the_call() {
         .expect("a new pipe is served");
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_control_socket_refuses_an_overlong_line_and_keeps_serving() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = csi_testkit::MockPlugin::builder().build().unwrap();
+    let control = plugin
+        .serve_control(dir.path().join("control.sock"))
+        .await
+        .unwrap();
+    let stream = tokio::net::UnixStream::connect(control.path())
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let long = format!("fault {}\n", "x".repeat(10_000));
+    write.write_all(long.as_bytes()).await.unwrap();
+    let answer = lines.next_line().await.unwrap().unwrap();
+    assert!(
+        answer.starts_with("error:") && answer.contains("4096"),
+        "{answer}"
+    );
+    write
+        .write_all(b"fault DeleteVolume=INTERNAL:times=2\n")
+        .await
+        .unwrap();
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ok"));
+    assert_eq!(plugin.faults().pending(csi_proto::Rpc::DeleteVolume), 2);
+    control.shutdown().await;
+    assert!(!dir.path().join("control.sock").exists());
+}

@@ -1,0 +1,237 @@
+//! A control socket: change a running mock's faults and read its call log from any language,
+//! one line of text per command, over a unix socket (mode 0600).
+//!
+//! Each command is one line; each answer is zero or more data lines, then `ok` or
+//! `error: <what is wrong>`. A line longer than [`MAX_LINE_BYTES`] is refused.
+//!
+//! | command | effect |
+//! |---|---|
+//! | `fault RPC=CODE[:after=N][:times=M][:volume=ID]` | adds a fault ([`fault_spec`](crate::fault_spec)) |
+//! | `delay RPC=DURATION[:after=N][:times=M][:volume=ID]` | adds a delay |
+//! | `hang RPC[:after=N][:times=M][:volume=ID]` | adds a hang |
+//! | `clear` | removes every fault not yet consumed |
+//! | `release` | ends hung and delayed calls with UNAVAILABLE |
+//! | `calls` | one line per recorded call: `call SEQ RPC OUTCOME [volume=ID]` |
+//!
+//! `OUTCOME` is `OK`, `FAILED <CODE> <message>`, `IN_FLIGHT`, `ABANDONED` or
+//! `CONNECTION_DROPPED`. Requests themselves are not printed.
+//!
+//! ```text
+//! $ printf 'fault NodeUnpublishVolume=UNAVAILABLE:times=3\n' | socat - UNIX-CONNECT:/tmp/ctl.sock
+//! ok
+//! ```
+//!
+//! ```
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let plugin = csi_testkit::MockPlugin::builder().build()?;
+//! let control = plugin.serve_control(dir.path().join("control.sock")).await?;
+//! let mut stream = tokio::net::UnixStream::connect(control.path()).await?;
+//! stream.write_all(b"fault NodeUnpublishVolume=UNAVAILABLE:times=3\n").await?;
+//! let mut answer = String::new();
+//! BufReader::new(&mut stream).read_line(&mut answer).await?;
+//! assert_eq!(answer, "ok\n");
+//! control.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::task::JoinHandle;
+
+use crate::calls::Outcome;
+use crate::error::Error;
+use crate::fault_spec::{FaultSpec, FaultSpecError};
+use crate::plugin::MockPlugin;
+use crate::transport::unix::{self, SocketId};
+
+/// The longest command line accepted, in bytes.
+pub const MAX_LINE_BYTES: usize = 4096;
+
+/// A running control socket. Dropping it stops it and removes the socket.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: PathBuf,
+    socket: SocketId,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops accepting commands and removes the socket.
+    pub async fn shutdown(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        unix::remove_own(&self.path, self.socket);
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            unix::remove_own(&self.path, self.socket);
+        }
+    }
+}
+
+impl MockPlugin {
+    /// Serves the control socket at `path`; see the [module docs](crate::control).
+    ///
+    /// # Errors
+    ///
+    /// The same as [`serve_unix`](MockPlugin::serve_unix) for its socket: a missing
+    /// directory, a path that is too long, something that is not a stale socket in the way,
+    /// a bind failure.
+    pub async fn serve_control(&self, path: impl AsRef<Path>) -> Result<ControlServer, Error> {
+        let path = path.as_ref().to_path_buf();
+        unix::prepare(&path)?;
+        let (listener, socket) = unix::bind(&path)?;
+        let plugin = self.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(session(plugin.clone(), stream));
+            }
+        });
+        Ok(ControlServer {
+            path,
+            socket,
+            task: Some(task),
+        })
+    }
+}
+
+/// Serves one connection, one command per line, until the peer closes it.
+async fn session(plugin: MockPlugin, stream: UnixStream) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // Reads at most one byte past the limit, so a client cannot make the mock buffer
+        // an endless line.
+        let mut limited = (&mut lines).take(MAX_LINE_BYTES as u64 + 1);
+        let answer = match limited.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line.len() > MAX_LINE_BYTES && line.last() != Some(&b'\n') => {
+                // Skip the rest of the long line, a bounded piece at a time.
+                loop {
+                    line.clear();
+                    let mut piece = (&mut lines).take(MAX_LINE_BYTES as u64);
+                    match piece.read_until(b'\n', &mut line).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line.last() == Some(&b'\n') => break,
+                        Ok(_) => {}
+                    }
+                }
+                format!("error: the line is longer than {MAX_LINE_BYTES} bytes\n")
+            }
+            Ok(_) => match std::str::from_utf8(&line) {
+                Ok(text) => execute(&plugin, text.trim()),
+                Err(_) => "error: the line is not UTF-8\n".to_string(),
+            },
+        };
+        if write.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs one command and returns the whole answer, ending in `ok` or `error: ...`.
+pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
+    let (command, argument) = line.split_once(' ').unwrap_or((line, ""));
+    let argument = argument.trim();
+    let add = |parse: fn(&str) -> Result<FaultSpec, FaultSpecError>| match parse(argument) {
+        Ok(spec) => {
+            spec.install(&plugin.faults());
+            "ok\n".to_string()
+        }
+        Err(err) => format!("error: {err}\n"),
+    };
+    match command {
+        "fault" => add(FaultSpec::parse_fault),
+        "delay" => add(FaultSpec::parse_delay),
+        "hang" => add(FaultSpec::parse_hang),
+        "clear" => {
+            plugin.faults().clear();
+            "ok\n".into()
+        }
+        "release" => {
+            plugin.faults().release_hung();
+            "ok\n".into()
+        }
+        "calls" => {
+            let mut out = String::new();
+            for record in plugin.calls().snapshot().records() {
+                let _ = write!(out, "call {} {} ", record.seq, record.rpc.name());
+                match &record.outcome {
+                    Outcome::Ok => out.push_str("OK"),
+                    Outcome::Failed { code, message } => {
+                        let _ = write!(
+                            out,
+                            "FAILED {} {}",
+                            crate::fault_spec::code_name(*code),
+                            message.replace(['\n', '\r'], " ")
+                        );
+                    }
+                    Outcome::InFlight => out.push_str("IN_FLIGHT"),
+                    Outcome::Abandoned => out.push_str("ABANDONED"),
+                    Outcome::ConnectionDropped => out.push_str("CONNECTION_DROPPED"),
+                }
+                if let Some(volume) = &record.volume_id {
+                    let _ = write!(out, " volume={volume}");
+                }
+                out.push('\n');
+            }
+            out.push_str("ok\n");
+            out
+        }
+        "" => "error: empty command; known: fault, delay, hang, clear, release, calls\n".into(),
+        other => format!(
+            "error: unknown command {other:?}; known: fault, delay, hang, clear, release, calls\n"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_proto::Rpc;
+
+    #[test]
+    fn commands_answer_ok_or_a_named_error() {
+        let plugin = MockPlugin::builder().build().unwrap();
+        assert_eq!(
+            execute(&plugin, "fault NodeUnpublishVolume=UNAVAILABLE:times=3"),
+            "ok\n"
+        );
+        assert_eq!(plugin.faults().pending(Rpc::NodeUnpublishVolume), 3);
+        assert_eq!(execute(&plugin, "hang DeleteVolume:times=1"), "ok\n");
+        assert_eq!(execute(&plugin, "delay CreateVolume=1s:times=2"), "ok\n");
+        assert_eq!(plugin.faults().pending(Rpc::CreateVolume), 2);
+        assert_eq!(execute(&plugin, "clear"), "ok\n");
+        assert!(plugin.faults().is_exhausted());
+        let err = execute(&plugin, "fault NodeUnpublishVolume=SOMETIMES");
+        assert!(
+            err.starts_with("error: ") && err.contains("SOMETIMES"),
+            "{err}"
+        );
+        let err = execute(&plugin, "explode now");
+        assert!(
+            err.contains("\"explode\"") && err.contains("fault"),
+            "{err}"
+        );
+        assert_eq!(execute(&plugin, "calls"), "ok\n");
+    }
+}
