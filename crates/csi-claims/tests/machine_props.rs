@@ -368,24 +368,27 @@ impl World {
                 let r = result(DetachRpc::ControllerUnpublish);
                 if r.is_ok() || matches!(outcome, Outcome::AlreadyDone) {
                     // One call detaches the volume from the node: it counts for every claim
-                    // on that node whose node step is done.
-                    let on_node: Vec<WorkloadId> = self
+                    // on that node whose node step was done when it was asked for (the
+                    // machine takes no other step of the volume meanwhile).
+                    let covered: Vec<WorkloadId> = self
                         .machine
                         .record(&c.volume)
                         .map(|rec| {
                             rec.claims()
                                 .iter()
-                                .filter(|x| x.node() == &c.node)
+                                .filter(|x| {
+                                    x.node() == &c.node
+                                        && matches!(x.state(), ClaimState::NodeDetached(_))
+                                })
                                 .map(|x| x.workload().clone())
                                 .collect()
                         })
                         .unwrap_or_default();
-                    for w in on_node.into_iter().chain([c.workload.clone()]) {
-                        let asked = w == c.workload;
-                        let p = self.progress.entry((c.volume.clone(), w)).or_default();
-                        if p.node_ok || asked {
-                            p.controller_ok = true;
-                        }
+                    for w in covered.into_iter().chain([c.workload.clone()]) {
+                        self.progress
+                            .entry((c.volume.clone(), w))
+                            .or_default()
+                            .controller_ok = true;
                     }
                 }
                 if matches!(outcome, Outcome::Fail(_)) {

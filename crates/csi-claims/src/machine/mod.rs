@@ -123,6 +123,9 @@ enum Op {
     Controller {
         ticket: Ticket,
         workload: WorkloadId,
+        /// The claims on the same node whose node step was done when the call was made: the
+        /// call detaches the volume from the node for them too.
+        covers: Vec<Claim>,
     },
     WaitingSlot {
         workload: WorkloadId,
@@ -1025,6 +1028,7 @@ impl ReleaseMachine {
         let Op::Controller {
             ticket: t,
             workload,
+            covers,
         } = &entry.op
         else {
             return;
@@ -1032,7 +1036,7 @@ impl ReleaseMachine {
         if *t != ticket {
             return;
         }
-        let workload = workload.clone();
+        let (workload, covers) = (workload.clone(), covers.clone());
         entry.op = Op::Idle;
         match result {
             Err(e) if e.class != ErrorClass::AlreadyDone => {
@@ -1050,31 +1054,29 @@ impl ReleaseMachine {
             _ => {
                 entry.step_retry.succeeded_for(&workload);
                 // `ControllerUnpublishVolume` detaches the volume from the node, not from one
-                // claim: every claim on that node whose node step is done is detached by it
-                // (none still uses the node, or the step would not have been taken).
-                let node = entry
-                    .record
-                    .position(&workload)
-                    .map(|i| entry.record.claims[i].node.clone());
-                if let Some(node) = node {
-                    let record = Arc::make_mut(&mut entry.record);
-                    let mut changed = false;
-                    for claim in record.claims.iter_mut().filter(|c| c.node == node) {
-                        if let ClaimState::NodeDetached(done) = &claim.state {
-                            let before = claim.clone();
-                            claim.state = ClaimState::ControllerDetached(Detached {
-                                node: done.node,
-                                controller: ControllerStep::Detached,
-                            });
-                            changed = true;
-                            entry
-                                .unrecorded
-                                .push((entry.rev + 1, before, claim.state.clone()));
-                        }
+                // claim: the claims on that node whose node step was done when the call was
+                // made (and that are still as they were) are detached by it too.
+                let record = Arc::make_mut(&mut entry.record);
+                let mut changed = false;
+                for claim in record.claims.iter_mut() {
+                    let asked = claim.workload == workload;
+                    if !asked && !covers.contains(claim) {
+                        continue;
                     }
-                    if changed {
-                        entry.rev += 1;
+                    if let ClaimState::NodeDetached(done) = &claim.state {
+                        let before = claim.clone();
+                        claim.state = ClaimState::ControllerDetached(Detached {
+                            node: done.node,
+                            controller: ControllerStep::Detached,
+                        });
+                        changed = true;
+                        entry
+                            .unrecorded
+                            .push((entry.rev + 1, before, claim.state.clone()));
                     }
+                }
+                if changed {
+                    entry.rev += 1;
                 }
             }
         }
@@ -1356,9 +1358,21 @@ impl ReleaseMachine {
                     plugin_node: claim.plugin_node.clone(),
                     workload: claim.workload.clone(),
                 };
+                let covers = entry
+                    .record
+                    .claims
+                    .iter()
+                    .filter(|c| {
+                        c.node == claim.node
+                            && c.workload != claim.workload
+                            && matches!(c.state, ClaimState::NodeDetached(_))
+                    })
+                    .cloned()
+                    .collect();
                 entry.op = Op::Controller {
                     ticket,
                     workload: claim.workload.clone(),
+                    covers,
                 };
                 self.outstanding
                     .insert(ticket, Outstanding::Controller(volume.clone(), plugin));
