@@ -779,10 +779,11 @@ fn stuck_report(agents: &[Agent]) -> String {
         .iter()
         .map(|a| {
             let stuck = a.handle.stuck();
+            let view = agent_view(a);
             match stuck.first() {
-                None => format!("agent {}: nothing stuck", a.node),
+                None => format!("agent {}: nothing stuck ({view})", a.node),
                 Some(first) => format!(
-                    "agent {}: {} volumes stuck, first {} ({:?})",
+                    "agent {}: {} volumes stuck, first {} ({:?}) ({view})",
                     a.node,
                     stuck.len(),
                     first.volume,
@@ -792,6 +793,30 @@ fn stuck_report(agents: &[Agent]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// What an agent holds of the volumes `vol-0`, `vol-1`, ... (the first 10,000): claims per
+/// state, steps in flight, volumes with unwritten changes, for a stall's report.
+fn agent_view(agent: &Agent) -> String {
+    let mut states = std::collections::BTreeMap::<String, usize>::new();
+    let mut pending = std::collections::BTreeMap::<String, usize>::new();
+    let mut dirty = 0;
+    for i in 0..10_000 {
+        let Ok(volume) = VolumeId::new(format!("vol-{i}")) else {
+            continue;
+        };
+        let Some(status) = agent.handle.status(&volume) else {
+            continue;
+        };
+        for claim in &status.claims {
+            *states.entry(claim.state().name().to_owned()).or_default() += 1;
+        }
+        let op = format!("{:?}", status.pending);
+        let op = op.split('(').next().unwrap_or_default().to_owned();
+        *pending.entry(op).or_default() += 1;
+        dirty += usize::from(!status.durable);
+    }
+    format!("claims {states:?}, steps {pending:?}, not durable {dirty}")
 }
 
 /// Re-runs `exe` as one more agent that loads every claim under `prefix`, and reads the

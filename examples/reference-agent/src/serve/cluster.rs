@@ -290,7 +290,8 @@ pub struct Membership {
     settings: EtcdSettings,
     me: NodeId,
     members: Mirror,
-    held: HeldKey,
+    /// This agent's membership, until it leaves.
+    held: Mutex<Option<HeldKey>>,
     election: Mutex<Option<ControllerElection>>,
 }
 
@@ -351,14 +352,21 @@ impl Membership {
             settings,
             me,
             members,
-            held,
+            held: Mutex::new(Some(held)),
             election: Mutex::new(Some(election)),
         })
     }
 
     /// Publishes a new record of this agent (its plugins changed).
     pub fn update(&self, record: &MemberRecord) {
-        self.held.set(encode_member(record));
+        if let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            held.set(encode_member(record));
+        }
     }
 
     /// The members that decode, by node.
@@ -381,7 +389,7 @@ impl Membership {
 
     /// Gives up the controller duty and the membership at once (a clean stop), so the others
     /// need not wait for the leases to expire.
-    pub async fn leave(self) {
+    pub async fn leave(&self) {
         let election = self
             .election
             .lock()
@@ -390,7 +398,14 @@ impl Membership {
         if let Some(e) = election {
             e.resign().await;
         }
-        self.held.release().await;
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(held) = held {
+            held.release().await;
+        }
     }
 
     fn duty_holder(&self) -> Option<String> {
@@ -409,8 +424,14 @@ fn encode_member(record: &MemberRecord) -> Vec<u8> {
 
 impl ClusterStatus for Membership {
     fn view(&self) -> api::ClusterView {
-        let outage = self.members.outage().or_else(|| match self.held.state() {
-            Held::Failing(e) => Some(format!("membership: {e}")),
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(HeldKey::state);
+        let outage = self.members.outage().or_else(|| match held {
+            Some(Held::Failing(e)) => Some(format!("membership: {e}")),
             _ => None,
         });
         api::ClusterView {

@@ -410,12 +410,8 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     driver.shutdown().await;
     // Hand the controller duty and the membership over now rather than at lease expiry.
     #[cfg(feature = "etcd")]
-    if let Some((membership, _)) = membership {
-        drop(agent);
-        match Arc::try_unwrap(membership) {
-            Ok(m) => m.leave().await,
-            Err(_) => tracing::warn!("membership still in use; it ends with its lease"),
-        }
+    if let Some((membership, _)) = &membership {
+        membership.leave().await;
     }
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)

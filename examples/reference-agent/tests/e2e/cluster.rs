@@ -365,4 +365,15 @@ async fn sigkill_of_the_agent_driving_a_release_another_finishes_it() {
     nodes[holder].agent = restarted;
     nodes[holder].agent.ready().await;
     converged(&nodes.iter().collect::<Vec<_>>(), 3).await;
+
+    // A clean stop leaves the cluster: its membership is revoked, not left to expire.
+    let other = (holder + 2) % 3;
+    assert_eq!(nodes[other].agent.terminate(), Some(0));
+    let log = nodes[other].agent.log();
+    assert!(!log.contains("ERROR"), "{log}");
+    eventually("the stopped agent left", async || {
+        let c = cluster_view(&nodes[holder].data).await;
+        (c.members.len() == 2).then_some(())
+    })
+    .await;
 }
