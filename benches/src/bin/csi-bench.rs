@@ -7,6 +7,15 @@ use csi_benches::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The crates' own log lines (a claim store's watch falling behind, say), to stderr, only
+    // when asked for with RUST_LOG: the measured output stays one line per measurement.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
