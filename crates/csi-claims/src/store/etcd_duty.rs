@@ -60,12 +60,7 @@ impl ControllerElection {
             task.abort();
         }
         self.handle.set_controller_duty(false);
-        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(id) = lease {
-            let mut leases = self.store.client().lease_client();
-            let limit = self.store.config().request_timeout;
-            let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
-        }
+        self.store.revoke_taken_lease(&self.lease).await;
     }
 }
 

@@ -370,6 +370,17 @@ async fn follow_once(
 }
 
 impl EtcdStore {
+    /// Revokes the lease held in `lease` (taking it out), under the request deadline: what a
+    /// holder that stops on purpose does, so that its keys go now rather than at expiry.
+    pub(crate) async fn revoke_taken_lease(&self, lease: &Mutex<Option<i64>>) {
+        let taken = lease.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(id) = taken {
+            let mut leases = self.client().lease_client();
+            let limit = self.config().request_timeout;
+            let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+        }
+    }
+
     /// Mirrors the keys under `<prefix>/<name>/` in memory and keeps them current with a
     /// watch; returns once the first read is done. `name` is one path segment (`volumes`,
     /// `members`); `claims` and `leader` are this store's own.
@@ -529,16 +540,7 @@ impl HeldKey {
     /// Stops holding the key and revokes its lease, which deletes it.
     pub async fn release(self) {
         self.task.abort();
-        let lease = self
-            .lease
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(id) = lease {
-            let mut leases = self.store.client().lease_client();
-            let limit = self.store.config().request_timeout;
-            let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
-        }
+        self.store.revoke_taken_lease(&self.lease).await;
     }
 }
 
