@@ -157,11 +157,14 @@ impl Cycle {
     }
 }
 
-/// Resident memory of a release machine holding many durable claims.
+/// Resident memory of a release machine holding many durable claims: `claims_memory …` (a
+/// bare machine) or `claims_etcd_memory …` (an agent that loaded them from etcd).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimsMemory {
+    /// The line's first word.
+    pub line: &'static str,
     /// Claims held.
-    pub claims: u32,
+    pub claims: u64,
     /// Volumes they are spread over.
     pub volumes: u32,
     /// Resident bytes before.
@@ -173,7 +176,7 @@ pub struct ClaimsMemory {
 impl ClaimsMemory {
     /// Growth per claim, in bytes.
     pub fn per_claim(&self) -> u64 {
-        self.after.saturating_sub(self.before) / u64::from(self.claims.max(1))
+        self.after.saturating_sub(self.before) / self.claims.max(1)
     }
 }
 
@@ -181,8 +184,9 @@ impl fmt::Display for ClaimsMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "claims_memory claims={} volumes={} rss_before_kib={} rss_after_kib={} \
+            "{} claims={} volumes={} rss_before_kib={} rss_after_kib={} \
              bytes_per_claim={} kib_per_10000_claims={}",
+            self.line,
             self.claims,
             self.volumes,
             self.before / 1024,
@@ -233,7 +237,8 @@ pub fn claims_memory(claims: u32, volumes: u32) -> Result<ClaimsMemory, BenchErr
         .sum();
     drop(machine);
     Ok(ClaimsMemory {
-        claims: u32::try_from(held).unwrap_or(u32::MAX),
+        line: "claims_memory",
+        claims: u64::try_from(held).unwrap_or(u64::MAX),
         volumes,
         before,
         after,

@@ -47,7 +47,7 @@ use csi_structs::{AccessMode, NodeId, VolumeId, WorkloadId};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
-use crate::claims::{claim_request, driver_error, id, plugin_node, volume_info};
+use crate::claims::{ClaimsMemory, claim_request, driver_error, id, plugin_node, volume_info};
 use crate::cli::EtcdSpec;
 use crate::error::BenchError;
 use crate::etcd_process::EtcdProcess;
@@ -150,42 +150,6 @@ impl fmt::Display for ClaimPhase {
     }
 }
 
-/// Resident memory of one agent that loaded every claim from etcd: `claims_etcd_memory …`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadMemory {
-    /// Claims the agent holds after loading.
-    pub claims: u64,
-    /// Volumes they are spread over.
-    pub volumes: u32,
-    /// Resident bytes before its driver started (runtime up, etcd connection open).
-    pub before: u64,
-    /// Resident bytes once the driver has loaded every record.
-    pub after: u64,
-}
-
-impl LoadMemory {
-    /// Growth per claim, in bytes (0 if memory shrank).
-    pub fn per_claim(&self) -> u64 {
-        self.after.saturating_sub(self.before) / self.claims.max(1)
-    }
-}
-
-impl fmt::Display for LoadMemory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "claims_etcd_memory claims={} volumes={} rss_before_kib={} rss_after_kib={} \
-             bytes_per_claim={} kib_per_10000_claims={}",
-            self.claims,
-            self.volumes,
-            self.before / 1024,
-            self.after / 1024,
-            self.per_claim(),
-            self.per_claim() * 10_000 / 1024
-        )
-    }
-}
-
 /// How the claims were released: `claims_etcd_release …`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReleasePhase {
@@ -246,7 +210,7 @@ pub struct ClaimsEtcd {
     /// Claims per second.
     pub claim: ClaimPhase,
     /// Memory of an agent that loaded them.
-    pub memory: LoadMemory,
+    pub memory: ClaimsMemory,
     /// Release throughput.
     pub release: ReleasePhase,
 }
@@ -826,7 +790,7 @@ fn measure_memory(
     endpoints: &[String],
     prefix: &str,
     volumes: u32,
-) -> Result<LoadMemory, BenchError> {
+) -> Result<ClaimsMemory, BenchError> {
     let fail = |detail: String| BenchError::MemoryChild { detail };
     let mut child = Command::new(exe)
         .args([HIDDEN_MEMORY_CHILD, prefix])
@@ -869,7 +833,8 @@ fn measure_memory(
             .and_then(|v| v.parse::<u64>().ok())
             .ok_or_else(|| fail(format!("printed no {name}= in {out:?}")))
     };
-    Ok(LoadMemory {
+    Ok(ClaimsMemory {
+        line: "claims_etcd_memory",
         claims: field("claims")?,
         volumes,
         before: field("rss_before")?,
