@@ -252,12 +252,15 @@ impl ClaimsHandle {
     }
 
     /// Starts releasing a claim (if not already) and returns the claim once it is freed, in
-    /// state [`ClaimState::Freed`](crate::ClaimState::Freed) with how both steps ended. Waits
-    /// as long as the release takes (a release is retried until it completes).
+    /// state [`ClaimState::Freed`](crate::ClaimState::Freed) with how both steps ended
+    /// (`DoneElsewhere` for a step another agent sharing the store performed and this one did
+    /// not see end). Waits as long as the release takes (a release is retried until it
+    /// completes), and first for a reload of the volume after another agent's write.
     ///
     /// # Errors
     ///
-    /// [`DriverError::Release`] when there is no such claim, [`DriverError::Stopped`].
+    /// [`DriverError::Release`] when there is no such claim, or when the volume is still being
+    /// read again after several waits (`Reloading`); [`DriverError::Stopped`].
     pub async fn release_and_wait(
         &self,
         volume: &VolumeId,
