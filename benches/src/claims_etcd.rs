@@ -322,9 +322,14 @@ async fn start_agent(
     node: NodeId,
     seed: u64,
     controller: bool,
+    reread: Option<Duration>,
     detachers: &Arc<CountingDetachers>,
 ) -> Result<(ClaimsHandle, ClaimsDriver), BenchError> {
-    let store = connect(endpoints, prefix).await?;
+    let mut config = store_config(endpoints, prefix);
+    config.resync_interval = reread;
+    let store = EtcdStore::connect(config)
+        .await
+        .map_err(|e| BenchError::ClaimsStore(Box::new(e)))?;
     ClaimsDriver::start(
         Arc::new(store),
         Arc::clone(detachers),
@@ -457,6 +462,7 @@ fn bench(
                 node.clone(),
                 u64::from(i) + 1,
                 i == 0,
+                spec.reread,
                 &detachers,
             )
             .await?;

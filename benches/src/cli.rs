@@ -1,6 +1,7 @@
 //! The command line of `csi-bench`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{ArgGroup, Parser};
 
@@ -124,6 +125,12 @@ pub struct Cli {
     #[arg(long, value_name = "URLS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
 
+    /// How often each `--claims-etcd` agent's watch reads every claim record again, as a
+    /// check that it missed no change, in milliseconds (0: only after a compaction). Default
+    /// 20000, under the bench's 60 s stall limit; a small value stresses the re-read path.
+    #[arg(long, value_name = "MS", default_value_t = 20_000)]
+    pub etcd_reread_ms: u64,
+
     /// Measure what one agent-to-agent hop (csi-rpc-shim over loopback TCP) adds to
     /// `ControllerUnpublishVolume` against the in-process mock: prints the direct, local-shim
     /// and one-hop lines and the added p50 (target: under 150 µs). Sequential, `-n` calls each.
@@ -206,6 +213,9 @@ pub struct EtcdSpec {
     pub agents: u32,
     /// The etcd cluster given with `--etcd-endpoints`; `None`: start one.
     pub endpoints: Option<Vec<String>>,
+    /// How often each agent's watch reads every record again (`--etcd-reread-ms`); `None`:
+    /// only after a compaction.
+    pub reread: Option<Duration>,
 }
 
 /// The error of `--claims-etcd` in a csi-bench built without the `etcd` feature.
@@ -360,6 +370,7 @@ impl Cli {
             claims,
             agents,
             endpoints: (!self.etcd_endpoints.is_empty()).then(|| self.etcd_endpoints.clone()),
+            reread: (self.etcd_reread_ms > 0).then(|| Duration::from_millis(self.etcd_reread_ms)),
         }))
     }
 }
@@ -473,6 +484,7 @@ mod tests {
                         "http://127.0.0.1:2379".to_owned(),
                         "[::1]:2379".to_owned()
                     ]),
+                    reread: Some(Duration::from_secs(20)),
                 }))
             );
             assert_eq!(
@@ -481,6 +493,7 @@ mod tests {
                     claims: 10,
                     agents: 1,
                     endpoints: None,
+                    reread: Some(Duration::from_secs(20)),
                 }))
             );
         } else {

@@ -43,6 +43,9 @@ use csi_structs::ErrorClass;
 
 use handle::Waiters;
 
+/// How many more store changes one turn of the loop takes after the one that woke it.
+const CHANGES_PER_TURN: usize = 256;
+
 /// How the driver runs.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -229,7 +232,17 @@ where
                 () = sleep => {}
                 Some(_) = calls.join_next(), if !calls.is_empty() => {}
                 next = change => match next {
-                    Some(change) => self.apply(change),
+                    Some(change) => {
+                        self.apply(change);
+                        // Take what else waits in the same turn (bounded, so that calls
+                        // and timers are not held up by a long burst).
+                        if let Some(rx) = changes.as_mut() {
+                            for _ in 0..CHANGES_PER_TURN {
+                                let Some(change) = rx.try_recv() else { break };
+                                self.apply(change);
+                            }
+                        }
+                    }
                     None => {
                         tracing::error!("the claim store's watch ended; other agents' changes \
                             are no longer seen until restart");
@@ -252,9 +265,10 @@ where
                 record,
             } => state.machine.observed(&volume, version, record, now()),
             Change::Resync { version, records } => {
-                tracing::info!(version = %version, records = records.len(),
-                    "claim store watch fell behind a compaction; read every record again");
-                state.machine.resync(version, records, now());
+                let count = records.len();
+                let news = state.machine.resync(version, records, now());
+                tracing::debug!(version = %version, records = count, news,
+                    "claim store read again");
             }
             Change::Undecodable(error) => {
                 tracing::error!(error = %error_chain(&error), "claim store: skipped a record");

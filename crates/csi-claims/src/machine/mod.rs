@@ -635,12 +635,24 @@ impl ReleaseMachine {
         volume: &VolumeId,
         version: Version,
         record: Option<VolumeRecord>,
-        _now: Instant,
+        now: Instant,
     ) {
+        self.observe(volume, version, record, now);
+    }
+
+    /// [`observed`](Self::observed); says whether the change was news to the machine (taken
+    /// over, or remembered to be read).
+    fn observe(
+        &mut self,
+        volume: &VolumeId,
+        version: Version,
+        record: Option<VolumeRecord>,
+        _now: Instant,
+    ) -> bool {
         let Some(entry) = self.volumes.get_mut(volume) else {
             if let Some(&floor) = self.retired.get(volume) {
                 if version <= floor {
-                    return; // a change from before this machine dropped the volume
+                    return false; // a change from before this machine dropped the volume
                 }
                 self.retired.remove(volume);
             }
@@ -648,15 +660,16 @@ impl ReleaseMachine {
                 self.volumes
                     .insert(volume.clone(), Entry::new(record, Some(version)));
                 self.queue(volume);
+                return true;
             }
-            return;
+            return false;
         };
         if entry.floor.is_some_and(|known| known >= version) {
-            return;
+            return false;
         }
         if !entry.settled() {
             entry.mark_stale(version, record.is_some());
-            return;
+            return true;
         }
         let exists = record.is_some();
         let record = record
@@ -671,12 +684,14 @@ impl ReleaseMachine {
         // The other writer's progress may be what a failed step was waiting for.
         entry.step_retry.not_before = None;
         self.queue(volume);
+        true
     }
 
-    /// Every record in the store at `version`, after a shared store's watch lost its place:
-    /// each is [`observed`](Self::observed), and a managed volume without a record is
-    /// observed deleted.
-    pub fn resync(&mut self, version: Version, records: Vec<Stored>, now: Instant) {
+    /// Every record in the store at `version`, read again (after a shared store's watch lost
+    /// its place, or as a periodic check): each is [`observed`](Self::observed), and a
+    /// managed volume without a record is observed deleted. Returns how many volumes the read
+    /// told the machine something new about: 0 when the watch had brought every change.
+    pub fn resync(&mut self, version: Version, records: Vec<Stored>, now: Instant) -> usize {
         let present: HashSet<VolumeId> = records.iter().map(|s| s.record.info.id.clone()).collect();
         let missing: Vec<VolumeId> = self
             .volumes
@@ -684,13 +699,15 @@ impl ReleaseMachine {
             .filter(|v| !present.contains(*v))
             .cloned()
             .collect();
+        let mut news = 0;
         for volume in missing {
-            self.observed(&volume, version, None, now);
+            news += usize::from(self.observe(&volume, version, None, now));
         }
         for stored in records {
             let volume = stored.record.info.id.clone();
-            self.observed(&volume, stored.version, Some(stored.record), now);
+            news += usize::from(self.observe(&volume, stored.version, Some(stored.record), now));
         }
+        news
     }
 
     /// Retries every due step. Call when the deadline from

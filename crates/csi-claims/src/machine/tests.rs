@@ -1239,3 +1239,35 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
     );
     assert_eq!(h.m.record(&vid("v")).map(|r| r.claims().len()), Some(1));
 }
+
+#[test]
+fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
+    let v = info("v", ControllerRequirement::Required);
+    let mut writer = Harness::new();
+    writer
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    writer.release("v", "a");
+    let node_step = writer.answer_node(Ok(()));
+    assert_eq!(node_step.workload, wid("a"));
+    let stored = writer.store.load_now(&vid("v")).unwrap();
+
+    // The controller-duty holder never heard of v from its watch; a re-read brings it.
+    let mut h = Harness::new();
+    h.m.follow_store_changes();
+    let news = h.m.resync(stored.version, vec![stored.clone()], h.now);
+    assert_eq!(news, 1, "v was news");
+    h.pump();
+    assert_eq!(h.controller_calls.len(), 1, "the controller step is taken up");
+    // The same read again tells nothing new.
+    assert_eq!(h.m.resync(stored.version, vec![stored], h.now), 0);
+}

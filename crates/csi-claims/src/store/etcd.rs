@@ -21,12 +21,23 @@
 //! # Versions and the watch
 //!
 //! A record's [`Version`] is its key's `mod_revision`, which grows across the whole store.
-//! [`ClaimStore::load_and_watch`] reads every record at one revision and watches the prefix
-//! from the next one, so no change is missed between the two. The watch reports each change
-//! as a [`Change`] (O(changed volumes), never a rescan); a broken watch is re-established from
-//! the last revision it reported; a watch whose start was compacted away reads everything again
+//! [`ClaimStore::load_and_watch`] reads every record at one revision (in pages, so that no
+//! answer outgrows a gRPC message) and watches the prefix from the next one, so no change is
+//! missed between the two. The watch reports each change as a [`Change`] (O(changed
+//! volumes), never a rescan); a broken watch is re-established from the last revision it
+//! reported; a watch whose start was compacted away reads everything again
 //! ([`Change::Resync`]). A value that does not decode is reported with its key
 //! ([`Change::Undecodable`]) and skipped; the other volumes go on.
+//!
+//! Three things keep the watch from losing its way:
+//! - it never waits for its reader: [`Changes`] keeps at most the newest change of each
+//!   volume, so etcd never sees a slow watcher;
+//! - it asks etcd to split a large batch of changes (a watch catching up after an outage)
+//!   into several answers, and takes answers up to twice [`EtcdStoreConfig::max_value_bytes`]:
+//!   a batch over gRPC's 4 MiB default would otherwise fail to decode every time the watch is
+//!   made again, and the agent would see no other agent's change from then on;
+//! - every [`EtcdStoreConfig::resync_interval`] it reads every record again, which bounds how
+//!   long a change that etcd itself lost stays unseen (and logs the volumes it finds so).
 //!
 //! Operators must let etcd compact its history (`--auto-compaction-mode=periodic
 //! --auto-compaction-retention=1h`, say): every write keeps a revision until then.
@@ -37,25 +48,24 @@
 //! [`StoreError::Etcd`] naming the endpoints and the operation, and the release machine retries
 //! with its backoff.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{
+    Change, ChangeSender, Changes, ClaimStore, StoreError, Stored, Version, codec, encode_for,
+};
+use crate::model::VolumeRecord;
 use csi_structs::VolumeId;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
     WatchOptions, WatchResponse,
 };
-use tokio::sync::mpsc;
-
-use super::{Change, Changes, ClaimStore, StoreError, Stored, Version, codec, encode_for};
-use crate::model::VolumeRecord;
 
 /// How the watch backs off while the cluster is unreachable.
 const WATCH_RETRY_MIN: Duration = Duration::from_millis(100);
 const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
-/// How many changes may wait for the driver before the watch waits.
-const CHANGE_BUFFER: usize = 1024;
 
 /// How to reach etcd and where to keep claims.
 #[derive(Clone)]
@@ -75,6 +85,12 @@ pub struct EtcdStoreConfig {
     /// TLS for `https://` endpoints: a CA certificate (PEM) and, for client certificates, a
     /// certificate and key (PEM).
     pub tls: Option<EtcdTls>,
+    /// How often the watch of [`ClaimStore::load_and_watch`] reads every record again
+    /// ([`Change::Resync`]), as a check that it missed no change; `None`: never (only after a
+    /// compaction). Default 2 minutes. etcd releases before 3.4.31 and 3.5.13 (Debian ships
+    /// 3.4.23) can lose watch events when a slow watcher meets a compaction; this bounds how
+    /// long a lost change stays unseen. Each check costs one read of every claim record.
+    pub resync_interval: Option<Duration>,
 }
 
 impl EtcdStoreConfig {
@@ -87,6 +103,7 @@ impl EtcdStoreConfig {
             max_value_bytes: 1_000_000,
             user: None,
             tls: None,
+            resync_interval: Some(Duration::from_secs(120)),
         }
     }
 
@@ -111,6 +128,7 @@ impl fmt::Debug for EtcdStoreConfig {
             .field("max_value_bytes", &self.max_value_bytes)
             .field("user", &self.user.as_ref().map(|(name, _)| name))
             .field("tls", &self.tls.is_some())
+            .field("resync_interval", &self.resync_interval)
             .finish()
     }
 }
@@ -354,20 +372,10 @@ impl EtcdStore {
 
     /// Every record at one revision; records that do not decode are returned apart.
     async fn read_all(&self) -> Result<(Vec<Stored>, Vec<StoreError>, i64), StoreError> {
-        let prefix = self.inner.claims_prefix.as_str();
-        let response = self
-            .bounded(
-                || "read every claim record".to_owned(),
-                true,
-                || {
-                    let mut kv = self.inner.client.kv_client();
-                    async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
-                },
-            )
-            .await?;
-        let revision = response.header().map_or(0, |h| h.revision());
+        let prefix = self.inner.claims_prefix.clone();
+        let (kvs, revision) = self.read_prefix(&prefix).await?;
         let (mut good, mut bad) = (Vec::new(), Vec::new());
-        for kv in response.kvs() {
+        for kv in &kvs {
             match self.decode(kv) {
                 Ok(stored) => good.push(stored),
                 Err(e) => bad.push(e),
@@ -375,6 +383,103 @@ impl EtcdStore {
         }
         Ok((good, bad, revision))
     }
+
+    /// The largest gRPC message this store decodes: one value at the write limit, with room
+    /// for its key and the envelope, and never less than gRPC's usual 4 MiB.
+    fn decode_limit(&self) -> usize {
+        (self.inner.config.max_value_bytes.saturating_mul(2) + (64 << 10)).max(4 << 20)
+    }
+
+    /// A watch client that takes messages up to [`decode_limit`](Self::decode_limit).
+    pub(crate) fn watch_client(&self) -> etcd_client::WatchClient {
+        self.inner
+            .client
+            .watch_client()
+            .max_decoding_message_size(self.decode_limit())
+    }
+
+    /// Every key under `prefix` at one revision, read in pages (one answer holding every
+    /// record could exceed what a gRPC message may carry). A page too large to decode is
+    /// read again in smaller pages; a revision compacted away between pages starts the read
+    /// over at a newer one.
+    pub(crate) async fn read_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let operation = || format!("read every key under {prefix}");
+        let end = prefix_end(prefix.as_bytes());
+        let mut attempts = 0;
+        'read: loop {
+            attempts += 1;
+            let mut kvs: Vec<KeyValue> = Vec::new();
+            let mut revision = 0;
+            let mut page = READ_PAGE;
+            let mut from = prefix.as_bytes().to_vec();
+            loop {
+                let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
+                if revision > 0 {
+                    options = options.with_revision(revision);
+                }
+                let limit = self.decode_limit();
+                let answer = self
+                    .bounded(operation, true, || {
+                        let mut kv = self
+                            .inner
+                            .client
+                            .kv_client()
+                            .max_decoding_message_size(limit);
+                        let (from, options) = (from.clone(), options.clone());
+                        async move { kv.get(from, Some(options)).await }
+                    })
+                    .await;
+                let mut response = match answer {
+                    Ok(r) => r,
+                    Err(StoreError::Etcd { detail, .. })
+                        if page > 1 && detail.contains("message length too large") =>
+                    {
+                        page = (page / 2).max(1);
+                        continue;
+                    }
+                    Err(StoreError::Etcd { detail, .. })
+                        if revision > 0 && attempts < 5 && detail.contains("compacted") =>
+                    {
+                        continue 'read;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if revision == 0 {
+                    revision = response.header().map_or(0, |h| h.revision());
+                }
+                let more = response.more();
+                let batch = response.take_kvs();
+                let Some(last) = batch.last() else {
+                    return Ok((kvs, revision));
+                };
+                from = last.key().to_vec();
+                from.push(0);
+                kvs.extend(batch);
+                if !more {
+                    return Ok((kvs, revision));
+                }
+            }
+        }
+    }
+}
+
+/// How many keys one page of [`EtcdStore::read_prefix`] asks for at first.
+const READ_PAGE: i64 = 512;
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: "\0" means "to the end of the key space" in etcd.
+    vec![0]
 }
 
 #[async_trait::async_trait]
@@ -391,13 +496,15 @@ impl ClaimStore for EtcdStore {
 
     async fn load_and_watch(&self) -> Result<(Vec<Stored>, Option<Changes>), StoreError> {
         let (good, bad, revision) = self.read_all().await?;
-        let (tx, rx) = mpsc::channel(CHANGE_BUFFER);
+        let (tx, rx) = Changes::channel();
         for e in bad {
-            // The channel is new and larger than any first batch the driver cannot take;
-            // a full channel only drops reports of damaged values.
-            let _ = tx.try_send(Change::Undecodable(e));
+            tx.note(Change::Undecodable(e));
         }
-        tokio::spawn(watch(self.clone(), revision, tx));
+        let seen = good
+            .iter()
+            .map(|r| (r.record.info.id.clone(), r.version))
+            .collect();
+        tokio::spawn(watch(self.clone(), revision, seen, tx));
         Ok((good, Some(rx)))
     }
 
@@ -490,44 +597,66 @@ impl ClaimStore for EtcdStore {
     }
 }
 
-/// Feeds `tx` with every change after `revision` until the receiver is dropped.
-async fn watch(store: EtcdStore, mut revision: i64, tx: mpsc::Sender<Change>) {
+/// Feeds `tx` with every change after `revision` until the receiver is dropped; reads every
+/// record again when the history was compacted past the watch, and every
+/// [`EtcdStoreConfig::resync_interval`].
+async fn watch(
+    store: EtcdStore,
+    mut revision: i64,
+    seen: Vec<(VolumeId, Version)>,
+    tx: ChangeSender,
+) {
     let mut delay = WATCH_RETRY_MIN;
     let mut broken = false;
+    let every = store.inner.config.resync_interval;
+    let mut next_read = every.map(|d| tokio::time::Instant::now() + d);
+    // The version of each volume's record as the watch last reported it: a re-read that finds
+    // another one at a revision the watch had passed shows a lost event.
+    let mut seen: HashMap<VolumeId, Version> = seen.into_iter().collect();
     loop {
-        let outcome = watch_once(&store, &mut revision, &tx, &mut broken).await;
+        let outcome = watch_once(
+            &store,
+            &mut revision,
+            &tx,
+            &mut broken,
+            next_read,
+            &mut seen,
+        )
+        .await;
         if tx.is_closed() {
             return;
         }
         match outcome {
             WatchEnd::Receiver => return,
-            WatchEnd::Compacted => match store.read_all().await {
+            WatchEnd::Compacted | WatchEnd::ReadAgain => match store.read_all().await {
                 Ok((records, bad, at)) => {
+                    if matches!(outcome, WatchEnd::Compacted) {
+                        tracing::info!(
+                            revision = at,
+                            "claim store watch fell behind a \
+                            compaction; read every record again"
+                        );
+                    } else {
+                        report_missed(&records, revision, &seen);
+                    }
+                    seen = records
+                        .iter()
+                        .map(|r| (r.record.info.id.clone(), r.version))
+                        .collect();
+                    next_read = every.map(|d| tokio::time::Instant::now() + d);
                     revision = at;
                     for e in bad {
-                        if tx.send(Change::Undecodable(e)).await.is_err() {
-                            return;
-                        }
+                        tx.note(Change::Undecodable(e));
                     }
                     let Some(version) = u64::try_from(at).ok().and_then(Version::from_u64) else {
                         continue;
                     };
-                    if tx.send(Change::Resync { version, records }).await.is_err() {
-                        return;
-                    }
+                    tx.resync(version, records);
                     delay = WATCH_RETRY_MIN;
                 }
-                Err(e) => {
-                    if interrupted(&tx, &mut broken, &mut delay, e).await.is_err() {
-                        return;
-                    }
-                }
+                Err(e) => interrupted(&tx, &mut broken, &mut delay, e).await,
             },
-            WatchEnd::Broken(e) => {
-                if interrupted(&tx, &mut broken, &mut delay, e).await.is_err() {
-                    return;
-                }
-            }
+            WatchEnd::Broken(e) => interrupted(&tx, &mut broken, &mut delay, e).await,
         }
         // A watch that delivered something, or was created, resets the backoff.
         if !broken {
@@ -536,20 +665,39 @@ async fn watch(store: EtcdStore, mut revision: i64, tx: mpsc::Sender<Change>) {
     }
 }
 
+/// Logs the records a re-read found at a version the watch had passed (`watched`) without
+/// reporting it: events the watch lost.
+fn report_missed(records: &[Stored], watched: i64, seen: &HashMap<VolumeId, Version>) {
+    let watched = u64::try_from(watched).unwrap_or(0);
+    let missed: Vec<&VolumeId> = records
+        .iter()
+        .filter(|r| r.version.get() <= watched && seen.get(&r.record.info.id) != Some(&r.version))
+        .map(|r| &r.record.info.id)
+        .collect();
+    if let Some(first) = missed.first() {
+        tracing::warn!(missed = missed.len(), first = %first, watched,
+            "claim store watch missed changes that the periodic re-read found; they are taken \
+            from the re-read (etcd before 3.4.31 and 3.5.13 can lose watch events when a \
+            compaction meets a slow watcher)");
+    }
+}
+
 /// Reports the first failure of an outage, then waits out the backoff.
 async fn interrupted(
-    tx: &mpsc::Sender<Change>,
+    tx: &ChangeSender,
     broken: &mut bool,
     delay: &mut Duration,
     error: StoreError,
-) -> Result<(), ()> {
+) {
     if !*broken {
         *broken = true;
-        tx.send(Change::Interrupted(error)).await.map_err(|_| ())?;
+        tx.note(Change::Interrupted(error));
     }
-    tokio::time::sleep(*delay).await;
+    tokio::select! {
+        () = tokio::time::sleep(*delay) => {}
+        () = tx.closed() => {}
+    }
     *delay = (*delay * 2).min(WATCH_RETRY_MAX);
-    Ok(())
 }
 
 enum WatchEnd {
@@ -557,6 +705,8 @@ enum WatchEnd {
     Receiver,
     /// The start revision was compacted away: read everything again.
     Compacted,
+    /// Time for the periodic check: read everything again.
+    ReadAgain,
     /// The stream failed or ended: watch again from the last revision.
     Broken(StoreError),
 }
@@ -564,20 +714,24 @@ enum WatchEnd {
 async fn watch_once(
     store: &EtcdStore,
     revision: &mut i64,
-    tx: &mpsc::Sender<Change>,
+    tx: &ChangeSender,
     broken: &mut bool,
+    read_at: Option<tokio::time::Instant>,
+    seen: &mut HashMap<VolumeId, Version>,
 ) -> WatchEnd {
+    // Fragmented: a batch of changes larger than one message comes as several answers.
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(*revision + 1)
-        .with_progress_notify();
+        .with_progress_notify()
+        .with_fragment();
     let prefix = store.inner.claims_prefix.as_str();
     let stream = store
         .bounded(
             || "watch the claim records".to_owned(),
             true,
             || {
-                let mut client = store.inner.client.watch_client();
+                let mut client = store.watch_client();
                 let options = options.clone();
                 async move { client.watch(prefix, Some(options)).await }
             },
@@ -587,10 +741,18 @@ async fn watch_once(
         Ok(s) => s,
         Err(e) => return WatchEnd::Broken(e),
     };
+    let read_again = async {
+        match read_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(read_again);
     loop {
         let message = tokio::select! {
             m = stream.message() => m,
             () = tx.closed() => return WatchEnd::Receiver,
+            () = &mut read_again => return WatchEnd::ReadAgain,
         };
         let response = match message {
             Ok(Some(r)) => r,
@@ -610,51 +772,45 @@ async fn watch_once(
         }
         if *broken {
             *broken = false;
-            if tx.send(Change::Resumed).await.is_err() {
-                return WatchEnd::Receiver;
-            }
+            tx.note(Change::Resumed);
         }
-        if deliver(store, &response, revision, tx).await.is_err() {
-            return WatchEnd::Receiver;
-        }
+        deliver(store, &response, revision, tx, seen);
     }
 }
 
-/// Sends the changes of one watch response, advancing `revision` past each.
-async fn deliver(
+/// Queues the changes of one watch response, advancing `revision` past each.
+fn deliver(
     store: &EtcdStore,
     response: &WatchResponse,
     revision: &mut i64,
-    tx: &mpsc::Sender<Change>,
-) -> Result<(), ()> {
+    tx: &ChangeSender,
+    seen: &mut HashMap<VolumeId, Version>,
+) {
     for event in response.events() {
         let Some(kv) = event.kv() else { continue };
         *revision = (*revision).max(kv.mod_revision());
-        let change = match event.event_type() {
+        match event.event_type() {
             etcd_client::EventType::Put => match store.decode(kv) {
-                Ok(stored) => Change::Volume {
-                    volume: stored.record.info.id.clone(),
-                    version: stored.version,
-                    record: Some(stored.record),
-                },
-                Err(e) => Change::Undecodable(e),
+                Ok(stored) => {
+                    let volume = stored.record.info.id.clone();
+                    seen.insert(volume.clone(), stored.version);
+                    tx.volume(volume, stored.version, Some(stored.record));
+                }
+                Err(e) => {
+                    tx.note(Change::Undecodable(e));
+                }
             },
             etcd_client::EventType::Delete => {
                 let volume = store.volume_of(kv.key());
                 let version = u64::try_from(kv.mod_revision())
                     .ok()
                     .and_then(Version::from_u64);
-                match (volume, version) {
-                    (Some(volume), Some(version)) => Change::Volume {
-                        volume,
-                        version,
-                        record: None,
-                    },
-                    _ => continue,
+                if let (Some(volume), Some(version)) = (volume, version) {
+                    seen.remove(&volume);
+                    tx.volume(volume, version, None);
                 }
             }
-        };
-        tx.send(change).await.map_err(|_| ())?;
+        }
     }
     // A progress notification (no events, not the creation answer, which comes before the
     // replayed events) says every change up to its revision was sent.
@@ -664,7 +820,6 @@ async fn deliver(
     {
         *revision = (*revision).max(h.revision());
     }
-    Ok(())
 }
 
 /// Whether a failed request may be sent again: it never reached a member (the connection was
@@ -677,5 +832,17 @@ fn again(error: &etcd_client::Error, idempotent: bool) -> bool {
                 && (idempotent || status.message().contains("connect"))
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_at_the_next_key_after_all_keys_under_it() {
+        assert_eq!(prefix_end(b"/p/claims/"), b"/p/claims0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
     }
 }

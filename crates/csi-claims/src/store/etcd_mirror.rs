@@ -13,9 +13,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use etcd_client::{
-    EventType, GetOptions, KeyValue, PutOptions, Txn, TxnResponse, WatchOptions, WatchResponse,
-};
+use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnResponse, WatchOptions, WatchResponse};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -230,24 +228,12 @@ impl Mirror {
     /// Reads the whole key space; replaces the mirror's content with it, keeping only what
     /// this agent noted after that read.
     async fn load(&self) -> Result<i64, StoreError> {
-        let store = &self.inner.store;
-        let prefix = self.inner.prefix.as_str();
-        let response = store
-            .bounded(
-                || format!("read every key under {prefix}"),
-                true,
-                || {
-                    let mut kv = store.client().kv_client();
-                    async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
-                },
-            )
-            .await?;
-        let at = response.header().map_or(0, |h| h.revision());
+        let (kvs, at) = self.inner.store.read_prefix(&self.inner.prefix).await?;
         {
             let mut state = self.write();
             state.entries.retain(|_, e| e.revision > at);
             state.tombstones.retain(|_, r| *r > at);
-            for kv in response.kvs() {
+            for kv in &kvs {
                 if let Some(name) = self.name_of(kv.key()) {
                     state.apply(name, Some(entry_of(kv)), kv.mod_revision());
                 }
@@ -338,10 +324,11 @@ async fn follow_once(
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(*revision + 1)
-        .with_progress_notify();
+        .with_progress_notify()
+        .with_fragment();
     let mut stream = store
         .bounded(operation, true, || {
-            let mut client = store.client().watch_client();
+            let mut client = store.watch_client();
             let options = options.clone();
             async move { client.watch(prefix, Some(options)).await }
         })

@@ -21,6 +21,7 @@
 //! The trait is async (a store across the network waits on it) and object-safe
 //! (`Arc<dyn ClaimStore>` works), through `async-trait`.
 
+mod changes;
 mod codec;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -35,6 +36,7 @@ use std::num::NonZeroU64;
 
 use csi_structs::VolumeId;
 
+pub use changes::{ChangeSender, Changes};
 pub use codec::{DecodeError, Format, decode, encode};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdPassword, EtcdStore, EtcdStoreConfig, EtcdTls};
@@ -222,8 +224,9 @@ impl StoreError {
 }
 
 /// A change of the stored records, as a shared store's watch reports it (see
-/// [`ClaimStore::load_and_watch`]). Changes come in the order the store made them, the
-/// writer's own writes included.
+/// [`ClaimStore::load_and_watch`]). Changes of one volume come in the order the store made
+/// them, the writer's own writes included; an older change of a volume may be skipped in
+/// favour of a newer one (see [`Changes`]).
 #[derive(Debug)]
 pub enum Change {
     /// A volume's record as it is now (`record: None`: deleted), written at `version`.
@@ -235,9 +238,9 @@ pub enum Change {
         /// The record, or `None` when it was deleted.
         record: Option<VolumeRecord>,
     },
-    /// The watch lost its place (the store's history was compacted past it) and read
-    /// everything again: `records` is every record stored at `version`; a volume not in it
-    /// has no record.
+    /// Every record read again: after the watch lost its place (the store's history was
+    /// compacted past it), and periodically, as a check that the watch missed nothing.
+    /// `records` is every record stored at `version`; a volume not in it has no record.
     Resync {
         /// The version of the read.
         version: Version,
@@ -253,9 +256,6 @@ pub enum Change {
     /// The watch is back after an [`Change::Interrupted`].
     Resumed,
 }
-
-/// The changes of a shared store, from the moment of the read they were asked with.
-pub type Changes = tokio::sync::mpsc::Receiver<Change>;
 
 /// Durable storage for volume records, with compare-and-swap per volume.
 ///
