@@ -17,9 +17,9 @@ use csi_rpc_shim::{
     Attached, CallContext, ControllerDetach, ControllerExpand, ControllerExpanded, ControllerQuery,
     ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, Credentials, DeleteSnapshot,
     DeleteVolume, GrpcCode, Health, Instance, ListSnapshots, ListVolumes, LocalPlugins,
-    LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, Registry, Routes, Scope,
-    ServiceKind, Shim, ShimConfig, SnapshotInfo, SnapshotPage, Token, TokenBook, Validated,
-    VolumePage,
+    LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, Registry,
+    Routes, Scope, ServiceKind, Shim, ShimConfig, SnapshotInfo, SnapshotPage, Token, TokenBook,
+    Validated, VolumePage,
 };
 use csi_structs::{ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId, Secrets};
 use tokio::net::TcpListener;
@@ -81,9 +81,9 @@ struct ClientBackend {
 }
 
 fn unused() -> PluginError {
-    PluginError::new(
+    PluginError::failed(
         ErrorClass::Fatal,
-        GrpcCode::Unimplemented,
+        PluginFailure::Agent,
         "not served by the hop benchmark",
     )
 }
@@ -118,8 +118,12 @@ impl LocalPlugins for ClientBackend {
             .unpublish(&req.external_volume, Some(&req.plugin_node), &req.secrets)
             .await
             .map_err(|e| {
-                let code = e.code().map_or(GrpcCode::Unknown, GrpcCode::from);
-                PluginError::new(e.class(), code, e.to_string())
+                // The plugin's status when it answered one; anything else reads as
+                // unreachable here (the agent's backend tells the other failures apart).
+                let failure = e.code().map_or(PluginFailure::Unreachable, |code| {
+                    PluginFailure::Status(GrpcCode::from(code))
+                });
+                PluginError::failed(e.class(), failure, e.to_string())
             })
     }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::answer::AnswerWatch;
 use crate::budget::RetryBudget;
 use crate::channel::PluginChannel;
 use crate::connection::{ConnectError, Connection, DialFailure};
@@ -133,18 +134,18 @@ impl Caller {
             convert(resp)
         })
         .await
-        .map(|(out, _)| out)
+        .map(|(out, _, _)| out)
     }
 
     /// Validates `request` and opens a server stream under the RPC's policy (the opening is
-    /// retried like a unary call). Returns the stream, the policy it ran under, and when the
-    /// call started.
+    /// retried like a unary call). Returns the stream with the record of its answer, the
+    /// policy it ran under, and when the call started.
     pub(crate) async fn open_stream<Req, T, F, Fut>(
         &self,
         options: &CallOptions,
         request: Req,
         send: F,
-    ) -> Result<(tonic::Streaming<T>, CallContext, RpcPolicy, Instant), Error>
+    ) -> Result<(OpenStream<T>, CallContext, RpcPolicy, Instant), Error>
     where
         Req: CsiRequest,
         F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
@@ -156,17 +157,17 @@ impl Caller {
         }
         let started = Instant::now();
         let policy = self.policy(&context, options);
-        let (stream, _) = self
+        let (stream, _, answer) = self
             .call(context.clone(), options, request, send, Ok)
             .await?;
-        Ok((stream, context, policy, started))
+        Ok(((stream, answer), context, policy, started))
     }
 
     /// Runs one RPC under its policy. `send` performs one attempt on the shared channel;
     /// `convert` checks an OK answer and turns it into the result (a failure there is an
     /// invalid response: classified, never retried).
     ///
-    /// Returns the result and the number of attempts made.
+    /// Returns the result, the number of attempts made and the record of the answer.
     pub(crate) async fn call<Req, Resp, Out, F, Fut, C>(
         &self,
         context: CallContext,
@@ -174,7 +175,7 @@ impl Caller {
         request: Req,
         send: F,
         convert: C,
-    ) -> Result<(Out, u32), Error>
+    ) -> Result<(Out, u32, AnswerWatch), Error>
     where
         Req: Clone,
         F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
@@ -198,7 +199,7 @@ impl Caller {
             .instrument(span.clone())
             .await;
         let (outcome, attempts, duration) = match &result {
-            Ok((_, attempts, duration)) => (Outcome::Ok, *attempts, *duration),
+            Ok((_, attempts, duration, _)) => (Outcome::Ok, *attempts, *duration),
             Err((error, duration)) => (
                 Outcome::Failed {
                     failure: error.kind().failure(),
@@ -223,7 +224,7 @@ impl Caller {
             });
         }
         match result {
-            Ok((resp, attempts, _)) => Ok((resp, attempts)),
+            Ok((resp, attempts, _, answer)) => Ok((resp, attempts, answer)),
             Err((error, _)) => {
                 span.in_scope(|| tracing::debug!(error = %error, "call failed"));
                 Err(error)
@@ -238,7 +239,7 @@ impl Caller {
         request: Req,
         send: F,
         convert: C,
-    ) -> Result<(Out, u32, Duration), (Error, Duration)>
+    ) -> Result<(Out, u32, Duration, AnswerWatch), (Error, Duration)>
     where
         Req: Clone,
         F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
@@ -268,11 +269,14 @@ impl Caller {
             // connection (the first dial here, a redial in the link) means nothing reached
             // the plugin.
             let handover = Handover::new();
+            // What the plugin's answer held, to tell its status from an answer we refused.
+            let answer = AnswerWatch::new();
             let one = async {
                 let channel = connection.channel().await.map_err(AttemptError::Dial)?;
                 handover.handed();
                 let mut req = tonic::Request::new(request.clone());
                 req.extensions_mut().insert(handover.clone());
+                req.extensions_mut().insert(answer.clone());
                 // The plugin learns the deadline too. A stream's messages may take the whole
                 // call budget; its opening is still bounded by the attempt deadline below.
                 let header = if streaming {
@@ -296,13 +300,13 @@ impl Caller {
                 Ok(Ok(response)) => match convert(response.into_inner()) {
                     Ok(out) => {
                         self.observe_attempt(rpc, attempt, elapsed, Outcome::Ok);
-                        return Ok((out, attempt, start.elapsed()));
+                        return Ok((out, attempt, start.elapsed(), answer));
                     }
                     Err(kind) => kind,
                 },
                 Ok(Err(AttemptError::Dial(DialFailure::Connect(e)))) => ErrorKind::of_dial(e),
                 Ok(Err(AttemptError::Dial(DialFailure::Handshake(e)))) => ErrorKind::Handshake(e),
-                Ok(Err(AttemptError::Status(status))) => kind_of_status(status),
+                Ok(Err(AttemptError::Status(status))) => kind_of_status(status, &answer),
                 Err(_) if handover.is_waiting() => {
                     ErrorKind::NotConnected(ConnectError::timed_out(connection.endpoint(), elapsed))
                 }
@@ -367,12 +371,16 @@ impl Caller {
     }
 }
 
+/// A server stream and the record of the answer that carries it.
+pub(crate) type OpenStream<T> = (tonic::Streaming<T>, AnswerWatch);
+
 /// Sorts a tonic status into what actually happened, by the *types* in its source chain:
 /// - our dial failure ([`DialFailure`], [`ConnectError`]): the link could not redial the
 ///   plugin; nothing was sent;
 /// - any other source: a transport failure after the request was handed to the connection;
-/// - no source: a status the plugin sent.
-pub(crate) fn kind_of_status(status: tonic::Status) -> ErrorKind {
+/// - no source: a status the plugin sent, or tonic's failure to read the answer, which
+///   `answer` (what the link saw of it) tells apart.
+pub(crate) fn kind_of_status(status: tonic::Status, answer: &AnswerWatch) -> ErrorKind {
     let mut source = std::error::Error::source(&status);
     let mut transport = false;
     while let Some(err) = source {
@@ -393,10 +401,7 @@ pub(crate) fn kind_of_status(status: tonic::Status) -> ErrorKind {
             source: Box::new(status),
         }
     } else {
-        ErrorKind::Status {
-            code: status.code(),
-            message: status.message().to_owned(),
-        }
+        answer.kind_of(&status)
     }
 }
 
@@ -408,7 +413,8 @@ mod tests {
 
     #[test]
     fn statuses_are_sorted_by_the_types_in_their_source_chain() {
-        let plugin = kind_of_status(tonic::Status::new(Code::NotFound, "gone"));
+        let sent = AnswerWatch::sent_status(Code::NotFound as u32);
+        let plugin = kind_of_status(tonic::Status::new(Code::NotFound, "gone"), &sent);
         assert!(
             matches!(plugin, ErrorKind::Status { code: Code::NotFound, ref message } if message == "gone")
         );
@@ -419,21 +425,24 @@ mod tests {
             DialFailure::Connect(ConnectError::timed_out(&endpoint, Duration::from_millis(5)));
         let not_connected = tonic::Status::from_error(Box::new(dial));
         assert!(matches!(
-            kind_of_status(not_connected),
+            kind_of_status(not_connected, &AnswerWatch::new()),
             ErrorKind::NotConnected(ref e) if e.waited() == Duration::from_millis(5)
         ));
 
         // A new connection closed before taking the request: nothing was sent either.
         let unsent = DialFailure::Connect(ConnectError::closed_unsent(&endpoint));
         assert!(matches!(
-            kind_of_status(tonic::Status::from_error(Box::new(unsent))),
+            kind_of_status(
+                tonic::Status::from_error(Box::new(unsent)),
+                &AnswerWatch::new()
+            ),
             ErrorKind::NotConnected(_)
         ));
 
         // Any other transport error: the connection broke under the call.
         let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
         assert!(matches!(
-            kind_of_status(broken),
+            kind_of_status(broken, &AnswerWatch::new()),
             ErrorKind::ConnectionLost { .. }
         ));
     }

@@ -46,20 +46,58 @@ impl Elapsed {
 impl fmt::Display for Elapsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
-            DeadlineScope::Attempt => write!(f, "attempt deadline of {:?} expired", self.limit),
-            DeadlineScope::Call => write!(f, "call deadline of {:?} expired", self.limit),
+            DeadlineScope::Attempt => write!(
+                f,
+                "no answer within the client's attempt deadline of {:?}",
+                self.limit
+            ),
+            DeadlineScope::Call => write!(
+                f,
+                "no answer within the client's call deadline of {:?}",
+                self.limit
+            ),
         }
     }
 }
 
 impl std::error::Error for Elapsed {}
 
-/// A response (or stream message) that breaks the spec.
+/// The largest answer message this crate decodes: tonic's default decode limit, which the
+/// clients keep. A larger one is refused as [`ResponseError::TooLarge`].
+pub const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why the plugin's answer (or a stream message) was unusable: it could not be read, or it
+/// breaks the spec. The plugin did not report a failure; we refused what it sent. On a
+/// mutation the outcome is therefore unknown ([`Uncertain`](ErrorClass::Uncertain)); on a
+/// read the call may be made again ([`Retry`](ErrorClass::Retry)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ResponseError {
+    /// A message is larger than we decode.
+    #[error("a message of {size} bytes is over the {limit}-byte decode limit")]
+    TooLarge {
+        /// The message's size, as its length prefix gave it.
+        size: u64,
+        /// The limit, [`MAX_ANSWER_BYTES`].
+        limit: usize,
+    },
+    /// The answer is not gRPC: an HTTP error status without a `grpc-status` (a proxy's or a
+    /// web server's error page, for example).
+    #[error("not a gRPC answer: HTTP status {http_status} without a grpc-status")]
+    NotGrpc {
+        /// The HTTP status of the answer.
+        http_status: u16,
+    },
+    /// The answer could not be decoded: bytes that are not a gRPC message or not the
+    /// expected protobuf message, a missing message or status, a `grpc-status` that is not a
+    /// number.
+    #[error("undecodable answer: {detail}")]
+    Undecodable {
+        /// What could not be read, in the decoder's words.
+        detail: String,
+    },
     /// Fields that are missing, too large or negative; each violation names the field.
-    #[error("invalid response: {0}")]
+    #[error("invalid fields: {0}")]
     Fields(ValidationErrors),
     /// A snapshot-metadata range starts before the previous one ended (ranges must be strictly
     /// ascending and non-overlapping across the whole stream).
@@ -121,7 +159,17 @@ pub enum ErrorKind {
         /// The plugin's `status.message`.
         message: String,
     },
-    /// One of our deadlines expired (the plugin may still be working on it).
+    /// The plugin answered with a `grpc-status` number that gRPC does not define (above 16).
+    /// It is treated as `UNKNOWN`, and [`Error::code`] says `Unknown`.
+    #[error("plugin returned unknown status code {number}: {message}")]
+    UnknownStatus {
+        /// The number the plugin sent.
+        number: u32,
+        /// The plugin's `status.message`.
+        message: String,
+    },
+    /// One of our deadlines expired (the plugin may still be working on it). Not the
+    /// plugin's `DEADLINE_EXCEEDED`, which is a [`Status`](Self::Status).
     #[error(transparent)]
     Timeout(Elapsed),
     /// The connection broke while the call was in flight; the request may have been processed.
@@ -151,8 +199,11 @@ pub enum ErrorKind {
     /// The request breaks the spec and was not sent; each violation names the field.
     #[error("invalid request: {0}")]
     InvalidRequest(ValidationErrors),
-    /// The plugin's answer breaks the spec.
-    #[error(transparent)]
+    /// The plugin's answer was unusable: too large, undecodable, not gRPC, or breaking the
+    /// spec ([`ResponseError`] says which). Never the plugin's status code: the plugin did
+    /// not report a failure. Uncertain on a mutation, retry on a read; never retried by the
+    /// client itself.
+    #[error("the plugin's answer was unusable: {0}")]
     InvalidResponse(ResponseError),
 }
 
@@ -171,6 +222,7 @@ impl ErrorKind {
     pub fn failure(&self) -> Failure {
         match self {
             ErrorKind::Status { code, .. } => Failure::Status(*code),
+            ErrorKind::UnknownStatus { .. } => Failure::Status(Code::Unknown),
             ErrorKind::Timeout(e) => match e.scope {
                 DeadlineScope::Attempt => Failure::AttemptDeadline,
                 DeadlineScope::Call => Failure::CallDeadline,
@@ -455,10 +507,13 @@ impl Error {
         &self.inner.kind
     }
 
-    /// The gRPC code, when the plugin answered with a status.
+    /// The gRPC code, when the plugin answered with a status (`Unknown` for a number gRPC
+    /// does not define). `None` for every failure the plugin did not report: our deadline,
+    /// a lost connection, an unusable answer, a request refused before sending.
     pub fn code(&self) -> Option<Code> {
         match &self.inner.kind {
             ErrorKind::Status { code, .. } => Some(*code),
+            ErrorKind::UnknownStatus { .. } => Some(Code::Unknown),
             _ => None,
         }
     }
@@ -466,7 +521,9 @@ impl Error {
     /// The plugin's status message, when it answered with a status.
     pub fn message(&self) -> Option<&str> {
         match &self.inner.kind {
-            ErrorKind::Status { message, .. } => Some(message),
+            ErrorKind::Status { message, .. } | ErrorKind::UnknownStatus { message, .. } => {
+                Some(message)
+            }
             _ => None,
         }
     }

@@ -14,7 +14,11 @@
 //! - **Every error is classified once** into an [`ErrorClass`] ("already done", "retry",
 //!   "retry elsewhere", "uncertain", "fatal") and names the RPC, volume and node, and a node
 //!   call's staging and target paths. A deadline
-//!   or lost connection on a mutating RPC is *uncertain*, not *failed*.
+//!   or lost connection on a mutating RPC is *uncertain*, not *failed*. An answer we could
+//!   not use (over the [`MAX_ANSWER_BYTES`] decode limit, undecodable, an HTTP error page
+//!   instead of gRPC, invalid fields) is never taken for the plugin's status code: it is
+//!   uncertain on a mutation and retryable on a read. A status number gRPC does not define
+//!   keeps its number.
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
 //!   plugin has not created yet, reconnects when the plugin restarts (a request the closed
 //!   connection never took goes out on the new one), and sends `:authority localhost`.
@@ -65,6 +69,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 pub mod budget;
 mod call;
 pub mod channel;
@@ -99,8 +104,8 @@ pub use csi_proto::v1 as proto;
 pub use csi_structs::ErrorClass;
 pub use endpoint::{CSI_ENDPOINT_VAR, Endpoint, EndpointError};
 pub use error::{
-    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, MAX_CONTEXT_PATH_BYTES, PathField,
-    ResponseError,
+    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, MAX_ANSWER_BYTES,
+    MAX_CONTEXT_PATH_BYTES, PathField, ResponseError,
 };
 pub use fingerprint::Fingerprint;
 pub use group_controller::GroupControllerClient;

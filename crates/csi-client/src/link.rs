@@ -29,6 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tonic::body::Body;
 use tower::BoxError;
 
+use crate::answer::AnswerWatch;
 use crate::connection::{ConnectError, DialFailure, DialTarget, HandshakeError};
 use crate::endpoint::{Address, Endpoint};
 
@@ -118,6 +119,7 @@ impl Link {
     ) -> Result<http::Response<Body>, BoxError> {
         self.shared.address(&mut request)?;
         let handover = request.extensions().get::<Handover>().cloned();
+        let answer = request.extensions().get::<AnswerWatch>().cloned();
         let mut current = self.shared.current();
         let mut redialled = false;
         loop {
@@ -137,7 +139,12 @@ impl Link {
                 handover.handed();
             }
             match current.sender.try_send_request(request).await {
-                Ok(response) => return Ok(response.map(Body::new)),
+                Ok(response) => {
+                    return Ok(match &answer {
+                        Some(answer) => answer.watch(response),
+                        None => response.map(Body::new),
+                    });
+                }
                 Err(mut failed) => match failed.take_message() {
                     // The connection closed before taking the request: nothing was sent.
                     Some(unsent) if !redialled => {
@@ -331,7 +338,7 @@ mod tests {
             .unwrap_err();
         // Nothing was sent: the new connection closed before taking the request (or, had the
         // hang-up beaten the handshake, the handshake failed).
-        let kind = crate::call::kind_of_status(status);
+        let kind = crate::call::kind_of_status(status, &AnswerWatch::new());
         assert!(
             matches!(
                 kind,

@@ -204,7 +204,8 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(err.rpc(), csi_proto::Rpc::ListVolumes);
-        assert_eq!(err.class(), ErrorClass::Fatal);
+        // An unusable answer to a read: the listing may be asked for again later.
+        assert_eq!(err.class(), ErrorClass::Retry);
         assert_eq!(asked.len(), 3, "stopped at the repeat");
     }
 

@@ -184,8 +184,9 @@ pub enum Failure {
     /// invalid address: an [`EndpointFault`](crate::connection::EndpointFault)); the request
     /// was never sent and no retry can change that.
     BadEndpoint,
-    /// The plugin answered OK but the response breaks the spec (a missing required field, a
-    /// negative size, a stream out of order).
+    /// The plugin's answer was unusable: over the decode limit, undecodable, not gRPC, or
+    /// breaking the spec (a missing required field, a negative size, a stream out of order).
+    /// The plugin reported no failure; we refused its answer.
     InvalidResponse,
     /// The request was refused before sending (it breaks the spec); nothing was sent.
     InvalidRequest,
@@ -423,14 +424,18 @@ pub const fn classify(rpc: Rpc, code: Code) -> ErrorClass {
 ///   [`ErrorClass::RetryElsewhere`].
 /// - The endpoint can never be dialled as it is (not a socket, permission denied, an invalid
 ///   address) → [`ErrorClass::Fatal`]: the configuration or the filesystem must change.
-/// - A response that breaks the spec: on a mutating RPC the operation happened but its result
-///   is unusable → uncertain; on a read the plugin is broken → fatal.
+/// - An unusable answer (too large, undecodable, not gRPC, breaking the spec): the plugin
+///   reported no failure, so on a mutating RPC the operation may have happened →
+///   uncertain; on a read nothing changed → retry. Never fatal: the request was fine.
 /// - A request refused before sending → fatal.
 pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
     let mutating = effect(rpc).is_mutating();
     match failure {
         Failure::Status(code) => classify(rpc, code),
-        Failure::AttemptDeadline | Failure::CallDeadline | Failure::ConnectionLost => {
+        Failure::AttemptDeadline
+        | Failure::CallDeadline
+        | Failure::ConnectionLost
+        | Failure::InvalidResponse => {
             if mutating {
                 ErrorClass::Uncertain
             } else {
@@ -439,13 +444,6 @@ pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
         }
         Failure::NotConnected => ErrorClass::RetryElsewhere,
         Failure::BadEndpoint => ErrorClass::Fatal,
-        Failure::InvalidResponse => {
-            if mutating {
-                ErrorClass::Uncertain
-            } else {
-                ErrorClass::Fatal
-            }
-        }
         Failure::InvalidRequest => ErrorClass::Fatal,
     }
 }
@@ -453,8 +451,10 @@ pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
 impl RpcPolicy {
     /// Whether the client retries `failure` itself (attempts and budgets permitting).
     ///
-    /// Never: INVALID_ARGUMENT, UNIMPLEMENTED (whatever the table says), invalid requests and
-    /// responses, the overall deadline, an endpoint that can never be dialled as it is.
+    /// Never: INVALID_ARGUMENT, UNIMPLEMENTED (whatever the table says), invalid requests,
+    /// unusable answers (the same request would most likely get the same answer; the caller
+    /// decides by the class), the overall deadline, an endpoint that can never be dialled as
+    /// it is.
     /// Always (if `max_attempts` allows): a plugin that could not be reached, because nothing
     /// was sent.
     pub const fn retries(&self, failure: Failure) -> bool {
@@ -715,8 +715,15 @@ mod tests {
         );
         assert_eq!(
             classify_failure(Rpc::NodeGetInfo, Failure::InvalidResponse),
-            Fatal
+            Retry
         );
+        for &rpc in Rpc::ALL {
+            assert_ne!(
+                classify_failure(rpc, Failure::InvalidResponse),
+                Fatal,
+                "{rpc:?}: an unusable answer is never fatal"
+            );
+        }
         assert_eq!(
             classify_failure(Rpc::CreateVolume, Failure::InvalidRequest),
             Fatal

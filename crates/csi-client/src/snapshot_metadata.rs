@@ -12,7 +12,8 @@ use csi_proto::v1 as pb;
 use csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient as Raw;
 use tokio::time::Instant;
 
-use crate::call::kind_of_status;
+use crate::answer::AnswerWatch;
+use crate::call::{OpenStream, kind_of_status};
 use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
 use crate::policy::classify_failure;
 use crate::service::service_client;
@@ -177,6 +178,7 @@ impl Contract {
 #[derive(Debug)]
 pub struct MetadataStream<T> {
     inner: tonic::Streaming<T>,
+    answer: AnswerWatch,
     context: CallContext,
     idle: Duration,
     total: Duration,
@@ -188,7 +190,7 @@ pub struct MetadataStream<T> {
 
 impl<T: MetadataMessage> MetadataStream<T> {
     fn new(
-        inner: tonic::Streaming<T>,
+        (inner, answer): OpenStream<T>,
         context: CallContext,
         idle: Duration,
         total: Duration,
@@ -196,6 +198,7 @@ impl<T: MetadataMessage> MetadataStream<T> {
     ) -> Self {
         MetadataStream {
             inner,
+            answer,
             context,
             idle,
             total,
@@ -237,7 +240,7 @@ impl<T: MetadataMessage> MetadataStream<T> {
                 self.done = true;
                 return Ok(None);
             }
-            Ok(Err(status)) => kind_of_status(status),
+            Ok(Err(status)) => kind_of_status(status, &self.answer),
             Err(_) => ErrorKind::Timeout(scope),
         };
         self.done = true;

@@ -107,42 +107,101 @@ impl fmt::Display for GrpcCode {
     }
 }
 
+/// What a failed plugin call came to, as the plugin client saw it: the plugin's own status,
+/// or a failure on the calling side that the plugin never reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PluginFailure {
+    /// The plugin answered with this gRPC status code.
+    Status(GrpcCode),
+    /// The plugin answered, but its answer was unusable (too large, undecodable, not gRPC,
+    /// or with invalid fields); the plugin reported no failure.
+    UnusableAnswer,
+    /// A deadline of the calling side passed before the plugin answered; not the plugin's
+    /// `DEADLINE_EXCEEDED`.
+    Deadline,
+    /// The plugin could not be reached, or the connection broke during the call.
+    Unreachable,
+    /// The request was refused before it was sent.
+    NotSent,
+    /// The serving agent failed on its own side, before or after the plugin call (a path it
+    /// could not derive, a file it could not write, a call it does not serve).
+    Agent,
+}
+
+impl PluginFailure {
+    /// The plugin's status code, when it answered with one.
+    pub fn code(self) -> Option<GrpcCode> {
+        match self {
+            PluginFailure::Status(code) => Some(code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PluginFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PluginFailure::Status(code) => write!(f, "plugin answered {code}"),
+            PluginFailure::UnusableAnswer => f.write_str("plugin's answer was unusable"),
+            PluginFailure::Deadline => f.write_str("no answer before the deadline"),
+            PluginFailure::Unreachable => f.write_str("plugin unreachable"),
+            PluginFailure::NotSent => f.write_str("request not sent"),
+            PluginFailure::Agent => f.write_str("the serving agent failed"),
+        }
+    }
+}
+
 /// A plugin's failure, classified where it happened.
 ///
-/// `message` is the plugin's human-readable text; it is shown, never parsed. Plugins must not
-/// put secrets in it (spec §3.6); the shim caps its length when it crosses the wire.
+/// `message` is the plugin client's text (which quotes the plugin's message); it is shown,
+/// never parsed. Plugins must not put secrets in it (spec §3.6); the shim caps its length
+/// when it crosses the wire.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("plugin answered {code} ({class}): {message}")]
+#[error("{failure} ({class}): {message}")]
 pub struct PluginError {
     /// What the caller should do.
     pub class: ErrorClass,
-    /// The gRPC code the plugin answered (or the code the client synthesised, e.g.
-    /// `Unavailable` when the socket is gone).
-    pub code: GrpcCode,
-    /// The plugin's message.
+    /// The plugin's status, or the failure on the calling side.
+    pub failure: PluginFailure,
+    /// The plugin client's message.
     pub message: String,
 }
 
 impl PluginError {
-    /// A failure with this class, code and message.
+    /// The plugin answered `code`; `class` and `message` as the plugin client gave them.
     pub fn new(class: ErrorClass, code: GrpcCode, message: impl Into<String>) -> Self {
+        Self::failed(class, PluginFailure::Status(code), message)
+    }
+
+    /// A failure of any kind, [`PluginFailure::Status`] included.
+    pub fn failed(class: ErrorClass, failure: PluginFailure, message: impl Into<String>) -> Self {
         Self {
             class,
-            code,
+            failure,
             message: message.into(),
         }
+    }
+
+    /// The plugin's status code, when it answered with one.
+    pub fn code(&self) -> Option<GrpcCode> {
+        self.failure.code()
     }
 
     /// Whether the shim should try another controller instance after this failure.
     ///
     /// The class decides: [`ErrorClass::RetryElsewhere`] always fails over; a retryable or
-    /// uncertain failure fails over when the instance answered `UNAVAILABLE` (it cannot serve
-    /// right now, and every CSI mutation is idempotent); a fatal or already-done answer never
-    /// does, whatever code a composer attached to it.
+    /// uncertain failure fails over when the instance answered `UNAVAILABLE` or gave no
+    /// usable answer at all (it cannot serve right now, and every CSI mutation is
+    /// idempotent); a fatal or already-done answer never does, whatever code a composer
+    /// attached to it.
     pub fn fails_over(&self) -> bool {
         match self.class {
             ErrorClass::RetryElsewhere => true,
-            ErrorClass::Retry | ErrorClass::Uncertain => self.code == GrpcCode::Unavailable,
+            ErrorClass::Retry | ErrorClass::Uncertain => !matches!(
+                self.failure,
+                PluginFailure::Status(code) if code != GrpcCode::Unavailable
+            ),
             ErrorClass::Fatal | ErrorClass::AlreadyDone => false,
         }
     }
@@ -178,9 +237,9 @@ pub struct CallContext {
 /// The plugins on this agent's node, as the shim needs them.
 ///
 /// An implementation over `csi-client` maps each client error to a [`PluginError`] with the
-/// client's class, its gRPC code (`GrpcCode::from(code)`; a failure without a status, such
-/// as a lost socket, keeps the client's class with [`GrpcCode::Unavailable`] or
-/// [`GrpcCode::Unknown`]) and its message. The class is never re-derived here.
+/// client's class, the plugin's gRPC code when it answered one (`GrpcCode::from(code)`), or
+/// else the [`PluginFailure`] the client saw (an unusable answer, its own deadline, a lost
+/// socket), and the client's message. The class is never re-derived here.
 ///
 /// Every method serves one call of the agent protocol against the local plugin and must
 /// respect `ctx.deadline` (the shim also drops the future when the deadline passes).
@@ -292,6 +351,32 @@ mod tests {
         assert!(e(ErrorClass::Retry, GrpcCode::Unavailable).fails_over());
         assert!(!e(ErrorClass::Retry, GrpcCode::Aborted).fails_over());
         assert!(!e(ErrorClass::Fatal, GrpcCode::InvalidArgument).fails_over());
+        let without_status = |class, failure| PluginError::failed(class, failure, "x");
+        assert!(without_status(ErrorClass::Uncertain, PluginFailure::Deadline).fails_over());
+        assert!(without_status(ErrorClass::Retry, PluginFailure::UnusableAnswer).fails_over());
+        assert!(!without_status(ErrorClass::Fatal, PluginFailure::NotSent).fails_over());
+    }
+
+    #[test]
+    fn only_a_status_reads_as_the_plugins_answer() {
+        let answered = PluginError::new(ErrorClass::Fatal, GrpcCode::NotFound, "no such volume");
+        assert_eq!(answered.code(), Some(GrpcCode::NotFound));
+        assert_eq!(
+            answered.to_string(),
+            "plugin answered NotFound (fatal): no such volume"
+        );
+        let refused = PluginError::failed(
+            ErrorClass::Uncertain,
+            PluginFailure::UnusableAnswer,
+            "too large",
+        );
+        assert_eq!(refused.code(), None);
+        assert_eq!(
+            refused.to_string(),
+            "plugin's answer was unusable (uncertain): too large"
+        );
+        let late = PluginError::failed(ErrorClass::Uncertain, PluginFailure::Deadline, "late");
+        assert!(!late.to_string().contains("DeadlineExceeded"), "{late}");
     }
 }
 

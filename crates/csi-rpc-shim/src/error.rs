@@ -7,7 +7,7 @@ use csi_structs::{ErrorClass, NodeId, PluginId};
 use prost::Message as _;
 
 use crate::auth::Denied;
-use crate::backend::{GrpcCode, PluginError};
+use crate::backend::{GrpcCode, PluginError, PluginFailure};
 use crate::rpc::{AgentRpc, ServiceKind};
 use crate::wire::{InvalidMessage, cap_message, pb};
 
@@ -384,13 +384,12 @@ impl ShimError {
         };
         let (kind, code, node, message): (K, tonic::Code, &NodeId, String) = match self {
             ShimError::Plugin { node, error, .. } => {
-                detail.plugin_code = error.code.as_i32();
-                (
-                    K::Plugin,
-                    tonic::Code::from_i32(error.code.as_i32()),
-                    node,
-                    error.message.clone(),
-                )
+                let (failure, code) = failure_to_wire(error.failure);
+                detail.plugin_failure = failure as i32;
+                if let Some(plugin_code) = error.code() {
+                    detail.plugin_code = plugin_code.as_i32();
+                }
+                (K::Plugin, code, node, error.message.clone())
             }
             ShimError::PluginMissing { node, .. } => (
                 K::PluginMissing,
@@ -532,7 +531,11 @@ impl ShimError {
                 Some(class) => ShimError::Plugin {
                     rpc,
                     node,
-                    error: PluginError::new(class, GrpcCode::from_i32(detail.plugin_code), message),
+                    error: PluginError::failed(
+                        class,
+                        failure_from_wire(detail.plugin_failure, detail.plugin_code),
+                        message,
+                    ),
                 },
                 None => protocol(ProtocolProblem::BadDetail),
             },
@@ -601,6 +604,37 @@ impl ShimError {
     }
 }
 
+/// How a plugin failure travels, and the code of the status that carries it: the plugin's
+/// own code, or one saying what happened on the calling side.
+fn failure_to_wire(failure: PluginFailure) -> (pb::PluginFailure, tonic::Code) {
+    match failure {
+        PluginFailure::Status(code) => (
+            pb::PluginFailure::Status,
+            tonic::Code::from_i32(code.as_i32()),
+        ),
+        PluginFailure::UnusableAnswer => (pb::PluginFailure::UnusableAnswer, tonic::Code::Internal),
+        PluginFailure::Deadline => (pb::PluginFailure::Deadline, tonic::Code::DeadlineExceeded),
+        PluginFailure::Unreachable => (pb::PluginFailure::Unreachable, tonic::Code::Unavailable),
+        PluginFailure::NotSent => (pb::PluginFailure::NotSent, tonic::Code::InvalidArgument),
+        PluginFailure::Agent => (pb::PluginFailure::Agent, tonic::Code::Internal),
+    }
+}
+
+/// A plugin failure as a peer sent it; a value this agent does not know reads as the
+/// plugin's status, which an agent that predates the field always means.
+fn failure_from_wire(failure: i32, plugin_code: i32) -> PluginFailure {
+    match pb::PluginFailure::try_from(failure) {
+        Ok(pb::PluginFailure::UnusableAnswer) => PluginFailure::UnusableAnswer,
+        Ok(pb::PluginFailure::Deadline) => PluginFailure::Deadline,
+        Ok(pb::PluginFailure::Unreachable) => PluginFailure::Unreachable,
+        Ok(pb::PluginFailure::NotSent) => PluginFailure::NotSent,
+        Ok(pb::PluginFailure::Agent) => PluginFailure::Agent,
+        Ok(pb::PluginFailure::Status) | Err(_) => {
+            PluginFailure::Status(GrpcCode::from_i32(plugin_code))
+        }
+    }
+}
+
 fn class_to_wire(class: ErrorClass) -> pb::ErrorClass {
     match class {
         ErrorClass::AlreadyDone => pb::ErrorClass::AlreadyDone,
@@ -640,6 +674,39 @@ mod tests {
                 rpc,
                 node: n("c"),
                 error: PluginError::new(ErrorClass::Retry, GrpcCode::Aborted, "busy"),
+            },
+            ShimError::Plugin {
+                rpc,
+                node: n("c"),
+                error: PluginError::failed(
+                    ErrorClass::Uncertain,
+                    PluginFailure::UnusableAnswer,
+                    "too large",
+                ),
+            },
+            ShimError::Plugin {
+                rpc,
+                node: n("c"),
+                error: PluginError::failed(ErrorClass::Uncertain, PluginFailure::Deadline, "late"),
+            },
+            ShimError::Plugin {
+                rpc,
+                node: n("c"),
+                error: PluginError::failed(
+                    ErrorClass::Uncertain,
+                    PluginFailure::Unreachable,
+                    "reset",
+                ),
+            },
+            ShimError::Plugin {
+                rpc,
+                node: n("c"),
+                error: PluginError::failed(ErrorClass::Fatal, PluginFailure::NotSent, "bad id"),
+            },
+            ShimError::Plugin {
+                rpc,
+                node: n("c"),
+                error: PluginError::failed(ErrorClass::Retry, PluginFailure::Agent, "disk full"),
             },
             ShimError::PluginMissing {
                 rpc,

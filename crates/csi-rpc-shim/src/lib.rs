@@ -112,7 +112,7 @@ mod tls;
 pub mod wire;
 
 pub use auth::{Credentials, Denied, Principal, Scope, Token, TokenBook, TokenError};
-pub use backend::{CallContext, GrpcCode, LocalPlugins, LocalStatus, PluginError};
+pub use backend::{CallContext, GrpcCode, LocalPlugins, LocalStatus, PluginError, PluginFailure};
 pub use error::{ProtocolProblem, Refusal, RefusalReason, ShimError};
 pub use peers::Routes;
 pub use registry::{ControllerView, Health, Instance, NodePlugin, NodeStatus, Registry};

@@ -109,9 +109,9 @@ pub struct ControllerValidate {
 pub enum Validated {
     /// The plugin confirmed every capability.
     Confirmed,
-    /// The plugin did not confirm them; its explanation.
+    /// The plugin did not confirm them.
     NotConfirmed {
-        /// The plugin's message.
+        /// Why, for people: each field that differs and the plugin's message.
         message: String,
     },
 }

@@ -439,6 +439,54 @@ pub enum Confirmation {
     },
 }
 
+/// For people: what was confirmed, or each field that differs (`; ` between them) followed
+/// by the plugin's message.
+///
+/// ```
+/// use csi_structs::{AccessMode, Confirmation, Mismatch};
+/// use csi_structs::confirm::ConfirmedAccessMode;
+///
+/// let no = Confirmation::NotConfirmed {
+///     mismatches: vec![Mismatch::AccessMode {
+///         requested: 0,
+///         confirmed: 0,
+///         asked: AccessMode::SingleNodeWriter,
+///         got: ConfirmedAccessMode::Mode(AccessMode::MultiNodeReaderOnly),
+///     }],
+///     message: Some("read-only volume".into()),
+/// };
+/// assert_eq!(
+///     no.to_string(),
+///     "volume_capabilities[0].access_mode: asked SINGLE_NODE_WRITER, confirmed[0] has \
+///      MULTI_NODE_READER_ONLY; the plugin says: read-only volume"
+/// );
+/// ```
+impl fmt::Display for Confirmation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (mismatches, message) = match self {
+            Confirmation::Confirmed => return f.write_str("every capability confirmed"),
+            Confirmation::AcceptedUnconfirmed { message } => {
+                f.write_str("accepted without a confirmation")?;
+                (&[][..], message)
+            }
+            Confirmation::NotConfirmed {
+                mismatches,
+                message,
+            } => (&mismatches[..], message),
+        };
+        for (i, m) in mismatches.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{m}")?;
+        }
+        if let Some(message) = message {
+            write!(f, "; the plugin says: {message}")?;
+        }
+        Ok(())
+    }
+}
+
 impl Confirmation {
     /// Whether the volume may be used with the asked capabilities.
     pub fn is_accepted(&self) -> bool {

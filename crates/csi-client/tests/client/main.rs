@@ -9,6 +9,7 @@ mod connection;
 mod dial;
 mod lifecycle;
 mod metrics;
+mod misbehaving;
 mod paths;
 mod retries;
 mod typed;

@@ -152,7 +152,7 @@ async fn when_every_instance_refuses_one_error_lists_each_reason() {
     by_node.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(by_node.len(), 4, "{by_node:?}");
     assert!(
-        matches!(&by_node[0], (n, RefusalReason::Plugin(e)) if n == "b" && e.code == GrpcCode::Unavailable)
+        matches!(&by_node[0], (n, RefusalReason::Plugin(e)) if n == "b" && e.code() == Some(GrpcCode::Unavailable))
     );
     assert_eq!(by_node[1], ("c".into(), RefusalReason::PluginMissing));
     assert_eq!(by_node[2], ("d".into(), RefusalReason::PeerUnreachable));

@@ -17,14 +17,10 @@ pub enum StepError {
     /// The plugin call failed (the error names the RPC, volume, node and class).
     #[error(transparent)]
     Rpc(#[from] csi_client::Error),
-    /// The plugin did not confirm the capabilities asked for.
-    #[error("the plugin did not confirm the capabilities ({mismatches} mismatches){}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
-    NotConfirmed {
-        /// How many fields differed.
-        mismatches: usize,
-        /// The plugin's message.
-        message: Option<String>,
-    },
+    /// The plugin did not confirm the capabilities asked for; the verdict names each field
+    /// that differs.
+    #[error("the plugin did not confirm the capabilities: {0}")]
+    NotConfirmed(csi_structs::Confirmation),
     /// The plugin's answer is unusable for the next steps.
     #[error("the plugin's answer is unusable: {0}")]
     BadAnswer(#[source] csi_structs::ValidationErrors),
@@ -116,5 +112,40 @@ pub enum DemoError {
 impl crate::ExitStatus for DemoError {
     fn exit_code(&self) -> u8 {
         1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_structs::{AccessMode, Confirmation, Mismatch};
+
+    #[test]
+    fn a_capability_mismatch_names_each_field_that_differs() {
+        let cause = StepError::NotConfirmed(Confirmation::NotConfirmed {
+            mismatches: vec![
+                Mismatch::FsType {
+                    requested: 0,
+                    confirmed: 0,
+                    asked: Some("ext4".into()),
+                    got: Some("xfs".into()),
+                },
+                Mismatch::AccessMode {
+                    requested: 0,
+                    confirmed: 0,
+                    asked: AccessMode::SingleNodeWriter,
+                    got: csi_structs::confirm::ConfirmedAccessMode::NotValidated,
+                },
+            ],
+            message: Some("only xfs".into()),
+        });
+        let text = cause.to_string();
+        for part in [
+            "volume_capabilities[0].mount.fs_type: asked ext4, confirmed[0] has xfs",
+            "volume_capabilities[0].access_mode",
+            "the plugin says: only xfs",
+        ] {
+            assert!(text.contains(part), "{text:?} lacks {part:?}");
+        }
     }
 }

@@ -243,17 +243,11 @@ impl<'t, W: Write> Walk<'t, W> {
                 Some(took),
                 "ok: mount, single-node-writer confirmed",
             ),
-            Ok(c) => {
-                let message = match &c {
-                    csi_structs::Confirmation::NotConfirmed { message, .. } => message.clone(),
-                    _ => None,
-                };
-                let cause = StepError::NotConfirmed {
-                    mismatches: c.mismatches().len(),
-                    message,
-                };
-                Err(self.fail(Step::ValidateCapabilities, Some(took), cause))
-            }
+            Ok(c) => Err(self.fail(
+                Step::ValidateCapabilities,
+                Some(took),
+                StepError::NotConfirmed(c),
+            )),
             Err(e) => Err(self.fail(Step::ValidateCapabilities, Some(took), e.into())),
         }
     }

@@ -10,8 +10,8 @@ use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, Pending};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
 use csi_rpc_shim::{
-    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, DeleteVolume, Shim,
-    Validated,
+    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, DeleteVolume,
+    PluginFailure, Shim, ShimError, Validated,
 };
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
@@ -19,7 +19,8 @@ use csi_structs::{
 };
 
 use super::book::{Book, BookEntry, BookError};
-use super::node::{MountRequest, VolumeManager};
+use super::local::plugin_failure;
+use super::node::{MountRequest, NodeError, VolumeManager};
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
@@ -74,6 +75,8 @@ pub enum AgentError {
         step: &'static str,
         /// The error class.
         class: ErrorClass,
+        /// The control API's kind: who said what ([`call_kind`]).
+        kind: &'static str,
         /// The error.
         detail: String,
     },
@@ -104,10 +107,57 @@ impl AgentError {
             AgentError::Conflict(_) => (409, "conflict", None),
             AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
             AgentError::Claims(_) => (409, "claim", None),
-            AgentError::Plugin { class, .. } => (502, "plugin", Some(*class)),
+            AgentError::Plugin { class, kind, .. } => (502, kind, Some(*class)),
             AgentError::State(_) => (500, "state", None),
             AgentError::Store(e) if e.is_permanent() => (400, "store", None),
             AgentError::Store(_) => (503, "store", None),
+        }
+    }
+}
+
+/// The control API's kind of a failed plugin call: `plugin` when the plugin answered with
+/// an error status, otherwise what happened without one: `plugin_answer` (its answer was
+/// unusable), `deadline` (a deadline of ours passed), `plugin_unreachable`,
+/// `invalid_request` (refused before sending) or `agent` (the serving agent's own failure).
+pub fn call_kind(failure: PluginFailure) -> &'static str {
+    match failure {
+        PluginFailure::UnusableAnswer => "plugin_answer",
+        PluginFailure::Deadline => "deadline",
+        PluginFailure::Unreachable => "plugin_unreachable",
+        PluginFailure::NotSent => "invalid_request",
+        PluginFailure::Agent => "agent",
+        _ => "plugin",
+    }
+}
+
+impl AgentError {
+    /// A plugin call made through the shim failed during `step`.
+    fn shim(step: &'static str, e: &ShimError) -> AgentError {
+        let kind = match e {
+            ShimError::Plugin { error, .. } => call_kind(error.failure),
+            ShimError::DeadlineExceeded { .. } => "deadline",
+            _ => "plugin",
+        };
+        AgentError::Plugin {
+            step,
+            class: e.class(),
+            kind,
+            detail: e.to_string(),
+        }
+    }
+
+    /// A node operation failed during `step`.
+    fn node(step: &'static str, e: &NodeError) -> AgentError {
+        let kind = match e {
+            NodeError::Call { source, .. } => call_kind(plugin_failure(source)),
+            NodeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+            NodeError::Path(_) | NodeError::Local { .. } => call_kind(PluginFailure::Agent),
+        };
+        AgentError::Plugin {
+            step,
+            class: e.class(),
+            kind,
+            detail: e.to_string(),
         }
     }
 }
@@ -264,11 +314,7 @@ impl Agent {
                 self.call_timeout,
             )
             .await
-            .map_err(|e| AgentError::Plugin {
-                step: "ValidateVolumeCapabilities",
-                class: e.class(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| AgentError::shim("ValidateVolumeCapabilities", &e))?;
         match answer {
             Validated::Confirmed => Ok(()),
             Validated::NotConfirmed { message } => Err(bad(
@@ -346,11 +392,7 @@ impl Agent {
                 self.call_timeout,
             )
             .await
-            .map_err(|e| AgentError::Plugin {
-                step: "CreateVolume",
-                class: e.class(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| AgentError::shim("CreateVolume", &e))?;
         let controller_publish = self.controller_publish_of(&plugin).unwrap_or(true);
         self.insert(BookEntry {
             external_id: created.external_volume,
@@ -388,6 +430,7 @@ impl Agent {
             .ok_or_else(|| AgentError::Plugin {
                 step: "claim",
                 class: ErrorClass::RetryElsewhere,
+                kind: call_kind(PluginFailure::Unreachable),
                 detail: format!(
                     "plugin {} has no fingerprinted node service on node {}",
                     entry.plugin, self.me
@@ -483,11 +526,7 @@ impl Agent {
                     self.call_timeout,
                 )
                 .await
-                .map_err(|e| AgentError::Plugin {
-                    step: "ControllerPublishVolume",
-                    class: e.class(),
-                    detail: e.to_string(),
-                })?
+                .map_err(|e| AgentError::shim("ControllerPublishVolume", &e))?
                 .publish_context
         } else {
             PublishContext::default()
@@ -504,11 +543,7 @@ impl Agent {
                 volume_context: entry.volume_context(),
             })
             .await
-            .map_err(|e| AgentError::Plugin {
-                step: "mount",
-                class: e.class(),
-                detail: e.to_string(),
-            })
+            .map_err(|e| AgentError::node("mount", &e))
     }
 
     /// Starts releasing a claim; returns once the release is durable.
@@ -563,11 +598,7 @@ impl Agent {
                     self.call_timeout,
                 )
                 .await
-                .map_err(|e| AgentError::Plugin {
-                    step: "DeleteVolume",
-                    class: e.class(),
-                    detail: e.to_string(),
-                })?;
+                .map_err(|e| AgentError::shim("DeleteVolume", &e))?;
         }
         self.book.remove(&entry.id).await?;
         tracing::info!(volume = %entry.id, "volume deleted");
@@ -758,5 +789,66 @@ pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
         }),
         durable: s.durable,
         claims: s.claims.iter().map(|c| claim_view(c, None)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_rpc_shim::{AgentRpc, GrpcCode, PluginError};
+
+    fn through_shim(error: PluginError) -> AgentError {
+        let e = ShimError::Plugin {
+            rpc: AgentRpc::ControllerCreateVolume,
+            node: NodeId::new("n1").unwrap(),
+            error,
+        };
+        AgentError::shim("CreateVolume", &e)
+    }
+
+    #[test]
+    fn the_kind_says_who_said_what() {
+        let answered = through_shim(PluginError::new(
+            ErrorClass::Fatal,
+            GrpcCode::InvalidArgument,
+            "CreateVolume: plugin returned InvalidArgument: bad size",
+        ));
+        assert_eq!(answered.parts(), (502, "plugin", Some(ErrorClass::Fatal)));
+
+        // The plugin answered OK and we refused its answer: not the plugin's status, and
+        // the volume may exist.
+        let refused = through_shim(PluginError::failed(
+            ErrorClass::Uncertain,
+            PluginFailure::UnusableAnswer,
+            "CreateVolume: the plugin's answer was unusable: a message of 5000000 bytes is over \
+             the 4194304-byte decode limit",
+        ));
+        assert_eq!(
+            refused.parts(),
+            (502, "plugin_answer", Some(ErrorClass::Uncertain))
+        );
+        let text = refused.to_string();
+        assert!(
+            text.contains("plugin's answer was unusable (uncertain)"),
+            "{text}"
+        );
+        assert!(!text.contains("plugin answered"), "{text}");
+
+        // Our deadline is not the plugin's DEADLINE_EXCEEDED.
+        let late = through_shim(PluginError::failed(
+            ErrorClass::Uncertain,
+            PluginFailure::Deadline,
+            "the caller's deadline passed before the plugin answered",
+        ));
+        assert_eq!(late.parts().1, "deadline");
+        assert!(!late.to_string().contains("DeadlineExceeded"), "{late}");
+        let shim_late = AgentError::shim(
+            "CreateVolume",
+            &ShimError::DeadlineExceeded {
+                rpc: AgentRpc::ControllerCreateVolume,
+                node: None,
+            },
+        );
+        assert_eq!(shim_late.parts().1, "deadline");
     }
 }

@@ -3,13 +3,13 @@
 //! the usage tracker decides about unstaging.
 
 use async_trait::async_trait;
-use csi_client::ErrorClass;
+use csi_client::{ErrorClass, Failure};
 use csi_rpc_shim::{
     Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
     DeleteSnapshot, DeleteVolume, GrpcCode, ListSnapshots, ListVolumes, LocalPlugins, LocalStatus,
-    NodeDetach, NodeExpand, NodeExpanded, PluginError, ServiceKind, SnapshotInfo, SnapshotPage,
-    Validated, VolumePage,
+    NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind, SnapshotInfo,
+    SnapshotPage, Validated, VolumePage,
 };
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
@@ -25,28 +25,37 @@ pub struct LocalBackend {
     pub volumes: VolumeManager,
 }
 
-fn client_error(e: csi_client::Error) -> PluginError {
-    let code = e.code().map(GrpcCode::from).unwrap_or(match e.class() {
-        ErrorClass::Uncertain | ErrorClass::Retry | ErrorClass::RetryElsewhere => {
-            GrpcCode::Unavailable
+/// What a failed plugin call came to: the plugin's status when it answered one, otherwise
+/// what the client saw (an unusable answer, its own deadline, a lost socket).
+pub fn plugin_failure(e: &csi_client::Error) -> PluginFailure {
+    match e.kind().failure() {
+        Failure::Status(code) => PluginFailure::Status(GrpcCode::from(code)),
+        Failure::InvalidResponse => PluginFailure::UnusableAnswer,
+        Failure::AttemptDeadline | Failure::CallDeadline => PluginFailure::Deadline,
+        Failure::ConnectionLost | Failure::NotConnected | Failure::BadEndpoint => {
+            PluginFailure::Unreachable
         }
-        _ => GrpcCode::Unknown,
-    });
-    PluginError::new(e.class(), code, e.to_string())
+        Failure::InvalidRequest => PluginFailure::NotSent,
+    }
+}
+
+fn client_error(e: csi_client::Error) -> PluginError {
+    PluginError::failed(e.class(), plugin_failure(&e), e.to_string())
 }
 
 fn node_error(e: NodeError) -> PluginError {
-    let code = e
-        .code()
-        .map(GrpcCode::from)
-        .unwrap_or(GrpcCode::Unavailable);
-    PluginError::new(e.class(), code, e.to_string())
+    let failure = match &e {
+        NodeError::Call { source, .. } => plugin_failure(source),
+        NodeError::PluginMissing { .. } => PluginFailure::Unreachable,
+        NodeError::Path(_) | NodeError::Local { .. } => PluginFailure::Agent,
+    };
+    PluginError::failed(e.class(), failure, e.to_string())
 }
 
 fn unsupported(what: &str) -> PluginError {
-    PluginError::new(
+    PluginError::failed(
         ErrorClass::Fatal,
-        GrpcCode::Unimplemented,
+        PluginFailure::Agent,
         format!("csi-agent does not serve {what} for other agents"),
     )
 }
@@ -65,9 +74,9 @@ impl LocalBackend {
             Some((client, fp)) if fp.capabilities.plugin.has_controller_service() => {
                 Ok((client.controller(), fp.capabilities.controller.clone()))
             }
-            _ => Err(PluginError::new(
+            _ => Err(PluginError::failed(
                 ErrorClass::RetryElsewhere,
-                GrpcCode::Unavailable,
+                PluginFailure::Unreachable,
                 format!("plugin {plugin} has no controller service here"),
             )),
         }
@@ -82,10 +91,10 @@ async fn within<T>(
     tokio::time::timeout_at(deadline, call)
         .await
         .unwrap_or_else(|_| {
-            Err(PluginError::new(
+            Err(PluginError::failed(
                 ErrorClass::Uncertain,
-                GrpcCode::DeadlineExceeded,
-                "the caller's deadline passed",
+                PluginFailure::Deadline,
+                "the caller's deadline passed before the plugin answered",
             ))
         })
 }
@@ -159,8 +168,8 @@ impl LocalPlugins for LocalBackend {
                 .await
                 .map_err(client_error)?
             {
-                Confirmation::NotConfirmed { message, .. } => Ok(Validated::NotConfirmed {
-                    message: message.unwrap_or_else(|| "not confirmed".into()),
+                not @ Confirmation::NotConfirmed { .. } => Ok(Validated::NotConfirmed {
+                    message: not.to_string(),
                 }),
                 _ => Ok(Validated::Confirmed),
             }
