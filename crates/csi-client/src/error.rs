@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use csi_proto::Rpc;
+use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, ExternalVolumeId, PluginNodeId, SnapshotId, ValidationErrors};
 use tonic::Code;
 
@@ -91,7 +92,7 @@ pub enum ResponseError {
     /// The answer could not be decoded: bytes that are not a gRPC message or not the
     /// expected protobuf message, a missing message or status, a `grpc-status` that is not a
     /// number.
-    #[error("undecodable answer: {detail}")]
+    #[error("undecodable answer: {}", escaped(detail))]
     Undecodable {
         /// What could not be read, in the decoder's words.
         detail: String,
@@ -151,8 +152,9 @@ pub enum ResponseError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// The plugin answered with a non-OK gRPC status.
-    #[error("plugin returned {code:?}: {message}")]
+    /// The plugin answered with a non-OK gRPC status. The text shows the plugin's message
+    /// [escaped](csi_structs::untrusted); [`Error::message`] gives it exactly.
+    #[error("plugin returned {code:?}: {}", escaped(message))]
     Status {
         /// The gRPC code.
         code: Code,
@@ -161,7 +163,7 @@ pub enum ErrorKind {
     },
     /// The plugin answered with a `grpc-status` number that gRPC does not define (above 16).
     /// It is treated as `UNKNOWN`, and [`Error::code`] says `Unknown`.
-    #[error("plugin returned unknown status code {number}: {message}")]
+    #[error("plugin returned unknown status code {number}: {}", escaped(message))]
     UnknownStatus {
         /// The number the plugin sent.
         number: u32,
@@ -391,15 +393,16 @@ impl CallContext {
 
 impl fmt::Display for CallContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Ids a plugin chose are escaped: a newline in one cannot forge a log line.
         f.write_str(self.rpc.name())?;
         if let Some(v) = &self.volume_id {
-            write!(f, " volume {v}")?;
+            write!(f, " volume {}", escaped(v.as_str()))?;
         }
         if let Some(s) = &self.snapshot_id {
-            write!(f, " snapshot {s}")?;
+            write!(f, " snapshot {}", escaped(s.as_str()))?;
         }
         if let Some(n) = &self.node_id {
-            write!(f, " node {n}")?;
+            write!(f, " node {}", escaped(n.as_str()))?;
         }
         // Quoted and escaped: a path may hold spaces or control characters.
         for (field, path) in &self.paths {
@@ -669,6 +672,36 @@ mod tests {
             .with_path(PathField::TargetPath, "");
         assert_eq!(ctx.paths().count(), 0);
         assert_eq!(ctx.to_string(), "NodeStageVolume");
+    }
+
+    #[test]
+    fn plugin_text_cannot_forge_a_line_in_the_error() {
+        let ctx = CallContext::new(Rpc::NodeGetVolumeStats)
+            .volume("vol\n2024-01-01 INFO forged")
+            .node("n\u{1b}[2J");
+        let message = "boom\r\nERROR forged\0";
+        let e = Error::new(
+            ctx,
+            ErrorKind::Status {
+                code: Code::Internal,
+                message: message.into(),
+            },
+            ErrorClass::Retry,
+            1,
+        );
+        let text = e.to_string();
+        assert!(
+            !text.chars().any(csi_structs::untrusted::needs_escape),
+            "{text:?}"
+        );
+        assert!(
+            text.contains(r"volume vol\n2024-01-01 INFO forged")
+                && text.contains(r"node n\u{1b}[2J")
+                && text.contains(r"boom\r\nERROR forged\0"),
+            "{text}"
+        );
+        // The exact message stays available.
+        assert_eq!(e.message(), Some(message));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
+use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, NodeId, PluginId};
 use tokio::time::Instant;
 
@@ -154,11 +155,11 @@ impl fmt::Display for PluginFailure {
 
 /// A plugin's failure, classified where it happened.
 ///
-/// `message` is the plugin client's text (which quotes the plugin's message); it is shown,
-/// never parsed. Plugins must not put secrets in it (spec §3.6); the shim caps its length
+/// `message` is the plugin client's text (which quotes the plugin's message); it is shown
+/// [escaped](csi_structs::untrusted), never parsed. Plugins must not put secrets in it (spec §3.6); the shim caps its length
 /// when it crosses the wire.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{failure} ({class}): {message}")]
+#[error("{failure} ({class}): {}", escaped(message))]
 pub struct PluginError {
     /// What the caller should do.
     pub class: ErrorClass,

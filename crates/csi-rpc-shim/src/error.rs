@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, NodeId, PluginId};
 use prost::Message as _;
 
@@ -45,10 +46,16 @@ impl fmt::Display for RefusalReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RefusalReason::NodeDown => f.write_str("node is not ready"),
-            RefusalReason::Unhealthy { reason } => write!(f, "instance is unhealthy: {reason}"),
+            RefusalReason::Unhealthy { reason } => {
+                write!(f, "instance is unhealthy: {}", escaped(reason))
+            }
             RefusalReason::PluginMissing => f.write_str("controller service is not running there"),
             RefusalReason::PluginUnhealthy { reason } => {
-                write!(f, "controller service is unhealthy there: {reason}")
+                write!(
+                    f,
+                    "controller service is unhealthy there: {}",
+                    escaped(reason)
+                )
             }
             RefusalReason::NoRoute => f.write_str("no route to the node"),
             RefusalReason::PeerUnreachable => f.write_str("agent unreachable"),
@@ -141,7 +148,8 @@ pub enum ShimError {
     /// The plugin's service runs on the node but is unhealthy. Classes as
     /// [`PluginMissing`](Self::PluginMissing).
     #[error(
-        "{rpc}: the {service} service of plugin {plugin} on node {node} is unhealthy: {reason}"
+        "{rpc}: the {service} service of plugin {plugin} on node {node} is unhealthy: {}",
+        escaped(reason)
     )]
     PluginUnhealthy {
         /// The call.
@@ -251,7 +259,7 @@ pub enum ShimError {
     },
     /// A peer found the request invalid (version skew: we check the same rules before
     /// sending). Fatal.
-    #[error("{rpc}: node {node} rejected the request: {}", violations.join("; "))]
+    #[error("{rpc}: node {node} rejected the request: {}", escaped(&violations.join("; ")))]
     Rejected {
         /// The call.
         rpc: AgentRpc,
@@ -746,6 +754,44 @@ mod tests {
             assert_eq!(back, e);
             assert_eq!(back.class(), e.class());
         }
+    }
+
+    #[test]
+    fn a_peers_text_cannot_forge_a_line() {
+        let p = PluginId::new("ebs").unwrap();
+        let rpc = AgentRpc::ControllerAttach;
+        let sent = ShimError::Plugin {
+            rpc,
+            node: n("c"),
+            error: PluginError::new(
+                ErrorClass::Fatal,
+                GrpcCode::Internal,
+                "x\nINFO forged\u{1b}[2J",
+            ),
+        }
+        .to_status(&n("here"));
+        let back = ShimError::from_detail(rpc, &p, &n("c"), &sent).unwrap();
+        let ShimError::Plugin { error, .. } = &back else {
+            panic!("{back:?}");
+        };
+        assert_eq!(error.message, "x\nINFO forged\u{1b}[2J", "kept exactly");
+        let unhealthy = ShimError::PluginUnhealthy {
+            rpc,
+            plugin: p,
+            node: n("c"),
+            service: ServiceKind::Controller,
+            reason: "probe\rfailed".into(),
+        };
+        for text in [back.to_string(), unhealthy.to_string()] {
+            assert!(
+                !text.chars().any(csi_structs::untrusted::needs_escape),
+                "{text:?}"
+            );
+        }
+        assert!(
+            back.to_string().contains(r"x\nINFO forged\u{1b}[2J"),
+            "{back}"
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ use std::fmt;
 
 use crate::capability::{AccessMode, AccessType, AccessTypeKind, VolumeCapability};
 use crate::maps::{MutableParameters, Parameters, VolumeContext};
+use crate::untrusted::{escape, escaped};
 
 /// How to treat an answer that says less than the spec asks for. See the module docs.
 #[derive(
@@ -328,8 +329,10 @@ pub enum Mismatch {
     },
 }
 
-fn opt(v: &Option<String>) -> &str {
-    v.as_deref().unwrap_or("<unspecified>")
+/// A value the plugin may have chosen, escaped (see [`crate::untrusted`]).
+fn opt(v: &Option<String>) -> std::borrow::Cow<'_, str> {
+    v.as_deref()
+        .map_or(std::borrow::Cow::Borrowed("<unspecified>"), escape)
 }
 
 impl fmt::Display for Mismatch {
@@ -481,7 +484,7 @@ impl fmt::Display for Confirmation {
             write!(f, "{m}")?;
         }
         if let Some(message) = message {
-            write!(f, "; the plugin says: {message}")?;
+            write!(f, "; the plugin says: {}", escaped(message))?;
         }
         Ok(())
     }

@@ -60,6 +60,7 @@ pub mod registration;
 pub mod secrets;
 pub mod snapshot;
 pub mod topology;
+pub mod untrusted;
 pub mod validation;
 pub mod volume;
 pub mod wire;

@@ -47,7 +47,11 @@ fn exit<E: std::fmt::Display + csi_agent::ExitStatus>(result: Result<(), E>) -> 
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("csi-agent: {error}");
+            // Errors quote plugins and peers: escaped, they cannot forge a line.
+            eprintln!(
+                "csi-agent: {}",
+                csi_structs::untrusted::escaped(&error.to_string())
+            );
             ExitCode::from(error.exit_code())
         }
     }

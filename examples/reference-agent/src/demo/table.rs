@@ -1,7 +1,12 @@
 //! The demo's aligned output table, one row per step as it ends.
+//!
+//! Results quote the plugin (ids, versions, error texts): every result and line is
+//! [escaped](csi_structs::untrusted), so a plugin cannot forge a row or drive the terminal.
 
 use std::io::{self, Write};
 use std::time::Duration;
+
+use csi_structs::untrusted::escaped;
 
 use super::step::Step;
 
@@ -56,11 +61,12 @@ impl<W: Write> Table<W> {
         };
         writeln!(
             self.out,
-            "{:>2}  {:<STEP_WIDTH$}  {:<CALL_WIDTH$}  {:>TIME_WIDTH$}  {result}",
+            "{:>2}  {:<STEP_WIDTH$}  {:<CALL_WIDTH$}  {:>TIME_WIDTH$}  {}",
             self.rows,
             step.name(),
             step.call(),
-            took
+            took,
+            escaped(result)
         )?;
         self.out.flush()
     }
@@ -71,7 +77,7 @@ impl<W: Write> Table<W> {
     ///
     /// The writer's error.
     pub fn line(&mut self, text: &str) -> io::Result<()> {
-        writeln!(self.out, "{text}")?;
+        writeln!(self.out, "{}", escaped(text))?;
         self.out.flush()
     }
 
@@ -113,5 +119,28 @@ mod tests {
             .unwrap();
         let text = String::from_utf8(table.out).unwrap();
         assert!(text.contains("  30.0 s  x"), "{text}");
+    }
+
+    #[test]
+    fn plugin_text_cannot_forge_a_row() {
+        let mut table = Table::new(Vec::new());
+        table.header().unwrap();
+        table
+            .row(
+                Step::CreateVolume,
+                None,
+                "ok: vol\n99  forged-step  CreateVolume  0.1 ms  ok\r\u{1b}[2J\0",
+            )
+            .unwrap();
+        table.line("left behind: vol\nforged").unwrap();
+        let text = String::from_utf8(table.out).unwrap();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(
+            !text
+                .chars()
+                .any(|c| c != '\n' && csi_structs::untrusted::needs_escape(c)),
+            "{text:?}"
+        );
+        assert!(text.contains(r"ok: vol\n99  forged-step"), "{text}");
     }
 }

@@ -471,7 +471,12 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                         None,
                     )
                     .await?;
-                conn.print(&v, |v| format!("deleted volume {}\n", v.id));
+                conn.print(&v, |v| {
+                    format!(
+                        "deleted volume {}\n",
+                        csi_structs::untrusted::escaped(&v.id)
+                    )
+                });
             }
         }
         Ok(())

@@ -1,6 +1,12 @@
 //! Human-readable tables for the operator commands.
+//!
+//! Most of what they show came from a plugin or a peer (ids, versions, error texts), so every
+//! cell and every value in a text line is [escaped](csi_structs::untrusted): a newline or an
+//! escape sequence cannot forge a row or drive the terminal. `--json` prints values exactly.
 
 use std::fmt::Write as _;
+
+use csi_structs::untrusted::{escape, escaped};
 
 use super::api::{ClaimView, PluginView, ReleaseView, StatusView, VolumeView};
 
@@ -18,8 +24,10 @@ impl Table {
         }
     }
 
+    /// Adds a row; each cell is escaped.
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows
+            .push(cells.iter().map(|c| escape(c).into_owned()).collect());
     }
 
     pub(crate) fn render(&self) -> String {
@@ -204,11 +212,11 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
 pub(crate) fn volume_detail(v: &VolumeView) -> String {
     let mut out = format!(
         "volume {}  plugin {}  external id {}  {} {}  controller publish {}\n",
-        v.id,
-        v.plugin,
-        v.external_id,
-        v.access_mode,
-        v.attachment,
+        escaped(&v.id),
+        escaped(&v.plugin),
+        escaped(&v.external_id),
+        escaped(&v.access_mode),
+        escaped(&v.attachment),
         yes(v.controller_publish)
     );
     out.push_str(&claims(&v.claims));
@@ -223,25 +231,26 @@ pub(crate) fn status(s: &StatusView) -> String {
     let counts: Vec<String> = s.claims.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut out = format!(
         "node {}  volumes {}  claims {}\n\nPLUGINS\n",
-        s.node,
+        escaped(&s.node),
         s.volumes,
         if counts.is_empty() {
             "none".into()
         } else {
-            counts.join(" ")
+            escape(&counts.join(" ")).into_owned()
         }
     );
     out.push_str(&plugins(&s.plugins));
     if let Some(c) = &s.cluster {
         out.push_str(&format!(
             "\nCLUSTER  store {} prefix {}  controller duty: {}\n",
-            c.store,
-            c.prefix,
-            c.controller_duty.as_deref().unwrap_or("nobody now")
+            escaped(&c.store),
+            escaped(&c.prefix),
+            escaped(c.controller_duty.as_deref().unwrap_or("nobody now"))
         ));
         if let Some(outage) = &c.outage {
             out.push_str(&format!(
-                "etcd unreachable, the view may be behind: {outage}\n"
+                "etcd unreachable, the view may be behind: {}\n",
+                escaped(outage)
             ));
         }
         let mut t = Table::new(&["MEMBER", "SHIM", "HTTP", "PLUGINS"]);
@@ -293,4 +302,96 @@ pub(crate) fn status(s: &StatusView) -> String {
         out.push_str(&t.render());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_structs::untrusted::needs_escape;
+
+    /// Every line of `text` is a row of the table: nothing a plugin wrote starts a line or
+    /// drives the terminal.
+    fn lines_only(text: &str, rows: usize) {
+        assert_eq!(text.lines().count(), rows, "{text}");
+        assert!(
+            !text.chars().any(|c| c != '\n' && needs_escape(c)),
+            "{text:?}"
+        );
+    }
+
+    fn plugin(version: &str, last_error: &str) -> PluginView {
+        PluginView {
+            id: "mock".into(),
+            node: "n1".into(),
+            socket: Some("/run/csi/mock.sock".into()),
+            health: "healthy".into(),
+            health_reason: None,
+            name: Some("mock.csi.example".into()),
+            version: Some(version.into()),
+            controller: true,
+            node_service: true,
+            plugin_node: Some("node-1\r\u{0}".into()),
+            controller_publish: true,
+            staging: true,
+            fingerprints: 1,
+            last_error: Some(last_error.into()),
+            in_use: 0,
+        }
+    }
+
+    #[test]
+    fn plugin_text_cannot_forge_a_row_of_plugin_list() {
+        let forged = "1.0\nmock2  n1  healthy  yes  yes  -  1  0  9.9\u{1b}[2J";
+        let list = plugins(&[plugin(forged, "boom\r\nforged")]);
+        lines_only(&list, 2);
+        assert!(list.contains(r"1.0\nmock2  n1"), "{list}");
+        let detail = plugin_detail(&plugin(forged, "boom\r\nforged"));
+        lines_only(&detail, 16);
+        assert!(detail.contains(r"boom\r\nforged"), "{detail}");
+    }
+
+    #[test]
+    fn plugin_text_cannot_forge_a_row_of_volume_status() {
+        let claim = ClaimView {
+            volume: "v1".into(),
+            workload: "w1".into(),
+            node: "n1".into(),
+            plugin_node: "node-1".into(),
+            mode: "write".into(),
+            access_mode: "SINGLE_NODE_WRITER".into(),
+            state: "releasing".into(),
+            target_path: Some("/t/\u{1b}]0;title\u{7}".into()),
+        };
+        let volume = VolumeView {
+            id: "v1".into(),
+            external_id: "ext-1\nv2  mock  ext-2  SINGLE_NODE_WRITER  0  -".into(),
+            plugin: "mock".into(),
+            access_mode: "SINGLE_NODE_WRITER".into(),
+            attachment: "mount".into(),
+            controller_publish: true,
+            created: true,
+            capacity_bytes: None,
+            claims: vec![claim.clone()],
+            release: Some(ReleaseView {
+                volume: "v1".into(),
+                pending: "node_unpublish".into(),
+                pending_workload: Some("w1".into()),
+                attempts: 2,
+                last_error: Some("plugin returned Internal: disk\0gone\nforged".into()),
+                last_error_class: Some("retry".into()),
+                next_retry_ms: Some(500),
+                durable: true,
+                claims: vec![claim],
+            }),
+        };
+        lines_only(&volumes(std::slice::from_ref(&volume)), 2);
+        // The detail: one line, the claims table (2), "release:", the release table (2).
+        let detail = volume_detail(&volume);
+        lines_only(&detail, 6);
+        assert!(
+            detail.contains(r"external id ext-1\nv2  mock")
+                && detail.contains(r"disk\0gone\nforged"),
+            "{detail}"
+        );
+    }
 }

@@ -10,7 +10,8 @@
 //!   driver, whose detachers ([`detach`]) go through the csi-rpc-shim so a release reaches the
 //!   node and the controller wherever they run; [`local`] serves the shim's calls with this
 //!   node's plugins; [`peers`] learns which plugins peers host;
-//! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`.
+//! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
+//! - [`log`]: the log format, every field value escaped.
 //!
 //! Stopping: SIGTERM (or SIGINT) stops accepting requests, lets control requests in flight
 //! finish (bounded by `call_timeout`), then stops the release driver (every release step is
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod detach;
 pub mod http;
 pub mod local;
+pub mod log;
 pub mod node;
 pub mod peers;
 pub mod plugins;
@@ -120,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             reason: "not a log filter".into(),
         })?;
     let _ = tracing_subscriber::fmt()
+        .fmt_fields(log::escaped_fields())
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)

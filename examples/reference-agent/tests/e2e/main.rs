@@ -8,5 +8,6 @@ mod claims_release;
 #[cfg(feature = "etcd")]
 mod cluster;
 mod demo;
+mod plugin_text;
 mod serve;
 mod support;
