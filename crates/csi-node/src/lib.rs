@@ -1,5 +1,9 @@
 //! The orchestrator's node side of CSI, on csi-client and csi-claims.
 //!
+//! - [`plugins`]: the plugin manager: plugin instances registered by the embedder or found in
+//!   a socket directory (the newest registration of a plugin id wins), fingerprinted and
+//!   health-checked with csi-client, every transition a typed event, and a deadline-bounded
+//!   wait for a plugin to be usable.
 //! - [`layout`]: where staging and publish paths live under a node's data directory, with
 //!   every id checked so that none escapes its directory.
 //! - [`detach`]: csi-claims' [`NodeDetacher`](csi_claims::driver::NodeDetacher) and
@@ -13,4 +17,5 @@
 
 pub mod detach;
 pub mod layout;
+pub mod plugins;
 pub mod state;

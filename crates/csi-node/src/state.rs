@@ -19,7 +19,7 @@ pub enum StateFileError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not the JSON this agent writes.
+    /// The file is not the JSON expected.
     #[error("state file {path} is damaged: {detail}")]
     Damaged {
         /// The file.
@@ -37,14 +37,14 @@ pub enum StateFileError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The file is in a format this agent does not read (written by a newer agent).
-    #[error("state file {path} has format {found}; this csi-agent reads formats {supported}")]
+    /// The file is in a format this version does not read (written by a newer one).
+    #[error("state file {path} has format {found}; this version reads formats {supported}")]
     Version {
         /// The file.
         path: PathBuf,
         /// The format found.
         found: u32,
-        /// The formats this agent reads.
+        /// The formats this version reads.
         supported: &'static str,
     },
 }

@@ -1,0 +1,215 @@
+//! What the plugin manager reports: one [`PluginEvent`] per transition, in the order the
+//! manager's state changed.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use csi_client::{Endpoint, Fingerprint};
+use csi_structs::PluginId;
+use serde::{Deserialize, Serialize};
+
+/// The number the manager gave one registration. Registrations are numbered in the order
+/// they were made, and the numbers never repeat, also across restarts of a manager that
+/// keeps a state file: the highest number of a plugin id is its newest registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RegistrationId(pub(super) u64);
+
+impl RegistrationId {
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for RegistrationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Who registered a plugin instance.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Source {
+    /// The embedder, with [`PluginManager::register`](super::PluginManager::register) (for
+    /// example when its task runner started the plugin).
+    Pushed,
+    /// A [`DirWatcher`](super::DirWatcher) that found this socket.
+    Directory {
+        /// The socket.
+        socket: PathBuf,
+        /// The socket's inode: a socket made again at the same path is another instance.
+        inode: u64,
+    },
+}
+
+/// Why a plugin is not healthy.
+#[derive(Clone, Debug)]
+pub enum Unhealthy {
+    /// `Probe` answered `ready = false`: alive, still starting.
+    NotReady,
+    /// `Probe` failed; the error has its class and code.
+    ProbeFailed(Arc<csi_client::Error>),
+    /// The plugin's socket disappeared: the plugin went away. The manager fingerprints it
+    /// again when it comes back.
+    SocketRemoved,
+}
+
+impl fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unhealthy::NotReady => f.write_str("probe answered not ready"),
+            Unhealthy::ProbeFailed(e) => write!(f, "probe failed: {e}"),
+            Unhealthy::SocketRemoved => f.write_str("socket removed"),
+        }
+    }
+}
+
+/// A plugin's health as last seen.
+#[derive(Clone, Debug)]
+pub enum Health {
+    /// Not probed since the last fingerprint (a plugin that just answered the fingerprint
+    /// calls is taken to be up).
+    Unknown,
+    /// `Probe` answered ready.
+    Healthy,
+    /// Not healthy, and why.
+    Unhealthy(Unhealthy),
+}
+
+impl Health {
+    /// A short name: `unknown`, `healthy`, `not_ready` or `unhealthy`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Health::Unknown => "unknown",
+            Health::Healthy => "healthy",
+            Health::Unhealthy(Unhealthy::NotReady) => "not_ready",
+            Health::Unhealthy(_) => "unhealthy",
+        }
+    }
+
+    /// Whether calls may go to the plugin: healthy or not probed yet.
+    pub fn is_usable(&self) -> bool {
+        !matches!(self, Health::Unhealthy(_))
+    }
+}
+
+/// Why a registration ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoneReason {
+    /// Deregistered (by the embedder, or by a [`DirWatcher`](super::DirWatcher) whose socket
+    /// disappeared).
+    Deregistered,
+    /// A newer registration of the same plugin id took its place.
+    Replaced {
+        /// The newer registration.
+        by: RegistrationId,
+    },
+}
+
+/// A transition of a plugin instance.
+///
+/// Every event names the plugin and the registration it is about; events of a registration
+/// that was replaced or deregistered stop with its [`Gone`](Self::Gone).
+#[derive(Clone, Debug)]
+pub enum PluginEvent {
+    /// A plugin instance was registered (and will be fingerprinted).
+    Registered {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+        /// Where the plugin listens.
+        endpoint: Endpoint,
+        /// Who registered it.
+        source: Source,
+    },
+    /// The plugin answered every discovery call.
+    Fingerprinted {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+        /// What it is and can do.
+        fingerprint: Arc<Fingerprint>,
+        /// The registration's fingerprint before this one: `None` for its first; the same
+        /// value when a plugin that went away came back unchanged; another value when the
+        /// plugin changed (a periodic fingerprint that finds nothing new is not reported).
+        previous: Option<Arc<Fingerprint>>,
+    },
+    /// A fingerprint failed; the manager tries again.
+    FingerprintFailed {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+        /// Why.
+        error: Arc<csi_client::Error>,
+        /// Whether it was a periodic fingerprint of a plugin already fingerprinted (its
+        /// last fingerprint stays in use).
+        periodic: bool,
+    },
+    /// `Probe` answered ready, after the plugin was fingerprinted or unhealthy.
+    Healthy {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+    },
+    /// The plugin stopped being healthy.
+    Unhealthy {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+        /// Why.
+        why: Unhealthy,
+    },
+    /// The registration ended; no more events come for it.
+    Gone {
+        /// The plugin id.
+        plugin: PluginId,
+        /// The registration.
+        registration: RegistrationId,
+        /// Why.
+        why: GoneReason,
+    },
+}
+
+impl PluginEvent {
+    /// The plugin the event is about.
+    pub fn plugin(&self) -> &PluginId {
+        match self {
+            PluginEvent::Registered { plugin, .. }
+            | PluginEvent::Fingerprinted { plugin, .. }
+            | PluginEvent::FingerprintFailed { plugin, .. }
+            | PluginEvent::Healthy { plugin, .. }
+            | PluginEvent::Unhealthy { plugin, .. }
+            | PluginEvent::Gone { plugin, .. } => plugin,
+        }
+    }
+
+    /// The registration the event is about.
+    pub fn registration(&self) -> RegistrationId {
+        match self {
+            PluginEvent::Registered { registration, .. }
+            | PluginEvent::Fingerprinted { registration, .. }
+            | PluginEvent::FingerprintFailed { registration, .. }
+            | PluginEvent::Healthy { registration, .. }
+            | PluginEvent::Unhealthy { registration, .. }
+            | PluginEvent::Gone { registration, .. } => *registration,
+        }
+    }
+}
+
+/// Receives every [`PluginEvent`], in the order the manager's state changed, none lost.
+///
+/// Called synchronously by whichever task made the change, without the manager's lock
+/// held: it may read the manager, but should be quick (update a table, a metric, wake a
+/// task) because the next events wait for it.
+pub trait PluginObserver: Send + Sync + 'static {
+    /// One event.
+    fn on_event(&self, event: &PluginEvent);
+}
