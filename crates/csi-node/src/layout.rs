@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use csi_structs::{AccessMode, AccessTypeKind, VolumeId, WorkloadId};
+use csi_structs::{AccessMode, AccessTypeKind, VolumeCapability, VolumeId, WorkloadId};
 
 /// An id that cannot be used as one path segment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +43,15 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The usage of a publication with `capability`, read-only or not.
+    pub fn of(capability: &VolumeCapability, read_only: bool) -> Self {
+        Self {
+            read_only,
+            attachment: capability.access_type.kind(),
+            access_mode: capability.access_mode,
+        }
+    }
+
     /// The path segment, e.g. `rw-mount-single-node-writer`.
     pub fn segment(&self) -> String {
         let mode = self
@@ -175,6 +184,21 @@ mod tests {
             layout.target_path(&vol, &web, &ro).unwrap(),
             layout.target_path(&vol, &web, &usage()).unwrap(),
             "publications with different terms have different targets"
+        );
+    }
+
+    #[test]
+    fn usage_segments_keep_modes_apart() {
+        use csi_structs::MountOptions;
+        let rw = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
+        let ro = VolumeCapability::block(AccessMode::MultiNodeReaderOnly);
+        assert_eq!(
+            Usage::of(&rw, false).segment(),
+            "rw-mount-single-node-writer"
+        );
+        assert_eq!(
+            Usage::of(&ro, true).segment(),
+            "ro-block-multi-node-reader-only"
         );
     }
 

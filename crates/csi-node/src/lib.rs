@@ -4,6 +4,9 @@
 //!   a socket directory (the newest registration of a plugin id wins), fingerprinted and
 //!   health-checked with csi-client, every transition a typed event, and a deadline-bounded
 //!   wait for a plugin to be usable.
+//! - [`volumes`]: the volume manager: stage once per volume, publish per workload, one
+//!   operation in flight per volume, usage records persisted (and restored on restart) so
+//!   the last unmount unstages, uncertain outcomes kept until cleaned up, node expansion.
 //! - [`layout`]: where staging and publish paths live under a node's data directory, with
 //!   every id checked so that none escapes its directory.
 //! - [`detach`]: csi-claims' [`NodeDetacher`](csi_claims::driver::NodeDetacher) and
@@ -19,3 +22,4 @@ pub mod detach;
 pub mod layout;
 pub mod plugins;
 pub mod state;
+pub mod volumes;

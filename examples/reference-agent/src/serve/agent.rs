@@ -20,11 +20,12 @@ use csi_structs::{
 
 use super::book::{Book, BookEntry, BookError};
 use super::local::plugin_failure;
-use super::node::{MountRequest, NodeError, VolumeManager};
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
+use csi_node::layout::Usage;
 use csi_node::state::StateFileError;
+use csi_node::volumes::{MountRequest, PendingStep, VolumeError, VolumeManager};
 
 /// What the agent knows about a peer.
 #[derive(Clone, Debug, Default)]
@@ -147,11 +148,15 @@ impl AgentError {
     }
 
     /// A node operation failed during `step`.
-    fn node(step: &'static str, e: &NodeError) -> AgentError {
+    fn node(step: &'static str, e: &VolumeError) -> AgentError {
         let kind = match e {
-            NodeError::Call { source, .. } => call_kind(plugin_failure(source)),
-            NodeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
-            NodeError::Path(_) | NodeError::Local { .. } => call_kind(PluginFailure::Agent),
+            VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
+            VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+            VolumeError::Unsupported { .. }
+            | VolumeError::NotHere { .. }
+            | VolumeError::Path(_)
+            | VolumeError::Dir { .. }
+            | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
         };
         AgentError::Plugin {
             step,
@@ -341,7 +346,9 @@ impl Agent {
 
     fn check_volume_id(&self, entry: &BookEntry) -> Result<(), AgentError> {
         self.volumes
-            .check_volume(&entry.id)
+            .layout()
+            .staging_path(&entry.id)
+            .map(drop)
             .map_err(|e| bad("id", e))
     }
 
@@ -444,7 +451,12 @@ impl Agent {
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
         // Refuse a workload id that cannot name its publish directory before claiming.
         self.volumes
-            .target_path(&entry.id, &workload, &entry.capability(), read_only)
+            .layout()
+            .target_path(
+                &entry.id,
+                &workload,
+                &Usage::of(&entry.capability(), read_only),
+            )
             .map_err(|e| bad("workload", e))?;
         let claim = self
             .claims
@@ -541,6 +553,7 @@ impl Agent {
                 workload: workload.clone(),
                 publish_context,
                 volume_context: entry.volume_context(),
+                secrets: Secrets::default(),
             })
             .await
             .map_err(|e| AgentError::node("mount", &e))
@@ -624,10 +637,7 @@ impl Agent {
                     .iter()
                     .map(|c| {
                         let target = (c.node() == &self.me)
-                            .then(|| {
-                                self.volumes
-                                    .published(c.volume().as_str(), c.workload().as_str())
-                            })
+                            .then(|| self.volumes.published(c.volume(), c.workload()))
                             .flatten();
                         claim_view(c, target.map(|t| t.display().to_string()))
                     })
@@ -727,7 +737,21 @@ impl Agent {
             volumes: self.book.list().len(),
             claims: self.claim_counts(),
             stuck: self.claims.stuck().iter().map(release_view).collect(),
-            uncertain: self.volumes.uncertain(),
+            uncertain: self
+                .volumes
+                .uncertain()
+                .into_iter()
+                .map(|p| api::UncertainView {
+                    volume: p.volume,
+                    workload: p.workload.unwrap_or_else(|| "-".into()),
+                    step: match p.step {
+                        PendingStep::Stage => "stage",
+                        PendingStep::Publish => "publish",
+                    }
+                    .into(),
+                    path: p.path.display().to_string(),
+                })
+                .collect(),
             cluster: self.cluster.as_ref().map(|c| c.view()),
         }
     }

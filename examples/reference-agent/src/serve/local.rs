@@ -1,6 +1,6 @@
 //! The shim's backend: this node's plugins, reached with csi-client. Controller calls go to
-//! the local plugin's controller service; node detach goes through the [`VolumeManager`] so
-//! the usage tracker decides about unstaging.
+//! the local plugin's controller service; node detach goes through csi-node's
+//! [`VolumeManager`] so its usage records decide about unstaging.
 
 use async_trait::async_trait;
 use csi_client::{ErrorClass, Failure};
@@ -13,8 +13,9 @@ use csi_rpc_shim::{
 };
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
-use super::node::{NodeError, UnmountRequest, VolumeManager};
 use super::plugins::Plugins;
+use csi_node::layout::Usage;
+use csi_node::volumes::{UnmountRequest, VolumeError, VolumeManager};
 
 /// [`LocalPlugins`] over csi-client.
 #[derive(Debug)]
@@ -43,11 +44,15 @@ fn client_error(e: csi_client::Error) -> PluginError {
     PluginError::failed(e.class(), plugin_failure(&e), e.to_string())
 }
 
-fn node_error(e: NodeError) -> PluginError {
+fn node_error(e: VolumeError) -> PluginError {
     let failure = match &e {
-        NodeError::Call { source, .. } => plugin_failure(source),
-        NodeError::PluginMissing { .. } => PluginFailure::Unreachable,
-        NodeError::Path(_) | NodeError::Local { .. } => PluginFailure::Agent,
+        VolumeError::Call { source, .. } => plugin_failure(source),
+        VolumeError::PluginMissing { .. } => PluginFailure::Unreachable,
+        VolumeError::Unsupported { .. }
+        | VolumeError::NotHere { .. }
+        | VolumeError::Path(_)
+        | VolumeError::Dir { .. }
+        | VolumeError::Usage { .. } => PluginFailure::Agent,
     };
     PluginError::failed(e.class(), failure, e.to_string())
 }
@@ -265,12 +270,15 @@ impl LocalPlugins for LocalBackend {
             plugin: req.plugin,
             volume: req.volume,
             external_id: req.external_volume,
-            capability: req.capability,
-            read_only: req.read_only,
             workload: req.workload,
+            usage: Usage::of(&req.capability, req.read_only),
         };
         within(ctx, async move {
-            self.volumes.unmount(&request).await.map_err(node_error)
+            self.volumes
+                .unmount(&request)
+                .await
+                .map(drop)
+                .map_err(node_error)
         })
         .await
     }

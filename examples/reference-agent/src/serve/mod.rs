@@ -3,9 +3,8 @@
 //! It composes every crate:
 //! - [`plugins`]: a plugin directory watched for `<plugin-id>.sock` sockets, each
 //!   fingerprinted and health-checked with csi-client, transitions logged;
-//! - [`node`]: the node volume manager (one staging path per volume and one publish path per
-//!   workload under the data dir, idempotent unmount, uncertain outcomes recorded) and
-//!   [`usage`], its persisted usage records;
+//! - csi-node's volume manager, with its paths under `<data_dir>/node` and its usage records
+//!   in `<data_dir>/node/usage.json` ([`open_volumes`]);
 //! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
 //!   driver, whose detachers ([`detach`]) go through the csi-rpc-shim so a release reaches the
 //!   node and the controller wherever they run; [`local`] serves the shim's calls with this
@@ -27,10 +26,8 @@ pub mod detach;
 pub mod http;
 pub mod local;
 pub mod log;
-pub mod node;
 pub mod peers;
 pub mod plugins;
-pub mod usage;
 
 use std::hash::{Hash, Hasher};
 use std::io::Read as _;
@@ -44,6 +41,8 @@ use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::machine::Duties;
 use csi_claims::store::ClaimStore;
 use csi_claims::{MachineConfig, RedbStore, StoreError};
+use csi_node::layout::Layout;
+use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::NodeStatus;
 use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
 
@@ -199,7 +198,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             node_detach: config.node_detach,
         },
     );
-    let volumes = node::VolumeManager::open(&data, plugins.clone())?;
+    let volumes = open_volumes(&data, &plugins)?;
     // Bound first, so a taken port stops the agent before it joins anything.
     let http_listener = bind("listen", config.listen).await?;
     let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
@@ -426,6 +425,25 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     Ok(())
+}
+
+/// csi-node's volume manager as the agent keeps it: paths under `<data_dir>/node`
+/// (`staging/<volume>`, `per-workload/<workload>/<volume>/<usage>`), usage records in
+/// `<data_dir>/node/usage.json`, plugins from the agent's plugin manager.
+///
+/// # Errors
+///
+/// A [`StateFileError`](csi_node::state::StateFileError) when the usage file cannot be used.
+pub fn open_volumes(
+    data_dir: &Path,
+    plugins: &plugins::Plugins,
+) -> Result<VolumeManager, csi_node::state::StateFileError> {
+    let root = data_dir.join("node");
+    VolumeManager::open(
+        Layout::new(&root),
+        root.join("usage.json"),
+        Arc::new(plugins.manager().clone()),
+    )
 }
 
 /// The volume book and the claim store of the configured kind.

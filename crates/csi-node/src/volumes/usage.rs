@@ -1,5 +1,6 @@
-//! The node's usage records, `<data_dir>/node/usage.json`: which volumes are staged here, at
-//! which path, and which workloads have them published.
+//! The volume manager's usage file (the reference agent keeps it at
+//! `<data_dir>/node/usage.json`): which volumes are staged on this node, at which path, and
+//! which workloads have them published.
 //!
 //! One record per volume (per plugin) on this node, keyed `<plugin>/<volume>`: a volume is
 //! staged once, at one path, and every publication of it (read or write, any workload) uses
@@ -18,8 +19,9 @@
 //!
 //! A record that cannot be read this way (ids that are not ids, a key that does not match its
 //! record, two records of one volume that disagree about the plugin's volume id or both list
-//! one workload, a format from a newer agent) is a [`StateFileError::Record`] or
-//! [`StateFileError::Version`] naming the file and the key; the agent does not start on it.
+//! one workload, a format from a newer version) is a [`StateFileError::Record`] or
+//! [`StateFileError::Version`] naming the file and the key; the volume manager does not open
+//! on it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,9 +29,9 @@ use std::path::{Path, PathBuf};
 use csi_structs::{PluginId, VolumeId};
 use serde::{Deserialize, Serialize};
 
-use csi_node::state::{StateFileError, load_json};
+use crate::state::{StateFileError, load_json};
 
-/// The format this agent writes.
+/// The format written.
 pub const USAGE_FORMAT: u32 = 2;
 
 /// Where a step stands.
@@ -53,7 +55,7 @@ pub struct UserEntry {
     pub publish: StepState,
 }
 
-/// A staging of the volume at a per-usage path, made by an agent that wrote format 1; it is
+/// A staging of the volume at a per-usage path, made by a version that wrote format 1; it is
 /// unstaged together with the volume's staging.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LegacyStaging {
@@ -88,7 +90,7 @@ pub fn key(plugin: &PluginId, volume: &VolumeId) -> String {
     format!("{plugin}/{volume}")
 }
 
-/// The usage file as this agent keeps it.
+/// The usage file as kept in memory and written.
 #[derive(Debug, Serialize)]
 pub struct UsageFile {
     /// Always [`USAGE_FORMAT`] when written.
@@ -251,7 +253,7 @@ mod tests {
         p
     }
 
-    /// A format 1 file as the previous agent wrote it: one volume published read-only for
+    /// A format 1 file as the previous version wrote it: one volume published read-only for
     /// `reader` and read-write for `writer`, staged at two paths.
     const V1: &str = r#"{
       "volumes": {

@@ -1,0 +1,770 @@
+//! The volume manager: staging and publishing volumes on this node for workloads, with the
+//! usage records that say who still uses what.
+//!
+//! - **Mount** ([`VolumeManager::mount`]): `NodeStageVolume` once per volume on this node
+//!   (when the plugin has `STAGE_UNSTAGE_VOLUME`), at the volume's one staging path, then
+//!   `NodePublishVolume` per workload at the workload's target. The workload is recorded as
+//!   a user of the volume *before* anything is staged, so an unmount of another workload
+//!   never unstages the volume under a publish.
+//! - **Unmount** ([`VolumeManager::unmount`]): `NodeUnpublishVolume` of the workload's
+//!   target (the one recorded at mount, so mount and unmount always agree on the path), then
+//!   `NodeUnstageVolume` when it was the volume's last user here. `NOT_FOUND` counts as
+//!   done, and a publication already cleaned up (no record, no target directory) needs no
+//!   call: retrying after a lost answer is safe.
+//! - **Expand** ([`VolumeManager::expand`]): `NodeExpandVolume` at a path where the volume is
+//!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
+//! - **One operation per volume.** Operations on one volume wait for each other, in order;
+//!   different volumes go at once.
+//! - **Usage persisted.** Every change of the records is written atomically to the usage
+//!   file before the call it leads to, so a restarted manager knows which volumes are staged,
+//!   who has them published, and which outcomes are uncertain (a deadline or a lost
+//!   connection: the mount may exist). Uncertain steps stay recorded
+//!   ([`VolumeManager::uncertain`]) until an unmount cleans them up. The file's formats and
+//!   the migration of the older one are in [`usage`].
+//! - **Events.** Each operation ends with a [`VolumeEvent`] carrying its outcome
+//!   ([`VolumeManager::subscribe`]).
+//!
+//! The manager reaches plugins through [`NodePlugins`], which the
+//! [`PluginManager`](crate::plugins::PluginManager) implements; node detach calls use the
+//! plugin's detach client (a short socket wait and one attempt, see
+//! [`NodeDetachPolicy`](crate::detach::NodeDetachPolicy)).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use csi_node::layout::Layout;
+//! use csi_node::plugins::{PluginManager, PluginManagerConfig};
+//! use csi_node::volumes::{MountRequest, VolumeManager};
+//! use csi_structs::*;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let plugins = PluginManager::builder(PluginManagerConfig::default()).start()?;
+//! let volumes = VolumeManager::open(
+//!     Layout::new("/var/lib/my-orchestrator/csi"),
+//!     "/var/lib/my-orchestrator/csi/usage.json",
+//!     Arc::new(plugins),
+//! )?;
+//! let target = volumes
+//!     .mount(&MountRequest {
+//!         plugin: PluginId::new("ebs")?,
+//!         volume: VolumeId::new("db")?,
+//!         external_id: ExternalVolumeId::new("vol-0a")?,
+//!         capability: VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new()),
+//!         read_only: false,
+//!         workload: WorkloadId::new("web-1")?,
+//!         publish_context: PublishContext::default(),
+//!         volume_context: VolumeContext::new(),
+//!         secrets: Secrets::new(),
+//!     })
+//!     .await?;
+//! println!("published at {}", target.display());
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod ops;
+pub mod usage;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use csi_client::{ErrorClass, NodePublish, NodeStage, proto};
+use csi_structs::{
+    CapacityRange, ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability,
+    VolumeContext, VolumeId, WorkloadId,
+};
+use tokio::sync::broadcast;
+
+pub use error::VolumeError;
+use ops::Ops;
+pub use usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
+use usage::{UsageFile, key as usage_key};
+
+use crate::layout::{Layout, Usage};
+use crate::plugins::{PluginManager, ReadyPlugin};
+use crate::state::{StateFileError, save_json};
+
+/// How the volume manager reaches a plugin's node service.
+pub trait NodePlugins: Send + Sync + 'static {
+    /// The fingerprinted plugin's clients, or `None` when it is not here (yet).
+    fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin>;
+}
+
+impl NodePlugins for PluginManager {
+    fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin> {
+        self.get(plugin)
+    }
+}
+
+/// What a mount needs.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    /// The plugin.
+    pub plugin: PluginId,
+    /// The orchestrator's volume id.
+    pub volume: VolumeId,
+    /// The plugin's volume id.
+    pub external_id: ExternalVolumeId,
+    /// How the volume is used.
+    pub capability: VolumeCapability,
+    /// Publish read-only.
+    pub read_only: bool,
+    /// The workload.
+    pub workload: WorkloadId,
+    /// What `ControllerPublishVolume` returned for this node (empty without it).
+    pub publish_context: PublishContext,
+    /// The volume's context, from its creation or registration.
+    pub volume_context: VolumeContext,
+    /// Secrets of the node stage and publish calls.
+    pub secrets: Secrets,
+}
+
+/// What an unmount needs.
+#[derive(Clone, Debug)]
+pub struct UnmountRequest {
+    /// The plugin.
+    pub plugin: PluginId,
+    /// The orchestrator's volume id.
+    pub volume: VolumeId,
+    /// The plugin's volume id.
+    pub external_id: ExternalVolumeId,
+    /// The workload.
+    pub workload: WorkloadId,
+    /// How it was published: names the target when the workload has no usage record.
+    pub usage: Usage,
+}
+
+/// What a node expansion needs.
+#[derive(Clone, Debug)]
+pub struct ExpandRequest {
+    /// The plugin.
+    pub plugin: PluginId,
+    /// The orchestrator's volume id.
+    pub volume: VolumeId,
+    /// The plugin's volume id.
+    pub external_id: ExternalVolumeId,
+    /// The size asked for.
+    pub capacity: CapacityRange,
+    /// How the volume is used (lets the plugin tell a block volume from a filesystem).
+    pub capability: Option<VolumeCapability>,
+    /// Secrets of the call.
+    pub secrets: Secrets,
+}
+
+/// How an unmount ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unmounted {
+    /// Whether `NodeUnpublishVolume` was called (not when the publication was already gone).
+    pub unpublished: bool,
+    /// Whether the volume was unstaged (it was the volume's last publication here).
+    pub unstaged: bool,
+}
+
+/// The end of one volume manager operation.
+#[derive(Clone, Debug)]
+pub enum VolumeEvent {
+    /// A mount ended: the host path of the target, or why not.
+    Mount {
+        /// The plugin.
+        plugin: PluginId,
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// How it ended.
+        outcome: Result<PathBuf, VolumeError>,
+    },
+    /// An unmount ended.
+    Unmount {
+        /// The plugin.
+        plugin: PluginId,
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// How it ended.
+        outcome: Result<Unmounted, VolumeError>,
+    },
+    /// A node expansion ended: the capacity the plugin reported (`None`: unknown), or why not.
+    Expand {
+        /// The plugin.
+        plugin: PluginId,
+        /// The volume.
+        volume: VolumeId,
+        /// How it ended.
+        outcome: Result<Option<u64>, VolumeError>,
+    },
+}
+
+/// Which step of a publication a [`Pending`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PendingStep {
+    /// `NodeStageVolume` of the volume.
+    Stage,
+    /// `NodePublishVolume` for a workload.
+    Publish,
+}
+
+/// A stage or publish whose outcome is not known to be done: started (a crash or an error
+/// came before the answer) or uncertain (a deadline or lost connection). An unmount of the
+/// volume undoes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// The plugin.
+    pub plugin: String,
+    /// The volume.
+    pub volume: String,
+    /// The workload, for a publish.
+    pub workload: Option<String>,
+    /// Which step.
+    pub step: PendingStep,
+    /// The staging path or target (host side).
+    pub path: PathBuf,
+    /// Where it stands.
+    pub state: StepState,
+}
+
+/// The node volume manager. Cheap to clone; every clone is the same manager.
+#[derive(Clone)]
+pub struct VolumeManager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    layout: Layout,
+    file: PathBuf,
+    plugins: Arc<dyn NodePlugins>,
+    usage: Mutex<UsageFile>,
+    ops: Ops,
+    events: broadcast::Sender<VolumeEvent>,
+}
+
+impl std::fmt::Debug for VolumeManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeManager")
+            .field("layout", &self.inner.layout)
+            .field("file", &self.inner.file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stage or publish call's outcome as a record.
+fn step_state<T>(result: &Result<T, csi_client::Error>) -> StepState {
+    match result {
+        Ok(_) => StepState::Done,
+        Err(e) if e.class() == ErrorClass::Uncertain => StepState::Uncertain,
+        Err(_) => StepState::Started,
+    }
+}
+
+/// The path as the UTF-8 text CSI carries.
+fn path_text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+impl VolumeManager {
+    /// Opens the manager with its paths under `layout` and its usage records in
+    /// `usage_file`, loading them (a file in the older format is migrated and written back).
+    ///
+    /// # Errors
+    ///
+    /// A [`StateFileError`] when the usage file exists but cannot be read or parsed, holds a
+    /// record that cannot be used (naming its key), or was migrated and cannot be written.
+    pub fn open(
+        layout: Layout,
+        usage_file: impl Into<PathBuf>,
+        plugins: Arc<dyn NodePlugins>,
+    ) -> Result<Self, StateFileError> {
+        let file = usage_file.into();
+        let (usage, migrated) = UsageFile::load(&file)?;
+        if migrated {
+            save_json(&file, &usage)?;
+            tracing::info!(file = %file.display(), volumes = usage.volumes.len(), "usage records migrated to one record per volume");
+        }
+        let (events, _) = broadcast::channel(256);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                layout,
+                file,
+                plugins,
+                usage: Mutex::new(usage),
+                ops: Ops::default(),
+                events,
+            }),
+        })
+    }
+
+    /// The layout the paths come from.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// Every operation's end from now on (a receiver more than 256 events behind misses the
+    /// oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<VolumeEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Changes the records and writes them before returning; when the write fails nothing
+    /// changed.
+    fn change<T>(
+        &self,
+        volume: &VolumeId,
+        f: impl FnOnce(&mut BTreeMap<String, VolumeEntry>) -> T,
+    ) -> Result<T, VolumeError> {
+        let mut usage = self
+            .inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut next = UsageFile {
+            version: usage.version,
+            volumes: usage.volumes.clone(),
+        };
+        let out = f(&mut next.volumes);
+        save_json(&self.inner.file, &next).map_err(|source| VolumeError::Usage {
+            volume: volume.clone(),
+            source: Arc::new(source),
+        })?;
+        *usage = next;
+        Ok(out)
+    }
+
+    fn entry(&self, key: &str) -> Option<VolumeEntry> {
+        self.inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .volumes
+            .get(key)
+            .cloned()
+    }
+
+    fn emit(&self, event: VolumeEvent) {
+        // No subscriber is fine.
+        let _ = self.inner.events.send(event);
+    }
+
+    /// Stages (when the plugin stages and the volume is not staged here yet) and publishes a
+    /// volume for a workload; returns the target (host path). Mounting again what is mounted
+    /// is safe (the calls are idempotent).
+    ///
+    /// # Errors
+    ///
+    /// A [`VolumeError`]; a stage or publish that failed or ended uncertain stays recorded
+    /// ([`uncertain`](Self::uncertain)) until an unmount cleans it up.
+    pub async fn mount(&self, req: &MountRequest) -> Result<PathBuf, VolumeError> {
+        let outcome = self.mount_inner(req).await;
+        self.emit(VolumeEvent::Mount {
+            plugin: req.plugin.clone(),
+            volume: req.volume.clone(),
+            workload: req.workload.clone(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    async fn mount_inner(&self, req: &MountRequest) -> Result<PathBuf, VolumeError> {
+        let usage = Usage::of(&req.capability, req.read_only);
+        let key = usage_key(&req.plugin, &req.volume);
+        let layout = &self.inner.layout;
+        let target = layout.target_path(&req.volume, &req.workload, &usage)?;
+        let staging_path = layout.staging_path(&req.volume)?;
+        let _turn = self.inner.ops.turn(&key).await;
+        let plugin = self.node_plugin(&req.plugin)?;
+        let stages = plugin.fingerprint.capabilities.node.requires_staging();
+        let call = |step, source| VolumeError::Call {
+            step,
+            volume: req.volume.clone(),
+            workload: Some(req.workload.clone()),
+            source: Arc::new(source),
+        };
+        // One record per volume: the first publication creates it with the volume's staging
+        // path; later ones (another workload, read or write) join it and use the path recorded
+        // there, which is where the volume is staged. The user is recorded before anything
+        // is staged or published.
+        let (staging, stage_state, target) = self.change(&req.volume, |vols| {
+            let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
+                plugin: req.plugin.to_string(),
+                volume: req.volume.to_string(),
+                external_id: req.external_id.to_string(),
+                staging: None,
+                stage: None,
+                users: BTreeMap::new(),
+                legacy_stagings: Vec::new(),
+            });
+            if stages && entry.staging.is_none() {
+                entry.staging = Some(staging_path.clone());
+            }
+            let user = entry
+                .users
+                .entry(req.workload.to_string())
+                .or_insert_with(|| UserEntry {
+                    target: target.clone(),
+                    publish: StepState::Started,
+                });
+            (
+                entry.staging.clone().filter(|_| stages),
+                entry.stage,
+                user.target.clone(),
+            )
+        })?;
+        if let Some(staging) = &staging
+            && stage_state != Some(StepState::Done)
+        {
+            self.create_dir(staging, &req.volume)?;
+            self.set_stage(&req.volume, &key, StepState::Started)?;
+            let result = plugin
+                .client
+                .node()
+                .stage(&NodeStage {
+                    volume: &req.external_id,
+                    staging_target_path: &path_text(staging),
+                    capability: &req.capability,
+                    publish_context: &req.publish_context,
+                    volume_context: &req.volume_context,
+                    secrets: &req.secrets,
+                })
+                .await;
+            self.set_stage(&req.volume, &key, step_state(&result))?;
+            result.map_err(|e| call("NodeStageVolume", e))?;
+        }
+        if let Some(parent) = target.parent() {
+            self.create_dir(parent, &req.volume)?;
+        }
+        let staging_text = staging.as_deref().map(path_text);
+        let result = plugin
+            .client
+            .node()
+            .publish(&NodePublish {
+                volume: &req.external_id,
+                staging_target_path: staging_text.as_deref(),
+                target_path: &path_text(&target),
+                capability: &req.capability,
+                readonly: req.read_only,
+                publish_context: &req.publish_context,
+                volume_context: &req.volume_context,
+                secrets: &req.secrets,
+            })
+            .await;
+        let state = step_state(&result);
+        self.change(&req.volume, |v| {
+            if let Some(e) = v.get_mut(&key)
+                && let Some(u) = e.users.get_mut(req.workload.as_str())
+            {
+                u.publish = state;
+            }
+        })?;
+        result.map_err(|e| call("NodePublishVolume", e))?;
+        Ok(target)
+    }
+
+    fn set_stage(&self, volume: &VolumeId, key: &str, state: StepState) -> Result<(), VolumeError> {
+        self.change(volume, |v| {
+            if let Some(e) = v.get_mut(key) {
+                e.stage = Some(state);
+            }
+        })
+    }
+
+    fn create_dir(&self, path: &Path, volume: &VolumeId) -> Result<(), VolumeError> {
+        std::fs::create_dir_all(path).map_err(|source| VolumeError::Dir {
+            volume: volume.clone(),
+            action: "create",
+            path: path.to_owned(),
+            source: Arc::new(source),
+        })
+    }
+
+    /// Unpublishes a workload's publication, then unstages the volume when it was its last
+    /// publication here. Idempotent: a publication already cleaned up (no record and no
+    /// target directory) is not unpublished again, and `NOT_FOUND` counts as done.
+    ///
+    /// # Errors
+    ///
+    /// A [`VolumeError`]; the usage record keeps whatever is still to do.
+    pub async fn unmount(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
+        let outcome = self.unmount_inner(req).await;
+        self.emit(VolumeEvent::Unmount {
+            plugin: req.plugin.clone(),
+            volume: req.volume.clone(),
+            workload: req.workload.clone(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    async fn unmount_inner(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
+        let key = usage_key(&req.plugin, &req.volume);
+        let computed = self
+            .inner
+            .layout
+            .target_path(&req.volume, &req.workload, &req.usage)?;
+        let _turn = self.inner.ops.turn(&key).await;
+        let recorded = self
+            .entry(&key)
+            .and_then(|e| e.users.get(req.workload.as_str()).map(|u| u.target.clone()));
+        // The target the mount recorded, whatever the request says about the usage: mount
+        // and unmount must agree on the path.
+        let target = recorded.clone().unwrap_or(computed);
+        let mut unpublished = false;
+        if recorded.is_some() || target.exists() {
+            let client = self.node_plugin(&req.plugin)?.detach;
+            match client
+                .node()
+                .unpublish(&req.external_id, &path_text(&target))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.class() == ErrorClass::AlreadyDone => {
+                    tracing::debug!(volume = %req.volume, workload = %req.workload, "already unpublished");
+                }
+                Err(source) => {
+                    return Err(VolumeError::Call {
+                        step: "NodeUnpublishVolume",
+                        volume: req.volume.clone(),
+                        workload: Some(req.workload.clone()),
+                        source: Arc::new(source),
+                    });
+                }
+            }
+            unpublished = true;
+            // The plugin removes the target; the empty directories made above it go too. A
+            // removal that fails (a target still mounted, say) keeps the record, so the
+            // unmount is retried rather than forgetting a publication.
+            self.remove_dirs(&target, &self.inner.layout.workload_root(), &req.volume)?;
+            self.change(&req.volume, |v| {
+                if let Some(e) = v.get_mut(&key) {
+                    e.users.remove(req.workload.as_str());
+                }
+            })?;
+        }
+        let unstaged = self.unstage_if_unused(&key, req).await?;
+        Ok(Unmounted {
+            unpublished,
+            unstaged,
+        })
+    }
+
+    /// When no publication of the volume is left here: unstages it (and any staging an older
+    /// version made at a per-usage path), then drops its record. Each staging is removed from
+    /// the record once unstaged, so a retry after a failure repeats only what is left.
+    async fn unstage_if_unused(
+        &self,
+        key: &str,
+        req: &UnmountRequest,
+    ) -> Result<bool, VolumeError> {
+        let Some(entry) = self.entry(key) else {
+            return Ok(false);
+        };
+        if !entry.users.is_empty() {
+            return Ok(false);
+        }
+        let mut unstaged = false;
+        for legacy in &entry.legacy_stagings {
+            self.unstage(req, &legacy.path).await?;
+            unstaged = true;
+            self.change(&req.volume, |v| {
+                if let Some(e) = v.get_mut(key) {
+                    e.legacy_stagings.retain(|l| l.path != legacy.path);
+                }
+            })?;
+        }
+        if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
+            self.unstage(req, staging).await?;
+            unstaged = true;
+        }
+        self.change(&req.volume, |v| {
+            if v.get(key).is_some_and(|e| e.users.is_empty()) {
+                v.remove(key);
+            }
+        })?;
+        Ok(unstaged)
+    }
+
+    /// `NodeUnstageVolume` at `staging` (`NOT_FOUND` counts as done), then its directory goes.
+    async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
+        let client = self.node_plugin(&req.plugin)?.detach;
+        match client
+            .node()
+            .unstage(&req.external_id, &path_text(staging))
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.class() == ErrorClass::AlreadyDone => {}
+            Err(source) => {
+                return Err(VolumeError::Call {
+                    step: "NodeUnstageVolume",
+                    volume: req.volume.clone(),
+                    workload: Some(req.workload.clone()),
+                    source: Arc::new(source),
+                });
+            }
+        }
+        self.remove_dirs(staging, &self.inner.layout.staging_root(), &req.volume)
+    }
+
+    /// `NodeExpandVolume` of a volume published (or staged) here, at one of its targets.
+    /// Returns the capacity the plugin reported (`None`: unknown).
+    ///
+    /// # Errors
+    ///
+    /// [`VolumeError::Unsupported`] without the plugin's `EXPAND_VOLUME`,
+    /// [`VolumeError::NotHere`] when the volume has no publication or staging here, and the
+    /// call's error.
+    pub async fn expand(&self, req: &ExpandRequest) -> Result<Option<u64>, VolumeError> {
+        let outcome = self.expand_inner(req).await;
+        self.emit(VolumeEvent::Expand {
+            plugin: req.plugin.clone(),
+            volume: req.volume.clone(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    async fn expand_inner(&self, req: &ExpandRequest) -> Result<Option<u64>, VolumeError> {
+        let key = usage_key(&req.plugin, &req.volume);
+        let _turn = self.inner.ops.turn(&key).await;
+        let plugin = self.node_plugin(&req.plugin)?;
+        if !plugin.fingerprint.capabilities.node.can_expand() {
+            return Err(VolumeError::Unsupported {
+                plugin: req.plugin.clone(),
+                what: "expand volumes on the node",
+                capability: "EXPAND_VOLUME",
+            });
+        }
+        let entry = self.entry(&key);
+        let staging = entry.as_ref().and_then(|e| {
+            e.staging
+                .clone()
+                .filter(|_| e.stage == Some(StepState::Done))
+        });
+        let published = entry.as_ref().and_then(|e| {
+            e.users
+                .values()
+                .find(|u| u.publish == StepState::Done)
+                .map(|u| u.target.clone())
+        });
+        let Some(volume_path) = published.or_else(|| staging.clone()) else {
+            return Err(VolumeError::NotHere {
+                volume: req.volume.clone(),
+            });
+        };
+        let answer = plugin
+            .client
+            .node()
+            .node_expand_volume(proto::NodeExpandVolumeRequest {
+                volume_id: req.external_id.as_str().to_owned(),
+                volume_path: path_text(&volume_path),
+                capacity_range: Some((&req.capacity).into()),
+                staging_target_path: staging.as_deref().map(path_text).unwrap_or_default(),
+                volume_capability: req.capability.as_ref().map(Into::into),
+                secrets: req.secrets.to_wire(),
+            })
+            .await
+            .map_err(|source| VolumeError::Call {
+                step: "NodeExpandVolume",
+                volume: req.volume.clone(),
+                workload: None,
+                source: Arc::new(source),
+            })?;
+        Ok(u64::try_from(answer.capacity_bytes).ok().filter(|b| *b > 0))
+    }
+
+    /// The fingerprinted plugin with a Node service, or `PluginMissing`.
+    fn node_plugin(&self, plugin: &PluginId) -> Result<ReadyPlugin, VolumeError> {
+        self.inner
+            .plugins
+            .node_plugin(plugin)
+            .filter(|p| p.fingerprint.serves_node())
+            .ok_or_else(|| VolumeError::PluginMissing {
+                plugin: plugin.clone(),
+            })
+    }
+
+    /// Removes `path` and its empty parents below `root` (see
+    /// [`remove_empty_dirs`](crate::detach::remove_empty_dirs)).
+    fn remove_dirs(&self, path: &Path, root: &Path, volume: &VolumeId) -> Result<(), VolumeError> {
+        crate::detach::remove_empty_dirs(path, root).map_err(|source| VolumeError::Dir {
+            volume: volume.clone(),
+            action: "remove",
+            path: path.to_owned(),
+            source: Arc::new(source),
+        })
+    }
+
+    /// Where `workload` has `volume` published here (host path), if it does.
+    pub fn published(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<PathBuf> {
+        let usage = self
+            .inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        usage
+            .volumes
+            .values()
+            .filter(|e| e.volume == volume.as_str())
+            .find_map(|e| e.users.get(workload.as_str()).map(|u| u.target.clone()))
+    }
+
+    /// Every usage record: one per volume (and plugin) staged or published here.
+    pub fn records(&self) -> Vec<VolumeEntry> {
+        let usage = self
+            .inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        usage.volumes.values().cloned().collect()
+    }
+
+    /// Publications per plugin on this node.
+    pub fn in_use(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for e in self.records() {
+            *out.entry(e.plugin.clone()).or_default() += e.users.len() as u64;
+        }
+        out
+    }
+
+    /// Stages and publications whose outcome is not known to be done.
+    pub fn uncertain(&self) -> Vec<Pending> {
+        let mut out = Vec::new();
+        for e in self.records() {
+            let stagings = e
+                .stage
+                .zip(e.staging.as_ref())
+                .into_iter()
+                .chain(e.legacy_stagings.iter().map(|l| (l.stage, &l.path)));
+            for (state, path) in stagings {
+                if state != StepState::Done {
+                    out.push(Pending {
+                        plugin: e.plugin.clone(),
+                        volume: e.volume.clone(),
+                        workload: None,
+                        step: PendingStep::Stage,
+                        path: path.clone(),
+                        state,
+                    });
+                }
+            }
+            for (w, u) in &e.users {
+                if u.publish != StepState::Done {
+                    out.push(Pending {
+                        plugin: e.plugin.clone(),
+                        volume: e.volume.clone(),
+                        workload: Some(w.clone()),
+                        step: PendingStep::Publish,
+                        path: u.target.clone(),
+                        state: u.publish,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

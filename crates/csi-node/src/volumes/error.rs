@@ -1,0 +1,111 @@
+//! How a volume manager operation fails.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use csi_client::{Code, ErrorClass};
+use csi_structs::{PluginId, VolumeId, WorkloadId};
+
+use crate::layout::LayoutError;
+use crate::state::StateFileError;
+
+/// A failed mount, unmount or expansion. The usage record keeps whatever is still to do.
+///
+/// Cheap to clone (causes are shared), so the same error goes to the caller and into the
+/// operation's [`VolumeEvent`](super::VolumeEvent).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The plugin's node service is not here (not registered, not fingerprinted yet, or
+    /// without a Node service).
+    #[error("plugin {plugin} has no node service on this node (yet)")]
+    PluginMissing {
+        /// The plugin.
+        plugin: PluginId,
+    },
+    /// The plugin does not offer what the operation needs.
+    #[error("plugin {plugin} cannot {what}: it lacks the node capability {capability}")]
+    Unsupported {
+        /// The plugin.
+        plugin: PluginId,
+        /// What was asked, e.g. `expand volumes on the node`.
+        what: &'static str,
+        /// The missing capability, e.g. `EXPAND_VOLUME`.
+        capability: &'static str,
+    },
+    /// The operation needs a publication or staging of the volume on this node, and there is
+    /// none.
+    #[error("volume {volume} is neither staged nor published on this node")]
+    NotHere {
+        /// The volume.
+        volume: VolumeId,
+    },
+    /// A CSI call failed.
+    #[error("{step} of volume {volume}{}: {source}", for_workload(workload.as_ref()))]
+    Call {
+        /// `NodeStageVolume`, `NodePublishVolume`, …
+        step: &'static str,
+        /// The volume.
+        volume: VolumeId,
+        /// The workload (`None` for a call that is not one workload's, like an expansion).
+        workload: Option<WorkloadId>,
+        /// The client's error.
+        #[source]
+        source: Arc<csi_client::Error>,
+    },
+    /// An id cannot be used as a path segment.
+    #[error(transparent)]
+    Path(#[from] LayoutError),
+    /// A directory could not be created or removed.
+    #[error("volume {volume}: cannot {action} {}: {source}", path.display())]
+    Dir {
+        /// The volume.
+        volume: VolumeId,
+        /// `create` or `remove`.
+        action: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The usage file could not be written.
+    #[error("volume {volume}: {source}")]
+    Usage {
+        /// The volume.
+        volume: VolumeId,
+        /// Why.
+        #[source]
+        source: Arc<StateFileError>,
+    },
+}
+
+fn for_workload(workload: Option<&WorkloadId>) -> String {
+    workload
+        .map(|w| format!(" for workload {w}"))
+        .unwrap_or_default()
+}
+
+impl VolumeError {
+    /// What to do about it: a plugin call keeps the class csi-client gave it; a missing
+    /// plugin is [`RetryElsewhere`](ErrorClass::RetryElsewhere); local failures are
+    /// [`Retry`](ErrorClass::Retry); a bad id or a missing capability is
+    /// [`Fatal`](ErrorClass::Fatal).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            VolumeError::PluginMissing { .. } => ErrorClass::RetryElsewhere,
+            VolumeError::Call { source, .. } => source.class(),
+            VolumeError::Dir { .. } | VolumeError::Usage { .. } => ErrorClass::Retry,
+            VolumeError::Path(_)
+            | VolumeError::Unsupported { .. }
+            | VolumeError::NotHere { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// The gRPC code, when a plugin answered one.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            VolumeError::Call { source, .. } => source.code(),
+            _ => None,
+        }
+    }
+}
