@@ -259,11 +259,6 @@ fn step_state<T>(result: &Result<T, csi_client::Error>) -> StepState {
     }
 }
 
-/// The path as the UTF-8 text CSI carries.
-fn path_text(path: &Path) -> String {
-    path.display().to_string()
-}
-
 impl VolumeManager {
     /// Opens the manager with its paths under `layout` and its usage records in
     /// `usage_file`, loading them (a file in the older format is migrated and written back).
@@ -414,6 +409,7 @@ impl VolumeManager {
         if let Some(staging) = &staging
             && stage_state != Some(StepState::Done)
         {
+            let staging_text = layout.for_plugin(staging)?;
             self.create_dir(staging, &req.volume)?;
             self.set_stage(&req.volume, &key, StepState::Started)?;
             let result = plugin
@@ -421,7 +417,7 @@ impl VolumeManager {
                 .node()
                 .stage(&NodeStage {
                     volume: &req.external_id,
-                    staging_target_path: &path_text(staging),
+                    staging_target_path: &staging_text,
                     capability: &req.capability,
                     publish_context: &req.publish_context,
                     volume_context: &req.volume_context,
@@ -434,14 +430,18 @@ impl VolumeManager {
         if let Some(parent) = target.parent() {
             self.create_dir(parent, &req.volume)?;
         }
-        let staging_text = staging.as_deref().map(path_text);
+        let staging_text = staging
+            .as_deref()
+            .map(|s| layout.for_plugin(s))
+            .transpose()?;
+        let target_text = layout.for_plugin(&target)?;
         let result = plugin
             .client
             .node()
             .publish(&NodePublish {
                 volume: &req.external_id,
                 staging_target_path: staging_text.as_deref(),
-                target_path: &path_text(&target),
+                target_path: &target_text,
                 capability: &req.capability,
                 readonly: req.read_only,
                 publish_context: &req.publish_context,
@@ -511,10 +511,11 @@ impl VolumeManager {
         let target = recorded.clone().unwrap_or(computed);
         let mut unpublished = false;
         if recorded.is_some() || target.exists() {
+            let target_text = self.inner.layout.for_plugin(&target)?;
             let client = self.node_plugin(&req.plugin)?.detach;
             match client
                 .node()
-                .unpublish(&req.external_id, &path_text(&target))
+                .unpublish(&req.external_id, &target_text)
                 .await
             {
                 Ok(()) => {}
@@ -586,12 +587,9 @@ impl VolumeManager {
 
     /// `NodeUnstageVolume` at `staging` (`NOT_FOUND` counts as done), then its directory goes.
     async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
+        let staging_text = self.inner.layout.for_plugin(staging)?;
         let client = self.node_plugin(&req.plugin)?.detach;
-        match client
-            .node()
-            .unstage(&req.external_id, &path_text(staging))
-            .await
-        {
+        match client.node().unstage(&req.external_id, &staging_text).await {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
             Err(source) => {
@@ -652,14 +650,19 @@ impl VolumeManager {
                 volume: req.volume.clone(),
             });
         };
+        let layout = &self.inner.layout;
+        let staging_text = staging
+            .as_deref()
+            .map(|s| layout.for_plugin(s))
+            .transpose()?;
         let answer = plugin
             .client
             .node()
             .node_expand_volume(proto::NodeExpandVolumeRequest {
                 volume_id: req.external_id.as_str().to_owned(),
-                volume_path: path_text(&volume_path),
+                volume_path: layout.for_plugin(&volume_path)?,
                 capacity_range: Some((&req.capacity).into()),
-                staging_target_path: staging.as_deref().map(path_text).unwrap_or_default(),
+                staging_target_path: staging_text.unwrap_or_default(),
                 volume_capability: req.capability.as_ref().map(Into::into),
                 secrets: req.secrets.to_wire(),
             })

@@ -17,8 +17,9 @@ use crate::layout::{Layout, Usage};
 /// Paths come from the [`Layout`]: the target is
 /// `<data-dir>/per-workload/<workload>/<volume>/<usage>`, the staging directory
 /// `<data-dir>/staging/<volume>` (one per volume: csi-claims asks for the unstage only when the
-/// claim was the last one of the volume on its node). After a successful (or already done) call the
-/// directories the orchestrator created are removed when empty.
+/// claim was the last one of the volume on its node). The calls carry the paths as the plugin
+/// sees them ([`Layout::for_plugin`]); after a successful (or already done) call the
+/// directories the orchestrator created are removed, on the host, when empty.
 ///
 /// When the plugin lacks `STAGE_UNSTAGE_VOLUME` (`staging == false`), an unstage request is
 /// answered `Ok` without a call: nothing was staged.
@@ -67,17 +68,6 @@ fn usage(request: &NodeDetachRequest) -> Usage {
     }
 }
 
-/// The path as the UTF-8 string CSI carries, or a fatal error naming it.
-fn path_str(rpc: DetachRpc, path: &Path) -> Result<&str, DetachError> {
-    path.to_str().ok_or_else(|| {
-        DetachError::new(
-            rpc,
-            ErrorClass::Fatal,
-            format!("path {} is not valid UTF-8", path.display()),
-        )
-    })
-}
-
 /// After the call: keep its outcome, then remove the directories; a failed removal is a
 /// retry (the call is idempotent and will answer "already done").
 fn finish(
@@ -112,6 +102,14 @@ impl ClientNodeDetacher {
             })
     }
 
+    /// The text the plugin is sent for a host path (see
+    /// [`Layout::for_plugin`]), or a fatal error naming it.
+    fn for_plugin(&self, rpc: DetachRpc, host: &Path) -> Result<String, DetachError> {
+        self.layout
+            .for_plugin(host)
+            .map_err(|e| DetachError::new(rpc, ErrorClass::Fatal, e.to_string()))
+    }
+
     fn staging(&self, request: &NodeDetachRequest) -> Result<PathBuf, DetachError> {
         self.layout
             .staging_path(&request.volume)
@@ -127,7 +125,7 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .unpublish(&request.external_volume, path_str(rpc, &target)?)
+            .unpublish(&request.external_volume, &self.for_plugin(rpc, &target)?)
             .await;
         finish(rpc, outcome, &target, &self.layout.workload_root())
     }
@@ -141,7 +139,7 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .unstage(&request.external_volume, path_str(rpc, &staging)?)
+            .unstage(&request.external_volume, &self.for_plugin(rpc, &staging)?)
             .await;
         finish(rpc, outcome, &staging, &self.layout.staging_root())
     }

@@ -634,3 +634,60 @@ async fn a_vanished_node_plugin_fails_the_unmount_after_one_short_attempt() {
         "the record is kept for the retry"
     );
 }
+
+/// A plugin that sees the data directory at another path (here a symbolic link standing in
+/// for a container's mount): the calls carry its paths, the node's own checks and the usage
+/// records the host's.
+#[tokio::test]
+async fn a_plugin_with_its_own_view_of_the_data_directory_gets_its_paths() {
+    let node = node().await;
+    let host = node.dir.path().join("host");
+    let seen = node.dir.path().join("plugin-view");
+    std::fs::create_dir_all(&host).expect("host dir");
+    std::os::unix::fs::symlink(&host, &seen).expect("the plugin's view");
+    let layout = Layout::new(&host)
+        .with_plugin_root(&seen)
+        .expect("absolute");
+    let volumes = VolumeManager::open(
+        layout.clone(),
+        host.join("usage.json"),
+        Arc::new(node.plugins.clone()),
+    )
+    .expect("opens");
+    let db = node.volume("db").await;
+    let target = volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("mounted");
+    assert!(
+        target.starts_with(&host),
+        "the host's path: {}",
+        target.display()
+    );
+    assert!(target.exists(), "made by the plugin, seen on the host");
+    let under_view = |paths: Vec<csi_testkit::NodePath>| {
+        paths.iter().all(|p| p.path.starts_with(&seen)) && !paths.is_empty()
+    };
+    assert!(under_view(node.mock.staged()), "{:?}", node.mock.staged());
+    assert!(
+        under_view(node.mock.published()),
+        "{:?}",
+        node.mock.published()
+    );
+    assert_eq!(
+        volumes.records()[0].users["w1"].target,
+        target,
+        "records keep host paths"
+    );
+    let done = volumes
+        .unmount(&node.unmount(&db, "w1"))
+        .await
+        .expect("unmounted");
+    assert!(done.unpublished && done.unstaged);
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+    assert!(
+        !layout.workload_root().join("w1").exists()
+            && !layout.staging_path(&db.0).expect("id").exists(),
+        "the host's directories are removed"
+    );
+}
