@@ -57,6 +57,7 @@ impl Error {
                 DriverError::Release(r) => r.class(),
                 DriverError::Lost { .. } => ErrorClass::Retry,
                 DriverError::Refused { .. } => ErrorClass::Fatal,
+                DriverError::StillReleasing { .. } => ErrorClass::Retry,
                 DriverError::Stopped => ErrorClass::Fatal,
             },
         }

@@ -211,6 +211,65 @@ async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_bounded_wait_for_a_release_ends_with_where_it_stands() {
+    let plugin = Plugin::new();
+    // The node plugin keeps failing the unpublish for longer than the caller will wait.
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::Uncertain, 1000);
+    let (claims, driver) = start(
+        &plugin,
+        config(Duration::from_secs(1), Duration::from_secs(10)),
+    )
+    .await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let a = guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let err = guard(claims.release_and_wait_until(&v.id, a.workload(), deadline))
+        .await
+        .unwrap_err();
+    let DriverError::StillReleasing {
+        volume,
+        workload,
+        waited,
+        status,
+    } = &err
+    else {
+        panic!("expected StillReleasing, got {err}");
+    };
+    assert_eq!((volume, workload), (&v.id, a.workload()));
+    assert_eq!(*waited, Duration::from_secs(30));
+    let status = status.as_deref().expect("the volume is still there");
+    assert!(status.attempts >= 1, "{status:?}");
+    assert!(matches!(
+        &status.last_error,
+        Some(LastError::Detach { error, .. }) if error.rpc == DetachRpc::NodeUnpublish
+    ));
+    let text = err.to_string();
+    assert!(
+        text.contains("not finished after waiting 30s") && text.contains("NodeUnpublishVolume"),
+        "{text}"
+    );
+    assert_eq!(csi_claims::Error::from(err).class(), ErrorClass::Retry);
+    // The release went on: it is still durable and still retried.
+    assert!(
+        claims.record(&v.id).unwrap().claims()[0]
+            .state()
+            .is_releasing()
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn controller_calls_per_plugin_are_bounded() {
     for limit in [1usize, 3] {
         let plugin = Plugin::new();
@@ -473,6 +532,11 @@ fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {
         ),
     ));
     is_send(handle.release_and_wait(&v.id, &WorkloadId::new("a").unwrap()));
+    is_send(handle.release_and_wait_until(
+        &v.id,
+        &WorkloadId::new("a").unwrap(),
+        tokio::time::Instant::now(),
+    ));
     is_send(ClaimsDriver::start(
         Arc::new(MemoryStore::new()),
         Arc::new(FakeNode(Plugin::new())),

@@ -5,7 +5,7 @@ use csi_proto::v1::controller_client::ControllerClient as Raw;
 use csi_structs::confirm::{AskedCapabilities, ValidationResponse, confirm};
 use csi_structs::{
     ConfirmPolicy, Confirmation, ControllerCapabilities, ExternalVolumeId, PluginNodeId,
-    PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext,
+    PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext, VolumeSpec,
 };
 
 use crate::convert;
@@ -136,6 +136,18 @@ impl ControllerClient {
             self.controller_list_volume_health(req)
         })
         .await
+    }
+
+    /// `CreateVolume` from the orchestrator's volume spec (the request is
+    /// [`CreateVolumeRequest::from(spec)`](pb::CreateVolumeRequest): its `name` is the
+    /// volume's id, so calling again after an uncertain answer finds the same volume). Record
+    /// the answer with [`RegisteredVolume::record_created`](csi_structs::RegisteredVolume::record_created).
+    ///
+    /// # Errors
+    ///
+    /// As [`create_volume`](Self::create_volume).
+    pub async fn create(&self, spec: &VolumeSpec) -> Result<Volume, Error> {
+        self.create_volume(spec.into()).await
     }
 
     /// `ControllerPublishVolume` from domain values: makes `volume` usable on `node` (the id

@@ -13,6 +13,11 @@
 //!   ids in the request, so a restarted agent finds the same paths.
 //! - Directories the orchestrator created (the staging directory, the target's parents) are
 //!   removed once the plugin is done with them.
+//! - [`VolumeNodeDetacher`] performs the node step through the node's
+//!   [`VolumeManager`](crate::volumes::VolumeManager) instead: its usage records decide
+//!   about unstaging and its per-volume turns keep the step from racing a mount.
+//!   [`ClientControllerDetacher::over`] a [`PluginManager`](crate::plugins::PluginManager)
+//!   reaches every plugin's controller.
 //! - Node detach calls run under a [`NodeDetachPolicy`]: a short wait for a missing socket
 //!   and one attempt, because the release driver is the retry loop (csi-client's defaults
 //!   would hold a release for about two minutes against a missing node plugin).
@@ -55,10 +60,12 @@ mod cleanup;
 mod controller;
 mod detach_policy;
 mod error;
+mod managed;
 mod node;
 
 pub use cleanup::remove_empty_dirs;
 pub use controller::{ClientControllerDetacher, NoSecrets, SecretsLookup};
 pub use detach_policy::{AttemptsOutOfRange, NODE_DETACH_RPCS, NodeDetachPolicy};
 pub use error::detach_error;
+pub use managed::VolumeNodeDetacher;
 pub use node::ClientNodeDetacher;

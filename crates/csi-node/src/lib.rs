@@ -7,6 +7,9 @@
 //! - [`volumes`]: the volume manager: stage once per volume, publish per workload, one
 //!   operation in flight per volume, usage records persisted (and restored on restart) so
 //!   the last unmount unstages, uncertain outcomes kept until cleaned up, node expansion.
+//! - [`attach`]: the attach path, counterpart of csi-claims' release pipeline: controller
+//!   publish once per volume and node (its `publish_context` kept), stage once per node,
+//!   publish per workload, read-only decided from the claim.
 //! - [`layout`]: where staging and publish paths live under a node's data directory, with
 //!   every id checked so that none escapes its directory.
 //! - [`detach`]: csi-claims' [`NodeDetacher`](csi_claims::driver::NodeDetacher) and
@@ -18,6 +21,7 @@
 //! The reference agent (`csi-agent`) composes these; an orchestrator's node embeds them the
 //! same way.
 
+pub mod attach;
 pub mod detach;
 pub mod layout;
 pub mod plugins;

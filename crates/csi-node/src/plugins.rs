@@ -523,6 +523,35 @@ impl PluginManager {
     }
 }
 
+/// How callers reach a plugin's Controller service (the attach path's controller publish,
+/// the release pipeline's controller unpublish).
+pub trait ControllerClients: Send + Sync + 'static {
+    /// A client of `plugin`'s controller, or `None` when none is reachable (yet).
+    fn controller(&self, plugin: &PluginId) -> Option<csi_client::ControllerClient>;
+}
+
+/// The plugin's own controller, once it is fingerprinted with a Controller service.
+impl ControllerClients for PluginManager {
+    fn controller(&self, plugin: &PluginId) -> Option<csi_client::ControllerClient> {
+        self.get(plugin)
+            .filter(|ready| {
+                ready
+                    .fingerprint
+                    .capabilities
+                    .plugin
+                    .has_controller_service()
+            })
+            .map(|ready| ready.client.controller())
+    }
+}
+
+/// One plugin's client, whatever the plugin id asked for.
+impl ControllerClients for CsiClient {
+    fn controller(&self, _plugin: &PluginId) -> Option<csi_client::ControllerClient> {
+        Some(CsiClient::controller(self))
+    }
+}
+
 fn status(state: &State, entry: &Entry) -> PluginStatus {
     PluginStatus {
         plugin: entry.kept.plugin.clone(),

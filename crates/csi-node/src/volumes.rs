@@ -63,7 +63,7 @@
 //! ```
 
 mod error;
-mod ops;
+pub(crate) mod ops;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -389,7 +389,11 @@ impl VolumeManager {
                 stage: None,
                 users: BTreeMap::new(),
                 legacy_stagings: Vec::new(),
+                publish_context: None,
             });
+            if entry.publish_context.is_none() {
+                entry.publish_context = Some(req.publish_context.clone());
+            }
             if stages && entry.staging.is_none() {
                 entry.staging = Some(staging_path.clone());
             }
@@ -698,6 +702,12 @@ impl VolumeManager {
         })
     }
 
+    /// The `publish_context` recorded for a volume on this node (by the first mount of it
+    /// here), if any: what a later mount of the volume passes on.
+    pub fn publish_context(&self, plugin: &PluginId, volume: &VolumeId) -> Option<PublishContext> {
+        self.entry(&usage_key(plugin, volume))?.publish_context
+    }
+
     /// Where `workload` has `volume` published here (host path), if it does.
     pub fn published(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<PathBuf> {
         let usage = self
@@ -768,6 +778,3 @@ impl VolumeManager {
         out
     }
 }
-
-#[cfg(test)]
-mod tests;

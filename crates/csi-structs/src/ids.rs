@@ -171,6 +171,14 @@ id_type!(
     PluginId, field = "plugin_id", limit = MAX_STRING_BYTES
 );
 
+/// A plugin's reported name as the orchestrator's id for it (for an orchestrator that names
+/// each plugin after what it says it is). Always valid: a name is 1 to 63 bytes.
+impl From<&crate::PluginName> for PluginId {
+    fn from(name: &crate::PluginName) -> Self {
+        PluginId(name.as_str().to_owned())
+    }
+}
+
 id_type!(
     /// The plugin's id for a snapshot (`Snapshot.snapshot_id`).
     SnapshotId, field = "snapshot_id", limit = MAX_STRING_BYTES
@@ -190,6 +198,13 @@ id_type!(
 mod tests {
     use super::*;
     use crate::validation::{Problem, SizeUnit};
+
+    #[test]
+    fn a_plugin_name_is_a_valid_plugin_id() {
+        let name = crate::PluginName::new("a".repeat(63)).unwrap();
+        let id = PluginId::from(&name);
+        assert_eq!(PluginId::new(id.as_str()), Ok(id));
+    }
 
     #[test]
     fn limits_per_type() {

@@ -41,9 +41,49 @@ pub enum DriverError {
         /// The store's error.
         reason: String,
     },
+    /// [`ClaimsHandle::release_and_wait_until`] reached its deadline before the claim was
+    /// freed. Nothing is lost: the release is durable and goes on, retried until it completes
+    /// (waiting again, or [`Event::Freed`](crate::Event::Freed), says when); `status` is
+    /// where it stood at the deadline.
+    #[error(
+        "release of workload {workload} on volume {volume} not finished after waiting {waited:?}{}",
+        status_summary(status.as_deref())
+    )]
+    StillReleasing {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// How long the wait lasted.
+        waited: std::time::Duration,
+        /// The volume's release at the deadline: the step awaited, the attempts and the last
+        /// error (`None` when the volume has no record any more).
+        status: Option<Box<VolumeStatus>>,
+    },
     /// The driver stopped before the answer came.
     #[error("the claims driver stopped")]
     Stopped,
+}
+
+/// `; waiting for <step> (<n> failed attempts, last: <error>)`, for a release that did not
+/// finish in time.
+fn status_summary(status: Option<&VolumeStatus>) -> String {
+    use crate::machine::{LastError, Pending};
+    let Some(status) = status else {
+        return String::new();
+    };
+    let step = match &status.pending {
+        Pending::Nothing => "nothing in flight".to_owned(),
+        Pending::NodeDetach(w) => format!("the node detach of workload {w}"),
+        Pending::ControllerDetach(w) => format!("the controller detach of workload {w}"),
+        Pending::ControllerSlot(w) => format!("a controller call slot for workload {w}"),
+    };
+    let last = match &status.last_error {
+        Some(LastError::Detach { error, .. }) => format!(", last: {error}"),
+        Some(LastError::Store { detail, .. }) => format!(", last store error: {detail}"),
+        None => String::new(),
+    };
+    format!("; {step} ({} failed attempts{last})", status.attempts)
 }
 
 type Key = (VolumeId, WorkloadId);
@@ -257,6 +297,10 @@ impl ClaimsHandle {
     /// not see end). Waits as long as the release takes (a release is retried until it
     /// completes), and first for a reload of the volume after another agent's write.
     ///
+    /// A release that cannot finish (a node plugin that keeps failing the unpublish, say)
+    /// makes this wait forever; [`stuck`](Self::stuck) and [`status`](Self::status) show why.
+    /// To bound the wait, use [`release_and_wait_until`](Self::release_and_wait_until).
+    ///
     /// # Errors
     ///
     /// [`DriverError::Release`] when there is no such claim, or when the volume is still being
@@ -266,6 +310,32 @@ impl ClaimsHandle {
         volume: &VolumeId,
         workload: &WorkloadId,
     ) -> Result<Claim, DriverError> {
+        self.release_and_wait_inner(volume, workload, None).await
+    }
+
+    /// [`release_and_wait`](Self::release_and_wait), waiting at most until `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// As [`release_and_wait`](Self::release_and_wait), and [`DriverError::StillReleasing`]
+    /// at the deadline, with where the release stands; the release itself goes on.
+    pub async fn release_and_wait_until(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claim, DriverError> {
+        self.release_and_wait_inner(volume, workload, Some(deadline))
+            .await
+    }
+
+    async fn release_and_wait_inner(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Claim, DriverError> {
+        let started = tokio::time::Instant::now();
         let rx = {
             let mut state = self.start_release(volume).await?;
             state.machine.release(volume, workload, now())?;
@@ -279,7 +349,29 @@ impl ClaimsHandle {
             rx
         };
         self.shared.wake.notify_one();
-        rx.await.map_err(|_| DriverError::Stopped)
+        let Some(deadline) = deadline else {
+            return rx.await.map_err(|_| DriverError::Stopped);
+        };
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(answer) => answer.map_err(|_| DriverError::Stopped),
+            Err(_) => {
+                let mut state = self.shared.lock();
+                // This waiter is gone; leave the others.
+                if let Some(waiting) = state
+                    .waiters
+                    .freed
+                    .get_mut(&(volume.clone(), workload.clone()))
+                {
+                    waiting.retain(|tx| !tx.is_closed());
+                }
+                Err(DriverError::StillReleasing {
+                    volume: volume.clone(),
+                    workload: workload.clone(),
+                    waited: deadline.saturating_duration_since(started),
+                    status: state.machine.status(volume).map(Box::new),
+                })
+            }
+        }
     }
 
     /// Reports a node gone for good; see [`ReleaseMachine::node_gone`].

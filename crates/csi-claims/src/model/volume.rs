@@ -1,6 +1,6 @@
 //! What the claim layer knows about a volume, and the record stored per volume.
 
-use csi_structs::{ExternalVolumeId, PluginId, VolumeId, WorkloadId};
+use csi_structs::{Capabilities, ExternalVolumeId, PluginId, VolumeId, WorkloadId};
 use serde::{Deserialize, Serialize};
 
 use super::claim::Claim;
@@ -17,6 +17,31 @@ pub enum ControllerRequirement {
     Required,
     /// The plugin has no controller publish step; the controller step is skipped.
     NotRequired,
+}
+
+impl ControllerRequirement {
+    /// The requirement of a plugin with `capabilities` (its fingerprint): `Required` when it
+    /// offers the Controller service with `PUBLISH_UNPUBLISH_VOLUME`.
+    ///
+    /// ```
+    /// use csi_claims::ControllerRequirement;
+    /// use csi_structs::Capabilities;
+    ///
+    /// // A node-only plugin: no controller step.
+    /// assert_eq!(
+    ///     ControllerRequirement::of(&Capabilities::default()),
+    ///     ControllerRequirement::NotRequired
+    /// );
+    /// ```
+    pub fn of(capabilities: &Capabilities) -> Self {
+        if capabilities.plugin.has_controller_service()
+            && capabilities.controller.requires_controller_publish()
+        {
+            ControllerRequirement::Required
+        } else {
+            ControllerRequirement::NotRequired
+        }
+    }
 }
 
 /// What the claim layer must know about a volume to release claims on it.

@@ -10,13 +10,13 @@ type Table = Arc<Mutex<HashMap<String, Arc<AsyncMutex<()>>>>>;
 
 /// The table of keys with an operation in flight or waiting.
 #[derive(Debug, Default)]
-pub(super) struct Ops {
+pub(crate) struct Ops {
     table: Table,
 }
 
 /// The right to run the one operation of a key; the next waiter runs when it is dropped.
 #[derive(Debug)]
-pub(super) struct Turn {
+pub(crate) struct Turn {
     guard: Option<OwnedMutexGuard<()>>,
     key: String,
     table: Table,
@@ -24,7 +24,7 @@ pub(super) struct Turn {
 
 impl Ops {
     /// Waits for `key`'s turn.
-    pub(super) async fn turn(&self, key: &str) -> Turn {
+    pub(crate) async fn turn(&self, key: &str) -> Turn {
         let lock = {
             let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(table.entry(key.to_owned()).or_default())
@@ -38,7 +38,7 @@ impl Ops {
 
     /// How many keys have an operation in flight or waiting.
     #[cfg(test)]
-    pub(super) fn busy(&self) -> usize {
+    pub(crate) fn busy(&self) -> usize {
         self.table
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use csi_structs::{PluginId, VolumeId};
+use csi_structs::{PluginId, PublishContext, VolumeId};
 use serde::{Deserialize, Serialize};
 
 use crate::state::{StateFileError, load_json};
@@ -83,6 +83,15 @@ pub struct VolumeEntry {
     /// Further stagings of this volume from format 1 records, still to be unstaged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub legacy_stagings: Vec<LegacyStaging>,
+    /// What `ControllerPublishVolume` returned for this node, given to every stage and
+    /// publish of the volume here (absent when none was recorded, or it was empty; older
+    /// files have none).
+    #[serde(default, skip_serializing_if = "no_context")]
+    pub publish_context: Option<PublishContext>,
+}
+
+fn no_context(context: &Option<PublishContext>) -> bool {
+    context.as_ref().is_none_or(PublishContext::is_empty)
 }
 
 /// The key of a volume's record.

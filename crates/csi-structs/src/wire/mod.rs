@@ -26,6 +26,7 @@ mod capability;
 mod capability_set;
 mod confirm;
 mod info;
+mod registration;
 mod snapshot;
 mod topology;
 mod volume;

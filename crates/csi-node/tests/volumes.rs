@@ -1,68 +1,58 @@
+//! The volume manager on the mock plugin: turns per volume, usage restored on reopen,
+//! uncertain outcomes, events, a plugin that sees the data directory elsewhere, the older
+//! usage file format, a node plugin gone.
+
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::{Code, Endpoint, Rpc, proto};
-use csi_structs::{AccessMode, MountOptions};
-use csi_testkit::{MockPlugin, MockServer};
+use csi_client::{Code, ErrorClass, NodePublish, NodeStage, Rpc, proto};
+use csi_node::layout::{Layout, Usage};
+use csi_node::plugins::{PluginManager, PluginManagerConfig};
+use csi_node::state::StateFileError;
+use csi_node::volumes::{
+    ExpandRequest, MountRequest, StepState, UnmountRequest, Unmounted, VolumeError, VolumeEvent,
+    VolumeManager,
+};
+use csi_structs::{
+    AccessMode, CapacityRange, ExternalVolumeId, MountOptions, PluginId, PublishContext, Secrets,
+    VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+};
+use csi_testkit::MockPlugin;
+use support::{GUARD, Plugin, mock_plugin};
 
-use super::*;
-use crate::plugins::{PluginManager, PluginManagerConfig};
-
-/// Only a guard against a hang: a healthy run needs a fraction of it.
-const GUARD: Duration = Duration::from_secs(60);
-
+/// The mock plugin; volumes are created on it and published to its node.
 struct Node {
-    dir: tempfile::TempDir,
-    mock: MockPlugin,
-    server: Option<MockServer>,
-    plugins: PluginManager,
-    plugin: PluginId,
+    plugin: Plugin,
+}
+
+impl std::ops::Deref for Node {
+    type Target = Plugin;
+    fn deref(&self) -> &Plugin {
+        &self.plugin
+    }
+}
+
+async fn node() -> Node {
+    Node {
+        plugin: mock_plugin().await,
+    }
 }
 
 fn capability() -> VolumeCapability {
     VolumeCapability::mount(AccessMode::SingleNodeMultiWriter, MountOptions::new())
 }
 
-/// A mock plugin registered with a plugin manager and fingerprinted.
-async fn node() -> Node {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mock = MockPlugin::builder().build().expect("mock");
-    let socket = dir.path().join("mock.sock");
-    let server = mock.serve_unix(&socket).await.expect("serves");
-    let plugins = PluginManager::builder(PluginManagerConfig::default())
-        .start()
-        .expect("starts");
-    let plugin = PluginId::new("mock").expect("id");
-    plugins
-        .register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
-        .expect("registered");
-    plugins
-        .wait_for(&plugin, tokio::time::Instant::now() + GUARD)
-        .await
-        .expect("fingerprinted (hang guard)");
-    Node {
-        dir,
-        mock,
-        server: Some(server),
-        plugins,
-        plugin,
-    }
-}
-
 impl Node {
     fn manager(&self) -> VolumeManager {
-        VolumeManager::open(
-            Layout::new(self.dir.path().join("node")),
-            self.dir.path().join("node").join("usage.json"),
-            Arc::new(self.plugins.clone()),
-        )
-        .expect("opens")
+        self.volumes("node")
     }
 
     /// Creates volume `name` and publishes it to the mock's node.
     async fn volume(&self, name: &str) -> (VolumeId, ExternalVolumeId, PublishContext) {
-        let ready = self.plugins.get(&self.plugin).expect("fingerprinted");
+        let ready = self.plugins.get(&self.id).expect("fingerprinted");
         let controller = ready.client.controller();
         let external = controller
             .create_volume(proto::CreateVolumeRequest {
@@ -94,7 +84,7 @@ impl Node {
         workload: &str,
     ) -> MountRequest {
         MountRequest {
-            plugin: self.plugin.clone(),
+            plugin: self.id.clone(),
             volume: volume.clone(),
             external_id: external.clone(),
             capability: capability(),
@@ -112,7 +102,7 @@ impl Node {
         workload: &str,
     ) -> UnmountRequest {
         UnmountRequest {
-            plugin: self.plugin.clone(),
+            plugin: self.id.clone(),
             volume: volume.clone(),
             external_id: external.clone(),
             workload: WorkloadId::new(workload).expect("id"),
@@ -315,7 +305,7 @@ async fn every_operation_ends_with_its_event() {
         other => panic!("expected a mount, got {other:?}"),
     }
     let expand = |volume: &VolumeId, external: &ExternalVolumeId| ExpandRequest {
-        plugin: node.plugin.clone(),
+        plugin: node.id.clone(),
         volume: volume.clone(),
         external_id: external.clone(),
         capacity: CapacityRange::new(Some(1 << 30), None).expect("range"),
@@ -446,7 +436,7 @@ fn a_usage_record_that_cannot_be_used_stops_the_open_with_its_key() {
 async fn format_1_stagings_are_unstaged_with_the_last_publication() {
     let node = node().await;
     let cap = VolumeCapability::mount(AccessMode::MultiNodeSingleWriter, MountOptions::new());
-    let ready = node.plugins.get(&node.plugin).expect("fingerprinted");
+    let ready = node.plugins.get(&node.id).expect("fingerprinted");
     let ext = ready
         .client
         .controller()
@@ -542,7 +532,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         Some(vec!["mock/db".to_owned()])
     );
     let unmount = |workload: &str, read_only| UnmountRequest {
-        plugin: node.plugin.clone(),
+        plugin: node.id.clone(),
         volume: volume.clone(),
         external_id: ext.clone(),
         workload: WorkloadId::new(workload).expect("id"),
@@ -581,6 +571,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
 #[tokio::test]
 async fn a_vanished_node_plugin_fails_the_unmount_after_one_short_attempt() {
     let mut node = node().await;
+    let server = node.plugin.server.take().expect("serving");
     let volumes = node.manager();
     let db = node.volume("db").await;
     volumes
@@ -589,17 +580,8 @@ async fn a_vanished_node_plugin_fails_the_unmount_after_one_short_attempt() {
         .expect("mounted");
 
     // The plugin goes away; the manager still has its registration.
-    node.server
-        .take()
-        .expect("serving")
-        .shutdown()
-        .await
-        .expect("stops");
-    let detach = node
-        .plugins
-        .get(&node.plugin)
-        .expect("still registered")
-        .detach;
+    server.shutdown().await.expect("stops");
+    let detach = node.plugins.get(&node.id).expect("still registered").detach;
     let dials_before = detach.connection().dial_attempts();
     let err = volumes
         .unmount(&node.unmount(&db, "w1"))

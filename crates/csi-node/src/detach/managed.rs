@@ -1,0 +1,67 @@
+//! The release pipeline's node step through the [`VolumeManager`].
+
+use async_trait::async_trait;
+use csi_claims::driver::NodeDetacher;
+use csi_claims::{DetachError, DetachRpc, NodeDetachRequest};
+
+use crate::layout::Usage;
+use crate::volumes::{UnmountRequest, VolumeError, VolumeManager};
+
+/// [`NodeDetacher`] over the node's [`VolumeManager`]: the node step of a release is the
+/// workload's unmount, so the usage records decide about unstaging (the volume is unstaged
+/// with its last publication on this node, whatever order the releases come in), the target
+/// is the one the mount recorded, and every call is serialized with the volume's other
+/// operations.
+///
+/// `node_unpublish` unpublishes and, when it was the last publication here, unstages;
+/// `node_unstage` then has nothing left to do. A failure keeps the class of the call that
+/// failed (`NodeUnpublishVolume` or `NodeUnstageVolume`).
+#[derive(Clone, Debug)]
+pub struct VolumeNodeDetacher {
+    volumes: VolumeManager,
+}
+
+impl VolumeNodeDetacher {
+    /// A node detacher over `volumes`.
+    pub fn new(volumes: VolumeManager) -> Self {
+        Self { volumes }
+    }
+}
+
+fn detach_error(e: &VolumeError) -> DetachError {
+    let rpc = match e {
+        VolumeError::Call {
+            step: "NodeUnstageVolume",
+            ..
+        } => DetachRpc::NodeUnstage,
+        _ => DetachRpc::NodeUnpublish,
+    };
+    DetachError::new(rpc, e.class(), e.to_string())
+}
+
+#[async_trait]
+impl NodeDetacher for VolumeNodeDetacher {
+    async fn node_unpublish(&self, request: &NodeDetachRequest) -> Result<(), DetachError> {
+        let unmount = UnmountRequest {
+            plugin: request.plugin.clone(),
+            volume: request.volume.clone(),
+            external_id: request.external_volume.clone(),
+            workload: request.workload.clone(),
+            usage: Usage {
+                read_only: request.read_only,
+                attachment: request.attachment,
+                access_mode: request.access_mode,
+            },
+        };
+        self.volumes
+            .unmount(&unmount)
+            .await
+            .map(drop)
+            .map_err(|e| detach_error(&e))
+    }
+
+    async fn node_unstage(&self, _request: &NodeDetachRequest) -> Result<(), DetachError> {
+        // Done with the last publication's unmount in `node_unpublish`.
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! The attach path and the release pipeline together, on the mock plugin: what a node does
+//! for the claims made on it, and undoes when they are released.
+
+mod support;
+
+use std::sync::Arc;
+
+use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig};
+use csi_claims::{Claim, ClaimMode, ClaimRequest, ControllerRequirement, MemoryStore, VolumeInfo};
+use csi_client::Rpc;
+use csi_node::attach::{AttachError, Attacher};
+use csi_node::detach::{ClientControllerDetacher, NoSecrets, VolumeNodeDetacher};
+use csi_structs::{
+    AccessMode, AccessTypeKind, ErrorClass, MountOptions, NodeId, PluginId, RegisteredVolume,
+    VolumeCapability, VolumeId, VolumeSpec, WorkloadId,
+};
+use support::{GUARD, Plugin, mock_plugin};
+use tokio::time::Instant;
+
+struct Node {
+    plugin: Plugin,
+    attacher: Attacher,
+    claims: ClaimsHandle,
+    _driver: ClaimsDriver,
+    me: NodeId,
+}
+
+impl std::ops::Deref for Node {
+    type Target = Plugin;
+    fn deref(&self) -> &Plugin {
+        &self.plugin
+    }
+}
+
+/// Node `n1` with the mock plugin: its volume manager, an attacher, and a claims driver
+/// whose detachers are csi-node's.
+async fn node() -> Node {
+    let plugin = mock_plugin().await;
+    let volumes = plugin.volumes("csi");
+    let (claims, driver) = ClaimsDriver::start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(VolumeNodeDetacher::new(volumes.clone())),
+        Arc::new(ClientControllerDetacher::over(
+            Arc::new(plugin.plugins.clone()),
+            Arc::new(NoSecrets),
+        )),
+        DriverConfig::default(),
+    )
+    .await
+    .expect("driver starts");
+    let me = NodeId::new("n1").expect("id");
+    Node {
+        attacher: Attacher::new(me.clone(), plugin.plugins.clone(), volumes),
+        plugin,
+        claims,
+        _driver: driver,
+        me,
+    }
+}
+
+impl Node {
+    /// Creates `name` with every capability of `modes`, through the typed create.
+    async fn create(&self, name: &str, modes: &[AccessMode]) -> RegisteredVolume {
+        let spec = VolumeSpec::new(
+            VolumeId::new(name).expect("id"),
+            PluginId::new("mock").expect("id"),
+            modes
+                .iter()
+                .map(|m| VolumeCapability::mount(*m, MountOptions::new()))
+                .collect(),
+        );
+        let mut volume = RegisteredVolume::for_creation(spec).expect("valid spec");
+        let ready = self.plugins.get(&volume.spec().plugin_id).expect("ready");
+        let created = ready
+            .client
+            .controller()
+            .create(volume.spec())
+            .await
+            .expect("created");
+        volume.record_created(&created);
+        volume
+    }
+
+    async fn claim(
+        &self,
+        volume: &RegisteredVolume,
+        workload: &str,
+        mode: ClaimMode,
+        access_mode: AccessMode,
+    ) -> Claim {
+        let ready = self.plugins.get(&volume.spec().plugin_id).expect("ready");
+        let info = VolumeInfo {
+            id: volume.id().clone(),
+            external_id: volume.external_id().expect("created").clone(),
+            plugin: volume.spec().plugin_id.clone(),
+            controller: ControllerRequirement::of(&ready.fingerprint.capabilities),
+        };
+        let plugin_node = ready
+            .fingerprint
+            .node
+            .as_ref()
+            .expect("node")
+            .node_id
+            .clone();
+        self.claims
+            .claim(
+                &info,
+                ClaimRequest {
+                    volume: volume.id().clone(),
+                    workload: WorkloadId::new(workload).expect("id"),
+                    node: self.me.clone(),
+                    plugin_node,
+                    mode,
+                    access_mode,
+                    attachment: AccessTypeKind::Mount,
+                },
+            )
+            .await
+            .expect("claimed")
+    }
+}
+
+#[tokio::test]
+async fn the_first_claim_on_a_node_attaches_the_volume_and_the_last_release_detaches_it() {
+    let node = node().await;
+    let mode = AccessMode::SingleNodeMultiWriter;
+    let volume = node.create("db", &[mode]).await;
+    assert_eq!(node.mock.calls().count(Rpc::CreateVolume), 1);
+
+    let a = node.claim(&volume, "a", ClaimMode::Write, mode).await;
+    let first = node.attacher.attach(&volume, &a).await.expect("attached");
+    assert!(first.controller_published && !first.read_only);
+    let b = node.claim(&volume, "b", ClaimMode::Read, mode).await;
+    let second = node.attacher.attach(&volume, &b).await.expect("attached");
+    assert!(!second.controller_published, "once per node");
+    assert!(second.read_only, "a read claim is published read-only");
+    assert_eq!(second.publish_context, first.publish_context, "kept");
+    let calls = node.mock.calls();
+    assert_eq!(calls.count(Rpc::ControllerPublishVolume), 1);
+    assert_eq!(calls.count(Rpc::NodeStageVolume), 1);
+    assert_eq!(calls.count(Rpc::NodePublishVolume), 2);
+    // Attaching again after a lost answer is safe and changes nothing.
+    let again = node.attacher.attach(&volume, &a).await.expect("again");
+    assert_eq!(again.target, first.target);
+    assert_eq!(node.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+
+    let deadline = Instant::now() + GUARD;
+    node.claims
+        .release_and_wait_until(volume.id(), a.workload(), deadline)
+        .await
+        .expect("a freed");
+    assert_eq!(
+        node.mock.calls().count(Rpc::NodeUnstageVolume),
+        0,
+        "b still uses it"
+    );
+    assert_eq!(node.mock.calls().count(Rpc::ControllerUnpublishVolume), 0);
+    node.claims
+        .release_and_wait_until(volume.id(), b.workload(), deadline)
+        .await
+        .expect("b freed");
+    let calls = node.mock.calls();
+    assert_eq!(calls.count(Rpc::NodeUnpublishVolume), 2);
+    assert_eq!(calls.count(Rpc::NodeUnstageVolume), 1);
+    assert_eq!(calls.count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+    assert!(
+        node.mock
+            .published_nodes(volume.external_id().expect("id").as_str())
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_claim_that_does_not_fit_is_refused_before_any_call() {
+    let node = node().await;
+    let volume = node.create("db", &[AccessMode::SingleNodeWriter]).await;
+    let other = node.create("other", &[AccessMode::SingleNodeWriter]).await;
+    let claim = node
+        .claim(&volume, "a", ClaimMode::Write, AccessMode::SingleNodeWriter)
+        .await;
+    let calls = node.mock.calls().len();
+    let err = node
+        .attacher
+        .attach(&other, &claim)
+        .await
+        .expect_err("another volume");
+    assert!(
+        matches!(
+            err,
+            AttachError::Mismatch {
+                field: "volume",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A claim made on another node is that node's to attach.
+    let elsewhere = Attacher::new(
+        NodeId::new("n2").expect("id"),
+        node.plugins.clone(),
+        node.volumes("n2"),
+    );
+    let err = elsewhere
+        .attach(&volume, &claim)
+        .await
+        .expect_err("not here");
+    assert!(
+        matches!(err, AttachError::Mismatch { field: "node", .. }),
+        "{err}"
+    );
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    assert_eq!(node.mock.calls().len(), calls, "no call was made");
+}
