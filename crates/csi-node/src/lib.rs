@@ -18,8 +18,16 @@
 //!   the release driver is the retry loop).
 //! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename).
 //!
-//! The reference agent (`csi-agent`) composes these; an orchestrator's node embeds them the
-//! same way.
+//! It is what Nomad's client keeps in its `csimanager` package and kubelet in its volume
+//! manager, as a library: an orchestrator's node embeds it instead of writing it again. It is
+//! not a claim tracker (that is csi-claims, whose release pipeline it serves) and it routes
+//! nothing between nodes (that is csi-rpc-shim).
+//!
+//! `examples/embed_node.rs` in this crate is a whole node on the library crates alone: the
+//! mock plugin registered and fingerprinted, a volume created from its spec, two workloads'
+//! claims attached, released through csi-claims (the second unmount unstages), the volume
+//! deleted. `cargo run -p csi-node --example embed_node` runs it. The reference agent
+//! (`csi-agent`) composes the same pieces.
 
 pub mod attach;
 pub mod detach;

@@ -9,8 +9,11 @@
 use std::error::Error;
 use std::path::Path;
 
-use csi_client::{CsiClient, Endpoint, ErrorClass, NodePublish, proto};
-use csi_structs::{AccessMode, MountOptions, PublishContext, Secrets, VolumeCapability};
+use csi_client::{CsiClient, Endpoint, ErrorClass, NodePublish};
+use csi_structs::{
+    AccessMode, MountOptions, PluginId, PublishContext, Secrets, VolumeCapability, VolumeId,
+    VolumeSpec,
+};
 
 /// Fingerprints the plugin at `endpoint`, then creates, publishes, unpublishes and deletes a
 /// volume, publishing under `dir`. Returns the plugin's volume id.
@@ -29,16 +32,15 @@ async fn drive(endpoint: Endpoint, dir: &Path) -> Result<String, Box<dyn Error>>
             .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
     );
 
-    // Raw wire request in, typed `csi_structs::Volume` out (checked on arrival).
+    // The orchestrator's volume spec in (CreateVolume named after its id, so a repeat after a
+    // lost answer finds the same volume), typed `csi_structs::Volume` out (checked on arrival).
     let capability = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
-    let volume = client
-        .controller()
-        .create_volume(proto::CreateVolumeRequest {
-            name: "embed-example".into(),
-            volume_capabilities: vec![(&capability).into()],
-            ..Default::default()
-        })
-        .await?;
+    let spec = VolumeSpec::new(
+        VolumeId::new("embed-example")?,
+        PluginId::new("mock")?,
+        vec![capability.clone()],
+    );
+    let volume = client.controller().create(&spec).await?;
     println!("created {}", volume.volume_id);
 
     // Domain-typed helpers for the node calls. (This plugin publishes without staging or a

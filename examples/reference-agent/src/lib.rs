@@ -2,8 +2,8 @@
 //!
 //! - [`demo`]: walk one volume through its whole life (create, claim, publish, write, release,
 //!   delete) against the built-in csi-testkit mock or any external plugin.
-//! - Node paths, csi-claims' detachers over csi-client and state files come from the
-//!   `csi-node` crate, which an orchestrator embeds without this agent.
+//! - The plugin manager, the volume manager, node paths, csi-claims' detachers and state files
+//!   come from the `csi-node` crate, which an orchestrator embeds without this agent.
 //! - [`serve`], [`ops`]: the long-running agent and the operator commands; [`config`]: its
 //!   configuration; [`metrics`]: its Prometheus metrics.
 
