@@ -197,7 +197,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             fingerprint_interval: config.fingerprint_interval,
             node_detach: config.node_detach,
         },
-    );
+    )?;
     let volumes = open_volumes(&data, &plugins)?;
     // Bound first, so a taken port stops the agent before it joins anything.
     let http_listener = bind("listen", config.listen).await?;

@@ -15,6 +15,7 @@ use csi_node::plugins::{
     DirWatcher, PluginEvent, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
     Source,
 };
+use csi_node::state::StateFileError;
 use csi_rpc_shim::{Health, Instance, Registry, ServiceKind};
 use csi_structs::{NodeId, PluginId};
 
@@ -192,13 +193,18 @@ impl Plugins {
     /// (on top of csi-client's per-RPC deadlines, which it can only shorten); a fingerprinted
     /// plugin is fingerprinted again every `fingerprint_interval` and a change is logged and
     /// published.
+    ///
+    /// # Errors
+    ///
+    /// None in practice: the agent gives its plugin manager no state file (the directory is
+    /// scanned again at every start), and only reading one can fail.
     pub fn new(
         me: NodeId,
         dir: PathBuf,
         registry: Arc<Registry>,
         metrics: Metrics,
         timings: Timings,
-    ) -> Self {
+    ) -> Result<Self, StateFileError> {
         let links = Arc::new(Links {
             me: me.clone(),
             registry,
@@ -221,16 +227,14 @@ impl Plugins {
             metrics.instrument(id, builder.policies(policies))
         })
         .observer(Arc::clone(&links) as Arc<dyn PluginObserver>)
-        .start()
-        // Without a state file there is nothing to read, so nothing can fail.
-        .unwrap_or_else(|e| unreachable!("a plugin manager without a state file: {e}"));
+        .start()?;
         let watcher = Arc::new(DirWatcher::new(manager.clone(), dir));
-        Self {
+        Ok(Self {
             me,
             manager,
             watcher,
             links,
-        }
+        })
     }
 
     /// The plugin manager underneath.
