@@ -1267,7 +1267,11 @@ fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
     let news = h.m.resync(stored.version, vec![stored.clone()], h.now);
     assert_eq!(news, 1, "v was news");
     h.pump();
-    assert_eq!(h.controller_calls.len(), 1, "the controller step is taken up");
+    assert_eq!(
+        h.controller_calls.len(),
+        1,
+        "the controller step is taken up"
+    );
     // The same read again tells nothing new.
     assert_eq!(h.m.resync(stored.version, vec![stored], h.now), 0);
 }
