@@ -1,17 +1,67 @@
 //! The Controller service: every v1.13 controller RPC.
 
+use std::future::Future;
+
 use csi_proto::v1 as pb;
 use csi_proto::v1::controller_client::ControllerClient as Raw;
 use csi_structs::confirm::{AskedCapabilities, ValidationResponse, confirm};
 use csi_structs::{
-    ConfirmPolicy, Confirmation, ControllerCapabilities, ExternalVolumeId, PluginNodeId,
-    PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext, VolumeSpec,
+    ConfirmPolicy, Confirmation, ControllerCapabilities, ErrorClass, ExternalVolumeId,
+    PluginNodeId, PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext,
+    VolumeSpec,
 };
 
 use crate::convert;
 use crate::error::Error;
 use crate::paging;
+use crate::policy::Backoff;
 use crate::service::{raw_rpc, service_client, typed_rpc};
+
+/// Most rounds of `CreateVolume` [`undo_create_with`] sends to learn the id of a volume
+/// whose creation was uncertain (each round is a whole call, retried per its policy).
+pub const UNDO_CREATE_ROUNDS: u32 = 3;
+
+/// The undo of a `CreateVolume` whose outcome is uncertain, over any way of calling the
+/// plugin (csi-client's [`ControllerClient::undo_create`], or a composer's routed calls).
+///
+/// `create` sends the same `CreateVolume` again (same name, same parameters); it is called
+/// until it succeeds, at most [`UNDO_CREATE_ROUNDS`] times, with `backoff`'s pauses between
+/// rounds, and only while its failure is retryable by `class_of` (retry, retry elsewhere,
+/// uncertain). Then `delete` removes the volume it returned; a failure `class_of` calls
+/// [`AlreadyDone`](ErrorClass::AlreadyDone) counts as deleted. Returns what `create`
+/// returned.
+///
+/// # Errors
+///
+/// The last `create` error, or the `delete` error: a volume of that name may be left behind.
+pub async fn undo_create_with<V, E, C, CF, D, DF>(
+    backoff: Backoff,
+    class_of: impl Fn(&E) -> ErrorClass,
+    mut create: C,
+    delete: D,
+) -> Result<V, E>
+where
+    C: FnMut() -> CF,
+    CF: Future<Output = Result<V, E>>,
+    D: FnOnce(&V) -> DF,
+    DF: Future<Output = Result<(), E>>,
+{
+    let mut pauses = backoff.delays(UNDO_CREATE_ROUNDS.saturating_sub(1));
+    let created = loop {
+        match create().await {
+            Ok(created) => break created,
+            Err(e) if class_of(&e).is_retryable() => match pauses.next() {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+    };
+    match delete(&created).await {
+        Err(e) if class_of(&e) != ErrorClass::AlreadyDone => Err(e),
+        _ => Ok(created),
+    }
+}
 
 service_client!(
     /// Client of the Controller service. Cheap to clone; shares the connection of the
@@ -148,6 +198,46 @@ impl ControllerClient {
     /// As [`create_volume`](Self::create_volume).
     pub async fn create(&self, spec: &VolumeSpec) -> Result<Volume, Error> {
         self.create_volume(spec.into()).await
+    }
+
+    /// Undoes a `CreateVolume` whose outcome is uncertain (a deadline, a lost connection, an
+    /// answer that could not be used): the volume may exist, and nobody knows its id.
+    ///
+    /// CSI deletes a volume by id only, but `CreateVolume` is idempotent by name: sent again
+    /// with the same `name` and parameters it answers with the volume it already created, or
+    /// creates it now. So this sends `request` again until an answer is usable, then deletes
+    /// the volume it names with `delete_secrets` (see [`undo_create_with`] for the rounds).
+    /// Returns the id deleted.
+    ///
+    /// Record `request.name` before calling this: if it fails, a volume of that name may be
+    /// left behind, and this is the call that removes it.
+    ///
+    /// # Errors
+    ///
+    /// The `CreateVolume` error of the last round, or the `DeleteVolume` error. Either way a
+    /// volume named `request.name` may be left behind.
+    pub async fn undo_create(
+        &self,
+        request: pb::CreateVolumeRequest,
+        delete_secrets: &Secrets,
+    ) -> Result<ExternalVolumeId, Error> {
+        let backoff = self
+            .caller
+            .policies()
+            .get(csi_proto::Rpc::CreateVolume)
+            .with_options(&self.options)
+            .backoff;
+        let volume = undo_create_with(
+            backoff,
+            Error::class,
+            || self.create_volume(request.clone()),
+            |volume: &Volume| {
+                let id = volume.volume_id.clone();
+                async move { self.delete(&id, delete_secrets).await }
+            },
+        )
+        .await?;
+        Ok(volume.volume_id)
     }
 
     /// `ControllerPublishVolume` from domain values: makes `volume` usable on `node` (the id

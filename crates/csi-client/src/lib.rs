@@ -97,7 +97,7 @@ pub use budget::RetryBudget;
 pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
 pub use connection::{ConnectError, ConnectOptions, Connection, EndpointFault, HandshakeError};
-pub use controller::ControllerClient;
+pub use controller::{ControllerClient, UNDO_CREATE_ROUNDS, undo_create_with};
 pub use csi_proto::Rpc;
 /// The CSI wire messages, for the RPCs that take or return raw messages.
 pub use csi_proto::v1 as proto;

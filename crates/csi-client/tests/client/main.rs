@@ -13,3 +13,4 @@ mod misbehaving;
 mod paths;
 mod retries;
 mod typed;
+mod undo;

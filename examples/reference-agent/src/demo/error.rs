@@ -17,6 +17,28 @@ pub enum StepError {
     /// The plugin call failed (the error names the RPC, volume, node and class).
     #[error(transparent)]
     Rpc(#[from] csi_client::Error),
+    /// `CreateVolume`'s outcome was uncertain, and the demo undid it: `CreateVolume` again
+    /// with the same name found the volume (or made it), and `DeleteVolume` removed it.
+    #[error("{error}; undone: CreateVolume again by name gave volume {deleted}, now deleted")]
+    CreateUndone {
+        /// The uncertain failure.
+        #[source]
+        error: csi_client::Error,
+        /// The volume the undo deleted.
+        deleted: csi_structs::ExternalVolumeId,
+    },
+    /// `CreateVolume`'s outcome was uncertain and the undo failed too: a volume named `name`
+    /// may be left behind.
+    #[error("{error}; the undo failed, a volume named {name} may be left behind: {undo}")]
+    CreateNotUndone {
+        /// The uncertain failure.
+        #[source]
+        error: csi_client::Error,
+        /// The name the volume was created with.
+        name: String,
+        /// Why the undo failed.
+        undo: csi_client::Error,
+    },
     /// The plugin did not confirm the capabilities asked for; the verdict names each field
     /// that differs.
     #[error("the plugin did not confirm the capabilities: {0}")]

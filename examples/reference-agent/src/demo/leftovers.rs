@@ -12,6 +12,9 @@ use csi_structs::{ExternalVolumeId, PluginNodeId};
 pub struct Leftovers {
     /// A volume the demo created (not one given with `--volume-id`).
     pub created: Option<ExternalVolumeId>,
+    /// The name of a `CreateVolume` whose outcome is uncertain and not undone: a volume of
+    /// that name may exist, its id unknown.
+    pub maybe_created: Option<String>,
     /// Published by the controller to this plugin node.
     pub controller_published: Option<(ExternalVolumeId, PluginNodeId)>,
     /// Staged at this path.
@@ -35,6 +38,7 @@ impl Leftovers {
     /// Whether nothing is left.
     pub fn is_empty(&self) -> bool {
         self.created.is_none()
+            && self.maybe_created.is_none()
             && self.controller_published.is_none()
             && self.staged.is_none()
             && self.published.is_none()
@@ -78,6 +82,11 @@ impl Leftovers {
                 "volume {volume} exists: call DeleteVolume volume_id={volume}"
             ));
         }
+        if let Some(name) = &self.maybe_created {
+            lines.push(format!(
+                "a volume named {name} may exist (CreateVolume's outcome was uncertain): call CreateVolume name={name} with the same capability, then DeleteVolume the volume_id it returns"
+            ));
+        }
         for dir in self.remaining_dirs() {
             lines.push(format!(
                 "directory {}: rmdir {}",
@@ -115,5 +124,20 @@ mod tests {
         assert!(lines[2].contains("DeleteVolume volume_id=v-1"));
         assert!(lines[3].starts_with("directory "));
         assert!(Leftovers::default().is_empty());
+
+        // An uncertain creation is named by the only thing known: its name.
+        let maybe = Leftovers {
+            maybe_created: Some("pvc-7".into()),
+            ..Leftovers::default()
+        };
+        assert!(!maybe.is_empty());
+        assert_eq!(
+            maybe.report(),
+            [
+                "a volume named pvc-7 may exist (CreateVolume's outcome was uncertain): call \
+              CreateVolume name=pvc-7 with the same capability, then DeleteVolume the volume_id \
+              it returns"
+            ]
+        );
     }
 }

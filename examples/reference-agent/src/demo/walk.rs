@@ -160,6 +160,30 @@ impl<'t, W: Write> Walk<'t, W> {
         Ok((plan, plugin))
     }
 
+    /// Undoes a `CreateVolume` whose outcome is uncertain: its name is recorded first, then
+    /// `CreateVolume` is sent again by name until the answer is usable and the volume it names
+    /// is deleted. The name stays among the leftovers unless that worked.
+    async fn undo_create(
+        &mut self,
+        request: proto::CreateVolumeRequest,
+        error: csi_client::Error,
+    ) -> StepError {
+        self.left.maybe_created = Some(request.name.clone());
+        let name = request.name.clone();
+        match self
+            .client
+            .controller()
+            .undo_create(request, &Secrets::default())
+            .await
+        {
+            Ok(deleted) => {
+                self.left.maybe_created = None;
+                StepError::CreateUndone { error, deleted }
+            }
+            Err(undo) => StepError::CreateNotUndone { error, name, undo },
+        }
+    }
+
     /// Step 2: create the volume (or take the given one).
     pub(crate) async fn create(&mut self, plan: &Plan) -> Result<Volume, DemoError> {
         let id = ids_invariant(VolumeId::new(DEMO_VOLUME));
@@ -190,10 +214,18 @@ impl<'t, W: Write> Walk<'t, W> {
                     ..Default::default()
                 };
                 let started = Instant::now();
-                let created = self.client.controller().create_volume(request).await;
+                let created = self
+                    .client
+                    .controller()
+                    .create_volume(request.clone())
+                    .await;
                 let took = started.elapsed();
                 let volume = match created {
                     Ok(v) => v,
+                    Err(e) if e.class().is_uncertain() => {
+                        let cause = self.undo_create(request, e).await;
+                        return Err(self.fail(Step::CreateVolume, Some(took), cause));
+                    }
                     Err(e) => return Err(self.fail(Step::CreateVolume, Some(took), e.into())),
                 };
                 self.left.created = Some(volume.volume_id.clone());

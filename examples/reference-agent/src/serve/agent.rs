@@ -2,7 +2,7 @@
 //! claim, release, delete, status), composed from the claim driver, the shim and the node
 //! volume manager.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,8 @@ use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, Pending};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
 use csi_rpc_shim::{
-    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, DeleteVolume,
-    PluginFailure, Shim, ShimError, Validated,
+    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, CreatedVolume,
+    DeleteVolume, PluginFailure, Shim, ShimError, Validated,
 };
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
@@ -131,18 +131,22 @@ pub fn call_kind(failure: PluginFailure) -> &'static str {
     }
 }
 
+/// The control API's kind of a failed call through the shim.
+fn shim_kind(e: &ShimError) -> &'static str {
+    match e {
+        ShimError::Plugin { error, .. } => call_kind(error.failure),
+        ShimError::DeadlineExceeded { .. } => "deadline",
+        _ => "plugin",
+    }
+}
+
 impl AgentError {
     /// A plugin call made through the shim failed during `step`.
     fn shim(step: &'static str, e: &ShimError) -> AgentError {
-        let kind = match e {
-            ShimError::Plugin { error, .. } => call_kind(error.failure),
-            ShimError::DeadlineExceeded { .. } => "deadline",
-            _ => "plugin",
-        };
         AgentError::Plugin {
             step,
             class: e.class(),
-            kind,
+            kind: shim_kind(e),
             detail: e.to_string(),
         }
     }
@@ -223,6 +227,25 @@ pub struct Agent {
     pub call_timeout: Duration,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<std::sync::Arc<dyn ClusterStatus>>,
+    /// Ids whose `CreateVolume`, or the undo of an uncertain one, is in flight on this agent.
+    /// A second create of the same id is refused meanwhile, so an undo never deletes the
+    /// volume a concurrent create of the same name was given.
+    pub creating: Mutex<BTreeSet<VolumeId>>,
+}
+
+/// An id in [`Agent::creating`], taken out again when dropped.
+struct Creating<'a> {
+    ids: &'a Mutex<BTreeSet<VolumeId>>,
+    id: VolumeId,
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
 }
 
 impl Agent {
@@ -353,6 +376,9 @@ impl Agent {
     }
 
     /// Creates a volume through a controller of its plugin (here or on a peer) and registers it.
+    /// A creation whose outcome is uncertain is undone before the answer (logged, then
+    /// `CreateVolume` again by name and `DeleteVolume` of the id it gives); one create per id
+    /// runs at a time here.
     ///
     /// # Errors
     ///
@@ -364,6 +390,20 @@ impl Agent {
                 "volume {id} is already registered"
             )));
         }
+        if !self
+            .creating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone())
+        {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} is being created (or its uncertain creation undone)"
+            )));
+        }
+        let _creating = Creating {
+            ids: &self.creating,
+            id: id.clone(),
+        };
         let plugin = PluginId::new(r.plugin.clone()).map_err(|e| bad("plugin", e))?;
         let access_mode = parse_access_mode(&r.access_mode)?;
         let attachment = parse_attachment(&r.attachment)?;
@@ -384,22 +424,26 @@ impl Agent {
             context: BTreeMap::new(),
         };
         self.check_volume_id(&draft)?;
-        let created = self
+        let request = CreateVolume {
+            query: ControllerQuery::new(plugin.clone()),
+            volume: id.clone(),
+            required_bytes: r.capacity_bytes,
+            limit_bytes: 0,
+            capabilities: vec![draft.capability()],
+            parameters,
+            secrets: Secrets::default(),
+        };
+        let created = match self
             .shim
-            .create_volume(
-                CreateVolume {
-                    query: ControllerQuery::new(plugin.clone()),
-                    volume: id.clone(),
-                    required_bytes: r.capacity_bytes,
-                    limit_bytes: 0,
-                    capabilities: vec![draft.capability()],
-                    parameters,
-                    secrets: Secrets::default(),
-                },
-                self.call_timeout,
-            )
+            .create_volume(request.clone(), self.call_timeout)
             .await
-            .map_err(|e| AgentError::shim("CreateVolume", &e))?;
+        {
+            Ok(created) => created,
+            Err(e) if e.class() == ErrorClass::Uncertain => {
+                return Err(self.undo_create(request, &e).await);
+            }
+            Err(e) => return Err(AgentError::shim("CreateVolume", &e)),
+        };
         let controller_publish = self.controller_publish_of(&plugin).unwrap_or(true);
         self.insert(BookEntry {
             external_id: created.external_volume,
@@ -409,6 +453,68 @@ impl Agent {
             ..draft
         })
         .await
+    }
+
+    /// Undoes a `CreateVolume` whose outcome is uncertain (the volume may exist; its id is
+    /// unknown): logged first, then `CreateVolume` again by name until an answer is usable
+    /// and `DeleteVolume` of the id it gives ([`csi_client::undo_create_with`]). The error
+    /// says which: undone (class retry: nothing is left, creating again is safe), or a volume
+    /// named like the orchestrator's id may be left behind (uncertain).
+    async fn undo_create(&self, request: CreateVolume, error: &ShimError) -> AgentError {
+        let name = request.volume.clone();
+        let plugin = request.query.plugin.clone();
+        tracing::warn!(
+            volume = %name, plugin = %plugin, error = %error,
+            "CreateVolume's outcome is uncertain; undoing it: CreateVolume again by name, then DeleteVolume"
+        );
+        let undo = csi_client::undo_create_with(
+            csi_client::default_policy(csi_client::Rpc::CreateVolume).backoff,
+            ShimError::class,
+            || self.shim.create_volume(request.clone(), self.call_timeout),
+            |created: &CreatedVolume| {
+                let delete = DeleteVolume {
+                    query: ControllerQuery::new(plugin.clone()),
+                    volume: name.clone(),
+                    external_volume: created.external_volume.clone(),
+                    secrets: request.secrets.clone(),
+                };
+                self.shim.delete_volume(delete, self.call_timeout)
+            },
+        )
+        .await;
+        let kind = shim_kind(error);
+        match undo {
+            Ok(created) => {
+                tracing::info!(
+                    volume = %name, external_id = %created.external_volume,
+                    "uncertain CreateVolume undone: the volume it made is deleted"
+                );
+                AgentError::Plugin {
+                    step: "CreateVolume",
+                    class: ErrorClass::Retry,
+                    kind,
+                    detail: format!(
+                        "{error}; undone: CreateVolume again by name gave volume {}, now deleted",
+                        created.external_volume
+                    ),
+                }
+            }
+            Err(undo) => {
+                tracing::error!(
+                    volume = %name, error = %undo,
+                    "uncertain CreateVolume not undone: a volume of this name may be left behind"
+                );
+                AgentError::Plugin {
+                    step: "CreateVolume",
+                    class: ErrorClass::Uncertain,
+                    kind,
+                    detail: format!(
+                        "{error}; the undo failed, a volume named {name} may be left behind in plugin {plugin} \
+                         (create it again with the same id to find it): {undo}"
+                    ),
+                }
+            }
+        }
     }
 
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),

@@ -313,6 +313,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         peers: Mutex::new(Default::default()),
         call_timeout: config.call_timeout,
         cluster: cluster_status,
+        creating: Mutex::new(Default::default()),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -367,3 +367,70 @@ async fn a_release_call_that_keeps_failing_stops_the_demo_and_lists_the_claim() 
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_uncertain_create_is_undone_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    // INTERNAL on CreateVolume: the volume may or may not exist.
+    server
+        .faults()
+        .on(Rpc::CreateVolume)
+        .fail(Code::Internal, "scripted: backend timed out");
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&["demo", "--plugin-endpoint", &endpoint]).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    let result = result_of(&run, Step::CreateVolume);
+    assert!(
+        result.starts_with("FAILED") && result.contains("undone: CreateVolume again by name"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.stdout.contains("left behind: nothing"),
+        "{}",
+        run.dump()
+    );
+    assert!(server.plugin().volumes().is_empty(), "{}", run.dump());
+    assert_eq!(server.plugin().calls().count(Rpc::DeleteVolume), 1);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_uncertain_create_that_cannot_be_undone_is_named_among_the_leftovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server
+        .faults()
+        .on(Rpc::CreateVolume)
+        .forever(csi_testkit::FaultStep::Fail {
+            code: Code::Internal,
+            message: "scripted: backend timed out".into(),
+        });
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&["demo", "--plugin-endpoint", &endpoint]).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        result_of(&run, Step::CreateVolume)
+            .contains("the undo failed, a volume named csi-agent-demo-"),
+        "{}",
+        run.dump()
+    );
+    let left = run
+        .stdout
+        .split_once("left behind")
+        .map(|(_, r)| r)
+        .unwrap_or_default();
+    assert!(
+        left.contains("a volume named csi-agent-demo-")
+            && left.contains("then DeleteVolume the volume_id it returns"),
+        "{}",
+        run.dump()
+    );
+    // The first call and every round of the undo.
+    assert_eq!(
+        server.plugin().calls().count(Rpc::CreateVolume),
+        1 + csi_client::UNDO_CREATE_ROUNDS as usize
+    );
+    server.shutdown().await.unwrap();
+}

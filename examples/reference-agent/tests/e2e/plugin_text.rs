@@ -8,7 +8,7 @@ use csi_client::{Code, Rpc};
 use csi_structs::untrusted::needs_escape;
 use csi_testkit::MockPlugin;
 
-use crate::serve::{Serve, cli, eventually, fast_backoff, json};
+use crate::serve::{cli, eventually, json, one_agent};
 
 /// A version that would forge a second row of `plugin list` and clear the screen.
 const VERSION: &str = "1.0\nmock2  node-9  healthy  yes  yes\u{1b}[2J\r";
@@ -28,21 +28,13 @@ fn clean(text: &str, lines: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_text_is_escaped_for_people_and_exact_in_json() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugin dir");
-    let data = dir.path().join("data");
     let mock = MockPlugin::builder()
         .name("mock.csi.example", VERSION)
         .volume(EXTERNAL, 1 << 20)
         .build()
         .expect("mock with an odd version and volume id");
-    let _server = mock
-        .serve_unix(plugins.join("mock.sock"))
-        .await
-        .expect("serves");
-    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
-    agent.ready().await;
+    let one = one_agent(&mock).await;
+    let data = one.data.clone();
     let fingerprinted = eventually("fingerprinted", async || {
         let list: Vec<PluginView> = json(&data, &["plugin", "list"]).await;
         list.into_iter()
@@ -97,7 +89,7 @@ async fn plugin_text_is_escaped_for_people_and_exact_in_json() {
     assert!(refused.contains(r"disk on fire\r\n2026"), "{refused}");
 
     let log = eventually("the failure is logged", async || {
-        let log = agent.log();
+        let log = one.agent.log();
         log.contains("disk on fire").then_some(log)
     })
     .await;

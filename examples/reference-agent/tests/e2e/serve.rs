@@ -557,23 +557,43 @@ pub(crate) fn fast_backoff(plugins: &Path) -> Vec<String> {
     .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_explains_a_stuck_release_and_metrics_count_it() {
+/// One agent beside one mock plugin (`mock`), running, the plugin fingerprinted.
+pub(crate) struct OneAgent {
+    pub(crate) data: PathBuf,
+    pub(crate) agent: Serve,
+    _server: csi_testkit::MockServer,
+    _dir: tempfile::TempDir,
+}
+
+/// Serves `mock` as plugin `mock` and starts an agent with fast release backoff beside it.
+pub(crate) async fn one_agent(mock: &MockPlugin) -> OneAgent {
     let dir = tempfile::tempdir().expect("temp dir");
     let plugins = dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugin dir");
     let data = dir.path().join("data");
-    let mock = MockPlugin::builder().build().expect("mock");
-    let _server = mock
+    let server = mock
         .serve_unix(plugins.join("mock.sock"))
         .await
         .expect("serves");
     let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
     agent.ready().await;
     eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
     })
     .await;
+    OneAgent {
+        data,
+        agent,
+        _server: server,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_explains_a_stuck_release_and_metrics_count_it() {
+    let mock = MockPlugin::builder().build().expect("mock");
+    let mut one = one_agent(&mock).await;
+    let data = one.data.clone();
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
     let _: csi_agent::ops::api::ClaimView =
         json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
@@ -647,7 +667,7 @@ async fn status_explains_a_stuck_release_and_metrics_count_it() {
     assert!(metrics(&data).contains("csi_agent_stuck_releases 0"));
     assert_eq!(ok_count(&mock, Rpc::NodeUnpublishVolume), 1);
     assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
-    assert_eq!(agent.terminate(), Some(0));
+    assert_eq!(one.agent.terminate(), Some(0));
 }
 
 fn tonic_code_unavailable() -> csi_client::Code {
@@ -1176,4 +1196,41 @@ async fn register_an_existing_volume_and_read_the_tables() {
     assert_eq!(mock.calls().count(Rpc::DeleteVolume), 0);
     assert_eq!(mock.volumes().len(), 1);
     assert_eq!(agent.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_create_is_undone_before_the_answer() {
+    let mock = MockPlugin::builder().build().expect("mock");
+    let one = one_agent(&mock).await;
+    let data = one.data.clone();
+
+    // INTERNAL on CreateVolume: the volume may or may not exist.
+    mock.faults()
+        .on(Rpc::CreateVolume)
+        .fail(csi_client::Code::Internal, "scripted: backend timed out")
+        .install();
+    let failed = cli(&data, &["volume", "create", "v1", "--plugin", "mock"])
+        .await
+        .expect_err("the create was uncertain");
+    assert!(
+        failed.contains("undone: CreateVolume again by name gave volume"),
+        "{failed}"
+    );
+    assert!(mock.volumes().is_empty(), "nothing left behind");
+    assert_eq!(mock.calls().count(Rpc::CreateVolume), 2);
+    assert_eq!(ok_count(&mock, Rpc::DeleteVolume), 1);
+    assert!(
+        one.agent
+            .log()
+            .contains("CreateVolume's outcome is uncertain"),
+        "recorded in the log: {}",
+        one.agent.log()
+    );
+    let volumes: Vec<VolumeView> = json(&data, &["volume", "status"]).await;
+    assert!(volumes.is_empty(), "nothing registered: {volumes:?}");
+
+    // Undone, creating again is safe.
+    let v: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    assert_eq!(mock.volumes().len(), 1);
+    assert_eq!(v.id, "v1");
 }
