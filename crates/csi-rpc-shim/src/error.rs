@@ -270,7 +270,7 @@ pub enum ShimError {
     },
     /// The caller's deadline passed. Uncertain for a mutating call (it may have run), retry
     /// for a read-only one.
-    #[error("{rpc}: deadline exceeded{}", at_node(node.as_ref()))]
+    #[error("{rpc}: the caller's deadline passed{}", at_node(node.as_ref()))]
     DeadlineExceeded {
         /// The call.
         rpc: AgentRpc,
@@ -810,6 +810,11 @@ mod tests {
         assert_eq!(missing(AgentRpc::NodeDetach).class(), ErrorClass::Retry);
         let late = |rpc| ShimError::DeadlineExceeded { rpc, node: None };
         assert_eq!(late(AgentRpc::NodeDetach).class(), ErrorClass::Uncertain);
+        // Our deadline, in words no one takes for a plugin's DEADLINE_EXCEEDED.
+        assert_eq!(
+            late(AgentRpc::NodeDetach).to_string(),
+            "NodeDetach: the caller's deadline passed"
+        );
         assert_eq!(
             late(AgentRpc::ControllerListVolumes).class(),
             ErrorClass::Retry
