@@ -18,6 +18,8 @@
 //!   about unstaging and its per-volume turns keep the step from racing a mount.
 //!   [`ClientControllerDetacher::over`] a [`PluginManager`](crate::plugins::PluginManager)
 //!   reaches every plugin's controller.
+//! - With the cargo feature `shim`, `ShimDetacher` makes both steps through csi-rpc-shim,
+//!   on whichever agent hosts the plugin.
 //! - Node detach calls run under a [`NodeDetachPolicy`]: a short wait for a missing socket
 //!   and one attempt, because the release driver is the retry loop (csi-client's defaults
 //!   would hold a release for about two minutes against a missing node plugin).
@@ -62,6 +64,8 @@ mod detach_policy;
 mod error;
 mod managed;
 mod node;
+#[cfg(feature = "shim")]
+mod shim;
 
 pub use cleanup::remove_empty_dirs;
 pub use controller::{ClientControllerDetacher, NoSecrets, SecretsLookup};
@@ -69,3 +73,5 @@ pub use detach_policy::{AttemptsOutOfRange, NODE_DETACH_RPCS, NodeDetachPolicy};
 pub use error::detach_error;
 pub use managed::VolumeNodeDetacher;
 pub use node::ClientNodeDetacher;
+#[cfg(feature = "shim")]
+pub use shim::ShimDetacher;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use csi_client::Endpoint;
 use csi_structs::PluginId;
+use csi_structs::untrusted::escaped;
 
 use super::PluginManager;
 use super::event::{RegistrationId, Source};
@@ -87,7 +88,7 @@ impl DirWatcher {
             match self.manager.deregister(registration) {
                 Ok(_) => {
                     seen.sockets.remove(&id);
-                    tracing::debug!(plugin = %id, socket = %path.display(), "plugin socket removed or replaced");
+                    tracing::debug!(plugin = %id, socket = %escaped(&path.to_string_lossy()), "plugin socket removed or replaced");
                 }
                 Err(e) => {
                     tracing::warn!(plugin = %id, error = %e, "cannot deregister the plugin; will retry");
@@ -99,7 +100,7 @@ impl DirWatcher {
                 Ok(id) => id,
                 Err(e) => {
                     if seen.ignored.insert(name) {
-                        tracing::warn!(socket = %path.display(), error = %e, "socket name is not a valid plugin id; ignored");
+                        tracing::warn!(socket = %escaped(&path.to_string_lossy()), error = %e, "socket name is not a valid plugin id; ignored");
                     }
                     continue;
                 }
@@ -111,7 +112,7 @@ impl DirWatcher {
                 Ok(endpoint) => endpoint,
                 Err(e) => {
                     if seen.ignored.insert(name) {
-                        tracing::warn!(socket = %path.display(), error = %e, "unusable socket path; ignored");
+                        tracing::warn!(socket = %escaped(&path.to_string_lossy()), error = %e, "unusable socket path; ignored");
                     }
                     continue;
                 }

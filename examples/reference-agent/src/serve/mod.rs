@@ -6,7 +6,7 @@
 //! - csi-node's volume manager, with its paths under `<data_dir>/node` and its usage records
 //!   in `<data_dir>/node/usage.json` ([`open_volumes`]);
 //! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
-//!   driver, whose detachers ([`detach`]) go through the csi-rpc-shim so a release reaches the
+//!   driver, whose detachers (csi-node's `ShimDetacher`) go through the csi-rpc-shim so a release reaches the
 //!   node and the controller wherever they run; [`local`] serves the shim's calls with this
 //!   node's plugins; [`peers`] learns which plugins peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
@@ -22,7 +22,6 @@ pub mod agent;
 pub mod book;
 #[cfg(feature = "etcd")]
 pub mod cluster;
-pub mod detach;
 pub mod http;
 pub mod local;
 pub mod log;
@@ -41,6 +40,7 @@ use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::machine::Duties;
 use csi_claims::store::ClaimStore;
 use csi_claims::{MachineConfig, RedbStore, StoreError};
+use csi_node::detach::{NoSecrets, ShimDetacher};
 use csi_node::layout::Layout;
 use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::NodeStatus;
@@ -243,10 +243,12 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
 
     // The volume book, the claim store and the release driver.
     let stores = open_stores(&config).await?;
-    let detacher = Arc::new(detach::ShimDetacher {
-        shim: shim.clone(),
-        timeout: config.call_timeout,
-    });
+    // No secrets reach plugins yet (see SERVE.md's limits).
+    let detacher = Arc::new(ShimDetacher::new(
+        shim.clone(),
+        config.call_timeout,
+        Arc::new(NoSecrets),
+    ));
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     me.hash(&mut hasher);
     let driver_config = DriverConfig {
