@@ -241,7 +241,7 @@ impl Attacher {
                 workload: claim.workload().clone(),
                 publish_context: publish_context.clone(),
                 volume_context: spec.volume_context.clone(),
-                secrets: spec.secrets.clone(),
+                secrets: spec.secrets.clone().into(),
             })
             .await?;
         Ok(Attached {

@@ -16,7 +16,10 @@
 //!   [`ControllerDetacher`](csi_claims::driver::ControllerDetacher) implemented with
 //!   csi-client, with the node detach policy (a short wait for a missing socket, one attempt:
 //!   the release driver is the retry loop).
-//! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename).
+//! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
+//!   could read it.
+//! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename),
+//!   owner-only for the ones that hold secrets.
 //!
 //! It is what Nomad's client keeps in its `csimanager` package and kubelet in its volume
 //! manager, as a library: an orchestrator's node embeds it instead of writing it again. It is
@@ -33,5 +36,6 @@ pub mod attach;
 pub mod detach;
 pub mod layout;
 pub mod plugins;
+pub mod secrets;
 pub mod state;
 pub mod volumes;

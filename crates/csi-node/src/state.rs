@@ -88,6 +88,22 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateFil
 ///
 /// [`StateFileError::Io`].
 pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
+    save(path, value, None)
+}
+
+/// Writes `value` to `path` atomically, readable and writable by the owner only (mode 0600),
+/// for a file that holds secrets. The temporary file has that mode before anything is
+/// written to it.
+///
+/// # Errors
+///
+/// [`StateFileError::Io`].
+pub fn save_json_private<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
+    save(path, value, Some(0o600))
+}
+
+fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), StateFileError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let io = |source| StateFileError::Io {
         path: path.to_owned(),
         source,
@@ -101,7 +117,17 @@ pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileEr
     })?;
     let tmp = path.with_extension("json.tmp");
     {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        if let Some(mode) = mode {
+            options.mode(mode);
+        }
+        let mut f = options.open(&tmp).map_err(io)?;
+        if let Some(mode) = mode {
+            // A temporary file left by a crash keeps its old mode when opened again.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(io)?;
+        }
         f.write_all(&bytes).map_err(io)?;
         f.sync_all().map_err(io)?;
     }
@@ -124,5 +150,23 @@ mod tests {
             load_json::<Vec<u32>>(&p),
             Err(StateFileError::Damaged { .. })
         ));
+    }
+
+    #[test]
+    fn private_files_are_the_owner_s_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("secret.json");
+        // A leftover temporary file readable by everyone does not leak its mode.
+        std::fs::write(p.with_extension("json.tmp"), b"old").expect("write");
+        std::fs::set_permissions(
+            p.with_extension("json.tmp"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .expect("chmod");
+        save_json_private(&p, &vec![1u32]).expect("write");
+        let mode = std::fs::metadata(&p).expect("exists").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(load_json::<Vec<u32>>(&p).expect("read"), Some(vec![1]));
     }
 }

@@ -55,7 +55,7 @@
 //!         workload: WorkloadId::new("web-1")?,
 //!         publish_context: PublishContext::default(),
 //!         volume_context: VolumeContext::new(),
-//!         secrets: Secrets::new(),
+//!         secrets: VolumeSecrets::default(),
 //!     })
 //!     .await?;
 //! println!("published at {}", target.display());
@@ -72,8 +72,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use csi_client::{ErrorClass, NodePublish, NodeStage, proto};
 use csi_structs::{
-    CapacityRange, ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability,
-    VolumeContext, VolumeId, WorkloadId,
+    CapacityRange, ExternalVolumeId, PluginId, PublishContext, Secrets, SecretsUse,
+    VolumeCapability, VolumeContext, VolumeId, VolumeSecrets, WorkloadId,
 };
 use tokio::sync::broadcast;
 
@@ -117,8 +117,10 @@ pub struct MountRequest {
     pub publish_context: PublishContext,
     /// The volume's context, from its creation or registration.
     pub volume_context: VolumeContext,
-    /// Secrets of the node stage and publish calls.
-    pub secrets: Secrets,
+    /// The volume's secrets: `NodeStageVolume` sends their
+    /// [`NodeStage`](SecretsUse::NodeStage) set, `NodePublishVolume` their
+    /// [`NodePublish`](SecretsUse::NodePublish) set.
+    pub secrets: VolumeSecrets,
 }
 
 /// What an unmount needs.
@@ -416,6 +418,7 @@ impl VolumeManager {
             let staging_text = layout.for_plugin(staging)?;
             self.create_dir(staging, &req.volume)?;
             self.set_stage(&req.volume, &key, StepState::Started)?;
+            let secrets = req.secrets.for_use(SecretsUse::NodeStage);
             let result = plugin
                 .client
                 .node()
@@ -425,7 +428,7 @@ impl VolumeManager {
                     capability: &req.capability,
                     publish_context: &req.publish_context,
                     volume_context: &req.volume_context,
-                    secrets: &req.secrets,
+                    secrets: &secrets,
                 })
                 .await;
             self.set_stage(&req.volume, &key, step_state(&result))?;
@@ -439,6 +442,7 @@ impl VolumeManager {
             .map(|s| layout.for_plugin(s))
             .transpose()?;
         let target_text = layout.for_plugin(&target)?;
+        let secrets = req.secrets.for_use(SecretsUse::NodePublish);
         let result = plugin
             .client
             .node()
@@ -450,7 +454,7 @@ impl VolumeManager {
                 readonly: req.read_only,
                 publish_context: &req.publish_context,
                 volume_context: &req.volume_context,
-                secrets: &req.secrets,
+                secrets: &secrets,
             })
             .await;
         let state = step_state(&result);

@@ -18,7 +18,7 @@ use csi_node::volumes::{
 };
 use csi_structs::{
     AccessMode, CapacityRange, ExternalVolumeId, MountOptions, PluginId, PublishContext, Secrets,
-    VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+    VolumeCapability, VolumeContext, VolumeId, VolumeSecrets, WorkloadId,
 };
 use csi_testkit::MockPlugin;
 use support::{GUARD, Plugin, mock_plugin};
@@ -92,7 +92,7 @@ impl Node {
             workload: WorkloadId::new(workload).expect("id"),
             publish_context: context.clone(),
             volume_context: VolumeContext::new(),
-            secrets: Secrets::new(),
+            secrets: Secrets::new().into(),
         }
     }
 
@@ -355,6 +355,37 @@ async fn every_operation_ends_with_its_event() {
             }
         ),
         other => panic!("expected an unmount, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn stage_and_publish_each_send_their_own_secrets() {
+    let node = node().await;
+    let volumes = node.manager();
+    let db = node.volume("db").await;
+    let secrets = VolumeSecrets::parse_key_values(
+        "common-key=c\n[node-stage]\nstage-key=s\n[node-publish]\npublish-key=p\n",
+    )
+    .expect("valid secrets");
+    let request = MountRequest {
+        secrets,
+        ..node.mount(&db, "w1")
+    };
+    volumes.mount(&request).await.expect("mounted");
+    let calls = node.mock.calls();
+    let stage = calls.last(Rpc::NodeStageVolume).expect("staged").request;
+    let publish = calls
+        .last(Rpc::NodePublishVolume)
+        .expect("published")
+        .request;
+    // The call log shows secret names only; the values stay redacted.
+    for (request, own, other) in [
+        (&stage, "stage-key", "publish-key"),
+        (&publish, "publish-key", "stage-key"),
+    ] {
+        assert!(request.contains("\"common-key\""), "{request}");
+        assert!(request.contains(&format!("\"{own}\"")), "{request}");
+        assert!(!request.contains(other), "{request}");
     }
 }
 

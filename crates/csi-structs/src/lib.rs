@@ -13,7 +13,8 @@
 //! - [`validation`] and [`limits`]: the spec's size and syntax rules, reported all at once as
 //!   typed [`ValidationErrors`].
 //! - [`capacity`], [`topology`], [`maps`], [`secrets`]: the value types of the spec with their
-//!   rules; [`Secrets`] never prints a value.
+//!   rules; [`Secrets`] never prints a value, and [`volume_secrets`] holds a volume's secrets
+//!   with the set each kind of call sends.
 //! - [`info`], [`volume`], [`snapshot`]: what a plugin says about itself, its node, its
 //!   volumes and snapshots.
 //! - [`registration`]: the orchestrator's record of a volume, and how a user's update merges
@@ -63,6 +64,7 @@ pub mod topology;
 pub mod untrusted;
 pub mod validation;
 pub mod volume;
+pub mod volume_secrets;
 pub mod wire;
 
 #[doc(inline)]
@@ -103,5 +105,7 @@ pub use topology::{Topology, TopologyRequirement};
 pub use validation::{FieldPath, Problem, ValidationErrors, Violation};
 #[doc(inline)]
 pub use volume::{ContentSource, Volume};
+#[doc(inline)]
+pub use volume_secrets::{SecretsUse, VolumeSecrets};
 #[doc(inline)]
 pub use wire::WireError;

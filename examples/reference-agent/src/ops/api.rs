@@ -17,10 +17,12 @@
 //! | `GET /peer/v1/plugins` | | [`PeerPlugins`] (for other agents; cluster token) |
 //! | `GET /metrics` | | Prometheus text (no token) |
 //!
-//! Errors answer a non-2xx status with an [`ApiError`]. No secret ever crosses this API.
+//! Errors answer a non-2xx status with an [`ApiError`]. Secrets go one way only: in, with
+//! [`RegisterVolume`] and [`CreateVolume`]; no answer, error or log line carries a value.
 
 use std::collections::BTreeMap;
 
+use csi_structs::VolumeSecrets;
 use serde::{Deserialize, Serialize};
 
 /// Percent-encodes an id for one path segment: every byte but `A-Z a-z 0-9 - . _ ~`.
@@ -138,6 +140,10 @@ pub struct RegisterVolume {
     /// The volume context to pass to node calls.
     #[serde(default)]
     pub context: BTreeMap<String, String>,
+    /// The volume's secrets (common entries and per-call sections), kept by the agent for
+    /// every call about the volume. Never shown in an answer.
+    #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
+    pub secrets: VolumeSecrets,
 }
 
 /// Create a volume through a controller of the plugin, then register it.
@@ -156,6 +162,10 @@ pub struct CreateVolume {
     /// Plugin parameters.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    /// The volume's secrets, as for [`RegisterVolume::secrets`]; `CreateVolume` sends their
+    /// `create` set.
+    #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
+    pub secrets: VolumeSecrets,
 }
 
 /// Claim a volume for a workload on this agent's node, and publish it there.
@@ -235,6 +245,9 @@ pub struct VolumeView {
     pub controller_publish: bool,
     /// Whether the agent created it (and `volume delete` deletes it in the plugin).
     pub created: bool,
+    /// The names of the volume's secrets, `section/name` for a per-call one (never a value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_names: Vec<String>,
     /// Capacity in bytes, when known.
     pub capacity_bytes: Option<i64>,
     /// Claims not yet freed.

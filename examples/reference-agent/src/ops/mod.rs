@@ -101,6 +101,10 @@ pub enum VolumeCommand {
         /// Volume context entries, `KEY=VALUE` (repeatable).
         #[arg(long = "context")]
         context: Vec<String>,
+        /// The volume's secrets: `KEY=VALUE` lines (`[section]` lines for one kind of call)
+        /// or JSON, in a file other users cannot read.
+        #[arg(long)]
+        secrets_file: Option<PathBuf>,
     },
     /// Create a volume through the plugin's controller, then register it.
     Create {
@@ -121,6 +125,9 @@ pub enum VolumeCommand {
         /// Plugin parameters, `KEY=VALUE` (repeatable).
         #[arg(long = "parameter")]
         parameters: Vec<String>,
+        /// The volume's secrets, as for `register`.
+        #[arg(long)]
+        secrets_file: Option<PathBuf>,
     },
     /// Claim a volume for a workload on the agent's node and publish it there.
     Claim {
@@ -321,6 +328,18 @@ fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String
         .collect()
 }
 
+/// The secrets in `--secrets-file` (none without the flag); see
+/// [`csi_node::secrets::read_secrets_file`] for the forms and the checks.
+fn read_secrets(path: Option<&std::path::Path>) -> Result<csi_structs::VolumeSecrets, OpsError> {
+    match path {
+        None => Ok(csi_structs::VolumeSecrets::default()),
+        Some(path) => csi_node::secrets::read_secrets_file(path).map_err(|e| OpsError::Usage {
+            flag: "secrets-file",
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// Parses `1073741824`, `10G`, `1Gi`, `512Mi`, ….
 ///
 /// # Errors
@@ -391,6 +410,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 attachment,
                 controller_publish,
                 context,
+                secrets_file,
             } => {
                 let body = api::RegisterVolume {
                     id,
@@ -400,6 +420,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     attachment,
                     controller_publish,
                     context: pairs("context", &context)?,
+                    secrets: read_secrets(secrets_file.as_deref())?,
                 };
                 let v: api::VolumeView =
                     conn.send(Method::POST, "/v1/volumes", Some(&body)).await?;
@@ -412,6 +433,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 access_mode,
                 attachment,
                 parameters,
+                secrets_file,
             } => {
                 let body = api::CreateVolume {
                     id,
@@ -420,6 +442,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     access_mode,
                     attachment,
                     parameters: pairs("parameter", &parameters)?,
+                    secrets: read_secrets(secrets_file.as_deref())?,
                 };
                 let v: api::VolumeView = conn
                     .send(Method::POST, "/v1/volumes/create", Some(&body))

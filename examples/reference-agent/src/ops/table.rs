@@ -219,6 +219,12 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         escaped(&v.attachment),
         yes(v.controller_publish)
     );
+    if !v.secret_names.is_empty() {
+        out.push_str(&format!(
+            "secrets (names only): {}\n",
+            escaped(&v.secret_names.join(", "))
+        ));
+    }
     out.push_str(&claims(&v.claims));
     if let Some(r) = &v.release {
         out.push_str("release:\n");
@@ -370,6 +376,7 @@ mod tests {
             attachment: "mount".into(),
             controller_publish: true,
             created: true,
+            secret_names: Vec::new(),
             capacity_bytes: None,
             claims: vec![claim.clone()],
             release: Some(ReleaseView {

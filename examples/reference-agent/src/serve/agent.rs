@@ -15,7 +15,7 @@ use csi_rpc_shim::{
 };
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
-    PublishContext, Secrets, VolumeContext, VolumeId, WorkloadId,
+    PublishContext, Secrets, SecretsUse, VolumeContext, VolumeId, WorkloadId,
 };
 
 use super::book::{Book, BookEntry, BookError};
@@ -213,8 +213,8 @@ pub struct Agent {
     pub plugins: Plugins,
     /// The node volume manager.
     pub volumes: VolumeManager,
-    /// Registered volumes.
-    pub book: Book,
+    /// Registered volumes (shared with the release step's secrets lookup).
+    pub book: std::sync::Arc<Book>,
     /// The claim driver.
     pub claims: ClaimsHandle,
     /// The shim.
@@ -318,6 +318,7 @@ impl Agent {
             deleting: false,
             capacity_bytes: None,
             context: r.context,
+            secrets: r.secrets,
         };
         self.check_volume_id(&entry)?;
         if self.controller_publish_of(&entry.plugin).is_some() {
@@ -337,7 +338,7 @@ impl Agent {
                     capabilities: vec![entry.capability()],
                     volume_context: entry.volume_context(),
                     parameters: Parameters::default(),
-                    secrets: Secrets::default(),
+                    secrets: entry.secrets.for_use(SecretsUse::Validate),
                 },
                 self.call_timeout,
             )
@@ -422,6 +423,7 @@ impl Agent {
             deleting: false,
             capacity_bytes: None,
             context: BTreeMap::new(),
+            secrets: r.secrets,
         };
         self.check_volume_id(&draft)?;
         let request = CreateVolume {
@@ -431,7 +433,7 @@ impl Agent {
             limit_bytes: 0,
             capabilities: vec![draft.capability()],
             parameters,
-            secrets: Secrets::default(),
+            secrets: draft.secrets.for_use(SecretsUse::Create),
         };
         let created = match self
             .shim
@@ -440,7 +442,8 @@ impl Agent {
         {
             Ok(created) => created,
             Err(e) if e.class() == ErrorClass::Uncertain => {
-                return Err(self.undo_create(request, &e).await);
+                let delete_secrets = draft.secrets.for_use(SecretsUse::Delete);
+                return Err(self.undo_create(request, delete_secrets, &e).await);
             }
             Err(e) => return Err(AgentError::shim("CreateVolume", &e)),
         };
@@ -460,7 +463,12 @@ impl Agent {
     /// and `DeleteVolume` of the id it gives ([`csi_client::undo_create_with`]). The error
     /// says which: undone (class retry: nothing is left, creating again is safe), or a volume
     /// named like the orchestrator's id may be left behind (uncertain).
-    async fn undo_create(&self, request: CreateVolume, error: &ShimError) -> AgentError {
+    async fn undo_create(
+        &self,
+        request: CreateVolume,
+        delete_secrets: Secrets,
+        error: &ShimError,
+    ) -> AgentError {
         let name = request.volume.clone();
         let plugin = request.query.plugin.clone();
         tracing::warn!(
@@ -476,7 +484,7 @@ impl Agent {
                     query: ControllerQuery::new(plugin.clone()),
                     volume: name.clone(),
                     external_volume: created.external_volume.clone(),
-                    secrets: request.secrets.clone(),
+                    secrets: delete_secrets.clone(),
                 };
                 self.shim.delete_volume(delete, self.call_timeout)
             },
@@ -638,7 +646,7 @@ impl Agent {
                         // same node an ALREADY_EXISTS (published with another readonly). The
                         // backend that calls the plugin sends it only with PUBLISH_READONLY.
                         read_only: entry.access_mode.is_read_only(),
-                        secrets: Secrets::default(),
+                        secrets: entry.secrets.for_use(SecretsUse::ControllerPublish),
                         volume_context: entry.volume_context(),
                     },
                     self.call_timeout,
@@ -659,7 +667,7 @@ impl Agent {
                 workload: workload.clone(),
                 publish_context,
                 volume_context: entry.volume_context(),
-                secrets: Secrets::default(),
+                secrets: entry.secrets.clone(),
             })
             .await
             .map_err(|e| AgentError::node("mount", &e))
@@ -712,7 +720,7 @@ impl Agent {
                         query: ControllerQuery::new(entry.plugin.clone()),
                         volume: entry.id.clone(),
                         external_volume: entry.external_id.clone(),
-                        secrets: Secrets::default(),
+                        secrets: entry.secrets.for_use(SecretsUse::Delete),
                     },
                     self.call_timeout,
                 )
@@ -763,6 +771,7 @@ impl Agent {
             attachment: entry.attachment.to_string(),
             controller_publish: entry.controller_publish,
             created: entry.created,
+            secret_names: entry.secret_names(),
             capacity_bytes: entry.capacity_bytes,
             claims,
             release,

@@ -1,19 +1,21 @@
 //! The volume book: volumes registered with (or created by) this agent, persisted to
-//! `<data_dir>/volumes.json`. Claims live in the claim store; this is what the agent must
-//! know to publish a volume and to build detach calls.
+//! `<data_dir>/volumes.json` (mode 0600: it holds the volumes' secrets). Claims live in the
+//! claim store; this is what the agent must know to publish a volume and to build detach
+//! calls.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use csi_claims::{ControllerRequirement, VolumeInfo};
+use csi_node::detach::SecretsLookup;
 use csi_structs::{
-    AccessMode, AccessType, AccessTypeKind, ExternalVolumeId, MountOptions, PluginId,
-    VolumeCapability, VolumeContext, VolumeId,
+    AccessMode, AccessType, AccessTypeKind, ExternalVolumeId, MountOptions, PluginId, Secrets,
+    SecretsUse, VolumeCapability, VolumeContext, VolumeId, VolumeSecrets,
 };
 use serde::{Deserialize, Serialize};
 
-use csi_node::state::{StateFileError, load_json, save_json};
+use csi_node::state::{StateFileError, load_json, save_json_private};
 
 /// One registered volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +41,10 @@ pub struct BookEntry {
     /// A delete has begun: no new claim is admitted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// The secrets every call about the volume carries (its set per kind of call). Stored
+    /// with the entry (mode 0600 on this node, under the prefix in etcd); never shown.
+    #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
+    pub secrets: VolumeSecrets,
 }
 
 impl BookEntry {
@@ -66,6 +72,18 @@ impl BookEntry {
         }
     }
 
+    /// The names of its secrets, `section/name` for a per-call one: what a view may show.
+    pub fn secret_names(&self) -> Vec<String> {
+        self.secrets
+            .keys()
+            .into_iter()
+            .map(|(section, key)| match section {
+                Some(s) => format!("{s}/{key}"),
+                None => key,
+            })
+            .collect()
+    }
+
     /// The volume context as the typed map; entries that break its limits are dropped with a
     /// warning (they were checked at registration).
     pub fn volume_context(&self) -> VolumeContext {
@@ -73,6 +91,16 @@ impl BookEntry {
             tracing::warn!(volume = %self.id, error = %e, "stored volume context is invalid; sending none");
             VolumeContext::default()
         })
+    }
+}
+
+/// The controller release step's secrets (`ControllerUnpublishVolume` sends the volume's
+/// `controller-publish` set, as the spec asks), from the book as it is when the step runs.
+impl SecretsLookup for Book {
+    fn controller_secrets(&self, volume: &VolumeId) -> Secrets {
+        self.get(volume)
+            .map(|e| e.secrets.for_use(SecretsUse::ControllerPublish))
+            .unwrap_or_default()
     }
 }
 
@@ -120,7 +148,17 @@ impl Book {
     ///
     /// When the file exists but is unreadable or damaged.
     pub fn open(data_dir: &Path) -> Result<Self, StateFileError> {
+        use std::os::unix::fs::PermissionsExt as _;
         let path = data_dir.join("volumes.json");
+        // Written by an agent before secrets were kept: the owner's only from now on.
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
+                |source| StateFileError::Io {
+                    path: path.clone(),
+                    source,
+                },
+            )?;
+        }
         let list: Vec<BookEntry> = load_json(&path)?.unwrap_or_default();
         let entries = Mutex::new(list.into_iter().map(|e| (e.id.clone(), e)).collect());
         Ok(Self {
@@ -174,7 +212,7 @@ impl Book {
                 }
                 let mut next = map.clone();
                 next.insert(entry.id.clone(), entry);
-                save_json(path, &next.values().collect::<Vec<_>>())?;
+                save_json_private(path, &next.values().collect::<Vec<_>>())?;
                 *map = next;
                 Ok(true)
             }
@@ -195,7 +233,7 @@ impl Book {
                 let mut next = map.clone();
                 let removed = next.remove(id);
                 if removed.is_some() {
-                    save_json(path, &next.values().collect::<Vec<_>>())?;
+                    save_json_private(path, &next.values().collect::<Vec<_>>())?;
                     *map = next;
                 }
                 Ok(removed)
@@ -227,7 +265,7 @@ impl Book {
                         ..entry.clone()
                     },
                 );
-                save_json(path, &next.values().collect::<Vec<_>>())?;
+                save_json_private(path, &next.values().collect::<Vec<_>>())?;
                 *map = next;
                 Ok(Some(entry))
             }

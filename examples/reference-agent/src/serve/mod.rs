@@ -40,7 +40,7 @@ use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::machine::Duties;
 use csi_claims::store::ClaimStore;
 use csi_claims::{MachineConfig, RedbStore, StoreError};
-use csi_node::detach::{NoSecrets, ShimDetacher};
+use csi_node::detach::ShimDetacher;
 use csi_node::layout::Layout;
 use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::NodeStatus;
@@ -243,11 +243,12 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
 
     // The volume book, the claim store and the release driver.
     let stores = open_stores(&config).await?;
-    // No secrets reach plugins yet (see SERVE.md's limits).
+    let book = Arc::new(stores.book);
+    // The controller release step sends the volume's secrets, read from the book.
     let detacher = Arc::new(ShimDetacher::new(
         shim.clone(),
         config.call_timeout,
-        Arc::new(NoSecrets),
+        Arc::clone(&book) as Arc<dyn csi_node::detach::SecretsLookup>,
     ));
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     me.hash(&mut hasher);
@@ -270,7 +271,6 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     plugins.set_claims(claims.clone());
     let mut events = claims.subscribe();
     // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
-    let book = stores.book;
     let store_description = stores.description;
     #[cfg(feature = "etcd")]
     let membership = match &stores.etcd {

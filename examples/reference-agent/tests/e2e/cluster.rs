@@ -5,6 +5,7 @@
 //!
 //! Run with `cargo test -p csi-agent --features etcd --test e2e cluster`.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use csi_agent::ops::api::{ClaimView, ClusterView, StatusView, VolumeView};
@@ -124,7 +125,15 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
     .await;
     assert!(["a", "b", "c"].contains(&duty.as_str()), "{duty}");
 
-    // A volume created through a is in every agent's book, once.
+    // A volume created through a is in every agent's book, once, with its secrets (kept
+    // under the prefix: whichever agent attaches or holds the controller duty sends them).
+    let secrets = dir.path().join("v1.secrets");
+    std::fs::write(
+        &secrets,
+        "[controller-publish]\nattach-key=cluster-secret\n",
+    )
+    .expect("secrets file");
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let created: VolumeView = json(
         &a.data,
         &[
@@ -135,6 +144,8 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
             "mock",
             "--capacity",
             "1Mi",
+            "--secrets-file",
+            &secrets.display().to_string(),
         ],
     )
     .await;
@@ -208,6 +219,17 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
         assert!(done.claims.is_empty(), "{done:?}");
     }
     assert_eq!(winners.values().sum::<usize>(), ROUNDS);
+    for rpc in [Rpc::ControllerPublishVolume, Rpc::ControllerUnpublishVolume] {
+        let calls = mock.calls().of(rpc);
+        assert!(calls.records().len() >= ROUNDS, "{rpc:?}");
+        for r in calls.records() {
+            assert!(
+                r.request.contains("\"attach-key\""),
+                "{rpc:?}: {}",
+                r.request
+            );
+        }
+    }
     for m in mocks {
         assert!(m.published().is_empty() && m.staged().is_empty());
     }

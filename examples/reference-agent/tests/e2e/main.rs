@@ -9,5 +9,6 @@ mod claims_release;
 mod cluster;
 mod demo;
 mod plugin_text;
+mod secrets;
 mod serve;
 mod support;

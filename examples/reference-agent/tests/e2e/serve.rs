@@ -517,12 +517,12 @@ async fn a_bad_config_value_names_its_key_before_starting() {
 }
 
 /// A `GET` of the agent's `/metrics`, over plain HTTP.
-fn metrics(data: &Path) -> String {
+pub(crate) fn metrics(data: &Path) -> String {
     raw_get(data, "/metrics", None)
 }
 
 /// A plain HTTP `GET` of `path` on the agent's control address, with an optional bearer token.
-fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
+pub(crate) fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
     use std::io::{Read as _, Write as _};
     let info: csi_agent::ops::api::AgentInfo =
         serde_json::from_slice(&std::fs::read(data.join("agent.json")).expect("agent.json exists"))
