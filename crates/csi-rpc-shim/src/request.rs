@@ -9,7 +9,8 @@
 
 use csi_structs::{
     ExternalVolumeId, NodeId, Parameters, PluginId, PluginNodeId, PublishContext, Secrets,
-    SnapshotId, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+    SnapshotId, Topology, TopologyRequirement, VolumeCapability, VolumeContext, VolumeId,
+    WorkloadId,
 };
 
 /// Which plugin's controller a controller call needs, and where the caller would like it served.
@@ -133,6 +134,9 @@ pub struct CreateVolume {
     pub parameters: Parameters,
     /// Secrets for the plugin.
     pub secrets: Secrets,
+    /// Where the volume must or should be reachable; only for a plugin with
+    /// `VOLUME_ACCESSIBILITY_CONSTRAINTS`.
+    pub accessibility_requirements: Option<TopologyRequirement>,
 }
 
 /// The answer to [`CreateVolume`].
@@ -144,6 +148,8 @@ pub struct CreatedVolume {
     pub capacity_bytes: i64,
     /// Its context, to pass to later calls.
     pub volume_context: VolumeContext,
+    /// Where it is reachable; empty: from everywhere.
+    pub accessible_topology: Vec<Topology>,
 }
 
 /// Delete a volume (`DeleteVolume`).

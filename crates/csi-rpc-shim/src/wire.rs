@@ -12,8 +12,8 @@ use csi_structs::limits::MAX_STRING_BYTES;
 use csi_structs::validation::SizeUnit;
 use csi_structs::{
     AccessMode, AccessType, ExternalVolumeId, FieldPath, MountFlags, MountOptions, NodeId,
-    Parameters, PluginId, PluginNodeId, Problem, PublishContext, Secrets, SnapshotId,
-    ValidationErrors, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+    Parameters, PluginId, PluginNodeId, Problem, PublishContext, Secrets, SnapshotId, Topology,
+    TopologyRequirement, ValidationErrors, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
 };
 
 use std::collections::BTreeMap;
@@ -334,6 +334,54 @@ impl Decoder {
         Some(cap)
     }
 
+    /// A list of topologies (empty: reachable from everywhere), each by csi-structs' rules.
+    pub(crate) fn topologies(
+        &mut self,
+        field: &'static str,
+        value: Vec<pb::Topology>,
+    ) -> Option<Vec<Topology>> {
+        self.topologies_at(&Self::at(field), value)
+    }
+
+    fn topologies_at(&mut self, at: &FieldPath, value: Vec<pb::Topology>) -> Option<Vec<Topology>> {
+        let mut out = Vec::with_capacity(value.len());
+        let mut complete = true;
+        for (i, t) in value.into_iter().enumerate() {
+            let segments: std::collections::HashMap<String, String> =
+                t.segments.into_iter().collect();
+            match Topology::from_wire_at(&segments, &at.clone().index(i)) {
+                Ok(t) => out.push(t),
+                Err(e) => {
+                    self.found.violations.extend(e);
+                    complete = false;
+                }
+            }
+        }
+        complete.then_some(out)
+    }
+
+    /// An optional topology requirement, by csi-structs' rules (a list set, preferred ones
+    /// among the requisite ones).
+    pub(crate) fn requirement(
+        &mut self,
+        field: &'static str,
+        value: Option<pb::TopologyRequirement>,
+    ) -> Option<Option<TopologyRequirement>> {
+        let Some(r) = value else {
+            return Some(None);
+        };
+        let at = Self::at(field);
+        let requisite = self.topologies_at(&at.clone().field("requisite"), r.requisite);
+        let preferred = self.topologies_at(&at.clone().field("preferred"), r.preferred);
+        match TopologyRequirement::new(requisite?, preferred?) {
+            Ok(r) => Some(Some(r)),
+            Err(e) => {
+                self.found.violations.extend_under(&at, e);
+                None
+            }
+        }
+    }
+
     /// `Ok(value)` when nothing was found and `build` produced the value.
     pub(crate) fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, InvalidMessage> {
         if !self.found.is_empty() {
@@ -342,6 +390,21 @@ impl Decoder {
         // Every `None` above records a problem, so with nothing found `build` returns `Some`;
         // should that ever not hold, the caller still gets an error instead of a panic.
         build().ok_or(self.found)
+    }
+}
+
+/// The wire form of a topology.
+pub(crate) fn topology_to_wire(t: &Topology) -> pb::Topology {
+    pb::Topology {
+        segments: t.as_map().clone(),
+    }
+}
+
+/// The wire form of a topology requirement.
+pub(crate) fn requirement_to_wire(r: &TopologyRequirement) -> pb::TopologyRequirement {
+    pb::TopologyRequirement {
+        requisite: r.requisite().iter().map(topology_to_wire).collect(),
+        preferred: r.preferred().iter().map(topology_to_wire).collect(),
     }
 }
 

@@ -163,6 +163,29 @@ pub fn accessible_from(volume_topologies: &[Topology], node: Option<&Topology>) 
     node.is_some_and(|n| volume_topologies.iter().any(|t| t.contains(n)))
 }
 
+/// `{key=value, key=value}`, keys sorted: for messages. A plugin chose these strings; escape
+/// them ([`crate::untrusted`]) where a person reads them.
+///
+/// ```
+/// use csi_structs::Topology;
+///
+/// let t = Topology::try_from_iter([("region", "eu"), ("zone", "eu-1a")])?;
+/// assert_eq!(t.to_string(), "{region=eu, zone=eu-1a}");
+/// # Ok::<(), csi_structs::ValidationErrors>(())
+/// ```
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("{")?;
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        f.write_str("}")
+    }
+}
+
 impl TryFrom<BTreeMap<String, String>> for Topology {
     type Error = ValidationErrors;
     fn try_from(map: BTreeMap<String, String>) -> Result<Self, Self::Error> {

@@ -10,7 +10,10 @@ use crate::request::{
     ListSnapshots, ListVolumes, ListedVolume, SnapshotInfo, SnapshotPage, Validated, VolumePage,
 };
 use crate::rpc::AgentRpc;
-use crate::wire::{Decoder, InvalidMessage, WireId, WireMap, capability_to_wire, pb};
+use crate::wire::{
+    Decoder, InvalidMessage, WireId, WireMap, capability_to_wire, pb, requirement_to_wire,
+    topology_to_wire,
+};
 
 impl Op for ControllerAttach {
     type Output = Attached;
@@ -284,6 +287,10 @@ impl Op for CreateVolume {
             capabilities: self.capabilities.iter().map(capability_to_wire).collect(),
             parameters: self.parameters.to_wire_map(),
             secrets: self.secrets.to_wire_map(),
+            accessibility_requirements: self
+                .accessibility_requirements
+                .as_ref()
+                .map(requirement_to_wire),
         }
     }
 
@@ -295,6 +302,8 @@ impl Op for CreateVolume {
         let capabilities = d.capabilities("capabilities", w.capabilities);
         let parameters = d.map("parameters", w.parameters);
         let secrets = d.map("secrets", w.secrets);
+        let requirements =
+            d.requirement("accessibility_requirements", w.accessibility_requirements);
         d.finish(|| {
             Some((
                 CreateVolume {
@@ -305,6 +314,7 @@ impl Op for CreateVolume {
                     capabilities: capabilities?,
                     parameters: parameters?,
                     secrets: secrets?,
+                    accessibility_requirements: requirements?,
                 },
                 target?,
             ))
@@ -316,6 +326,11 @@ impl Op for CreateVolume {
             external_volume_id: out.external_volume.to_wire(),
             capacity_bytes: out.capacity_bytes,
             volume_context: out.volume_context.to_wire_map(),
+            accessible_topology: out
+                .accessible_topology
+                .iter()
+                .map(topology_to_wire)
+                .collect(),
         }
     }
 
@@ -324,11 +339,13 @@ impl Op for CreateVolume {
         let external_volume = d.id("external_volume_id", w.external_volume_id);
         let capacity_bytes = d.non_negative("capacity_bytes", w.capacity_bytes);
         let volume_context = d.map("volume_context", w.volume_context);
+        let accessible_topology = d.topologies("accessible_topology", w.accessible_topology);
         d.finish(|| {
             Some(CreatedVolume {
                 external_volume: external_volume?,
                 capacity_bytes,
                 volume_context: volume_context?,
+                accessible_topology: accessible_topology?,
             })
         })
     }

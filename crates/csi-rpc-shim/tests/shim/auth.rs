@@ -177,6 +177,7 @@ async fn node_scope_cannot_make_cluster_wide_calls() {
         capabilities: vec![capability()],
         parameters: Default::default(),
         secrets: secrets(),
+        accessibility_requirements: None,
     };
     let err = guarded(cluster.agent("a").shim.create_volume(create.clone(), CALL))
         .await

@@ -1,10 +1,10 @@
 //! Every call of the protocol crosses the wire and comes back decoded.
 
 use csi_rpc_shim::{
-    AgentRpc, ControllerExpand, ControllerQuery, ControllerValidate, CreateSnapshot,
+    AgentRpc, ControllerExpand, ControllerQuery, ControllerValidate, CreateSnapshot, CreateVolume,
     DeleteSnapshot, DeleteVolume, ListSnapshots, Validated,
 };
-use csi_structs::{ExternalVolumeId, SnapshotId, VolumeId};
+use csi_structs::{ExternalVolumeId, SnapshotId, Topology, TopologyRequirement, VolumeId};
 
 use crate::support::*;
 
@@ -16,6 +16,27 @@ async fn every_controller_call_round_trips() {
     let q = || ControllerQuery::new(plugin());
     let vol = || VolumeId::new("vol-1").unwrap();
     let ext = || ExternalVolumeId::new("ext-vol-1").unwrap();
+
+    // Topology crosses both ways: the requirement to the plugin, where it is reachable back.
+    let zone = |z: &str| Topology::try_from_iter([("topology.example.com/zone", z)]).unwrap();
+    let created = guarded(shim.create_volume(
+        CreateVolume {
+            query: q(),
+            volume: vol(),
+            required_bytes: 1 << 30,
+            limit_bytes: 0,
+            capabilities: vec![capability()],
+            parameters: Default::default(),
+            secrets: secrets(),
+            accessibility_requirements: Some(
+                TopologyRequirement::new(vec![zone("a"), zone("b")], vec![zone("b")]).unwrap(),
+            ),
+        },
+        CALL,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(created.accessible_topology, [zone("b")]);
 
     let validated = guarded(shim.controller_validate(
         ControllerValidate {
@@ -106,6 +127,7 @@ async fn every_controller_call_round_trips() {
 
     let b = &cluster.agent("b").plugins;
     for rpc in [
+        AgentRpc::ControllerCreateVolume,
         AgentRpc::ControllerValidate,
         AgentRpc::ControllerExpandVolume,
         AgentRpc::ControllerCreateSnapshot,
@@ -119,5 +141,5 @@ async fn every_controller_call_round_trips() {
     for seen in b.seen() {
         assert_eq!(seen.secrets.as_ref(), Some(&secrets()), "{}", seen.rpc);
     }
-    assert_eq!(cluster.agent("b").shim.stats().received, 6);
+    assert_eq!(cluster.agent("b").shim.stats().received, 7);
 }

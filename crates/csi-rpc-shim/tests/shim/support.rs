@@ -218,6 +218,13 @@ impl LocalPlugins for FakePlugins {
             external_volume: ExternalVolumeId::new(format!("ext-{}", req.volume)).unwrap(),
             capacity_bytes: req.required_bytes,
             volume_context: Default::default(),
+            // Reachable where it was asked to be, first choice first.
+            accessible_topology: req
+                .accessibility_requirements
+                .iter()
+                .flat_map(|r| r.preferred().iter().chain(r.requisite()).take(1))
+                .cloned()
+                .collect(),
         };
         self.answer(
             AgentRpc::ControllerCreateVolume,

@@ -86,6 +86,7 @@ async fn refused_create(
         capabilities,
         parameters: Default::default(),
         secrets: secrets(),
+        accessibility_requirements: None,
     };
     let err = guarded(cluster.agent("ops").shim.create_volume(create, CALL))
         .await

@@ -144,6 +144,10 @@ pub struct RegisterVolume {
     /// every call about the volume. Never shown in an answer.
     #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
     pub secrets: VolumeSecrets,
+    /// Where the volume is reachable, each a map of topology segments (empty: from
+    /// everywhere); a claim on a node outside all of them is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<BTreeMap<String, String>>,
 }
 
 /// Create a volume through a controller of the plugin, then register it.
@@ -166,6 +170,14 @@ pub struct CreateVolume {
     /// `create` set.
     #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
     pub secrets: VolumeSecrets,
+    /// Topologies the volume must be reachable from (`accessibility_requirements.requisite`),
+    /// each a map of segments. Only for a plugin with `VOLUME_ACCESSIBILITY_CONSTRAINTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requisite_topology: Vec<BTreeMap<String, String>>,
+    /// Topologies to try first (`accessibility_requirements.preferred`), in order; each one
+    /// of the requisite ones when those are given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_topology: Vec<BTreeMap<String, String>>,
 }
 
 /// Claim a volume for a workload on this agent's node, and publish it there.
@@ -250,6 +262,10 @@ pub struct VolumeView {
     pub secret_names: Vec<String>,
     /// Capacity in bytes, when known.
     pub capacity_bytes: Option<i64>,
+    /// Where the volume is reachable, each a map of topology segments (empty: from
+    /// everywhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<BTreeMap<String, String>>,
     /// Claims not yet freed.
     pub claims: Vec<ClaimView>,
     /// The release, when one is in progress or stuck.
@@ -347,6 +363,9 @@ pub struct PeerPlugin {
     pub node: Option<(String, bool)>,
     /// Whether releases need a controller unpublish.
     pub controller_publish: bool,
+    /// What the instance there advertises (absent from agents that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<csi_structs::Capabilities>,
 }
 
 /// `GET /peer/v1/plugins`.

@@ -105,6 +105,10 @@ pub enum VolumeCommand {
         /// or JSON, in a file other users cannot read.
         #[arg(long)]
         secrets_file: Option<PathBuf>,
+        /// A topology the volume is reachable from, `KEY=VALUE[,KEY=VALUE...]` (repeatable;
+        /// none: from everywhere).
+        #[arg(long = "topology")]
+        topology: Vec<String>,
     },
     /// Create a volume through the plugin's controller, then register it.
     Create {
@@ -128,6 +132,14 @@ pub enum VolumeCommand {
         /// The volume's secrets, as for `register`.
         #[arg(long)]
         secrets_file: Option<PathBuf>,
+        /// A topology the volume must be reachable from, `KEY=VALUE[,KEY=VALUE...]`
+        /// (repeatable; the requisite list of `accessibility_requirements`).
+        #[arg(long = "topology")]
+        topology: Vec<String>,
+        /// A topology to try first, as `--topology` (repeatable, in order; the preferred
+        /// list).
+        #[arg(long = "preferred-topology")]
+        preferred_topology: Vec<String>,
     },
     /// Claim a volume for a workload on the agent's node and publish it there.
     Claim {
@@ -328,6 +340,28 @@ fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String
         .collect()
 }
 
+/// Topologies from `KEY=VALUE[,KEY=VALUE...]` flags, one per flag (the agent checks the
+/// spec's rules).
+fn topologies(
+    flag: &'static str,
+    items: &[String],
+) -> Result<Vec<BTreeMap<String, String>>, OpsError> {
+    items
+        .iter()
+        .map(|item| {
+            let segments: Vec<String> = item.split(',').map(str::to_owned).collect();
+            let map = pairs(flag, &segments)?;
+            if map.len() != segments.len() {
+                return Err(OpsError::Usage {
+                    flag,
+                    reason: format!("{item:?} names a key twice"),
+                });
+            }
+            Ok(map)
+        })
+        .collect()
+}
+
 /// The secrets in `--secrets-file` (none without the flag); see
 /// [`csi_node::secrets::read_secrets_file`] for the forms and the checks.
 fn read_secrets(path: Option<&std::path::Path>) -> Result<csi_structs::VolumeSecrets, OpsError> {
@@ -411,6 +445,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 controller_publish,
                 context,
                 secrets_file,
+                topology,
             } => {
                 let body = api::RegisterVolume {
                     id,
@@ -421,6 +456,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     controller_publish,
                     context: pairs("context", &context)?,
                     secrets: read_secrets(secrets_file.as_deref())?,
+                    accessible_topology: topologies("topology", &topology)?,
                 };
                 let v: api::VolumeView =
                     conn.send(Method::POST, "/v1/volumes", Some(&body)).await?;
@@ -434,6 +470,8 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 attachment,
                 parameters,
                 secrets_file,
+                topology,
+                preferred_topology,
             } => {
                 let body = api::CreateVolume {
                     id,
@@ -443,6 +481,8 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     attachment,
                     parameters: pairs("parameter", &parameters)?,
                     secrets: read_secrets(secrets_file.as_deref())?,
+                    requisite_topology: topologies("topology", &topology)?,
+                    preferred_topology: topologies("preferred-topology", &preferred_topology)?,
                 };
                 let v: api::VolumeView = conn
                     .send(Method::POST, "/v1/volumes/create", Some(&body))
@@ -563,6 +603,24 @@ mod tests {
             Some(BTreeMap::from([("a".into(), "b=c".into())]))
         );
         assert!(pairs("context", &["nope".into()]).is_err());
+    }
+
+    #[test]
+    fn topology_flags() {
+        let got = topologies("topology", &["zone=a,region=r".into(), "zone=b".into()]).ok();
+        assert_eq!(
+            got,
+            Some(vec![
+                BTreeMap::from([("zone".into(), "a".into()), ("region".into(), "r".into())]),
+                BTreeMap::from([("zone".into(), "b".into())]),
+            ])
+        );
+        for bad in ["zone", "zone=a,zone=b", "zone=a,"] {
+            let err = topologies("topology", &[bad.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--topology"), "{bad}: {err}");
+        }
     }
 
     #[test]

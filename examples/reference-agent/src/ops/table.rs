@@ -219,6 +219,20 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         escaped(&v.attachment),
         yes(v.controller_publish)
     );
+    if !v.accessible_topology.is_empty() {
+        let list: Vec<String> = v
+            .accessible_topology
+            .iter()
+            .map(|t| {
+                let segments: Vec<String> = t.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("{{{}}}", segments.join(", "))
+            })
+            .collect();
+        out.push_str(&format!(
+            "reachable from: {}\n",
+            escaped(&list.join(" or "))
+        ));
+    }
     if !v.secret_names.is_empty() {
         out.push_str(&format!(
             "secrets (names only): {}\n",
@@ -378,6 +392,7 @@ mod tests {
             created: true,
             secret_names: Vec::new(),
             capacity_bytes: None,
+            accessible_topology: Vec::new(),
             claims: vec![claim.clone()],
             release: Some(ReleaseView {
                 volume: "v1".into(),

@@ -13,9 +13,11 @@ use csi_rpc_shim::{
     ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, CreatedVolume,
     DeleteVolume, PluginFailure, Shim, ShimError, Validated,
 };
+use csi_structs::topology::accessible_from;
 use csi_structs::{
-    AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
-    PublishContext, Secrets, SecretsUse, VolumeContext, VolumeId, WorkloadId,
+    AccessMode, AccessTypeKind, Capabilities, ErrorClass, ExternalVolumeId, NodeId, Parameters,
+    PluginId, PluginService, PublishContext, Secrets, SecretsUse, Topology, TopologyRequirement,
+    VolumeContext, VolumeId, WorkloadId,
 };
 
 use super::book::{Book, BookEntry, BookError};
@@ -199,6 +201,29 @@ fn parse_attachment(text: &str) -> Result<AccessTypeKind, AgentError> {
     }
 }
 
+/// Topologies given as maps of segments, each checked (spec §3.12), naming `field` and the
+/// entry.
+fn parse_topologies(
+    field: &'static str,
+    list: Vec<BTreeMap<String, String>>,
+) -> Result<Vec<Topology>, AgentError> {
+    list.into_iter()
+        .enumerate()
+        .map(|(i, map)| Topology::new(map).map_err(|e| bad(field, format!("entry {i}: {e}"))))
+        .collect()
+}
+
+/// `{a=1} or {b=2}`; `everywhere` for none.
+fn topologies_text(list: &[Topology]) -> String {
+    if list.is_empty() {
+        return "everywhere".into();
+    }
+    list.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
 fn parse_access_mode(text: &str) -> Result<AccessMode, AgentError> {
     text.parse::<AccessMode>()
         .map_err(|e| bad("access_mode", e))
@@ -279,6 +304,22 @@ impl Agent {
         })
     }
 
+    /// What `plugin`'s controller advertises, from a fingerprint here or a peer's report.
+    fn controller_capabilities(&self, plugin: &PluginId) -> Option<Capabilities> {
+        let local = self
+            .plugins
+            .client(plugin)
+            .map(|(_, fp)| fp.capabilities.clone())
+            .filter(|c| c.plugin.has_controller_service());
+        local.or_else(|| {
+            self.peers()
+                .values()
+                .flat_map(|p| p.plugins.iter())
+                .filter(|p| p.id == plugin.as_str() && p.controller.is_some())
+                .find_map(|p| p.capabilities.clone())
+        })
+    }
+
     /// Registers an existing volume. When a controller of the plugin is known (here or on a
     /// peer), the volume's capability is validated first (`ValidateVolumeCapabilities`).
     ///
@@ -319,6 +360,7 @@ impl Agent {
             capacity_bytes: None,
             context: r.context,
             secrets: r.secrets,
+            accessible_topology: parse_topologies("accessible_topology", r.accessible_topology)?,
         };
         self.check_volume_id(&entry)?;
         if self.controller_publish_of(&entry.plugin).is_some() {
@@ -412,6 +454,11 @@ impl Agent {
             return Err(bad("capacity_bytes", "must not be negative"));
         }
         let parameters = Parameters::try_new(r.parameters).map_err(|e| bad("parameters", e))?;
+        let accessibility_requirements = self.requirement(
+            &plugin,
+            parse_topologies("requisite_topology", r.requisite_topology)?,
+            parse_topologies("preferred_topology", r.preferred_topology)?,
+        )?;
         let draft = BookEntry {
             id: id.clone(),
             external_id: ExternalVolumeId::new("pending").map_err(|e| bad("id", e))?,
@@ -424,6 +471,7 @@ impl Agent {
             capacity_bytes: None,
             context: BTreeMap::new(),
             secrets: r.secrets,
+            accessible_topology: Vec::new(),
         };
         self.check_volume_id(&draft)?;
         let request = CreateVolume {
@@ -434,6 +482,7 @@ impl Agent {
             capabilities: vec![draft.capability()],
             parameters,
             secrets: draft.secrets.for_use(SecretsUse::Create),
+            accessibility_requirements,
         };
         let created = match self
             .shim
@@ -453,9 +502,45 @@ impl Agent {
             controller_publish,
             capacity_bytes: Some(created.capacity_bytes),
             context: created.volume_context.into_inner(),
+            accessible_topology: created.accessible_topology,
             ..draft
         })
         .await
+    }
+
+    /// The `accessibility_requirements` of a create: none without topologies; with them, only
+    /// for a plugin that advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` (the spec forbids
+    /// sending them otherwise).
+    fn requirement(
+        &self,
+        plugin: &PluginId,
+        requisite: Vec<Topology>,
+        preferred: Vec<Topology>,
+    ) -> Result<Option<TopologyRequirement>, AgentError> {
+        if requisite.is_empty() && preferred.is_empty() {
+            return Ok(None);
+        }
+        let caps = self.controller_capabilities(plugin).ok_or_else(|| {
+            bad(
+                "requisite_topology",
+                format!(
+                    "plugin {plugin} has no fingerprinted controller here or on a peer, so \
+                     whether it takes topology is not known"
+                ),
+            )
+        })?;
+        if !caps.plugin.has_accessibility_constraints() {
+            return Err(bad(
+                "requisite_topology",
+                format!(
+                    "plugin {plugin} does not advertise {}: it takes no topology requirement",
+                    PluginService::VolumeAccessibilityConstraints
+                ),
+            ));
+        }
+        TopologyRequirement::new(requisite, preferred)
+            .map(Some)
+            .map_err(|e| bad("preferred_topology", e))
     }
 
     /// Undoes a `CreateVolume` whose outcome is uncertain (the volume may exist; its id is
@@ -562,6 +647,18 @@ impl Agent {
             .as_ref()
             .map(|n| n.node_id.clone())
             .ok_or_else(|| AgentError::Conflict("node plugin reported no node id".into()))?;
+        // Refused before anything is recorded or called: the plugin could only fail late.
+        let node_topology = fp.node.as_ref().and_then(|n| n.topology.as_ref());
+        if !accessible_from(&entry.accessible_topology, node_topology) {
+            return Err(AgentError::Conflict(format!(
+                "volume {} is reachable from {} only; plugin {} on node {} is at {}",
+                entry.id,
+                topologies_text(&entry.accessible_topology),
+                entry.plugin,
+                self.me,
+                node_topology.map_or_else(|| "no topology".to_owned(), ToString::to_string),
+            )));
+        }
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
         // Refuse a workload id that cannot name its publish directory before claiming.
         self.volumes
@@ -773,6 +870,11 @@ impl Agent {
             created: entry.created,
             secret_names: entry.secret_names(),
             capacity_bytes: entry.capacity_bytes,
+            accessible_topology: entry
+                .accessible_topology
+                .iter()
+                .map(|t| t.as_map().clone())
+                .collect(),
             claims,
             release,
         }

@@ -11,7 +11,7 @@ use csi_claims::{ControllerRequirement, VolumeInfo};
 use csi_node::detach::SecretsLookup;
 use csi_structs::{
     AccessMode, AccessType, AccessTypeKind, ExternalVolumeId, MountOptions, PluginId, Secrets,
-    SecretsUse, VolumeCapability, VolumeContext, VolumeId, VolumeSecrets,
+    SecretsUse, Topology, VolumeCapability, VolumeContext, VolumeId, VolumeSecrets,
 };
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,10 @@ pub struct BookEntry {
     /// with the entry (mode 0600 on this node, under the prefix in etcd); never shown.
     #[serde(default, skip_serializing_if = "VolumeSecrets::is_empty")]
     pub secrets: VolumeSecrets,
+    /// Where the volume is reachable (from the plugin's `CreateVolume` answer, or given at
+    /// registration); empty: from everywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<Topology>,
 }
 
 impl BookEntry {

@@ -200,6 +200,7 @@ impl LocalPlugins for LocalBackend {
                 volume_capabilities: req.capabilities.iter().map(Into::into).collect(),
                 parameters: req.parameters.to_wire(),
                 secrets: req.secrets.to_wire(),
+                accessibility_requirements: req.accessibility_requirements.as_ref().map(Into::into),
                 ..Default::default()
             };
             let volume = c.create_volume(wire).await.map_err(client_error)?;
@@ -210,6 +211,7 @@ impl LocalPlugins for LocalBackend {
                     .map(|b| i64::try_from(b).unwrap_or(i64::MAX))
                     .unwrap_or(0),
                 volume_context: volume.volume_context,
+                accessible_topology: volume.accessible_topology,
             })
         })
         .await

@@ -348,6 +348,7 @@ impl Plugins {
                     controller_publish: fp
                         .capabilities
                         .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
+                    capabilities: Some(fp.capabilities.clone()),
                 })
             })
             .collect()

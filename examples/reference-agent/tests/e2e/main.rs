@@ -12,3 +12,4 @@ mod plugin_text;
 mod secrets;
 mod serve;
 mod support;
+mod topology;
