@@ -13,6 +13,7 @@
 //! | `POST /v1/volumes/create` | [`CreateVolume`] | [`VolumeView`] |
 //! | `POST /v1/volumes/{id}/claim` | [`ClaimVolume`] | [`ClaimView`] |
 //! | `POST /v1/volumes/{id}/release` | [`ReleaseVolume`] | [`VolumeView`] |
+//! | `POST /v1/volumes/{id}/expand` | [`ExpandVolume`] | [`ExpandView`] |
 //! | `DELETE /v1/volumes/{id}` | | [`VolumeView`] (as it was) |
 //! | `GET /peer/v1/plugins` | | [`PeerPlugins`] (for other agents; cluster token) |
 //! | `GET /metrics` | | Prometheus text (no token) |
@@ -180,6 +181,27 @@ pub struct CreateVolume {
     pub preferred_topology: Vec<BTreeMap<String, String>>,
 }
 
+/// Grow a volume (`POST /v1/volumes/{id}/expand`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExpandVolume {
+    /// The capacity wanted, in bytes (not below the current one).
+    pub capacity_bytes: i64,
+}
+
+/// What an expansion did.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExpandView {
+    /// The volume, with its new capacity.
+    pub volume: VolumeView,
+    /// Whether `ControllerExpandVolume` ran (the plugin has controller `EXPAND_VOLUME`).
+    pub controller_expanded: bool,
+    /// The nodes where `NodeExpandVolume` ran.
+    pub nodes_expanded: Vec<String>,
+    /// Whether `NodeExpandVolume` is still to run: at the volume's next claim, because it is
+    /// published nowhere now.
+    pub node_expansion_pending: bool,
+}
+
 /// Claim a volume for a workload on this agent's node, and publish it there.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ClaimVolume {
@@ -266,6 +288,9 @@ pub struct VolumeView {
     /// everywhere).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accessible_topology: Vec<BTreeMap<String, String>>,
+    /// An expansion waits for `NodeExpandVolume` at the volume's next claim.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_expansion_pending: bool,
     /// Claims not yet freed.
     pub claims: Vec<ClaimView>,
     /// The release, when one is in progress or stuck.

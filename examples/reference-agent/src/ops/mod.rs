@@ -1,5 +1,5 @@
 //! Operator commands against a running `csi-agent serve`: `plugin list|info`,
-//! `volume register|create|claim|release|status|delete` and `status`, as tables by default
+//! `volume register|create|claim|release|expand|status|delete` and `status`, as tables by default
 //! or JSON with `--json`.
 //!
 //! The agent is found through its data directory (`--data-dir` / `CSI_AGENT_DATA_DIR`):
@@ -162,6 +162,14 @@ pub enum VolumeCommand {
         /// Wait until the claim is freed (bounded by `--timeout`).
         #[arg(long)]
         wait: bool,
+    },
+    /// Grow a volume: ControllerExpandVolume, then NodeExpandVolume where it is published.
+    Expand {
+        /// The volume id.
+        id: String,
+        /// The capacity wanted: bytes, or with a suffix (`K`, `M`, `G`, `Ki`, `Mi`, `Gi`).
+        #[arg(long)]
+        capacity: String,
     },
     /// One volume (or all), with claims and release progress.
     Status {
@@ -515,6 +523,19 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     v = wait_freed(&conn, &id, &workload).await?;
                 }
                 conn.print(&v, table::volume_detail);
+            }
+            VolumeCommand::Expand { id, capacity } => {
+                let body = api::ExpandVolume {
+                    capacity_bytes: parse_bytes(&capacity)?,
+                };
+                let e: api::ExpandView = conn
+                    .send(
+                        Method::POST,
+                        &format!("/v1/volumes/{}/expand", api::encode_segment(&id)),
+                        Some(&body),
+                    )
+                    .await?;
+                conn.print(&e, table::expanded);
             }
             VolumeCommand::Status { id: Some(id) } => {
                 let v: api::VolumeView = conn

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use csi_structs::untrusted::{escape, escaped};
 
-use super::api::{ClaimView, PluginView, ReleaseView, StatusView, VolumeView};
+use super::api::{ClaimView, ExpandView, PluginView, ReleaseView, StatusView, VolumeView};
 
 /// A left-aligned text table.
 pub(crate) struct Table {
@@ -219,6 +219,16 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         escaped(&v.attachment),
         yes(v.controller_publish)
     );
+    if let Some(bytes) = v.capacity_bytes {
+        out.push_str(&format!(
+            "capacity: {bytes} bytes{}\n",
+            if v.node_expansion_pending {
+                " (NodeExpandVolume pending: at the next claim)"
+            } else {
+                ""
+            }
+        ));
+    }
     if !v.accessible_topology.is_empty() {
         let list: Vec<String> = v
             .accessible_topology
@@ -244,6 +254,24 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         out.push_str("release:\n");
         out.push_str(&releases(std::slice::from_ref(r)));
     }
+    out
+}
+
+pub(crate) fn expanded(e: &ExpandView) -> String {
+    let mut out = volume_detail(&e.volume);
+    out.push_str(&format!(
+        "ControllerExpandVolume: {}\nNodeExpandVolume: {}\n",
+        if e.controller_expanded {
+            "done"
+        } else {
+            "not offered by the plugin"
+        },
+        match (e.nodes_expanded.is_empty(), e.node_expansion_pending) {
+            (false, _) => format!("done on {}", escaped(&e.nodes_expanded.join(", "))),
+            (true, true) => "at the next claim (published nowhere now)".to_owned(),
+            (true, false) => "not needed".to_owned(),
+        }
+    ));
     out
 }
 
@@ -393,6 +421,7 @@ mod tests {
             secret_names: Vec::new(),
             capacity_bytes: None,
             accessible_topology: Vec::new(),
+            node_expansion_pending: false,
             claims: vec![claim.clone()],
             release: Some(ReleaseView {
                 volume: "v1".into(),

@@ -10,14 +10,14 @@ use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, Pending};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
 use csi_rpc_shim::{
-    ControllerAttach, ControllerQuery, ControllerValidate, CreateVolume, CreatedVolume,
-    DeleteVolume, PluginFailure, Shim, ShimError, Validated,
+    ControllerAttach, ControllerExpand, ControllerQuery, ControllerValidate, CreateVolume,
+    CreatedVolume, DeleteVolume, NodeExpand, PluginFailure, Shim, ShimError, Validated,
 };
 use csi_structs::topology::accessible_from;
 use csi_structs::{
     AccessMode, AccessTypeKind, Capabilities, ErrorClass, ExternalVolumeId, NodeId, Parameters,
     PluginId, PluginService, PublishContext, Secrets, SecretsUse, Topology, TopologyRequirement,
-    VolumeContext, VolumeId, WorkloadId,
+    VolumeContext, VolumeExpansion, VolumeId, WorkloadId,
 };
 
 use super::book::{Book, BookEntry, BookError};
@@ -27,7 +27,7 @@ use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
 use csi_node::layout::Usage;
 use csi_node::state::StateFileError;
-use csi_node::volumes::{MountRequest, PendingStep, VolumeError, VolumeManager};
+use csi_node::volumes::{ExpandRequest, MountRequest, PendingStep, VolumeError, VolumeManager};
 
 /// What the agent knows about a peer.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +68,10 @@ pub enum AgentError {
     /// The request conflicts with the current state.
     #[error("{0}")]
     Conflict(String),
+    /// The plugin cannot do what was asked (a capability it does not advertise), or not in
+    /// the volume's present state.
+    #[error("{0}")]
+    Unsupported(String),
     /// The claim layer refused or stopped.
     #[error(transparent)]
     Claims(#[from] DriverError),
@@ -108,6 +112,7 @@ impl AgentError {
             AgentError::NotFound { .. } => (404, "not_found", None),
             AgentError::BadRequest { .. } => (400, "bad_request", None),
             AgentError::Conflict(_) => (409, "conflict", None),
+            AgentError::Unsupported(_) => (409, "unsupported", None),
             AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
             AgentError::Claims(_) => (409, "claim", None),
             AgentError::Plugin { class, kind, .. } => (502, kind, Some(*class)),
@@ -361,6 +366,7 @@ impl Agent {
             context: r.context,
             secrets: r.secrets,
             accessible_topology: parse_topologies("accessible_topology", r.accessible_topology)?,
+            node_expansion: None,
         };
         self.check_volume_id(&entry)?;
         if self.controller_publish_of(&entry.plugin).is_some() {
@@ -472,6 +478,7 @@ impl Agent {
             context: BTreeMap::new(),
             secrets: r.secrets,
             accessible_topology: Vec::new(),
+            node_expansion: None,
         };
         self.check_volume_id(&draft)?;
         let request = CreateVolume {
@@ -708,7 +715,10 @@ impl Agent {
             .publish(&entry, &workload, &plugin_node, read_only)
             .await
         {
-            Ok(target) => Ok(claim_view(&claim, Some(target.display().to_string()))),
+            Ok(target) => {
+                self.pending_node_expansion(&entry).await;
+                Ok(claim_view(&claim, Some(target.display().to_string())))
+            }
             Err(e) => {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
                 if let Err(r) = self.claims.release(&entry.id, &workload).await {
@@ -768,6 +778,222 @@ impl Agent {
             })
             .await
             .map_err(|e| AgentError::node("mount", &e))
+    }
+
+    /// Grows a volume: `ControllerExpandVolume` when the plugin has controller
+    /// `EXPAND_VOLUME` (a published volume only with `VolumeExpansion` `ONLINE`), then
+    /// `NodeExpandVolume` on every node where it is published when the controller says so, or
+    /// when the plugin expands on the node only; the new capacity is recorded. A node
+    /// expansion with no node to run on waits for the volume's next claim.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Unsupported`] when the plugin cannot expand it (no `EXPAND_VOLUME`; an
+    /// offline-only plugin and a published volume; node-only expansion of a volume published
+    /// nowhere), [`AgentError::BadRequest`] for a capacity below the current one, and the
+    /// calls' errors (a node's saying what the controller step already did).
+    pub async fn expand(
+        &self,
+        id: &str,
+        r: api::ExpandVolume,
+    ) -> Result<api::ExpandView, AgentError> {
+        let entry = self.entry(id)?;
+        if entry.deleting {
+            return Err(deleting(&entry.id));
+        }
+        let wanted = r.capacity_bytes;
+        if wanted <= 0 {
+            return Err(bad("capacity_bytes", "must be more than 0"));
+        }
+        if let Some(current) = entry.capacity_bytes.filter(|c| wanted < *c) {
+            return Err(bad(
+                "capacity_bytes",
+                format!("{wanted} is below the volume's {current} bytes; volumes only grow"),
+            ));
+        }
+        let plugin = &entry.plugin;
+        let controller = self.controller_capabilities(plugin);
+        let controller_can = controller
+            .as_ref()
+            .is_some_and(|c| c.controller.can_expand());
+        let node_can = self.node_can_expand(plugin);
+        if !controller_can && !node_can {
+            return Err(AgentError::Unsupported(format!(
+                "plugin {plugin} cannot expand volumes: it advertises neither controller \
+                 EXPAND_VOLUME nor node EXPAND_VOLUME"
+            )));
+        }
+        let claims = self
+            .claims
+            .record(&entry.id)
+            .map(|r| r.claims().to_vec())
+            .unwrap_or_default();
+        // One workload per node where the volume is mounted now.
+        let mounted: BTreeMap<NodeId, WorkloadId> = claims
+            .iter()
+            .filter(|c| !c.state().is_releasing())
+            .map(|c| (c.node().clone(), c.workload().clone()))
+            .collect();
+        let mut capacity = wanted;
+        let node_step = if controller_can {
+            let online = controller
+                .as_ref()
+                .is_some_and(|c| c.plugin.has_expansion(VolumeExpansion::Online));
+            if !online && !claims.is_empty() {
+                let nodes: BTreeSet<String> = claims.iter().map(|c| c.node().to_string()).collect();
+                return Err(AgentError::Unsupported(format!(
+                    "plugin {plugin} expands volumes offline only (it does not advertise \
+                     VolumeExpansion {}) and volume {} is published ({} claim(s), on {}): \
+                     release them, then expand",
+                    VolumeExpansion::Online,
+                    entry.id,
+                    claims.len(),
+                    nodes.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            let expanded = self
+                .shim
+                .controller_expand(
+                    ControllerExpand {
+                        query: ControllerQuery::new(plugin.clone()),
+                        volume: entry.id.clone(),
+                        external_volume: entry.external_id.clone(),
+                        required_bytes: wanted,
+                        limit_bytes: 0,
+                        capability: Some(entry.capability()),
+                        secrets: entry.secrets.for_use(SecretsUse::ControllerExpand),
+                    },
+                    self.call_timeout,
+                )
+                .await
+                .map_err(|e| AgentError::shim("ControllerExpandVolume", &e))?;
+            if expanded.capacity_bytes > 0 {
+                capacity = expanded.capacity_bytes;
+            }
+            tracing::info!(volume = %entry.id, capacity_bytes = capacity, node_expansion_required = expanded.node_expansion_required, "volume expanded by the controller");
+            expanded.node_expansion_required
+        } else if mounted.is_empty() {
+            return Err(AgentError::Unsupported(format!(
+                "plugin {plugin} expands volumes on the node only (no controller EXPAND_VOLUME) \
+                 and volume {} is published nowhere: claim it, then expand",
+                entry.id
+            )));
+        } else {
+            true
+        };
+        self.book
+            .update(&entry.id, |e| {
+                e.capacity_bytes = Some(capacity);
+                e.node_expansion = node_step.then_some(wanted);
+            })
+            .await?;
+        let mut nodes_expanded = Vec::new();
+        if node_step {
+            for (node, workload) in &mounted {
+                let grown = self
+                    .shim
+                    .node_expand(
+                        NodeExpand {
+                            plugin: plugin.clone(),
+                            volume: entry.id.clone(),
+                            external_volume: entry.external_id.clone(),
+                            node: node.clone(),
+                            workload: workload.clone(),
+                            required_bytes: wanted,
+                            limit_bytes: 0,
+                            capability: entry.capability(),
+                            secrets: entry.secrets.for_use(SecretsUse::NodeExpand),
+                        },
+                        self.call_timeout,
+                    )
+                    .await
+                    .map_err(|e| AgentError::Plugin {
+                        step: "NodeExpandVolume",
+                        class: e.class(),
+                        kind: shim_kind(&e),
+                        detail: format!(
+                            "on node {node}: {e}; {}run `volume expand` again to finish",
+                            if controller_can {
+                                format!(
+                                    "ControllerExpandVolume already grew it to {capacity} bytes; "
+                                )
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    })?;
+                if !controller_can && grown.capacity_bytes > capacity {
+                    capacity = grown.capacity_bytes;
+                }
+                nodes_expanded.push(node.to_string());
+            }
+            if !mounted.is_empty() {
+                self.book
+                    .update(&entry.id, |e| {
+                        e.capacity_bytes = Some(capacity);
+                        e.node_expansion = None;
+                    })
+                    .await?;
+            }
+        }
+        let volume = self.volume(id)?;
+        Ok(api::ExpandView {
+            node_expansion_pending: volume.node_expansion_pending,
+            volume,
+            controller_expanded: controller_can,
+            nodes_expanded,
+        })
+    }
+
+    /// Whether a node instance of `plugin` (here or on a peer) advertises `EXPAND_VOLUME`.
+    fn node_can_expand(&self, plugin: &PluginId) -> bool {
+        let local = self
+            .plugins
+            .client(plugin)
+            .is_some_and(|(_, fp)| fp.serves_node() && fp.capabilities.node.can_expand());
+        local
+            || self
+                .peers()
+                .values()
+                .flat_map(|p| p.plugins.iter())
+                .filter(|p| p.id == plugin.as_str() && p.node.is_some())
+                .any(|p| p.capabilities.as_ref().is_some_and(|c| c.node.can_expand()))
+    }
+
+    /// The `NodeExpandVolume` an expansion left for the volume's next claim, run here now
+    /// that it is published (the spec's order for offline expansion: controller expand,
+    /// stage and publish, then node expand). A failure is logged and the expansion stays
+    /// pending for the next claim or `volume expand`.
+    async fn pending_node_expansion(&self, entry: &BookEntry) {
+        let Some(wanted) = entry.node_expansion else {
+            return;
+        };
+        let Ok(capacity) = csi_structs::CapacityRange::new(u64::try_from(wanted).ok(), None) else {
+            return;
+        };
+        let request = ExpandRequest {
+            plugin: entry.plugin.clone(),
+            volume: entry.id.clone(),
+            external_id: entry.external_id.clone(),
+            capacity,
+            capability: Some(entry.capability()),
+            secrets: entry.secrets.for_use(SecretsUse::NodeExpand),
+        };
+        match self.volumes.expand(&request).await {
+            Ok(_) => {
+                tracing::info!(volume = %entry.id, capacity_bytes = wanted, "pending node expansion done");
+                if let Err(e) = self
+                    .book
+                    .update(&entry.id, |e| e.node_expansion = None)
+                    .await
+                {
+                    tracing::warn!(volume = %entry.id, error = %e, "the done node expansion could not be recorded; it runs again");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(volume = %entry.id, error = %e, "pending node expansion failed; it stays pending");
+            }
+        }
     }
 
     /// Starts releasing a claim; returns once the release is durable.
@@ -875,6 +1101,7 @@ impl Agent {
                 .iter()
                 .map(|t| t.as_map().clone())
                 .collect(),
+            node_expansion_pending: entry.node_expansion.is_some(),
             claims,
             release,
         }

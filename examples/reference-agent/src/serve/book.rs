@@ -49,6 +49,10 @@ pub struct BookEntry {
     /// registration); empty: from everywhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accessible_topology: Vec<Topology>,
+    /// A controller expansion asked for a `NodeExpandVolume` that has not run yet (the volume
+    /// was published nowhere): the capacity asked for, expanded on the node at the next claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_expansion: Option<i64>,
 }
 
 impl BookEntry {
@@ -244,6 +248,36 @@ impl Book {
             }
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.remove(id).await,
+        }
+    }
+
+    /// Changes a volume's entry with `change` (its id stays) and returns the new entry;
+    /// `None` when the volume is not (or no longer) registered.
+    ///
+    /// # Errors
+    ///
+    /// When the change cannot be written (nothing changes).
+    pub async fn update(
+        &self,
+        id: &VolumeId,
+        change: impl Fn(&mut BookEntry),
+    ) -> Result<Option<BookEntry>, BookError> {
+        match &self.backend {
+            Backend::File { path, entries } => {
+                let mut map = Self::lock(entries);
+                let Some(mut entry) = map.get(id).cloned() else {
+                    return Ok(None);
+                };
+                change(&mut entry);
+                entry.id = id.clone();
+                let mut next = map.clone();
+                next.insert(id.clone(), entry.clone());
+                save_json_private(path, &next.values().collect::<Vec<_>>())?;
+                *map = next;
+                Ok(Some(entry))
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.update(id, change).await,
         }
     }
 

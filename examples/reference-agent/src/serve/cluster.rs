@@ -32,9 +32,9 @@ use crate::ops::api;
 
 /// The format of the values this agent writes under `volumes/` and `members/`.
 const FORMAT: u32 = 1;
-/// How often an agent deleting a volume tries again when the volume or its claims change
-/// between its read and its write.
-const DELETE_ATTEMPTS: usize = 5;
+/// How often an agent deleting or updating a volume tries again when the volume (or its
+/// claims) change between its read and its write.
+const WRITE_ATTEMPTS: usize = 5;
 
 /// The volume book in etcd: a [`Mirror`] of `<prefix>/volumes/`, written with transactions.
 #[derive(Debug)]
@@ -108,24 +108,7 @@ impl ClusterBook {
     pub async fn insert(&self, entry: &BookEntry) -> Result<bool, BookError> {
         let name = entry.id.as_str();
         let key = self.mirror.key(name);
-        let value = serde_json::to_vec(&StoredVolume {
-            format: FORMAT,
-            entry: entry.clone(),
-        })
-        .map_err(|e| StoreError::Etcd {
-            endpoints: self.store.config().endpoints_text(),
-            operation: format!("encode volume {name}"),
-            detail: e.to_string(),
-        })?;
-        let limit = self.store.config().max_value_bytes;
-        if value.len() > limit {
-            return Err(StoreError::TooLarge {
-                volume: entry.id.clone(),
-                size: value.len(),
-                limit,
-            }
-            .into());
-        }
+        let value = self.encode(entry)?;
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), value.clone(), None)])
@@ -148,6 +131,82 @@ impl ClusterBook {
             }
         }
         Ok(false)
+    }
+
+    /// Changes a volume's record with `change`, in a transaction that compares the key with
+    /// what was read (tried again when another agent changed it in between).
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Store`].
+    pub async fn update(
+        &self,
+        id: &VolumeId,
+        change: impl Fn(&mut BookEntry),
+    ) -> Result<Option<BookEntry>, BookError> {
+        let name = id.as_str();
+        let key = self.mirror.key(name);
+        let operation = || format!("update volume {name}");
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(kv) = self.store.read_key(&key).await? else {
+                return Ok(None);
+            };
+            let Some(mut entry) = self.decode(name, kv.value(), kv.mod_revision()) else {
+                return Err(
+                    self.failed(operation(), format!("the value under {key} cannot be read"))
+                );
+            };
+            change(&mut entry);
+            entry.id = id.clone();
+            let value = self.encode(&entry)?;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::put(key.as_str(), value.clone(), None)]);
+            let answer = self.store.txn(operation, txn).await?;
+            if answer.succeeded() {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                self.mirror.note(name, Some((value, 0)), revision);
+                return Ok(Some(entry));
+            }
+        }
+        Err(self.failed(
+            operation(),
+            format!("the volume changed between reading and writing {WRITE_ATTEMPTS} times"),
+        ))
+    }
+
+    /// A store error of `operation` that etcd itself did not report.
+    fn failed(&self, operation: String, detail: String) -> BookError {
+        StoreError::Etcd {
+            endpoints: self.store.config().endpoints_text(),
+            operation,
+            detail,
+        }
+        .into()
+    }
+
+    /// The record of `entry`, within the store's value limit.
+    fn encode(&self, entry: &BookEntry) -> Result<Vec<u8>, BookError> {
+        let name = entry.id.as_str();
+        let value = serde_json::to_vec(&StoredVolume {
+            format: FORMAT,
+            entry: entry.clone(),
+        })
+        .map_err(|e| self.failed(format!("encode volume {name}"), e.to_string()))?;
+        let limit = self.store.config().max_value_bytes;
+        if value.len() > limit {
+            return Err(StoreError::TooLarge {
+                volume: entry.id.clone(),
+                size: value.len(),
+                limit,
+            }
+            .into());
+        }
+        Ok(value)
     }
 
     /// Marks a volume as being deleted, only if the cluster holds no claim of it: the volume
@@ -197,17 +256,14 @@ impl ClusterBook {
         let key = self.mirror.key(name);
         let claims_key = self.store.key(id);
         let operation = || operation.replace("{}", name);
-        for _ in 0..DELETE_ATTEMPTS {
+        for _ in 0..WRITE_ATTEMPTS {
             let Some(kv) = self.store.read_key(&key).await? else {
                 return Ok(None);
             };
             let Some(entry) = self.decode(name, kv.value(), kv.mod_revision()) else {
-                return Err(StoreError::Etcd {
-                    endpoints: self.store.config().endpoints_text(),
-                    operation: operation(),
-                    detail: format!("the value under {key} cannot be read"),
-                }
-                .into());
+                return Err(
+                    self.failed(operation(), format!("the value under {key} cannot be read"))
+                );
             };
             let claims = self.store.load(id).await?;
             let claimed = claims.as_ref().map_or(0, |s| s.record.claims().len());
@@ -234,14 +290,12 @@ impl ClusterBook {
                 return Ok(Some(entry));
             }
         }
-        Err(StoreError::Etcd {
-            endpoints: self.store.config().endpoints_text(),
-            operation: operation(),
-            detail: format!(
-                "the volume or its claims changed between reading and writing {DELETE_ATTEMPTS} times"
+        Err(self.failed(
+            operation(),
+            format!(
+                "the volume or its claims changed between reading and writing {WRITE_ATTEMPTS} times"
             ),
-        }
-        .into())
+        ))
     }
 
     /// The volume as etcd holds it now (a linearizable read); the mirror learns it too.

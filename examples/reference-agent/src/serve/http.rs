@@ -188,6 +188,13 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
                 Err(a) => a,
             }
         }
+        (Method::POST, ["v1", "volumes", id, "expand"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.expand(&id, r).await),
+                Err(a) => a,
+            }
+        }
         (Method::DELETE, ["v1", "volumes", id]) => reply(agent.delete(id).await),
         _ => error(404, "not_found", format!("no route {method} {path}"), None),
     }

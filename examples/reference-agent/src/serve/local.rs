@@ -15,7 +15,7 @@ use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabili
 
 use super::plugins::Plugins;
 use csi_node::layout::Usage;
-use csi_node::volumes::{UnmountRequest, VolumeError, VolumeManager};
+use csi_node::volumes::{ExpandRequest, UnmountRequest, VolumeError, VolumeManager};
 
 /// [`LocalPlugins`] over csi-client.
 #[derive(Debug)]
@@ -86,6 +86,22 @@ impl LocalBackend {
             )),
         }
     }
+}
+
+/// The capacity range of an expansion (0: unset), refused before any call when it breaks the
+/// spec's rules.
+fn capacity_range(required_bytes: i64, limit_bytes: i64) -> Result<CapacityRange, PluginError> {
+    CapacityRange::new(
+        u64::try_from(required_bytes).ok(),
+        u64::try_from(limit_bytes).ok(),
+    )
+    .map_err(|e| {
+        PluginError::failed(
+            ErrorClass::Fatal,
+            PluginFailure::NotSent,
+            format!("capacity range: {e}"),
+        )
+    })
 }
 
 async fn within<T>(
@@ -229,10 +245,27 @@ impl LocalPlugins for LocalBackend {
 
     async fn controller_expand(
         &self,
-        _ctx: &CallContext,
-        _req: ControllerExpand,
+        ctx: &CallContext,
+        req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
-        Err(unsupported("ControllerExpandVolume"))
+        let c = self.controller(&req.query.plugin)?;
+        let range = capacity_range(req.required_bytes, req.limit_bytes)?;
+        within(ctx, async move {
+            let answer = c
+                .controller_expand_volume(csi_client::proto::ControllerExpandVolumeRequest {
+                    volume_id: req.external_volume.as_str().to_owned(),
+                    capacity_range: Some((&range).into()),
+                    secrets: req.secrets.to_wire(),
+                    volume_capability: req.capability.as_ref().map(Into::into),
+                })
+                .await
+                .map_err(client_error)?;
+            Ok(ControllerExpanded {
+                capacity_bytes: answer.capacity_bytes,
+                node_expansion_required: answer.node_expansion_required,
+            })
+        })
+        .await
     }
 
     async fn list_volumes(
@@ -287,9 +320,23 @@ impl LocalPlugins for LocalBackend {
 
     async fn node_expand(
         &self,
-        _ctx: &CallContext,
-        _req: NodeExpand,
+        ctx: &CallContext,
+        req: NodeExpand,
     ) -> Result<NodeExpanded, PluginError> {
-        Err(unsupported("NodeExpandVolume"))
+        let request = ExpandRequest {
+            plugin: req.plugin,
+            volume: req.volume,
+            external_id: req.external_volume,
+            capacity: capacity_range(req.required_bytes, req.limit_bytes)?,
+            capability: Some(req.capability),
+            secrets: req.secrets,
+        };
+        within(ctx, async move {
+            let grown = self.volumes.expand(&request).await.map_err(node_error)?;
+            Ok(NodeExpanded {
+                capacity_bytes: grown.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+            })
+        })
+        .await
     }
 }

@@ -219,6 +219,15 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
         assert!(done.claims.is_empty(), "{done:?}");
     }
     assert_eq!(winners.values().sum::<usize>(), ROUNDS);
+    // An expansion through c (the controller is on a) is recorded in etcd: b sees it.
+    let expanded: csi_agent::ops::api::ExpandView =
+        json(&c.data, &["volume", "expand", "v1", "--capacity", "2Mi"]).await;
+    assert!(expanded.controller_expanded && expanded.node_expansion_pending);
+    eventually("b sees the new capacity", async || {
+        let v: VolumeView = json(&b.data, &["volume", "status", "v1"]).await;
+        (v.capacity_bytes == Some(2 << 20) && v.node_expansion_pending).then_some(())
+    })
+    .await;
     for rpc in [Rpc::ControllerPublishVolume, Rpc::ControllerUnpublishVolume] {
         let calls = mock.calls().of(rpc);
         assert!(calls.records().len() >= ROUNDS, "{rpc:?}");
