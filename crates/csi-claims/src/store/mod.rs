@@ -18,6 +18,9 @@
 //!   volume, compare-and-swap as a transaction on the key's `mod_revision`, and a watch so that
 //!   every agent's driver learns of the volumes another agent changed, and of no others.
 //!
+//! [`Forgetting`] wraps a store of one writer so that its owner can drop a volume's claims out
+//! from under the driver (an operator abandoning a volume whose releases cannot finish).
+//!
 //! The trait is async (a store across the network waits on it) and object-safe
 //! (`Arc<dyn ClaimStore>` works), through `async-trait`.
 
@@ -29,6 +32,7 @@ mod etcd;
 mod etcd_duty;
 #[cfg(feature = "etcd")]
 mod etcd_mirror;
+mod forgetting;
 mod memory;
 mod redb_store;
 
@@ -47,6 +51,7 @@ pub use etcd_client;
 pub use etcd_duty::{ControllerElection, MIN_DUTY_TTL};
 #[cfg(feature = "etcd")]
 pub use etcd_mirror::{Held, HeldKey, Mirror, MirrorEntry};
+pub use forgetting::Forgetting;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 

@@ -14,6 +14,8 @@
 //! | `POST /v1/volumes/{id}/claim` | [`ClaimVolume`] | [`ClaimView`] |
 //! | `POST /v1/volumes/{id}/release` | [`ReleaseVolume`] | [`VolumeView`] |
 //! | `POST /v1/volumes/{id}/expand` | [`ExpandVolume`] | [`ExpandView`] |
+//! | `POST /v1/volumes/{id}/detach` | [`DetachVolume`] | [`DetachView`] |
+//! | `POST /v1/volumes/{id}/deregister` | [`DeregisterVolume`] | [`DeregisterView`] |
 //! | `DELETE /v1/volumes/{id}` | | [`VolumeView`] (as it was) |
 //! | `GET /peer/v1/plugins` | | [`PeerPlugins`] (for other agents; cluster token) |
 //! | `GET /metrics` | | Prometheus text (no token) |
@@ -200,6 +202,55 @@ pub struct ExpandView {
     /// Whether `NodeExpandVolume` is still to run: at the volume's next claim, because it is
     /// published nowhere now.
     pub node_expansion_pending: bool,
+}
+
+/// Release every claim of a volume on one node (`POST /v1/volumes/{id}/detach`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DetachVolume {
+    /// The orchestrator node whose claims are released.
+    pub node: String,
+    /// The node is gone for good: its node steps are skipped and the controller step runs
+    /// without it (every claim made from it, on every volume, is released).
+    #[serde(default)]
+    pub node_gone: bool,
+}
+
+/// What a detach started.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DetachView {
+    /// The volume, its claims in their release states.
+    pub volume: VolumeView,
+    /// The workloads whose claims on the node are being released.
+    pub releasing: Vec<String>,
+    /// Whether the node was reported gone for good.
+    pub node_gone: bool,
+    /// A hint, when the release may not get far on its own (the node's agent is not reachable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Drop a volume from the agent (`POST /v1/volumes/{id}/deregister`); the plugin is not
+/// called.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeregisterVolume {
+    /// Drop it even with claims, which are forgotten, not released.
+    #[serde(default)]
+    pub force: bool,
+    /// With `force`: the operator confirms it (without it the answer is an error listing what
+    /// would be left behind).
+    #[serde(default)]
+    pub confirmed: bool,
+}
+
+/// What a deregistration dropped and left.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeregisterView {
+    /// The volume as it was.
+    pub volume: VolumeView,
+    /// How many claims were forgotten.
+    pub dropped_claims: usize,
+    /// What stays in the plugin (and on nodes), each with the call that would remove it.
+    pub left_in_plugin: Vec<String>,
 }
 
 /// Claim a volume for a workload on this agent's node, and publish it there.

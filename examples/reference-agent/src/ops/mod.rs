@@ -1,5 +1,5 @@
 //! Operator commands against a running `csi-agent serve`: `plugin list|info`,
-//! `volume register|create|claim|release|expand|status|delete` and `status`, as tables by default
+//! `volume register|create|claim|release|expand|detach|deregister|status|delete` and `status`, as tables by default
 //! or JSON with `--json`.
 //!
 //! The agent is found through its data directory (`--data-dir` / `CSI_AGENT_DATA_DIR`):
@@ -181,6 +181,32 @@ pub enum VolumeCommand {
         /// The volume id.
         id: String,
     },
+    /// Release every claim of a volume on one node: node steps there, then the controller step.
+    Detach {
+        /// The volume id.
+        id: String,
+        /// The orchestrator node whose claims are released.
+        #[arg(long)]
+        node: String,
+        /// The node is gone for good: skip its node steps and run the controller step
+        /// without it (every claim made from it, on every volume, is released).
+        #[arg(long)]
+        node_gone: bool,
+        /// Wait until those claims are freed (bounded by `--timeout`).
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Drop a volume from the agent without calling the plugin; says what the plugin keeps.
+    Deregister {
+        /// The volume id.
+        id: String,
+        /// Drop it even with claims, which are forgotten, not released.
+        #[arg(long)]
+        force: bool,
+        /// Confirm a forced deregistration (without it, it is refused with what would be left).
+        #[arg(long, requires = "force")]
+        yes: bool,
+    },
 }
 
 /// Arguments of `csi-agent status`.
@@ -208,6 +234,16 @@ pub enum OpsError {
     /// The call failed.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// `volume detach --wait` ran out of time.
+    #[error("claims of {volume} on node {node} not freed within {limit:?}; see `csi-agent status`")]
+    DetachTimedOut {
+        /// The volume.
+        volume: String,
+        /// The node.
+        node: String,
+        /// The limit.
+        limit: Duration,
+    },
     /// `--wait` ran out of time.
     #[error("claim of {workload} on {volume} not freed within {limit:?}; see `csi-agent status`")]
     WaitTimedOut {
@@ -547,6 +583,48 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 let list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
                 conn.print(&list, |l| table::volumes(l));
             }
+            VolumeCommand::Detach {
+                id,
+                node,
+                node_gone,
+                wait,
+            } => {
+                let body = api::DetachVolume {
+                    node: node.clone(),
+                    node_gone,
+                };
+                let mut d: api::DetachView = conn
+                    .send(
+                        Method::POST,
+                        &format!("/v1/volumes/{}/detach", api::encode_segment(&id)),
+                        Some(&body),
+                    )
+                    .await?;
+                if wait {
+                    d.volume = wait_until(&conn, &id, |v| !v.claims.iter().any(|c| c.node == node))
+                        .await?
+                        .ok_or_else(|| OpsError::DetachTimedOut {
+                            volume: id.clone(),
+                            node: node.clone(),
+                            limit: conn.limit,
+                        })?;
+                }
+                conn.print(&d, table::detached);
+            }
+            VolumeCommand::Deregister { id, force, yes } => {
+                let body = api::DeregisterVolume {
+                    force,
+                    confirmed: yes,
+                };
+                let d: api::DeregisterView = conn
+                    .send(
+                        Method::POST,
+                        &format!("/v1/volumes/{}/deregister", api::encode_segment(&id)),
+                        Some(&body),
+                    )
+                    .await?;
+                conn.print(&d, table::deregistered);
+            }
             VolumeCommand::Delete { id } => {
                 let v: api::VolumeView = conn
                     .send::<(), _>(
@@ -569,20 +647,34 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
 
 /// Polls until `workload`'s claim on `id` is gone, within the connection's limit.
 async fn wait_freed(conn: &Conn, id: &str, workload: &str) -> Result<api::VolumeView, OpsError> {
+    wait_until(conn, id, |v| {
+        !v.claims.iter().any(|c| c.workload == workload)
+    })
+    .await?
+    .ok_or_else(|| OpsError::WaitTimedOut {
+        volume: id.to_owned(),
+        workload: workload.to_owned(),
+        limit: conn.limit,
+    })
+}
+
+/// Polls volume `id` until `done` holds, within the connection's limit: `None` when the
+/// limit passed first.
+async fn wait_until(
+    conn: &Conn,
+    id: &str,
+    done: impl Fn(&api::VolumeView) -> bool,
+) -> Result<Option<api::VolumeView>, OpsError> {
     let deadline = tokio::time::Instant::now() + conn.limit;
     loop {
         let v: api::VolumeView = conn
             .get(&format!("/v1/volumes/{}", api::encode_segment(id)))
             .await?;
-        if !v.claims.iter().any(|c| c.workload == workload) {
-            return Ok(v);
+        if done(&v) {
+            return Ok(Some(v));
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(OpsError::WaitTimedOut {
-                volume: id.to_owned(),
-                workload: workload.to_owned(),
-                limit: conn.limit,
-            });
+            return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -8,7 +8,10 @@ use std::fmt::Write as _;
 
 use csi_structs::untrusted::{escape, escaped};
 
-use super::api::{ClaimView, ExpandView, PluginView, ReleaseView, StatusView, VolumeView};
+use super::api::{
+    ClaimView, DeregisterView, DetachView, ExpandView, PluginView, ReleaseView, StatusView,
+    VolumeView,
+};
 
 /// A left-aligned text table.
 pub(crate) struct Table {
@@ -272,6 +275,35 @@ pub(crate) fn expanded(e: &ExpandView) -> String {
             (true, false) => "not needed".to_owned(),
         }
     ));
+    out
+}
+
+pub(crate) fn detached(d: &DetachView) -> String {
+    let mut out = volume_detail(&d.volume);
+    out.push_str(&format!(
+        "releasing: {}{}\n",
+        escaped(&d.releasing.join(", ")),
+        if d.node_gone {
+            " (node reported gone for good: node steps skipped)"
+        } else {
+            ""
+        }
+    ));
+    if let Some(note) = &d.note {
+        out.push_str(&format!("note: {}\n", escaped(note)));
+    }
+    out
+}
+
+pub(crate) fn deregistered(d: &DeregisterView) -> String {
+    let mut out = format!(
+        "deregistered volume {} ({} claim(s) forgotten); left behind:\n",
+        escaped(&d.volume.id),
+        d.dropped_claims
+    );
+    for item in &d.left_in_plugin {
+        out.push_str(&format!("  - {}\n", escaped(item)));
+    }
     out
 }
 

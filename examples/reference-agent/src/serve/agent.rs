@@ -3,11 +3,12 @@
 //! volume manager.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, Pending};
+use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
 use csi_rpc_shim::{
     ControllerAttach, ControllerExpand, ControllerQuery, ControllerValidate, CreateVolume,
@@ -40,10 +41,18 @@ pub struct PeerState {
     pub last_error: Option<String>,
 }
 
-/// What `status` shows of the cluster, in cluster mode.
+/// What the agent asks of the cluster, in cluster mode.
+#[async_trait::async_trait]
 pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
     /// The store, the members and the controller duty's holder.
     fn view(&self) -> api::ClusterView;
+
+    /// Reports `node` gone for good to every agent (their drivers skip its node steps).
+    ///
+    /// # Errors
+    ///
+    /// When the store cannot be written.
+    async fn report_node_gone(&self, node: &NodeId) -> Result<(), csi_claims::StoreError>;
 }
 
 /// A failed control operation.
@@ -257,6 +266,9 @@ pub struct Agent {
     pub call_timeout: Duration,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<std::sync::Arc<dyn ClusterStatus>>,
+    /// The claim store of this node, through which a forced deregistration forgets a volume's
+    /// claims (`None` in cluster mode: the volume's record and its claims go together).
+    pub forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
     /// Ids whose `CreateVolume`, or the undo of an uncertain one, is in flight on this agent.
     /// A second create of the same id is refused meanwhile, so an undo never deletes the
     /// volume a concurrent create of the same name was given.
@@ -994,6 +1006,207 @@ impl Agent {
                 tracing::warn!(volume = %entry.id, error = %e, "pending node expansion failed; it stays pending");
             }
         }
+    }
+
+    /// Releases every claim of a volume on one node (the node steps through that node's
+    /// agent, then the controller step). With `node_gone` the node is reported gone for good
+    /// first: every claim made from it (on every volume) is released without node steps, and
+    /// the controller step runs even though its agent is not there.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Conflict`] when the volume has no claim on the node,
+    /// [`AgentError::BadRequest`] for `node_gone` on this agent's own node.
+    pub async fn detach(
+        &self,
+        id: &str,
+        r: api::DetachVolume,
+    ) -> Result<api::DetachView, AgentError> {
+        let entry = self.entry(id)?;
+        let node = NodeId::new(r.node).map_err(|e| bad("node", e))?;
+        if r.node_gone && node == self.me {
+            return Err(bad(
+                "node_gone",
+                format!("node {node} is this agent's own node, not gone; detach without it"),
+            ));
+        }
+        let on_node: Vec<Claim> = self
+            .claims
+            .record(&entry.id)
+            .map(|r| r.claims().to_vec())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.node() == &node)
+            .collect();
+        if on_node.is_empty() {
+            let hint = if self.cluster.is_none() && node != self.me {
+                " (without a cluster store each agent keeps the claims of its own node: run \
+                 this on that node's agent)"
+            } else {
+                ""
+            };
+            return Err(AgentError::Conflict(format!(
+                "volume {} has no claim on node {node} here{hint}",
+                entry.id
+            )));
+        }
+        if r.node_gone {
+            match &self.cluster {
+                Some(cluster) => cluster.report_node_gone(&node).await?,
+                None => self.claims.node_gone(&node),
+            }
+            tracing::warn!(node = %node, volume = %entry.id, "node reported gone for good by an operator");
+        }
+        let mut releasing = Vec::new();
+        for claim in &on_node {
+            if !claim.state().is_releasing() {
+                self.claims.release(&entry.id, claim.workload()).await?;
+            }
+            releasing.push(claim.workload().to_string());
+        }
+        tracing::info!(volume = %entry.id, node = %node, claims = releasing.len(), node_gone = r.node_gone, "detach of a node's claims durable");
+        let note = (!r.node_gone && self.node_reachable(&node) == Some(false)).then(|| {
+            format!(
+                "node {node}'s agent is not reachable now: its node steps wait for it; if the \
+                 node is gone for good, detach again with --node-gone"
+            )
+        });
+        Ok(api::DetachView {
+            volume: self.volume(id)?,
+            releasing,
+            node_gone: r.node_gone,
+            note,
+        })
+    }
+
+    /// Whether `node`'s agent answers (`None`: not known here).
+    fn node_reachable(&self, node: &NodeId) -> Option<bool> {
+        if node == &self.me {
+            return Some(true);
+        }
+        if let Some(cluster) = &self.cluster {
+            let members = cluster.view().members;
+            return Some(members.iter().any(|m| m.node == node.as_str()));
+        }
+        self.peers().get(node).map(|p| p.reachable)
+    }
+
+    /// Drops a volume from the agent without calling the plugin. Without `force` it must have
+    /// no claims; with `force` (and `confirmed`) its claims are forgotten, not released. The
+    /// answer lists what stays in the plugin and on nodes, with the call that would remove
+    /// each.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Conflict`] for claims without `force`, [`AgentError::BadRequest`]
+    /// (field `confirmed`, listing what would be left) for `force` without `confirmed`.
+    pub async fn deregister(
+        &self,
+        id: &str,
+        r: api::DeregisterVolume,
+    ) -> Result<api::DeregisterView, AgentError> {
+        let entry = self.entry(id)?;
+        let view = self.view(&entry);
+        let claims = self
+            .claims
+            .record(&entry.id)
+            .map(|r| r.claims().to_vec())
+            .unwrap_or_default();
+        let left = self.leftovers(&entry, &claims);
+        if !claims.is_empty() && !r.force {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} still has {} claim(s); release them (or `volume detach` a gone \
+                 node's), or deregister with --force to forget them",
+                claims.len()
+            )));
+        }
+        if r.force && !r.confirmed {
+            return Err(bad(
+                "confirmed",
+                format!(
+                    "a forced deregistration forgets {} claim(s) of volume {id} without \
+                     releasing them, and leaves: {}; confirm it (--yes) to go ahead",
+                    claims.len(),
+                    left.join("; ")
+                ),
+            ));
+        }
+        if claims.is_empty() {
+            // As `delete`: no claim is admitted from here on.
+            if self.book.mark_deleting(&entry.id).await?.is_none() {
+                return Err(AgentError::NotFound {
+                    what: "volume",
+                    id: id.to_owned(),
+                });
+            }
+            self.book.remove(&entry.id).await?;
+        } else {
+            if let Some(store) = &self.forgetting {
+                store.forget(&entry.id).await?;
+            }
+            self.book.forget(&entry.id).await?;
+            tracing::warn!(volume = %entry.id, claims = claims.len(), "volume deregistered by force: its claims are forgotten, not released");
+        }
+        tracing::info!(volume = %entry.id, "volume deregistered; the plugin keeps it");
+        Ok(api::DeregisterView {
+            volume: view,
+            dropped_claims: claims.len(),
+            left_in_plugin: left,
+        })
+    }
+
+    /// What stays behind when the agent forgets `entry` with `claims`: the volume in the
+    /// plugin, the node and controller steps not done, and this node's usage record.
+    fn leftovers(&self, entry: &BookEntry, claims: &[Claim]) -> Vec<String> {
+        let mut out = vec![format!(
+            "volume {} in plugin {}{}: DeleteVolume removes it",
+            entry.external_id,
+            entry.plugin,
+            if entry.created {
+                " (created by this agent)"
+            } else {
+                ""
+            }
+        )];
+        let mut attached = BTreeSet::new();
+        for c in claims {
+            if c.state().node_step().is_none() {
+                let at = (c.node() == &self.me)
+                    .then(|| self.volumes.published(&entry.id, c.workload()))
+                    .flatten()
+                    .map(|p| format!(" at {}", p.display()))
+                    .unwrap_or_default();
+                out.push(format!(
+                    "publication for workload {} on node {}{at}: NodeUnpublishVolume (and \
+                     NodeUnstageVolume with the node's last one) not done",
+                    c.workload(),
+                    c.node()
+                ));
+            }
+            if entry.controller_publish
+                && c.state().controller_step().is_none()
+                && attached.insert(c.node().clone())
+            {
+                out.push(format!(
+                    "attachment to node {} (plugin node {}): ControllerUnpublishVolume not done",
+                    c.node(),
+                    c.plugin_node()
+                ));
+            }
+        }
+        if self
+            .volumes
+            .records()
+            .iter()
+            .any(|r| r.volume == entry.id.as_str())
+        {
+            out.push(
+                "this node's usage record of the volume (node/usage.json), kept while its \
+                 mounts may exist"
+                    .to_owned(),
+            );
+        }
+        out
     }
 
     /// Starts releasing a claim; returns once the release is durable.

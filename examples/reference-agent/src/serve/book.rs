@@ -281,6 +281,21 @@ impl Book {
         }
     }
 
+    /// Removes a volume whatever claims it has (an operator abandoning it). In cluster mode its
+    /// claims record goes in the same transaction, and every agent's driver drops the claims;
+    /// on this node the caller forgets them in the claim store first.
+    ///
+    /// # Errors
+    ///
+    /// When the change cannot be written (nothing changes).
+    pub async fn forget(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        match &self.backend {
+            Backend::File { .. } => self.remove(id).await,
+            #[cfg(feature = "etcd")]
+            Backend::Cluster(book) => book.remove_forced(id).await,
+        }
+    }
+
     /// Marks a volume with no claims as being deleted (no claim is admitted any more) and
     /// returns it.
     ///

@@ -8,7 +8,10 @@
 //! - `members/<node>`: each agent's [`MemberRecord`] under a lease ([`Membership`]): its
 //!   addresses and plugins, which replace the static `--peer` list;
 //! - `leader/controller-duty`: the agent that performs controller-side release steps (one at a
-//!   time, elected; another takes over within the lease TTL when it dies).
+//!   time, elected; another takes over within the lease TTL when it dies);
+//! - `gone/<node>`: nodes an operator reported gone for good (`volume detach --node-gone`):
+//!   every agent's driver skips their node steps, so the duty holder runs the controller step
+//!   without them. A gone node's agent that joins again removes its key.
 //!
 //! Node-side release steps stay with the node's own agent.
 
@@ -231,6 +234,44 @@ impl ClusterBook {
         .await
     }
 
+    /// Removes a volume and its claims record whatever that holds (an operator abandoning the
+    /// volume): one transaction on the volume key's revision; every agent's driver learns from
+    /// its watch that the claims are gone and drops them.
+    ///
+    /// # Errors
+    ///
+    /// [`BookError::Store`].
+    pub async fn remove_forced(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
+        let name = id.as_str();
+        let key = self.mirror.key(name);
+        let claims_key = self.store.key(id);
+        let operation = || format!("deregister volume {name} by force");
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(kv) = self.store.read_key(&key).await? else {
+                return Ok(None);
+            };
+            let entry = self.decode(name, kv.value(), kv.mod_revision());
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([
+                    TxnOp::delete(key.as_str(), None),
+                    TxnOp::delete(claims_key.as_str(), None),
+                ]);
+            if self.store.txn(operation, txn).await?.succeeded() {
+                self.confirm(id).await?;
+                return Ok(entry);
+            }
+        }
+        Err(self.failed(
+            operation(),
+            format!("the volume changed between reading and writing {WRITE_ATTEMPTS} times"),
+        ))
+    }
+
     /// Removes a volume (and its empty claims record), only if the cluster holds no claim of
     /// it.
     ///
@@ -343,7 +384,10 @@ pub struct MemberRecord {
 pub struct Membership {
     settings: EtcdSettings,
     me: NodeId,
+    store: EtcdStore,
     members: Mirror,
+    /// `gone/<node>`: nodes reported gone for good.
+    gone: Mirror,
     /// This agent's membership, until it leaves.
     held: Mutex<Option<HeldKey>>,
     election: Mutex<Option<ControllerElection>>,
@@ -396,6 +440,12 @@ impl Membership {
                 shim: other.shim,
             });
         }
+        // This node is back, if it was reported gone.
+        let gone = store.mirror("gone").await?;
+        let back = Txn::new().and_then([TxnOp::delete(gone.key(me.as_str()), None)]);
+        store
+            .txn(|| format!("clear node {me}'s gone mark"), back)
+            .await?;
         let held = store.hold_key(
             members.key(me.as_str()),
             encode_member(record),
@@ -405,7 +455,9 @@ impl Membership {
         Ok(Self {
             settings,
             me,
+            store: store.clone(),
             members,
+            gone,
             held: Mutex::new(Some(held)),
             election: Mutex::new(Some(election)),
         })
@@ -439,6 +491,15 @@ impl Membership {
     /// Wakes when the members change.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.members.subscribe()
+    }
+
+    /// The nodes reported gone for good.
+    pub fn gone_nodes(&self) -> std::collections::BTreeSet<NodeId> {
+        self.gone
+            .list()
+            .into_iter()
+            .filter_map(|(name, _)| NodeId::new(name).ok())
+            .collect()
     }
 
     /// Gives up the controller duty and the membership at once (a clean stop), so the others
@@ -476,7 +537,20 @@ fn encode_member(record: &MemberRecord) -> Vec<u8> {
     serde_json::to_vec(record).unwrap_or_default()
 }
 
+#[async_trait::async_trait]
 impl ClusterStatus for Membership {
+    async fn report_node_gone(&self, node: &NodeId) -> Result<(), StoreError> {
+        let key = self.gone.key(node.as_str());
+        let value = serde_json::json!({ "format": FORMAT, "reported_by": self.me.as_str() })
+            .to_string()
+            .into_bytes();
+        let put = Txn::new().and_then([TxnOp::put(key.as_str(), value, None)]);
+        self.store
+            .txn(|| format!("report node {node} gone"), put)
+            .await?;
+        Ok(())
+    }
+
     fn view(&self) -> api::ClusterView {
         let held = self
             .held
@@ -519,6 +593,8 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut changes = membership.subscribe();
+    let mut gone_changes = membership.gone.subscribe();
+    let mut gone = std::collections::BTreeSet::new();
     let mut routes = BTreeMap::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -529,12 +605,33 @@ pub async fn run(
             membership.update(&record);
         }
         follow_members(&agent, &membership, &token, &mut routes);
+        follow_gone(&agent, &membership, &mut gone);
         tokio::select! {
             _ = ticker.tick() => {}
             _ = changes.changed() => {}
+            _ = gone_changes.changed() => {}
             _ = stop.changed() => return,
         }
     }
+}
+
+/// Tells this agent's driver of the nodes reported gone for good (their node steps are
+/// skipped) and of the ones back.
+fn follow_gone(
+    agent: &Agent,
+    membership: &Membership,
+    applied: &mut std::collections::BTreeSet<NodeId>,
+) {
+    let now = membership.gone_nodes();
+    for node in now.difference(applied) {
+        tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
+        agent.claims.node_gone(node);
+    }
+    for node in applied.difference(&now) {
+        tracing::info!(node = %node, "node no longer reported gone");
+        agent.claims.node_returned(node);
+    }
+    *applied = now;
 }
 
 /// Routes and tokens for every other member; members gone (their lease expired) are marked

@@ -195,6 +195,20 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
                 Err(a) => a,
             }
         }
+        (Method::POST, ["v1", "volumes", id, "detach"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.detach(&id, r).await),
+                Err(a) => a,
+            }
+        }
+        (Method::POST, ["v1", "volumes", id, "deregister"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.deregister(&id, r).await),
+                Err(a) => a,
+            }
+        }
         (Method::DELETE, ["v1", "volumes", id]) => reply(agent.delete(id).await),
         _ => error(404, "not_found", format!("no route {method} {path}"), None),
     }

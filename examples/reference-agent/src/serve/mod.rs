@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::machine::Duties;
-use csi_claims::store::ClaimStore;
+use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{MachineConfig, RedbStore, StoreError};
 use csi_node::detach::ShimDetacher;
 use csi_node::layout::Layout;
@@ -315,6 +315,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         peers: Mutex::new(Default::default()),
         call_timeout: config.call_timeout,
         cluster: cluster_status,
+        forgetting: stores.forgetting,
         creating: Mutex::new(Default::default()),
     });
 
@@ -453,6 +454,8 @@ pub fn open_volumes(
 struct Stores {
     book: book::Book,
     claims: Arc<dyn ClaimStore>,
+    /// The embedded store, through which a forced deregistration forgets claims.
+    forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
     duties: Duties,
     /// What `serve` logs at the start.
     description: String,
@@ -469,9 +472,12 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
             let store = tokio::task::spawn_blocking(move || RedbStore::open(store_path))
                 .await
                 .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+            let store: Arc<dyn ClaimStore> = Arc::new(store);
+            let forgetting = Arc::new(Forgetting::new(store));
             Ok(Stores {
                 book,
-                claims: Arc::new(store),
+                claims: Arc::clone(&forgetting) as Arc<dyn ClaimStore>,
+                forgetting: Some(forgetting),
                 duties: Duties::ALL,
                 description,
                 #[cfg(feature = "etcd")]
@@ -485,6 +491,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
             Ok(Stores {
                 book,
                 claims: Arc::new(store.clone()),
+                forgetting: None,
                 // The node steps of this node's claims; the controller duty when elected.
                 duties: Duties::node(config.node_id.clone(), false),
                 description: format!("{} prefix {}", settings.display(), settings.prefix),

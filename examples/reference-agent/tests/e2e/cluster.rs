@@ -84,6 +84,28 @@ async fn converged(nodes: &[&Node], n: usize) {
     }
 }
 
+/// One plugin on three nodes: a hosts its controller and a node service (`a-node`), b and c
+/// node services with their own plugin node ids (the controller on a attaches to all three).
+fn three_node_plugin() -> [MockPlugin; 3] {
+    let node_only = |id: &str| {
+        MockPlugin::builder()
+            .role(Role::Node)
+            .node_id(id)
+            .build()
+            .expect("node mock")
+    };
+    [
+        MockPlugin::builder()
+            .node_id("a-node")
+            .other_node("b-node")
+            .other_node("c-node")
+            .build()
+            .expect("mock"),
+        node_only("b-node"),
+        node_only("c-node"),
+    ]
+}
+
 fn start_etcd() -> LocalEtcd {
     let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
     etcd.wait_healthy(GUARD).expect("etcd healthy");
@@ -94,22 +116,7 @@ fn start_etcd() -> LocalEtcd {
 async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = start_etcd();
-    // One plugin, three nodes: a hosts its controller and a node service, b and c node
-    // services with their own plugin node ids (the controller on a attaches to all three).
-    let mock = MockPlugin::builder()
-        .node_id("a-node")
-        .other_node("b-node")
-        .other_node("c-node")
-        .build()
-        .expect("mock");
-    let node_only = |id: &str| {
-        MockPlugin::builder()
-            .role(Role::Node)
-            .node_id(id)
-            .build()
-            .expect("node mock")
-    };
-    let (mock_b, mock_c) = (node_only("b-node"), node_only("c-node"));
+    let [mock, mock_b, mock_c] = three_node_plugin();
     let a = node(dir.path(), "a", &etcd, &mock).await;
     let b = node(dir.path(), "b", &etcd, &mock_b).await;
     let c = node(dir.path(), "c", &etcd, &mock_c).await;
@@ -407,4 +414,126 @@ async fn sigkill_of_the_agent_driving_a_release_another_finishes_it() {
         (c.members.len() == 2).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gone_for_good_is_detached_and_a_stuck_volume_deregistered_by_force() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd();
+    let [mock, mock_b, mock_c] = three_node_plugin();
+    let a = node(dir.path(), "a", &etcd, &mock).await;
+    let mut b = node(dir.path(), "b", &etcd, &mock_b).await;
+    let c = node(dir.path(), "c", &etcd, &mock_c).await;
+    converged(&[&a, &b, &c], 3).await;
+    for v in ["v1", "v2", "v3"] {
+        let _: VolumeView = json(&a.data, &["volume", "create", v, "--plugin", "mock"]).await;
+    }
+    for v in ["v1", "v2"] {
+        let _: ClaimView = json(
+            &b.data,
+            &["volume", "claim", v, "--workload", &format!("{v}-b")],
+        )
+        .await;
+    }
+    let _: ClaimView = json(&c.data, &["volume", "claim", "v3", "--workload", "v3-c"]).await;
+
+    // b dies for good, with its two claims.
+    b.agent.kill();
+    eventually("b's membership ends", async || {
+        (cluster_view(&a.data).await.members.len() == 2).then_some(())
+    })
+    .await;
+    let waiting: csi_agent::ops::api::DetachView =
+        json(&a.data, &["volume", "detach", "v1", "--node", "b"]).await;
+    assert_eq!(waiting.releasing, ["v1-b"]);
+    assert!(
+        waiting
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("--node-gone")),
+        "{waiting:?}"
+    );
+
+    // Reported gone: the controller step runs without b, for both of b's volumes.
+    let out = cli(
+        &c.data,
+        &[
+            "volume",
+            "detach",
+            "v1",
+            "--node",
+            "b",
+            "--node-gone",
+            "--wait",
+            "--json",
+        ],
+    )
+    .await
+    .expect("detached");
+    let gone: csi_agent::ops::api::DetachView = serde_json::from_str(&out).expect("a view");
+    assert!(gone.node_gone && gone.volume.claims.is_empty(), "{gone:?}");
+    eventually("b's other claim is released too", async || {
+        let v: VolumeView = json(&a.data, &["volume", "status", "v2"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    let unpublished: Vec<String> = mock
+        .calls()
+        .of(Rpc::ControllerUnpublishVolume)
+        .records()
+        .iter()
+        .filter(|r| r.outcome == csi_testkit::Outcome::Ok)
+        .filter_map(|r| r.node_id.clone())
+        .collect();
+    assert_eq!(
+        unpublished,
+        ["b-node", "b-node"],
+        "both attachments to b undone"
+    );
+    assert_eq!(mock_b.calls().count(Rpc::NodeUnpublishVolume), 0);
+
+    // c's claim is stuck: its node plugin never unpublishes again. Deregistered by force
+    // through a, the volume and its claims leave every agent, and nothing is released.
+    mock_c
+        .faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail_times(100_000, csi_client::Code::Unavailable, "node plugin gone")
+        .install();
+    let _: VolumeView = json(&c.data, &["volume", "release", "v3", "--workload", "v3-c"]).await;
+    eventually("the release is stuck", async || {
+        let s: StatusView = json(&c.data, &["status"]).await;
+        s.stuck.iter().any(|r| r.volume == "v3").then_some(())
+    })
+    .await;
+    let dropped: csi_agent::ops::api::DeregisterView =
+        json(&a.data, &["volume", "deregister", "v3", "--force", "--yes"]).await;
+    assert_eq!(dropped.dropped_claims, 1);
+    for n in [&a, &c] {
+        eventually("v3 and its stuck release are gone", async || {
+            let s: StatusView = json(&n.data, &["status"]).await;
+            let listed = cli(&n.data, &["volume", "status", "v3"]).await.is_ok();
+            (s.stuck.is_empty() && !listed).then_some(())
+        })
+        .await;
+    }
+    let unpublishes = mock.calls().count(Rpc::ControllerUnpublishVolume);
+
+    // b comes back on its data directory: no longer gone, it may claim again.
+    let plugins = dir.path().join("b-plugins");
+    b.agent = Serve::start(
+        dir.path(),
+        "b-again",
+        &b.data,
+        &args(dir.path(), "b", &etcd, &plugins),
+    );
+    b.agent.ready().await;
+    converged(&[&a, &b, &c], 3).await;
+    // (A fresh volume: b's node still holds the mounts of the claims it lost.)
+    let _: VolumeView = json(&a.data, &["volume", "create", "v4", "--plugin", "mock"]).await;
+    let again: ClaimView = json(&b.data, &["volume", "claim", "v4", "--workload", "v4-b"]).await;
+    assert_eq!(again.state, "taken");
+    assert_eq!(
+        mock.calls().count(Rpc::ControllerUnpublishVolume),
+        unpublishes
+    );
 }

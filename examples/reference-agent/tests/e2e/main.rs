@@ -8,6 +8,7 @@ mod claims_release;
 #[cfg(feature = "etcd")]
 mod cluster;
 mod demo;
+mod detach;
 mod expand;
 mod plugin_text;
 mod secrets;
