@@ -17,6 +17,12 @@
 //! | `POST /v1/volumes/{id}/detach` | [`DetachVolume`] | [`DetachView`] |
 //! | `POST /v1/volumes/{id}/deregister` | [`DeregisterVolume`] | [`DeregisterView`] |
 //! | `DELETE /v1/volumes/{id}` | | [`VolumeView`] (as it was) |
+//! | `GET /v1/plugins/{id}/volumes` | | `Vec<`[`ExternalVolumeView`]`>` (the plugin's `ListVolumes`) |
+//! | `POST /v1/volumes/{id}/snapshots` | [`CreateSnapshot`] | [`SnapshotView`] |
+//! | `GET /v1/volumes/{id}/snapshots` | | `Vec<`[`SnapshotView`]`>` |
+//! | `GET /v1/plugins/{id}/snapshots` | | `Vec<`[`SnapshotView`]`>` |
+//! | `DELETE /v1/volumes/{id}/snapshots/{snapshot}` | | [`SnapshotDeleted`] |
+//! | `DELETE /v1/plugins/{id}/snapshots/{snapshot}` | | [`SnapshotDeleted`] |
 //! | `GET /peer/v1/plugins` | | [`PeerPlugins`] (for other agents; cluster token) |
 //! | `GET /metrics` | | Prometheus text (no token) |
 //!
@@ -251,6 +257,56 @@ pub struct DeregisterView {
     pub dropped_claims: usize,
     /// What stays in the plugin (and on nodes), each with the call that would remove it.
     pub left_in_plugin: Vec<String>,
+}
+
+/// One volume of a plugin's own listing (`ListVolumes`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExternalVolumeView {
+    /// The plugin's volume id.
+    pub external_id: String,
+    /// Its size in bytes (0: unknown).
+    pub capacity_bytes: i64,
+    /// The plugin node ids it is published to, when the plugin reports them.
+    pub published_nodes: Vec<String>,
+    /// The agent's id for it, when the agent knows it.
+    pub known_as: Option<String>,
+}
+
+/// Cut a snapshot of a volume (`POST /v1/volumes/{id}/snapshots`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CreateSnapshot {
+    /// The snapshot's name (the plugin's idempotency key: the same name again answers the
+    /// same snapshot).
+    pub name: String,
+    /// Plugin parameters.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// One snapshot.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotView {
+    /// The plugin.
+    pub plugin: String,
+    /// The plugin's snapshot id.
+    pub snapshot_id: String,
+    /// The plugin's id of the volume it was cut from.
+    pub source_external_id: String,
+    /// The agent's id of that volume, when the agent knows it.
+    pub source_volume: Option<String>,
+    /// Its size in bytes (0: unknown).
+    pub size_bytes: i64,
+    /// Whether it can be used as a volume source yet.
+    pub ready_to_use: bool,
+}
+
+/// A deleted snapshot.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotDeleted {
+    /// The plugin.
+    pub plugin: String,
+    /// The plugin's snapshot id.
+    pub snapshot_id: String,
 }
 
 /// Claim a volume for a workload on this agent's node, and publish it there.

@@ -1,5 +1,6 @@
 //! Operator commands against a running `csi-agent serve`: `plugin list|info`,
-//! `volume register|create|claim|release|expand|detach|deregister|status|delete` and `status`, as tables by default
+//! `volume register|create|claim|release|expand|detach|deregister|list|snapshot|status|delete`
+//! and `status`, as tables by default
 //! or JSON with `--json`.
 //!
 //! The agent is found through its data directory (`--data-dir` / `CSI_AGENT_DATA_DIR`):
@@ -171,6 +172,22 @@ pub enum VolumeCommand {
         #[arg(long)]
         capacity: String,
     },
+    /// The agent's volumes (of one plugin), or with `--external` the plugin's own listing
+    /// (`ListVolumes`), showing which the agent knows.
+    List {
+        /// Only this plugin's volumes (required with `--external`).
+        #[arg(long)]
+        plugin: Option<String>,
+        /// List the plugin's volumes, not the agent's.
+        #[arg(long, requires = "plugin")]
+        external: bool,
+    },
+    /// Snapshots: create, list, delete (when the plugin offers them).
+    Snapshot {
+        /// What to do.
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
     /// One volume (or all), with claims and release progress.
     Status {
         /// The volume id; all volumes when left out.
@@ -206,6 +223,43 @@ pub enum VolumeCommand {
         /// Confirm a forced deregistration (without it, it is refused with what would be left).
         #[arg(long, requires = "force")]
         yes: bool,
+    },
+}
+
+/// `csi-agent volume snapshot` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// Cut a snapshot of a volume (`CreateSnapshot`).
+    Create {
+        /// The volume id.
+        id: String,
+        /// The snapshot's name (the same name again answers the same snapshot).
+        #[arg(long)]
+        name: String,
+        /// Plugin parameters, `KEY=VALUE` (repeatable).
+        #[arg(long = "parameter")]
+        parameters: Vec<String>,
+    },
+    /// The snapshots of a volume, or with `--plugin` every snapshot of a plugin
+    /// (`ListSnapshots`).
+    List {
+        /// The volume id.
+        #[arg(required_unless_present = "plugin", conflicts_with = "plugin")]
+        id: Option<String>,
+        /// Every snapshot of this plugin.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// Delete a snapshot (`DeleteSnapshot`).
+    Delete {
+        /// The plugin's snapshot id.
+        snapshot: String,
+        /// The volume it was cut from (its plugin and secrets are used).
+        #[arg(long, required_unless_present = "plugin", conflicts_with = "plugin")]
+        volume: Option<String>,
+        /// The plugin, for a snapshot of a volume the agent does not know.
+        #[arg(long)]
+        plugin: Option<String>,
     },
 }
 
@@ -573,6 +627,25 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     .await?;
                 conn.print(&e, table::expanded);
             }
+            VolumeCommand::List { plugin, external } => match (plugin, external) {
+                (Some(plugin), true) => {
+                    let list: Vec<api::ExternalVolumeView> = conn
+                        .get(&format!(
+                            "/v1/plugins/{}/volumes",
+                            api::encode_segment(&plugin)
+                        ))
+                        .await?;
+                    conn.print(&list, |l| table::external_volumes(l));
+                }
+                (plugin, _) => {
+                    let mut list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
+                    if let Some(plugin) = plugin {
+                        list.retain(|v| v.plugin == plugin);
+                    }
+                    conn.print(&list, |l| table::volumes(l));
+                }
+            },
+            VolumeCommand::Snapshot { command } => snapshot(&conn, command).await?,
             VolumeCommand::Status { id: Some(id) } => {
                 let v: api::VolumeView = conn
                     .get(&format!("/v1/volumes/{}", api::encode_segment(&id)))
@@ -643,6 +716,69 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
         }
         Ok(())
     })
+}
+
+/// Runs `csi-agent volume snapshot`.
+async fn snapshot(conn: &Conn, command: SnapshotCommand) -> Result<(), OpsError> {
+    let owner = |volume: Option<String>, plugin: Option<String>| match (volume, plugin) {
+        (Some(v), _) => Ok(format!("/v1/volumes/{}", api::encode_segment(&v))),
+        (None, Some(p)) => Ok(format!("/v1/plugins/{}", api::encode_segment(&p))),
+        (None, None) => Err(OpsError::Usage {
+            flag: "plugin",
+            reason: "give the volume or --plugin".into(),
+        }),
+    };
+    match command {
+        SnapshotCommand::Create {
+            id,
+            name,
+            parameters,
+        } => {
+            let body = api::CreateSnapshot {
+                name,
+                parameters: pairs("parameter", &parameters)?,
+            };
+            let s: api::SnapshotView = conn
+                .send(
+                    Method::POST,
+                    &format!("/v1/volumes/{}/snapshots", api::encode_segment(&id)),
+                    Some(&body),
+                )
+                .await?;
+            conn.print(&s, |s| table::snapshots(std::slice::from_ref(s)));
+        }
+        SnapshotCommand::List { id, plugin } => {
+            let list: Vec<api::SnapshotView> = conn
+                .get(&format!("{}/snapshots", owner(id, plugin)?))
+                .await?;
+            conn.print(&list, |l| table::snapshots(l));
+        }
+        SnapshotCommand::Delete {
+            snapshot,
+            volume,
+            plugin,
+        } => {
+            let d: api::SnapshotDeleted = conn
+                .send::<(), _>(
+                    Method::DELETE,
+                    &format!(
+                        "{}/snapshots/{}",
+                        owner(volume, plugin)?,
+                        api::encode_segment(&snapshot)
+                    ),
+                    None,
+                )
+                .await?;
+            conn.print(&d, |d| {
+                format!(
+                    "deleted snapshot {} of plugin {}\n",
+                    csi_structs::untrusted::escaped(&d.snapshot_id),
+                    csi_structs::untrusted::escaped(&d.plugin)
+                )
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Polls until `workload`'s claim on `id` is gone, within the connection's limit.

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use csi_structs::untrusted::{escape, escaped};
 
 use super::api::{
-    ClaimView, DeregisterView, DetachView, ExpandView, PluginView, ReleaseView, StatusView,
-    VolumeView,
+    ClaimView, DeregisterView, DetachView, ExpandView, ExternalVolumeView, PluginView, ReleaseView,
+    SnapshotView, StatusView, VolumeView,
 };
 
 /// A left-aligned text table.
@@ -276,6 +276,44 @@ pub(crate) fn expanded(e: &ExpandView) -> String {
         }
     ));
     out
+}
+
+pub(crate) fn external_volumes(list: &[ExternalVolumeView]) -> String {
+    if list.is_empty() {
+        return "no volumes in the plugin\n".into();
+    }
+    let mut t = Table::new(&["EXTERNAL-ID", "CAPACITY", "PUBLISHED-TO", "AGENT-VOLUME"]);
+    for v in list {
+        t.row(vec![
+            v.external_id.clone(),
+            v.capacity_bytes.to_string(),
+            if v.published_nodes.is_empty() {
+                "-".into()
+            } else {
+                v.published_nodes.join(",")
+            },
+            opt(&v.known_as),
+        ]);
+    }
+    t.render()
+}
+
+pub(crate) fn snapshots(list: &[SnapshotView]) -> String {
+    if list.is_empty() {
+        return "no snapshots\n".into();
+    }
+    let mut t = Table::new(&["SNAPSHOT", "PLUGIN", "SOURCE", "VOLUME", "SIZE", "READY"]);
+    for s in list {
+        t.row(vec![
+            s.snapshot_id.clone(),
+            s.plugin.clone(),
+            s.source_external_id.clone(),
+            opt(&s.source_volume),
+            s.size_bytes.to_string(),
+            yes(s.ready_to_use),
+        ]);
+    }
+    t.render()
 }
 
 pub(crate) fn detached(d: &DetachView) -> String {

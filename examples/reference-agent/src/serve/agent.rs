@@ -11,8 +11,9 @@ use csi_claims::machine::{LastError, Pending};
 use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{Claim, ClaimMode, ClaimRequest, VolumeStatus};
 use csi_rpc_shim::{
-    ControllerAttach, ControllerExpand, ControllerQuery, ControllerValidate, CreateVolume,
-    CreatedVolume, DeleteVolume, NodeExpand, PluginFailure, Shim, ShimError, Validated,
+    ControllerAttach, ControllerExpand, ControllerQuery, ControllerValidate, CreateSnapshot,
+    CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume, ListSnapshots, ListVolumes,
+    NodeExpand, PluginFailure, Shim, ShimError, SnapshotInfo, Validated,
 };
 use csi_structs::topology::accessible_from;
 use csi_structs::{
@@ -39,6 +40,15 @@ pub struct PeerState {
     pub plugins: Vec<api::PeerPlugin>,
     /// The last poll error.
     pub last_error: Option<String>,
+}
+
+/// Whose snapshots a snapshot call is about.
+#[derive(Clone, Copy, Debug)]
+pub enum SnapshotsOf<'a> {
+    /// A registered volume's (its plugin, its secrets).
+    Volume(&'a str),
+    /// A plugin's, any volume (no secrets).
+    Plugin(&'a str),
 }
 
 /// What the agent asks of the cluster, in cluster mode.
@@ -1207,6 +1217,209 @@ impl Agent {
             );
         }
         out
+    }
+
+    /// Refuses, naming what is missing, unless `plugin`'s controller (here or on a peer)
+    /// advertises what `rpc` needs.
+    fn require(&self, plugin: &PluginId, rpc: csi_client::Rpc) -> Result<(), AgentError> {
+        let caps = self
+            .controller_capabilities(plugin)
+            .ok_or_else(|| AgentError::Plugin {
+                step: rpc.name(),
+                class: ErrorClass::RetryElsewhere,
+                kind: call_kind(PluginFailure::Unreachable),
+                detail: format!(
+                    "plugin {plugin} has no fingerprinted controller here or on a peer"
+                ),
+            })?;
+        match caps.unmet(csi_structs::capability_set::requirement_for(rpc)) {
+            None => Ok(()),
+            Some(missing) => Err(AgentError::Unsupported(format!(
+                "plugin {plugin} does not advertise {missing}: it serves no {}",
+                rpc.name()
+            ))),
+        }
+    }
+
+    /// The plugin's own listing (`ListVolumes`, every page), each volume with the agent's id
+    /// for it when the agent knows it.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Unsupported`] without `LIST_VOLUMES`, and the call's error.
+    pub async fn list_external(
+        &self,
+        plugin: &str,
+    ) -> Result<Vec<api::ExternalVolumeView>, AgentError> {
+        let plugin = PluginId::new(plugin).map_err(|e| bad("plugin", e))?;
+        self.require(&plugin, csi_client::Rpc::ListVolumes)?;
+        let page = self
+            .shim
+            .list_volumes(
+                ListVolumes {
+                    query: ControllerQuery::new(plugin.clone()),
+                    max_entries: 0,
+                    starting_token: String::new(),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::shim("ListVolumes", &e))?;
+        let known = self.known_volumes(&plugin);
+        Ok(page
+            .entries
+            .into_iter()
+            .map(|v| api::ExternalVolumeView {
+                known_as: known.get(&v.external_volume).map(ToString::to_string),
+                external_id: v.external_volume.to_string(),
+                capacity_bytes: v.capacity_bytes,
+                published_nodes: v.published_nodes.iter().map(ToString::to_string).collect(),
+            })
+            .collect())
+    }
+
+    /// The agent's volumes of `plugin`, by the plugin's id.
+    fn known_volumes(&self, plugin: &PluginId) -> BTreeMap<ExternalVolumeId, VolumeId> {
+        self.book
+            .list()
+            .into_iter()
+            .filter(|e| &e.plugin == plugin)
+            .map(|e| (e.external_id, e.id))
+            .collect()
+    }
+
+    fn snapshot_view(&self, plugin: &PluginId, s: SnapshotInfo) -> api::SnapshotView {
+        let source_volume = self
+            .known_volumes(plugin)
+            .get(&s.source)
+            .map(ToString::to_string);
+        api::SnapshotView {
+            plugin: plugin.to_string(),
+            snapshot_id: s.snapshot.to_string(),
+            source_external_id: s.source.to_string(),
+            source_volume,
+            size_bytes: s.size_bytes,
+            ready_to_use: s.ready_to_use,
+        }
+    }
+
+    /// Cuts a snapshot of a volume (`CreateSnapshot`, with the volume's `snapshot` secrets).
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Unsupported`] without `CREATE_DELETE_SNAPSHOT`,
+    /// [`AgentError::BadRequest`] for a name or parameters the spec does not allow, and the
+    /// call's error.
+    pub async fn create_snapshot(
+        &self,
+        id: &str,
+        r: api::CreateSnapshot,
+    ) -> Result<api::SnapshotView, AgentError> {
+        let entry = self.entry(id)?;
+        self.require(&entry.plugin, csi_client::Rpc::CreateSnapshot)?;
+        csi_structs::limits::validate_request_name(&csi_structs::FieldPath::named("name"), &r.name)
+            .map_err(|e| bad("name", e))?;
+        let parameters = Parameters::try_new(r.parameters).map_err(|e| bad("parameters", e))?;
+        let snapshot = self
+            .shim
+            .create_snapshot(
+                CreateSnapshot {
+                    query: ControllerQuery::new(entry.plugin.clone()),
+                    volume: entry.id.clone(),
+                    source: entry.external_id.clone(),
+                    name: r.name,
+                    parameters,
+                    secrets: entry.secrets.for_use(SecretsUse::Snapshot),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::shim("CreateSnapshot", &e))?;
+        tracing::info!(volume = %entry.id, snapshot = %snapshot.snapshot, ready = snapshot.ready_to_use, "snapshot cut");
+        Ok(self.snapshot_view(&entry.plugin, snapshot))
+    }
+
+    /// Every snapshot (`ListSnapshots`, every page) of a volume, or of a plugin.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Unsupported`] without `LIST_SNAPSHOTS`, and the call's error.
+    pub async fn list_snapshots(
+        &self,
+        of: SnapshotsOf<'_>,
+    ) -> Result<Vec<api::SnapshotView>, AgentError> {
+        let (plugin, source, secrets) = self.snapshots_of(of)?;
+        self.require(&plugin, csi_client::Rpc::ListSnapshots)?;
+        let page = self
+            .shim
+            .list_snapshots(
+                ListSnapshots {
+                    query: ControllerQuery::new(plugin.clone()),
+                    source,
+                    snapshot: None,
+                    max_entries: 0,
+                    starting_token: String::new(),
+                    secrets,
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::shim("ListSnapshots", &e))?;
+        Ok(page
+            .entries
+            .into_iter()
+            .map(|s| self.snapshot_view(&plugin, s))
+            .collect())
+    }
+
+    /// Deletes a snapshot of a volume (with its `snapshot` secrets) or of a plugin.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Unsupported`] without `CREATE_DELETE_SNAPSHOT`, and the call's error.
+    pub async fn delete_snapshot(
+        &self,
+        of: SnapshotsOf<'_>,
+        snapshot: &str,
+    ) -> Result<api::SnapshotDeleted, AgentError> {
+        let (plugin, _, secrets) = self.snapshots_of(of)?;
+        self.require(&plugin, csi_client::Rpc::DeleteSnapshot)?;
+        let snapshot = csi_structs::SnapshotId::new(snapshot).map_err(|e| bad("snapshot", e))?;
+        self.shim
+            .delete_snapshot(
+                DeleteSnapshot {
+                    query: ControllerQuery::new(plugin.clone()),
+                    snapshot: snapshot.clone(),
+                    secrets,
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| AgentError::shim("DeleteSnapshot", &e))?;
+        tracing::info!(plugin = %plugin, snapshot = %snapshot, "snapshot deleted");
+        Ok(api::SnapshotDeleted {
+            plugin: plugin.to_string(),
+            snapshot_id: snapshot.to_string(),
+        })
+    }
+
+    /// The plugin, the source filter and the secrets of a snapshot call.
+    fn snapshots_of(
+        &self,
+        of: SnapshotsOf<'_>,
+    ) -> Result<(PluginId, Option<ExternalVolumeId>, Secrets), AgentError> {
+        match of {
+            SnapshotsOf::Volume(id) => {
+                let entry = self.entry(id)?;
+                let secrets = entry.secrets.for_use(SecretsUse::Snapshot);
+                Ok((entry.plugin, Some(entry.external_id), secrets))
+            }
+            SnapshotsOf::Plugin(plugin) => Ok((
+                PluginId::new(plugin).map_err(|e| bad("plugin", e))?,
+                None,
+                Secrets::default(),
+            )),
+        }
     }
 
     /// Starts releasing a claim; returns once the release is durable.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 
-use super::agent::{Agent, AgentError};
+use super::agent::{Agent, AgentError, SnapshotsOf};
 use crate::ops::api;
 
 /// The largest request body accepted (bytes).
@@ -210,6 +210,30 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
             }
         }
         (Method::DELETE, ["v1", "volumes", id]) => reply(agent.delete(id).await),
+        (Method::GET, ["v1", "plugins", id, "volumes"]) => reply(agent.list_external(id).await),
+        (Method::POST, ["v1", "volumes", id, "snapshots"]) => {
+            let id = (*id).to_owned();
+            match body(req).await {
+                Ok(r) => reply(agent.create_snapshot(&id, r).await),
+                Err(a) => a,
+            }
+        }
+        (Method::GET, ["v1", "volumes", id, "snapshots"]) => {
+            reply(agent.list_snapshots(SnapshotsOf::Volume(id)).await)
+        }
+        (Method::GET, ["v1", "plugins", id, "snapshots"]) => {
+            reply(agent.list_snapshots(SnapshotsOf::Plugin(id)).await)
+        }
+        (Method::DELETE, ["v1", "volumes", id, "snapshots", snapshot]) => reply(
+            agent
+                .delete_snapshot(SnapshotsOf::Volume(id), snapshot)
+                .await,
+        ),
+        (Method::DELETE, ["v1", "plugins", id, "snapshots", snapshot]) => reply(
+            agent
+                .delete_snapshot(SnapshotsOf::Plugin(id), snapshot)
+                .await,
+        ),
         _ => error(404, "not_found", format!("no route {method} {path}"), None),
     }
 }

@@ -7,9 +7,9 @@ use csi_client::{ErrorClass, Failure};
 use csi_rpc_shim::{
     Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
-    DeleteSnapshot, DeleteVolume, GrpcCode, ListSnapshots, ListVolumes, LocalPlugins, LocalStatus,
-    NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind, SnapshotInfo,
-    SnapshotPage, Validated, VolumePage,
+    DeleteSnapshot, DeleteVolume, GrpcCode, ListSnapshots, ListVolumes, ListedVolume, LocalPlugins,
+    LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind,
+    SnapshotInfo, SnapshotPage, Validated, VolumePage,
 };
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
@@ -57,14 +57,6 @@ fn node_error(e: VolumeError) -> PluginError {
     PluginError::failed(e.class(), failure, e.to_string())
 }
 
-fn unsupported(what: &str) -> PluginError {
-    PluginError::failed(
-        ErrorClass::Fatal,
-        PluginFailure::Agent,
-        format!("csi-agent does not serve {what} for other agents"),
-    )
-}
-
 impl LocalBackend {
     fn controller(&self, plugin: &PluginId) -> Result<csi_client::ControllerClient, PluginError> {
         self.controller_and_caps(plugin).map(|(c, _)| c)
@@ -102,6 +94,59 @@ fn capacity_range(required_bytes: i64, limit_bytes: i64) -> Result<CapacityRange
             format!("capacity range: {e}"),
         )
     })
+}
+
+/// Whether a list request asks for everything (no page size, no token).
+fn whole(max_entries: i32, starting_token: &str) -> bool {
+    max_entries == 0 && starting_token.is_empty()
+}
+
+/// A plugin answer that breaks the spec: the call's outcome is known (a read), so retry.
+fn unusable(detail: String) -> PluginError {
+    PluginError::failed(ErrorClass::Retry, PluginFailure::UnusableAnswer, detail)
+}
+
+/// One `ListVolumes` entry, checked by csi-structs' rules.
+fn listed_volume(
+    index: usize,
+    entry: csi_client::proto::list_volumes_response::Entry,
+) -> Result<ListedVolume, PluginError> {
+    let volume = entry
+        .volume
+        .as_ref()
+        .ok_or_else(|| unusable(format!("ListVolumes entry {index} has no volume")))
+        .and_then(|v| {
+            csi_structs::Volume::try_from(v)
+                .map_err(|e| unusable(format!("ListVolumes entry {index}: {e}")))
+        })?;
+    let published_nodes = entry
+        .status
+        .map(|s| s.published_node_ids)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| {
+            csi_structs::PluginNodeId::new(n)
+                .map_err(|e| unusable(format!("ListVolumes entry {index}: published node: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(ListedVolume {
+        external_volume: volume.volume_id,
+        capacity_bytes: volume
+            .capacity_bytes
+            .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        published_nodes,
+    })
+}
+
+fn snapshot_info(s: csi_structs::Snapshot) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot: s.snapshot_id,
+        source: s.source_volume_id,
+        size_bytes: s
+            .size_bytes
+            .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        ready_to_use: s.ready_to_use,
+    }
 }
 
 async fn within<T>(
@@ -268,36 +313,125 @@ impl LocalPlugins for LocalBackend {
         .await
     }
 
+    /// One page as asked, or, with no token and no page size, the plugin's whole listing
+    /// (every page followed by csi-client, which refuses a listing that never ends) in one
+    /// answer.
     async fn list_volumes(
         &self,
-        _ctx: &CallContext,
-        _req: ListVolumes,
+        ctx: &CallContext,
+        req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
-        Err(unsupported("ListVolumes"))
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let request = csi_client::proto::ListVolumesRequest {
+                max_entries: req.max_entries,
+                starting_token: req.starting_token.clone(),
+            };
+            let (entries, next_token) = if whole(req.max_entries, &req.starting_token) {
+                let all = c.list_all_volumes(request).await.map_err(client_error)?;
+                (all, String::new())
+            } else {
+                let page = c.list_volumes(request).await.map_err(client_error)?;
+                (page.entries, page.next_token)
+            };
+            let entries = entries
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| listed_volume(i, e))
+                .collect::<Result<_, _>>()?;
+            Ok(VolumePage {
+                entries,
+                next_token,
+            })
+        })
+        .await
     }
 
     async fn create_snapshot(
         &self,
-        _ctx: &CallContext,
-        _req: CreateSnapshot,
+        ctx: &CallContext,
+        req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
-        Err(unsupported("CreateSnapshot"))
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let snapshot = c
+                .create_snapshot(csi_client::proto::CreateSnapshotRequest {
+                    source_volume_id: req.source.as_str().to_owned(),
+                    name: req.name.clone(),
+                    secrets: req.secrets.to_wire(),
+                    parameters: req.parameters.to_wire(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(client_error)?;
+            Ok(snapshot_info(snapshot))
+        })
+        .await
     }
 
     async fn delete_snapshot(
         &self,
-        _ctx: &CallContext,
-        _req: DeleteSnapshot,
+        ctx: &CallContext,
+        req: DeleteSnapshot,
     ) -> Result<(), PluginError> {
-        Err(unsupported("DeleteSnapshot"))
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            c.delete_snapshot(csi_client::proto::DeleteSnapshotRequest {
+                snapshot_id: req.snapshot.as_str().to_owned(),
+                secrets: req.secrets.to_wire(),
+            })
+            .await
+            .map_err(client_error)
+        })
+        .await
     }
 
+    /// As [`list_volumes`](Self::list_volumes): one page, or the whole listing.
     async fn list_snapshots(
         &self,
-        _ctx: &CallContext,
-        _req: ListSnapshots,
+        ctx: &CallContext,
+        req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
-        Err(unsupported("ListSnapshots"))
+        let c = self.controller(&req.query.plugin)?;
+        within(ctx, async move {
+            let request = csi_client::proto::ListSnapshotsRequest {
+                max_entries: req.max_entries,
+                starting_token: req.starting_token.clone(),
+                source_volume_id: req
+                    .source
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned())
+                    .unwrap_or_default(),
+                snapshot_id: req
+                    .snapshot
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned())
+                    .unwrap_or_default(),
+                secrets: req.secrets.to_wire(),
+            };
+            let (entries, next_token) = if whole(req.max_entries, &req.starting_token) {
+                let all = c.list_all_snapshots(request).await.map_err(client_error)?;
+                (all, String::new())
+            } else {
+                let page = c.list_snapshots(request).await.map_err(client_error)?;
+                (page.entries, page.next_token)
+            };
+            let entries = entries
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, e)| e.snapshot.map(|s| (i, s)))
+                .map(|(i, s)| {
+                    csi_structs::Snapshot::try_from(&s)
+                        .map(snapshot_info)
+                        .map_err(|e| unusable(format!("ListSnapshots entry {i}: {e}")))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(SnapshotPage {
+                entries,
+                next_token,
+            })
+        })
+        .await
     }
 
     async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError> {

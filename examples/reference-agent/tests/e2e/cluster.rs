@@ -5,7 +5,6 @@
 //!
 //! Run with `cargo test -p csi-agent --features etcd --test e2e cluster`.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use csi_agent::ops::api::{ClaimView, ClusterView, StatusView, VolumeView};
@@ -14,6 +13,7 @@ use csi_testkit::etcd::LocalEtcd;
 use csi_testkit::{MockPlugin, MockServer, Role};
 
 use super::serve::{GUARD, Serve, cli, eventually, fast_backoff, json, ok_count};
+use super::support::file_with_mode;
 
 /// One agent of the test cluster.
 struct Node {
@@ -134,13 +134,12 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
 
     // A volume created through a is in every agent's book, once, with its secrets (kept
     // under the prefix: whichever agent attaches or holds the controller duty sends them).
-    let secrets = dir.path().join("v1.secrets");
-    std::fs::write(
-        &secrets,
+    let secrets = file_with_mode(
+        dir.path(),
+        "v1.secrets",
         "[controller-publish]\nattach-key=cluster-secret\n",
-    )
-    .expect("secrets file");
-    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        0o600,
+    );
     let created: VolumeView = json(
         &a.data,
         &[
@@ -152,7 +151,7 @@ async fn three_agents_share_volumes_and_claims_and_one_writer_wins_every_race() 
             "--capacity",
             "1Mi",
             "--secrets-file",
-            &secrets.display().to_string(),
+            &secrets,
         ],
     )
     .await;

@@ -2,14 +2,13 @@
 //! published, the offline order (release, expand, node expansion at the next claim), a node
 //! step that fails and is finished by running it again, and clear refusals.
 
-use std::os::unix::fs::PermissionsExt as _;
-
 use csi_agent::ops::api::{ClaimView, ExpandView, VolumeView};
 use csi_client::{Code, Rpc};
 use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
 use csi_testkit::{ControllerCapability, MockPlugin, NodeCapability, VolumeExpansion};
 
 use crate::serve::{cli, json, one_agent};
+use crate::support::file_with_mode;
 
 const MI: i64 = 1 << 20;
 
@@ -29,13 +28,12 @@ async fn an_online_plugin_grows_a_published_volume_on_the_controller_and_the_nod
     let one = one_agent(&mock).await;
     let data = one.data.clone();
     let dir = tempfile::tempdir().expect("temp dir");
-    let secrets = dir.path().join("v1.secrets");
-    std::fs::write(
-        &secrets,
+    let secrets = file_with_mode(
+        dir.path(),
+        "v1.secrets",
         "[controller-expand]\ngrow-key=g\n[node-expand]\nresize-key=r\n",
-    )
-    .expect("written");
-    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        0o600,
+    );
     let _: VolumeView = json(
         &data,
         &[
@@ -47,7 +45,7 @@ async fn an_online_plugin_grows_a_published_volume_on_the_controller_and_the_nod
             "--capacity",
             "1Mi",
             "--secrets-file",
-            &secrets.display().to_string(),
+            &secrets,
         ],
     )
     .await;

@@ -13,5 +13,6 @@ mod expand;
 mod plugin_text;
 mod secrets;
 mod serve;
+mod snapshots;
 mod support;
 mod topology;

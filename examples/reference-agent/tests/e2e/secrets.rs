@@ -9,12 +9,12 @@ use csi_client::{Code, Rpc};
 use csi_testkit::{MockPlugin, Outcome};
 
 use crate::serve::{cli, json, metrics, one_agent, raw_get};
+use crate::support::file_with_mode;
 
 /// Planted in every secret value; must appear in no output.
 const MARKER: &str = "planted-s3cr3t-7f3a";
 
 fn secrets_file(dir: &Path, name: &str, mode: u32) -> String {
-    let path = dir.join(name);
     let text = [
         format!("common-key={MARKER}-common"),
         "[create]".into(),
@@ -31,9 +31,7 @@ fn secrets_file(dir: &Path, name: &str, mode: u32) -> String {
         format!("mount-key={MARKER}-mount"),
     ]
     .join("\n");
-    std::fs::write(&path, text).expect("written");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    path.display().to_string()
+    file_with_mode(dir, name, &text, mode)
 }
 
 /// Every request of `rpc` the mock answered names `own` (and the common key) and no other

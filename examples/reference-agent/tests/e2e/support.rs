@@ -57,3 +57,13 @@ pub(crate) async fn csi_agent(args: &[&str]) -> Run {
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
 }
+
+/// Writes `text` to `<dir>/<name>` with permission bits `mode` (a secrets file: 0600), and
+/// returns the path as a flag value.
+pub(crate) fn file_with_mode(dir: &std::path::Path, name: &str, text: &str, mode: u32) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("the temp dir is writable");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path.display().to_string()
+}
