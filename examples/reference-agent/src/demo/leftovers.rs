@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use csi_structs::{ExternalVolumeId, PluginNodeId};
+use csi_structs::{ExternalVolumeId, PluginNodeId, SnapshotId};
 
 /// Everything the demo made that still exists, updated as each step ends.
 ///
@@ -25,6 +25,11 @@ pub struct Leftovers {
     pub file: Option<PathBuf>,
     /// A claim that is not freed yet, with its state.
     pub claim: Option<String>,
+    /// A snapshot the demo cut and has not deleted.
+    pub snapshot: Option<SnapshotId>,
+    /// The name of a `CreateSnapshot` whose outcome is uncertain: a snapshot of that name may
+    /// exist, its id unknown.
+    pub maybe_snapshot: Option<String>,
     /// Directories the demo created, deepest last (only those that still exist count).
     pub dirs: Vec<PathBuf>,
 }
@@ -44,6 +49,8 @@ impl Leftovers {
             && self.published.is_none()
             && self.file.as_ref().is_none_or(|f| !f.exists())
             && self.claim.is_none()
+            && self.snapshot.is_none()
+            && self.maybe_snapshot.is_none()
             && self.remaining_dirs().is_empty()
     }
 
@@ -75,6 +82,18 @@ impl Leftovers {
         if let Some((volume, node)) = &self.controller_published {
             lines.push(format!(
                 "published to node {node} by the controller: call ControllerUnpublishVolume volume_id={volume} node_id={node}"
+            ));
+        }
+        if let Some(snapshot) = &self.snapshot {
+            lines.push(format!(
+                "snapshot {snapshot} exists: call DeleteSnapshot snapshot_id={snapshot}"
+            ));
+        }
+        if let Some(name) = &self.maybe_snapshot {
+            lines.push(format!(
+                "a snapshot named {name} may exist (CreateSnapshot's outcome was uncertain): call \
+                 CreateSnapshot name={name} of the same volume, then DeleteSnapshot the snapshot_id \
+                 it returns"
             ));
         }
         if let Some(volume) = &self.created {
@@ -139,5 +158,21 @@ mod tests {
               it returns"
             ]
         );
+    }
+
+    #[test]
+    fn snapshots_are_deleted_before_their_volume() {
+        let left = Leftovers {
+            created: Some(ExternalVolumeId::new("v-1").unwrap()),
+            snapshot: Some(SnapshotId::new("snap-1").unwrap()),
+            maybe_snapshot: Some("nightly".into()),
+            ..Leftovers::default()
+        };
+        assert!(!left.is_empty());
+        let lines = left.report();
+        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert!(lines[0].contains("DeleteSnapshot snapshot_id=snap-1"));
+        assert!(lines[1].contains("CreateSnapshot name=nightly"));
+        assert!(lines[2].contains("DeleteVolume volume_id=v-1"));
     }
 }

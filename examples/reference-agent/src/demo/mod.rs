@@ -7,15 +7,19 @@
 //! volume (`--volume-id`) when it cannot create one.
 //!
 //! The steps ([`Step::ALL`]): fingerprint, create, validate, claim for writing (csi-claims),
-//! controller publish, node stage, node publish, write a file through the published path,
-//! stop the workload, then the release through csi-claims' release pipeline and the
-//! [adapters](csi_node::detach) (node unpublish, node unstage, controller unpublish, free), and
-//! delete. Node paths follow the agent's [`Layout`].
+//! controller publish, node stage, node publish, expand the published volume, write a file
+//! through the published path, stop the workload, snapshot, then the release through
+//! csi-claims' release pipeline and the [adapters](csi_node::detach) (node unpublish, node
+//! unstage, controller unpublish, free), delete the snapshot and delete the volume. Expansion
+//! and snapshots run when the plugin advertises them (`EXPAND_VOLUME` with `VolumeExpansion`
+//! `ONLINE`, or node `EXPAND_VOLUME`; `CREATE_DELETE_SNAPSHOT`) and print `skipped: <why>`
+//! otherwise. Node paths follow the agent's [`Layout`].
 //!
 //! On success nothing is left behind. On failure the demo names the step and lists what it
 //! left (volume, publications, staging, directories) with the call that removes each.
 
 mod error;
+mod expand;
 mod leftovers;
 mod observe;
 mod plan;
@@ -39,7 +43,7 @@ use tokio::sync::mpsc;
 pub use error::{DemoError, StepError};
 pub use leftovers::Leftovers;
 pub use observe::{DetachRecord, Observed};
-pub use plan::{Plan, PlanError, VolumeSource};
+pub use plan::{Expansion, Plan, PlanError, VolumeSource};
 pub use step::Step;
 pub use table::Table;
 
@@ -247,13 +251,18 @@ async fn lifecycle<W: Write>(
             let target = walk
                 .publish(&volume, staging.as_deref(), &publish_context)
                 .await?;
+            walk.expand(&plan, &volume, staging.as_deref(), &target)
+                .await?;
             walk.workload(&target).await?;
-            walk.release(&claims, &mut records, &plan, &info).await
+            let snapshot = walk.snapshot(&plan, &volume).await?;
+            walk.release(&claims, &mut records, &plan, &info).await?;
+            Ok::<_, DemoError>(snapshot)
         }
         .await;
         // Stop the pipeline either way: after a failure it must not keep calling the plugin.
         driver.shutdown().await;
-        released?;
+        let snapshot = released?;
+        walk.delete_snapshot(&plan, snapshot).await?;
         walk.delete(&volume).await?;
         walk.remove_dirs();
         Ok(volume)

@@ -25,6 +25,39 @@ pub struct Plan {
     pub stage: bool,
     /// The plugin's id for this node (from `NodeGetInfo`).
     pub plugin_node: PluginNodeId,
+    /// How the published volume is grown, or why it is not.
+    pub expand: Result<Expansion, &'static str>,
+    /// `CreateSnapshot`/`DeleteSnapshot` (`CREATE_DELETE_SNAPSHOT`), or why not.
+    pub snapshot: Result<(), &'static str>,
+}
+
+/// How a published volume is grown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expansion {
+    /// `ControllerExpandVolume` (controller `EXPAND_VOLUME`, with `VolumeExpansion` `ONLINE`).
+    pub controller: bool,
+    /// `NodeExpandVolume` may follow (node `EXPAND_VOLUME`): when the controller asks for it,
+    /// or always without a controller step.
+    pub node: bool,
+}
+
+impl Expansion {
+    /// What the plugin's capabilities allow for a volume in use (spec §3.8: `ONLINE` for the
+    /// controller to grow a published volume; node `EXPAND_VOLUME` grows it on the node).
+    fn of(caps: &csi_structs::Capabilities) -> Result<Expansion, &'static str> {
+        let controller = caps.may_call(csi_client::Rpc::ControllerExpandVolume);
+        let node = caps.node.can_expand();
+        let online = caps
+            .plugin
+            .has_expansion(csi_structs::VolumeExpansion::Online);
+        match (controller, node) {
+            (false, false) => Err("the plugin advertises no EXPAND_VOLUME"),
+            (true, _) if !online => Err(
+                "the plugin expands offline only (no VolumeExpansion ONLINE) and the volume is published",
+            ),
+            (controller, node) => Ok(Expansion { controller, node }),
+        }
+    }
 }
 
 /// Why the plugin cannot run the demo as asked.
@@ -75,6 +108,12 @@ impl Plan {
             controller_publish: caps.lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
             stage: caps.node.requires_staging(),
             plugin_node: node.node_id.clone(),
+            expand: Expansion::of(caps),
+            snapshot: if caps.may_call(csi_client::Rpc::CreateSnapshot) {
+                Ok(())
+            } else {
+                Err("the plugin lacks CREATE_DELETE_SNAPSHOT")
+            },
         })
     }
 

@@ -19,10 +19,15 @@ pub enum Step {
     NodeStage,
     /// `NodePublishVolume`.
     NodePublish,
+    /// `ControllerExpandVolume`, then `NodeExpandVolume` when asked (or alone for a plugin
+    /// that expands on the node only), while the volume is published.
+    Expand,
     /// Write a file through the published path and read it back.
     WriteFile,
     /// The workload removes its file and stops using the volume.
     StopWorkload,
+    /// `CreateSnapshot` of the volume, the workload stopped.
+    Snapshot,
     /// `NodeUnpublishVolume`, run by the release pipeline.
     NodeUnpublish,
     /// `NodeUnstageVolume`, run by the release pipeline.
@@ -31,13 +36,15 @@ pub enum Step {
     ControllerUnpublish,
     /// The claim is freed in the claim store.
     Free,
+    /// `DeleteSnapshot` of the snapshot cut before.
+    DeleteSnapshot,
     /// `DeleteVolume`.
     DeleteVolume,
 }
 
 impl Step {
     /// Every step, in the order the demo walks them.
-    pub const ALL: [Step; 14] = [
+    pub const ALL: [Step; 17] = [
         Step::Fingerprint,
         Step::CreateVolume,
         Step::ValidateCapabilities,
@@ -45,12 +52,15 @@ impl Step {
         Step::ControllerPublish,
         Step::NodeStage,
         Step::NodePublish,
+        Step::Expand,
         Step::WriteFile,
         Step::StopWorkload,
+        Step::Snapshot,
         Step::NodeUnpublish,
         Step::NodeUnstage,
         Step::ControllerUnpublish,
         Step::Free,
+        Step::DeleteSnapshot,
         Step::DeleteVolume,
     ];
 
@@ -64,12 +74,15 @@ impl Step {
             Step::ControllerPublish => "controller publish",
             Step::NodeStage => "node stage",
             Step::NodePublish => "node publish",
+            Step::Expand => "expand volume",
             Step::WriteFile => "write a file",
             Step::StopWorkload => "stop the workload",
+            Step::Snapshot => "snapshot",
             Step::NodeUnpublish => "release: node unpublish",
             Step::NodeUnstage => "release: node unstage",
             Step::ControllerUnpublish => "release: controller unpublish",
             Step::Free => "release: free the claim",
+            Step::DeleteSnapshot => "delete snapshot",
             Step::DeleteVolume => "delete volume",
         }
     }
@@ -84,11 +97,14 @@ impl Step {
             Step::ControllerPublish => "ControllerPublishVolume",
             Step::NodeStage => "NodeStageVolume",
             Step::NodePublish => "NodePublishVolume",
+            Step::Expand => "ControllerExpandVolume etc.",
             Step::WriteFile | Step::StopWorkload => "(filesystem)",
             Step::NodeUnpublish => "NodeUnpublishVolume",
             Step::NodeUnstage => "NodeUnstageVolume",
             Step::ControllerUnpublish => "ControllerUnpublishVolume",
             Step::Free => "(csi-claims)",
+            Step::Snapshot => "CreateSnapshot",
+            Step::DeleteSnapshot => "DeleteSnapshot",
             Step::DeleteVolume => "DeleteVolume",
         }
     }

@@ -34,6 +34,8 @@ pub(crate) struct Volume {
     pub(crate) id: VolumeId,
     pub(crate) external: ExternalVolumeId,
     pub(crate) context: VolumeContext,
+    /// Its size, when known.
+    pub(crate) capacity: Option<u64>,
 }
 
 /// One run of the demo: the client, where paths go, the table, and what is left so far.
@@ -46,6 +48,17 @@ pub(crate) struct Walk<'t, W: Write> {
     pub(crate) skipped: usize,
     pub(crate) capability: VolumeCapability,
     pub(crate) workload: WorkloadId,
+}
+
+/// The result text of a delete call: `NOT_FOUND` ("already done") counts as deleted.
+pub(crate) fn deleted_result(
+    deleted: Result<(), csi_client::Error>,
+) -> Result<&'static str, csi_client::Error> {
+    match deleted {
+        Ok(()) => Ok("ok: deleted"),
+        Err(e) if e.class() == ErrorClass::AlreadyDone => Ok("ok: already gone"),
+        Err(e) => Err(e),
+    }
 }
 
 fn ids_invariant<T>(result: Result<T, csi_structs::ValidationErrors>) -> T {
@@ -197,6 +210,7 @@ impl<'t, W: Write> Walk<'t, W> {
                     id,
                     external: external.clone(),
                     context: VolumeContext::new(),
+                    capacity: None,
                 })
             }
             VolumeSource::Create => {
@@ -242,6 +256,7 @@ impl<'t, W: Write> Walk<'t, W> {
                     id,
                     external: volume.volume_id,
                     context: volume.volume_context,
+                    capacity: volume.capacity_bytes,
                 })
             }
         }
@@ -528,7 +543,7 @@ impl<'t, W: Write> Walk<'t, W> {
         )
     }
 
-    /// Step 14: delete the volume if the demo created it.
+    /// The last step: delete the volume if the demo created it.
     pub(crate) async fn delete(&mut self, volume: &Volume) -> Result<(), DemoError> {
         if self.left.created.is_none() {
             return self.skip(
@@ -543,11 +558,8 @@ impl<'t, W: Write> Walk<'t, W> {
             .delete(&volume.external, &Secrets::default())
             .await;
         let took = started.elapsed();
-        let result = match deleted {
-            Ok(()) => "ok: deleted",
-            Err(e) if e.class() == ErrorClass::AlreadyDone => "ok: already gone",
-            Err(e) => return Err(self.fail(Step::DeleteVolume, Some(took), e.into())),
-        };
+        let result = deleted_result(deleted)
+            .map_err(|e| self.fail(Step::DeleteVolume, Some(took), e.into()))?;
         self.left.created = None;
         self.row(Step::DeleteVolume, Some(took), result)
     }

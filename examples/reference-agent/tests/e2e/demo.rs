@@ -73,7 +73,12 @@ async fn demo_walks_every_step_against_the_built_in_mock() {
     }
     let summary = run.stdout.lines().last().unwrap_or_default();
     assert!(summary.starts_with("demo ok: volume "), "{}", run.dump());
-    assert!(summary.contains("in 14 steps (0 skipped)"), "{summary}");
+    assert!(summary.contains("in 17 steps (0 skipped)"), "{summary}");
+    assert!(
+        result_of(&run, Step::Expand).contains("by the controller; grown on the node"),
+        "{}",
+        run.dump()
+    );
     assert!(summary.ends_with("nothing left behind"), "{summary}");
 }
 
@@ -114,6 +119,9 @@ async fn demo_adapts_to_a_plugin_without_staging_or_controller_publish() {
         (Step::NodeStage, "STAGE_UNSTAGE_VOLUME"),
         (Step::NodeUnstage, "STAGE_UNSTAGE_VOLUME"),
         (Step::ControllerUnpublish, "PUBLISH_UNPUBLISH_VOLUME"),
+        (Step::Expand, "no EXPAND_VOLUME"),
+        (Step::Snapshot, "CREATE_DELETE_SNAPSHOT"),
+        (Step::DeleteSnapshot, "CREATE_DELETE_SNAPSHOT"),
     ] {
         let result = result_of(&run, step);
         assert!(
@@ -121,7 +129,7 @@ async fn demo_adapts_to_a_plugin_without_staging_or_controller_publish() {
             "{step:?}: {result}"
         );
     }
-    assert!(run.stdout.contains("(4 skipped)"), "{}", run.dump());
+    assert!(run.stdout.contains("(7 skipped)"), "{}", run.dump());
     assert!(
         server.plugin().volumes().is_empty(),
         "the volume was deleted"
@@ -158,10 +166,14 @@ async fn demo_uses_an_existing_volume_on_a_node_only_plugin_and_keeps_it() {
         .assert_runs(&[
             (Rpc::NodeStageVolume, 1),
             (Rpc::NodePublishVolume, 1),
+            (Rpc::NodeExpandVolume, 1),
             (Rpc::NodeUnpublishVolume, 1),
             (Rpc::NodeUnstageVolume, 1),
         ])
         .unwrap();
+    // No controller to grow it: the node grows it alone; no controller, no snapshot.
+    assert!(result_of(&run, Step::Expand).contains("grown on the node"));
+    assert!(result_of(&run, Step::Snapshot).contains("skipped"));
     assert!(
         calls
             .records()
@@ -177,6 +189,67 @@ async fn demo_uses_an_existing_volume_on_a_node_only_plugin_and_keeps_it() {
         entries(&data).is_empty(),
         "nothing left in it: {:?}",
         entries(&data)
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_offline_only_plugin_s_published_volume_is_not_expanded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugin = MockPlugin::builder()
+        .volume_expansion(Some(csi_testkit::VolumeExpansion::Offline))
+        .build()
+        .unwrap();
+    let server = serve(plugin, tmp.path()).await;
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&["demo", "--plugin-endpoint", &endpoint]).await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    let expand = result_of(&run, Step::Expand);
+    assert!(
+        expand.starts_with("skipped") && expand.contains("offline only"),
+        "{expand}"
+    );
+    assert!(result_of(&run, Step::Snapshot).starts_with("ok"));
+    assert!(run.stdout.contains("(1 skipped)"), "{}", run.dump());
+    let calls = server.calls();
+    assert_eq!(calls.count(Rpc::ControllerExpandVolume), 0);
+    assert_eq!(calls.count(Rpc::NodeExpandVolume), 0);
+    assert_eq!(calls.count(Rpc::CreateSnapshot), 1);
+    assert_eq!(calls.count(Rpc::DeleteSnapshot), 1);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_deleted_is_left_before_the_volume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugin = MockPlugin::builder().build().unwrap();
+    plugin
+        .faults()
+        .on(Rpc::DeleteSnapshot)
+        .fail(Code::FailedPrecondition, "snapshot in use")
+        .install();
+    let server = serve(plugin, tmp.path()).await;
+    let endpoint = endpoint(&server);
+    let run = csi_agent(&["demo", "--plugin-endpoint", &endpoint]).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(result_of(&run, Step::DeleteSnapshot).starts_with("FAILED"));
+    let left: Vec<&str> = run
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("left behind"))
+        .skip(1)
+        .collect();
+    assert!(
+        left.first()
+            .is_some_and(|l| l.contains("exists: call DeleteSnapshot snapshot_id=")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        left.get(1)
+            .is_some_and(|l| l.contains("exists: call DeleteVolume")),
+        "{}",
+        run.dump()
     );
     server.shutdown().await.unwrap();
 }
