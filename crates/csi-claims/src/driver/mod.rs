@@ -76,6 +76,35 @@ pub(crate) struct State {
     pub(crate) stopped: bool,
     /// Why the shared store's watch is broken, while it is.
     pub(crate) store_watch: Option<String>,
+    /// Why the store fails, from its first failed call until one succeeds.
+    pub(crate) store_failure: Option<String>,
+}
+
+impl State {
+    /// Notes how a store call ended, logging once when the store starts failing and once
+    /// when it works again (not once per call or per volume).
+    fn note_store<T>(&mut self, result: &Result<T, StoreError>) {
+        match result {
+            Err(e) if e.is_unavailable() => {
+                let detail = error_chain(e);
+                if self.store_failure.is_none() {
+                    tracing::error!(error = %detail,
+                        "claim store failing: claims and releases fail at once with this \
+                         error until it works again");
+                }
+                self.store_failure = Some(detail);
+            }
+            Err(e) if !e.is_conflict() => {
+                // One record, not the store: bounded by the volume's backoff.
+                tracing::warn!(error = %error_chain(e), "claim store refused a record");
+            }
+            _ => {
+                if let Some(was) = self.store_failure.take() {
+                    tracing::info!(was = %was, "claim store works again");
+                }
+            }
+        }
+    }
 }
 
 pub(crate) struct Shared {
@@ -146,6 +175,7 @@ impl ClaimsDriver {
                 waiters: Waiters::default(),
                 stopped: false,
                 store_watch: None,
+                store_failure: None,
             }),
             wake: Notify::new(),
             events,
@@ -391,7 +421,10 @@ async fn persist<S: ClaimStore + ?Sized>(
     })
     .await
     .unwrap_or(Err(StoreError::Interrupted { volume }));
-    shared.lock().machine.persisted(ticket, result, now());
+    let mut state = shared.lock();
+    state.note_store(&result);
+    state.machine.persisted(ticket, result, now());
+    drop(state);
     shared.wake.notify_one();
 }
 
@@ -405,7 +438,10 @@ async fn reload<S: ClaimStore + ?Sized>(
     let result = tokio::spawn(async move { store.load(&key).await })
         .await
         .unwrap_or(Err(StoreError::Interrupted { volume }));
-    shared.lock().machine.reloaded(ticket, result, now());
+    let mut state = shared.lock();
+    state.note_store(&result);
+    state.machine.reloaded(ticket, result, now());
+    drop(state);
     shared.wake.notify_one();
 }
 

@@ -569,6 +569,18 @@ fn log_event(event: &csi_claims::Event) {
         Event::ClaimLost { volume, workload } => {
             tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
         }
+        // The caller hears at once; the store's failure itself is logged by the driver, once
+        // when it starts and once when it ends.
+        Event::ClaimNotStored {
+            volume, workload, ..
+        } => {
+            tracing::debug!(%volume, %workload, "claim not stored: the claim store fails");
+        }
+        Event::ReleaseNotStored {
+            volume, workload, ..
+        } => {
+            tracing::debug!(%volume, %workload, "release not stored: the claim store fails");
+        }
         Event::Freed(claim) => {
             let state = claim.state();
             tracing::info!(
