@@ -81,9 +81,19 @@ pub enum AgentError {
         /// The error.
         detail: String,
     },
-    /// A state file could not be written.
+    /// A state file could not be written (the volume book, say): the agent's own disk, never
+    /// the plugin's fault.
     #[error(transparent)]
     State(#[from] StateFileError),
+    /// The agent's own I/O failed while serving the request (a directory or the usage records
+    /// under the data directory could not be written), never the plugin's fault.
+    #[error("{step}: {detail}")]
+    Local {
+        /// What was being done.
+        step: &'static str,
+        /// The error, naming the file.
+        detail: String,
+    },
     /// The cluster store failed (cluster mode).
     #[error(transparent)]
     Store(#[from] csi_claims::StoreError),
@@ -100,18 +110,26 @@ impl From<BookError> for AgentError {
 }
 
 impl AgentError {
-    /// The HTTP status, the kind and the class of the error answer.
+    /// The HTTP status, the kind and the class of the error answer. The agent's own
+    /// failures (`store`: the claim store or, in cluster mode, etcd; `local_io`: a state file
+    /// or directory under the data directory) are 503 with class `retry`, answered at once,
+    /// and never `plugin`.
     pub fn parts(&self) -> (u16, &'static str, Option<ErrorClass>) {
         match self {
             AgentError::NotFound { .. } => (404, "not_found", None),
             AgentError::BadRequest { .. } => (400, "bad_request", None),
             AgentError::Conflict(_) => (409, "conflict", None),
             AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
+            AgentError::Claims(e) if e.is_store_failure() => {
+                (503, "store", Some(ErrorClass::Retry))
+            }
             AgentError::Claims(_) => (409, "claim", None),
             AgentError::Plugin { class, kind, .. } => (502, kind, Some(*class)),
-            AgentError::State(_) => (500, "state", None),
+            AgentError::State(_) | AgentError::Local { .. } => {
+                (503, "local_io", Some(ErrorClass::Retry))
+            }
             AgentError::Store(e) if e.is_permanent() => (400, "store", None),
-            AgentError::Store(_) => (503, "store", None),
+            AgentError::Store(_) => (503, "store", Some(ErrorClass::Retry)),
         }
     }
 }
@@ -156,11 +174,17 @@ impl AgentError {
         let kind = match e {
             VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
             VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
-            VolumeError::Unsupported { .. }
-            | VolumeError::NotHere { .. }
-            | VolumeError::Path(_)
-            | VolumeError::Dir { .. }
-            | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
+            // Our own disk: the usage records or a directory could not be written.
+            VolumeError::Dir { .. } | VolumeError::Usage { .. } => {
+                return AgentError::Local {
+                    step,
+                    detail: e.to_string(),
+                };
+            }
+            VolumeError::Path(p) => return bad(p.field, p),
+            VolumeError::Unsupported { .. } | VolumeError::NotHere { .. } => {
+                call_kind(PluginFailure::Agent)
+            }
         };
         AgentError::Plugin {
             step,
@@ -735,9 +759,10 @@ impl Agent {
     }
 
     fn view(&self, entry: &BookEntry) -> api::VolumeView {
+        // Only stored claims: one being written is not shown as taken before it is durable.
         let claims: Vec<api::ClaimView> = self
             .claims
-            .record(&entry.id)
+            .stored_record(&entry.id)
             .map(|r| {
                 r.claims()
                     .iter()
@@ -816,7 +841,7 @@ impl Agent {
     pub fn claim_counts(&self) -> BTreeMap<String, u64> {
         let mut counts = BTreeMap::new();
         for e in self.book.list() {
-            if let Some(r) = self.claims.record(&e.id) {
+            if let Some(r) = self.claims.stored_record(&e.id) {
                 for c in r.claims() {
                     *counts.entry(c.state().name().to_owned()).or_default() += 1;
                 }
@@ -859,6 +884,8 @@ impl Agent {
                 })
                 .collect(),
             cluster: self.cluster.as_ref().map(|c| c.view()),
+            store_failure: self.claims.store_failure(),
+            failing_files: failing_files(),
         }
     }
 
@@ -872,8 +899,18 @@ impl Agent {
             claims: self.claim_counts(),
             stuck_releases: self.claims.stuck().len() as u64,
             plugins,
+            store_failing: self.claims.store_failure().is_some(),
+            failing_files: failing_files().len() as u64,
         })
     }
+}
+
+/// The state files whose last write failed, as `<file>: <error>`.
+fn failing_files() -> Vec<String> {
+    csi_node::state::failing()
+        .into_iter()
+        .map(|(_, error)| error)
+        .collect()
 }
 
 /// A claim for the API.
@@ -980,5 +1017,48 @@ mod tests {
             },
         );
         assert_eq!(shim_late.parts().1, "deadline");
+    }
+
+    fn vid(s: &str) -> VolumeId {
+        VolumeId::new(s).expect("id")
+    }
+
+    #[test]
+    fn our_own_failures_are_503_with_their_own_kind_never_plugin() {
+        let reason = "claim store redb /data/claims.redb failed to commit: I/O error: \
+                      No space left on device (os error 28)";
+        let not_stored = AgentError::Claims(DriverError::NotStored {
+            what: "claim",
+            volume: vid("v"),
+            workload: WorkloadId::new("w").expect("id"),
+            reason: reason.to_owned(),
+        });
+        let waiting = AgentError::Claims(DriverError::Claim(
+            csi_claims::ClaimError::StoreUnavailable {
+                volume: vid("v"),
+                reason: reason.to_owned(),
+            },
+        ));
+        for e in [&not_stored, &waiting] {
+            assert_eq!(e.parts(), (503, "store", Some(ErrorClass::Retry)), "{e}");
+            assert!(e.to_string().contains("/data/claims.redb"), "{e}");
+        }
+        let state = AgentError::State(StateFileError::Io {
+            path: "/data/volumes.json".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        });
+        let local = AgentError::Local {
+            step: "mount",
+            detail: "volume v: state file /data/node/usage.json: No space left on device".into(),
+        };
+        for e in [&state, &local] {
+            assert_eq!(e.parts(), (503, "local_io", Some(ErrorClass::Retry)), "{e}");
+            assert!(!e.to_string().contains("plugin"), "{e}");
+        }
+        // A refused claim is still the caller's business, not a failure of ours.
+        let denied = AgentError::Claims(DriverError::Claim(csi_claims::ClaimError::Reloading {
+            volume: vid("v"),
+        }));
+        assert_eq!(denied.parts().1, "claim");
     }
 }

@@ -517,7 +517,7 @@ async fn a_bad_config_value_names_its_key_before_starting() {
 }
 
 /// A `GET` of the agent's `/metrics`, over plain HTTP.
-fn metrics(data: &Path) -> String {
+pub(crate) fn metrics(data: &Path) -> String {
     raw_get(data, "/metrics", None)
 }
 
