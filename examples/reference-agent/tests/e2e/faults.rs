@@ -171,13 +171,50 @@ async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_a
     assert_eq!(view.state, "taken");
     let status: StatusView = json(&data, &["status"]).await;
     assert!(status.failing_files.is_empty(), "{status:?}");
-    // Logged once when the file started failing and once when it worked again.
-    let log = agent.log();
-    let started = log
-        .lines()
-        .filter(|l| l.contains("state file cannot be written") && l.contains("usage.json"))
-        .count();
-    assert_eq!(started, 1, "{log}");
-    assert!(log.contains("state file written again"), "{log}");
+
+    // A release step whose usage records cannot be written fails as the agent's own, not as
+    // the plugin's, and is retried until the file can be written.
+    block(&usage, true);
+    let _: VolumeView = api(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes/v1/release",
+        Some(&csi_agent::ops::api::ReleaseVolume {
+            workload: "w2".into(),
+        }),
+    )
+    .await
+    .expect("the release is stored");
+    let stuck = eventually("the release is stuck on usage.json", async || {
+        let status: StatusView = json(&data, &["status"]).await;
+        status.stuck.into_iter().find(|r| {
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("usage.json"))
+        })
+    })
+    .await;
+    let error = stuck.last_error.unwrap_or_default();
+    assert!(error.contains("the serving agent failed"), "{error}");
+    assert!(!error.contains("plugin answered"), "{error}");
+    assert_eq!(stuck.last_error_class.as_deref(), Some("retry"));
+    block(&usage, false);
+    eventually("the release finishes", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    assert!(mock.published().is_empty() && mock.staged().is_empty());
+
+    // Logged once each time the file started failing and once each time it worked again,
+    // however many writes failed in between. (Read after the stop, which flushes the log.)
     assert_eq!(agent.terminate(), Some(0));
+    let log = agent.log();
+    let count = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains(needle) && l.contains("usage.json"))
+            .count()
+    };
+    assert_eq!(count("state file cannot be written"), 2, "{log}");
+    assert_eq!(count("state file written again"), 2, "{log}");
 }
