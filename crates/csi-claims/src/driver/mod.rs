@@ -56,6 +56,11 @@ pub struct DriverConfig {
     pub call_timeout: Duration,
     /// How many events a slow [`ClaimsHandle::subscribe`] receiver may lag behind. Default 1024.
     pub event_capacity: usize,
+    /// How long, after the start, the release steps of a volume wait for its plugin to be
+    /// reported available ([`ClaimsHandle::plugin_available`]) before their first attempt
+    /// (see [`ReleaseMachine::await_plugins`]): an agent that restarts resumes its releases
+    /// once it has found its plugins again, not before. Default zero: no wait.
+    pub first_plugin_wait: Duration,
 }
 
 impl Default for DriverConfig {
@@ -64,6 +69,7 @@ impl Default for DriverConfig {
             machine: MachineConfig::default(),
             call_timeout: Duration::from_secs(300),
             event_capacity: 1024,
+            first_plugin_wait: Duration::ZERO,
         }
     }
 }
@@ -161,6 +167,9 @@ impl ClaimsDriver {
         let mut machine = ReleaseMachine::new(config.machine.clone());
         if changes.is_some() {
             machine.follow_store_changes();
+        }
+        if !config.first_plugin_wait.is_zero() {
+            machine.await_plugins(now() + config.first_plugin_wait);
         }
         for stored in records {
             let volume = stored.record.info().id.clone();

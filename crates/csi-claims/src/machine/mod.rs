@@ -352,6 +352,9 @@ pub struct ReleaseMachine {
     /// Volumes whose last store call failed because the store did: woken when the store
     /// answers again.
     store_down: HashSet<VolumeId>,
+    /// Until when release steps wait for their plugin to be reported available (after a
+    /// start, before the plugins are fingerprinted), and the plugins reported so far.
+    awaiting_plugins: Option<(Instant, HashSet<PluginId>)>,
     rng: JitterRng,
     next_ticket: u64,
 }
@@ -365,6 +368,7 @@ impl ReleaseMachine {
             observing: false,
             retired: HashMap::new(),
             store_down: HashSet::new(),
+            awaiting_plugins: None,
             config,
             volumes: HashMap::new(),
             ready: VecDeque::new(),
@@ -634,9 +638,22 @@ impl ReleaseMachine {
         self.wake_where(|e| e.record.claims.iter().any(|c| &c.node == node));
     }
 
+    /// Until `until`, a volume's release steps wait for its plugin to be reported available
+    /// ([`plugin_available`](Self::plugin_available)) before their first attempt; claims and
+    /// store writes go on. For a start: releases loaded from the store would otherwise be
+    /// tried before the plugins are fingerprinted again, and fail. After `until` (see
+    /// [`poll_timeout`](Self::poll_timeout)) every release goes on, available or not.
+    pub fn await_plugins(&mut self, until: Instant) {
+        self.awaiting_plugins = Some((until, HashSet::new()));
+    }
+
     /// The plugin became available (on `node`, or anywhere when `None`): volumes served by it
-    /// retry their failed steps now instead of waiting out their backoff.
+    /// retry their failed steps now instead of waiting out their backoff (and no longer wait
+    /// for it, see [`await_plugins`](Self::await_plugins)).
     pub fn plugin_available(&mut self, plugin: &PluginId, node: Option<&NodeId>, _now: Instant) {
+        if let Some((_, available)) = &mut self.awaiting_plugins {
+            available.insert(plugin.clone());
+        }
         self.wake_where(|e| {
             &e.record.info.plugin == plugin
                 && node.is_none_or(|n| e.record.claims.iter().any(|c| &c.node == n))
@@ -760,6 +777,17 @@ impl ReleaseMachine {
     /// Retries every due step. Call when the deadline from
     /// [`poll_timeout`](Self::poll_timeout) has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self
+            .awaiting_plugins
+            .as_ref()
+            .is_some_and(|(until, _)| *until <= now)
+        {
+            self.awaiting_plugins = None;
+            let waiting: Vec<VolumeId> = self.volumes.keys().cloned().collect();
+            for volume in waiting {
+                self.queue(&volume);
+            }
+        }
         while let Some(Reverse((at, _))) = self.timers.peek() {
             if *at > now {
                 break;
@@ -1192,16 +1220,17 @@ impl ReleaseMachine {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called (the earliest
     /// retry deadline), if ever.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let awaiting = self.awaiting_plugins.as_ref().map(|(until, _)| *until);
         while let Some(Reverse((at, volume))) = self.timers.peek() {
             let live = self.volumes.get(volume).is_some_and(|e| {
                 e.step_retry.not_before == Some(*at) || e.store_retry.not_before == Some(*at)
             });
             if live {
-                return Some(*at);
+                return Some(awaiting.map_or(*at, |until| until.min(*at)));
             }
             self.timers.pop();
         }
-        None
+        awaiting
     }
 
     // ----------------------------------------------------------------------------------
@@ -1450,7 +1479,17 @@ impl ReleaseMachine {
             return None;
         }
         let deferred = entry.step_retry.failed_for.as_ref();
-        match next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs) {
+        let step = next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs);
+        // After a start, no plugin call before the plugin is known to be there again.
+        if matches!(
+            step,
+            Step::NodeDetach { .. } | Step::ControllerDetach { .. }
+        ) && let Some((_, available)) = &self.awaiting_plugins
+            && !available.contains(&entry.record.info.plugin)
+        {
+            return None;
+        }
+        match step {
             Step::Idle => None,
             Step::Record { index, to } => {
                 Arc::make_mut(&mut entry.record).claims[index].state = to;

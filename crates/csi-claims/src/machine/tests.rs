@@ -1479,6 +1479,91 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
     assert_eq!(h.m.record(&vid("v")).map(|r| r.claims().len()), Some(1));
 }
 
+/// A machine restarted on a store that holds one release (node step to do) of plugin `plug`.
+fn restarted_with_a_release() -> Harness {
+    let mut first = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    first
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    first.release("v", "a");
+    assert_eq!(
+        first.node_calls.len(),
+        1,
+        "the first machine starts the step"
+    );
+    let mut h = Harness::new();
+    h.store = first.store;
+    let stored = h.store.load_now(&vid("v")).unwrap();
+    h.m.load(stored).unwrap();
+    h
+}
+
+#[test]
+fn after_a_start_release_steps_wait_for_their_plugin() {
+    let mut h = restarted_with_a_release();
+    h.m.await_plugins(h.now + Duration::from_secs(5));
+    h.pump();
+    assert!(
+        h.node_calls.is_empty(),
+        "the plugin is not known to be there yet"
+    );
+    // Claims and writes go on meanwhile.
+    let w = info("w", ControllerRequirement::Required);
+    h.claim(
+        &w,
+        request(
+            "w",
+            "b",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    assert!(matches!(h.events.last(), Some(Event::ClaimDurable { .. })));
+    h.m.plugin_available(&PluginId::new("other").unwrap(), None, h.now);
+    h.pump();
+    assert!(h.node_calls.is_empty(), "another plugin does not count");
+    h.m.plugin_available(&PluginId::new("plug").unwrap(), Some(&nid("n1")), h.now);
+    h.pump();
+    assert_eq!(
+        h.node_calls.len(),
+        1,
+        "the step starts once its plugin is back"
+    );
+}
+
+#[test]
+fn the_wait_for_a_plugin_after_a_start_is_bounded() {
+    let mut h = restarted_with_a_release();
+    let until = h.now + Duration::from_secs(5);
+    h.m.await_plugins(until);
+    h.pump();
+    assert_eq!(
+        h.m.poll_timeout(),
+        Some(until),
+        "the machine asks to be woken then"
+    );
+    h.advance(Duration::from_millis(4999));
+    assert!(h.node_calls.is_empty());
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        h.node_calls.len(),
+        1,
+        "tried without its plugin after the wait"
+    );
+}
+
 #[test]
 fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
     let v = info("v", ControllerRequirement::Required);

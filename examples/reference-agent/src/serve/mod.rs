@@ -258,6 +258,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             ..MachineConfig::with_seed(hasher.finish())
         },
         call_timeout: config.call_timeout.saturating_mul(2),
+        first_plugin_wait: stores.first_plugin_wait,
         ..DriverConfig::default()
     };
     let (claims, driver) = ClaimsDriver::start(
@@ -449,11 +450,18 @@ pub fn open_volumes(
     )
 }
 
+/// How long, after a start with the embedded store, releases loaded from the store wait for
+/// their plugin's first fingerprint before their first attempt (a plugin whose socket is
+/// there is fingerprinted within one scan; a plugin that never comes is tried after this).
+const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
+
 /// The volume book and the claim store of the configured kind.
 struct Stores {
     book: book::Book,
     claims: Arc<dyn ClaimStore>,
     duties: Duties,
+    /// How long resumed releases wait for their plugin's first fingerprint.
+    first_plugin_wait: Duration,
     /// What `serve` logs at the start.
     description: String,
     #[cfg(feature = "etcd")]
@@ -473,6 +481,8 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 book,
                 claims: Arc::new(store),
                 duties: Duties::ALL,
+                // Every plugin a release needs is on this node: found by the first scan.
+                first_plugin_wait: FIRST_FINGERPRINT_WAIT,
                 description,
                 #[cfg(feature = "etcd")]
                 etcd: None,
@@ -487,6 +497,9 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 claims: Arc::new(store.clone()),
                 // The node steps of this node's claims; the controller duty when elected.
                 duties: Duties::node(config.node_id.clone(), false),
+                // A controller may be another member's, which this agent never fingerprints:
+                // no wait.
+                first_plugin_wait: Duration::ZERO,
                 description: format!("{} prefix {}", settings.display(), settings.prefix),
                 etcd: Some((store, settings.clone())),
             })

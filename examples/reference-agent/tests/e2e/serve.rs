@@ -283,6 +283,8 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
         agent.log()
     );
     assert!(agent.log().contains("claim freed"), "{}", agent.log());
+    // The resumed release waited for the plugin's fingerprint: its first attempt worked.
+    assert!(!agent.log().contains("detach failed"), "{}", agent.log());
 
     let _: VolumeView = json(&data, &["volume", "delete", "v1"]).await;
     assert!(mock.volumes().is_empty());
