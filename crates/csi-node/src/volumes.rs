@@ -421,7 +421,7 @@ impl VolumeManager {
                 .node()
                 .stage(&NodeStage {
                     volume: &req.external_id,
-                    staging_target_path: &staging_text,
+                    staging_target_path: Path::new(&staging_text),
                     capability: &req.capability,
                     publish_context: &req.publish_context,
                     volume_context: &req.volume_context,
@@ -444,8 +444,8 @@ impl VolumeManager {
             .node()
             .publish(&NodePublish {
                 volume: &req.external_id,
-                staging_target_path: staging_text.as_deref(),
-                target_path: &target_text,
+                staging_target_path: staging_text.as_deref().map(Path::new),
+                target_path: Path::new(&target_text),
                 capability: &req.capability,
                 readonly: req.read_only,
                 publish_context: &req.publish_context,
@@ -519,7 +519,7 @@ impl VolumeManager {
             let client = self.node_plugin(&req.plugin)?.detach;
             match client
                 .node()
-                .unpublish(&req.external_id, &target_text)
+                .unpublish(&req.external_id, Path::new(&target_text))
                 .await
             {
                 Ok(()) => {}
@@ -593,7 +593,11 @@ impl VolumeManager {
     async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
         let staging_text = self.inner.layout.for_plugin(staging)?;
         let client = self.node_plugin(&req.plugin)?.detach;
-        match client.node().unstage(&req.external_id, &staging_text).await {
+        match client
+            .node()
+            .unstage(&req.external_id, Path::new(&staging_text))
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
             Err(source) => {

@@ -490,7 +490,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         node_client
             .stage(&NodeStage {
                 volume: &ext,
-                staging_target_path: staging.to_str().expect("utf-8"),
+                staging_target_path: &staging,
                 capability: &cap,
                 publish_context: &context,
                 volume_context: &VolumeContext::new(),
@@ -501,8 +501,8 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         node_client
             .publish(&NodePublish {
                 volume: &ext,
-                staging_target_path: Some(staging.to_str().expect("utf-8")),
-                target_path: target.to_str().expect("utf-8"),
+                staging_target_path: Some(&staging),
+                target_path: &target,
                 capability: &cap,
                 readonly: read_only,
                 publish_context: &context,

@@ -406,7 +406,7 @@ impl<'t, W: Write> Walk<'t, W> {
             .node()
             .stage(&NodeStage {
                 volume: &volume.external,
-                staging_target_path: &path,
+                staging_target_path: Path::new(&path),
                 capability: &self.capability,
                 publish_context,
                 volume_context: &volume.context,
@@ -453,8 +453,8 @@ impl<'t, W: Write> Walk<'t, W> {
             .node()
             .publish(&NodePublish {
                 volume: &volume.external,
-                staging_target_path: staging,
-                target_path: &path,
+                staging_target_path: staging.map(Path::new),
+                target_path: Path::new(&path),
                 capability: &self.capability,
                 readonly: false,
                 publish_context,
