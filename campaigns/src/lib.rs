@@ -13,7 +13,9 @@
 //! cargo run --release -p csi-campaigns -- --seed 7 --cases 20000 --budget 10m
 //! ```
 //!
-//! Campaigns are listed in [`CAMPAIGNS`] (`csi-campaign --list`).
+//! | campaign | against |
+//! |---|---|
+//! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
@@ -22,6 +24,7 @@ pub mod logs;
 pub mod panics;
 pub mod report;
 pub mod rng;
+pub mod shim;
 
 pub use report::{Plan, Report};
 
@@ -37,4 +40,8 @@ pub struct Campaign {
 }
 
 /// Every campaign, in the order they run by default.
-pub const CAMPAIGNS: &[Campaign] = &[];
+pub const CAMPAIGNS: &[Campaign] = &[Campaign {
+    name: shim::NAME,
+    covers: shim::COVERS,
+    run: shim::run,
+}];
