@@ -37,7 +37,8 @@ pub struct ShimConfig {
     /// How controller instances are ordered.
     pub strategy: Strategy,
     /// The longest a call received from another agent may run, whatever its `grpc-timeout`
-    /// says (and the limit when it sends none). Default 5 minutes.
+    /// says (and the limit when it sends none), counted from its arrival: [`Shim::serve`]
+    /// also ends a call whose request never finishes arriving by then. Default 5 minutes.
     pub max_remote_timeout: Duration,
     /// How long dialling another agent may take. Default 5 seconds; every call is also bounded
     /// by its deadline.
@@ -209,6 +210,10 @@ impl Shim {
     #[cfg(feature = "tls")]
     pub(crate) fn tls(&self) -> Option<&crate::tls::TlsConfig> {
         self.inner.tls.as_ref()
+    }
+
+    pub(crate) fn max_remote_timeout(&self) -> Duration {
+        self.inner.max_remote_timeout
     }
 
     pub(crate) fn max_message_bytes(&self) -> usize {

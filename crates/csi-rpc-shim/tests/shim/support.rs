@@ -349,6 +349,8 @@ pub(crate) struct AgentSpec {
     /// Nodes it has no route to at all.
     pub(crate) unreachable: Vec<&'static str>,
     pub(crate) strategy: Strategy,
+    /// Its cap on a received call (the default when `None`).
+    pub(crate) max_remote_timeout: Option<Duration>,
     /// TLS for its links (dialling and serving).
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<csi_rpc_shim::TlsConfig>,
@@ -364,6 +366,7 @@ impl AgentSpec {
             via: Vec::new(),
             unreachable: Vec::new(),
             strategy: Strategy::Sticky,
+            max_remote_timeout: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -398,6 +401,11 @@ impl AgentSpec {
 
     pub(crate) fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
+        self
+    }
+
+    pub(crate) fn max_remote_timeout(mut self, cap: Duration) -> Self {
+        self.max_remote_timeout = Some(cap);
         self
     }
 
@@ -476,6 +484,9 @@ impl Cluster {
                 spec.scope,
             );
             config.strategy = spec.strategy;
+            if let Some(cap) = spec.max_remote_timeout {
+                config.max_remote_timeout = cap;
+            }
             #[cfg(feature = "tls")]
             {
                 config.tls = spec.tls.clone();
