@@ -7,6 +7,7 @@ use tonic::transport::Channel;
 
 use crate::auth::{HOPS_HEADER, NODE_HEADER, TOKEN_HEADER};
 use crate::backend::GrpcCode;
+use crate::details::Checked;
 use crate::error::{ProtocolProblem, ShimError};
 use crate::ops::Op;
 
@@ -66,7 +67,7 @@ pub(crate) async fn unary<O: Op>(
     }
     md.insert(HOPS_HEADER, AsciiMetadataValue::from(u32::from(hops)));
 
-    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut grpc = tonic::client::Grpc::new(Checked(channel));
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::from_error(Box::new(e)))?;

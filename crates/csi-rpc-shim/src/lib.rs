@@ -97,6 +97,7 @@
 
 pub mod auth;
 mod backend;
+mod details;
 mod error;
 mod forward;
 mod ops;
