@@ -27,6 +27,9 @@ struct Cli {
     /// Replay one case, by the index a failure line printed (with the same seed).
     #[arg(long, value_name = "INDEX")]
     only_case: Option<u64>,
+    /// Print every case as it starts.
+    #[arg(long)]
+    verbose: bool,
     /// List the campaigns and what each covers, then exit.
     #[arg(long)]
     list: bool,
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
             cases: cli.cases,
             only_case: cli.only_case,
             deadline: Instant::now() + left / remaining_campaigns,
+            verbose: cli.verbose,
         };
         let started = Instant::now();
         let report = (campaign.run)(&plan);

@@ -14,6 +14,8 @@ pub struct Plan {
     pub only_case: Option<u64>,
     /// No new case starts after this moment.
     pub deadline: Instant,
+    /// Print every case as it starts (to stderr).
+    pub verbose: bool,
 }
 
 impl Plan {
@@ -22,6 +24,13 @@ impl Plan {
         match self.only_case {
             Some(i) => i..i.saturating_add(1),
             None => 0..self.cases,
+        }
+    }
+
+    /// Prints case `index` when the plan is verbose; `what` must never hold a secret.
+    pub fn trace(&self, index: u64, what: impl fmt::Display) {
+        if self.verbose {
+            eprintln!("case={index} {what}");
         }
     }
 
@@ -139,6 +148,7 @@ mod tests {
             cases: 3,
             only_case: None,
             deadline: Instant::now(),
+            verbose: false,
         };
         let mut r = Report::new("demo", &plan, &["panics", "hangs"]);
         r.case_done();
@@ -163,6 +173,7 @@ mod tests {
             cases: 100,
             only_case: Some(17),
             deadline: Instant::now(),
+            verbose: false,
         };
         assert_eq!(plan.indices().collect::<Vec<_>>(), vec![17]);
     }

@@ -279,19 +279,25 @@ pub(crate) struct Call {
     pub(crate) expect: Expect,
 }
 
-impl fmt::Display for Call {
-    /// The call without any field value (values may be megabytes, or secrets).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} creds={} hops={:?} timeout={:?} body={}B expect={:?}",
+impl Call {
+    /// The call without its expected answer, nor any field value (values may be megabytes,
+    /// or secrets).
+    pub(crate) fn headline(&self) -> String {
+        format!(
+            "{} creds={} hops={:?} timeout={:?} body={}B",
             self.rpc,
             self.creds,
             self.hops,
             self.timeout.header(),
             self.body.len(),
-            self.expect
         )
+    }
+}
+
+impl fmt::Display for Call {
+    /// [`Call::headline`] and the expected answer.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} expect={:?}", self.headline(), self.expect)
     }
 }
 

@@ -724,6 +724,7 @@ async fn campaign(plan: &Plan, report: &mut Report) {
         let panics_before = panics::count();
         match case {
             Case::Call(call) => {
+                plan.trace(index, &call);
                 let mut judge = Judge {
                     report,
                     index,
@@ -732,22 +733,30 @@ async fn campaign(plan: &Plan, report: &mut Report) {
                 run_call(&world, &mut conn, &call, &mut judge).await;
             }
             Case::Odd(odd) => {
+                plan.trace(index, &odd);
                 let mut judge = Judge {
                     report,
                     index,
                     what: odd.to_string(),
                 };
-                odd::run(&world, &mut conn, &odd, &mut judge).await;
+                // On a connection of its own: the agent may rightly close it afterwards.
+                odd::run(&world, &mut None, &odd, &mut judge).await;
             }
             Case::Peer(reply, path) => {
+                let what = format!("hostile agent answers {reply} to a call {path:?}");
+                plan.trace(index, &what);
                 let mut judge = Judge {
                     report,
                     index,
-                    what: format!("hostile agent answers {reply} to a call {path:?}"),
+                    what,
                 };
                 run_peer(&world, &mut conn, reply, path, &mut judge).await;
             }
             Case::Slow(s) => {
+                plan.trace(
+                    index,
+                    format_args!("{s} (run with the other slow peers at the end)"),
+                );
                 slow.push((index, s));
                 continue;
             }

@@ -72,7 +72,7 @@ pub(super) struct Odd {
 
 impl fmt::Display for Odd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "odd {:?} on {}", self.kind, self.call)
+        write!(f, "odd {:?} on {}", self.kind, self.call.headline())
     }
 }
 
@@ -329,7 +329,7 @@ pub(super) struct Slow {
 
 impl fmt::Display for Slow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "slow {:?} on {}", self.kind, self.call)
+        write!(f, "slow {:?} on {}", self.kind, self.call.headline())
     }
 }
 
