@@ -16,10 +16,12 @@
 //! | campaign | against |
 //! |---|---|
 //! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
+//! | [`config`] | a hostile operator of the reference agent's configuration |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
 
+pub mod config;
 pub mod logs;
 pub mod panics;
 pub mod report;
@@ -40,8 +42,15 @@ pub struct Campaign {
 }
 
 /// Every campaign, in the order they run by default.
-pub const CAMPAIGNS: &[Campaign] = &[Campaign {
-    name: shim::NAME,
-    covers: shim::COVERS,
-    run: shim::run,
-}];
+pub const CAMPAIGNS: &[Campaign] = &[
+    Campaign {
+        name: shim::NAME,
+        covers: shim::COVERS,
+        run: shim::run,
+    },
+    Campaign {
+        name: config::NAME,
+        covers: config::COVERS,
+        run: config::run,
+    },
+];

@@ -40,8 +40,8 @@ impl Plan {
     }
 }
 
-/// The most failure lines printed per campaign; the counts keep counting after that.
-const MAX_PRINTED: u64 = 40;
+/// The most failure lines printed per counter; the counts keep counting after that.
+const MAX_PRINTED: u64 = 20;
 
 /// The counts of one campaign run. Every counter but `cases` counts violations: any of them
 /// above zero makes the run fail.
@@ -51,7 +51,6 @@ pub struct Report {
     seed: u64,
     cases: u64,
     counters: Vec<(&'static str, u64)>,
-    printed: u64,
     stopped_early: bool,
 }
 
@@ -63,7 +62,6 @@ impl Report {
             seed: plan.seed,
             cases: 0,
             counters: counters.iter().map(|c| (*c, 0)).collect(),
-            printed: 0,
             stopped_early: false,
         }
     }
@@ -81,19 +79,24 @@ impl Report {
     /// Case `case` broke the property `counter` counts. Prints a line naming the seed and the
     /// case, so it can be replayed alone; `what` must never hold a secret.
     pub fn violation(&mut self, counter: &'static str, case: u64, what: impl fmt::Display) {
-        match self.counters.iter_mut().find(|(name, _)| *name == counter) {
-            Some((_, n)) => *n += 1,
-            None => self.counters.push((counter, 1)),
-        }
-        self.printed += 1;
-        if self.printed <= MAX_PRINTED {
+        let n = match self.counters.iter_mut().find(|(name, _)| *name == counter) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                self.counters.push((counter, 1));
+                1
+            }
+        };
+        if n <= MAX_PRINTED {
             eprintln!(
                 "FAIL campaign={} seed={} case={case} {counter}: {what}\n     replay: cargo run -p csi-campaigns -- --campaign {} --seed {} --only-case {case}",
                 self.campaign, self.seed, self.campaign, self.seed
             );
-        } else if self.printed == MAX_PRINTED + 1 {
+        } else if n == MAX_PRINTED + 1 {
             eprintln!(
-                "FAIL campaign={}: more failures, not printed (see the counts)",
+                "FAIL campaign={}: more {counter} failures, not printed (see the counts)",
                 self.campaign
             );
         }
