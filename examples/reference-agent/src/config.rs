@@ -618,6 +618,9 @@ impl AgentConfig {
             .plugin_dir
             .or(f.plugin_dir)
             .unwrap_or_else(|| data_dir.join("plugins"));
+        if plugin_dir.as_os_str().is_empty() {
+            return Err(invalid("plugin_dir", "", "must not be empty"));
+        }
         let listen_text = a
             .listen
             .or(f.listen)
@@ -1027,6 +1030,16 @@ mod tests {
         assert_eq!(settings.endpoints.len(), 3);
         assert!(settings.endpoints.iter().all(|e| e.starts_with("https://")));
         assert!(settings.identity.is_some() && settings.user.is_some());
+    }
+
+    /// Found by the `config` campaign (csi-campaigns): an empty `plugin_dir` (a flag given
+    /// `--plugin-dir=`, a variable set to nothing) was accepted, and the agent then watched
+    /// no directory at all.
+    #[test]
+    fn an_empty_plugin_dir_is_refused() {
+        let file: FileConfig = toml::from_str("plugin_dir = \"\"\n").expect("valid toml");
+        let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
+        assert_eq!(key_of(e), "plugin_dir");
     }
 
     #[test]
