@@ -54,6 +54,9 @@ pub(crate) enum Reply {
     OkEmpty,
     /// `OK` with a message that breaks the protocol's rules (an empty listed volume id).
     OkInvalidMessage,
+    /// `OK` with a valid message over the protocol's size limit
+    /// ([`MAX_MESSAGE_BYTES`](csi_rpc_shim::wire::MAX_MESSAGE_BYTES)).
+    OkOversized,
     /// An error with a 64 KiB `grpc-message`.
     HugeMessage,
     /// A non-gRPC content type.
@@ -80,6 +83,7 @@ const REPLIES: &[Reply] = &[
     Reply::OkShortFrame,
     Reply::OkEmpty,
     Reply::OkInvalidMessage,
+    Reply::OkOversized,
     Reply::HugeMessage,
     Reply::WrongContentType,
     Reply::Silence,
@@ -217,6 +221,26 @@ fn respond(reply: Reply) -> Result<http::Response<Body>, String> {
                     capacity_bytes: -5,
                     published_plugin_node_ids: vec![String::new()],
                 }],
+                next_token: String::new(),
+            };
+            grpc(
+                200,
+                "application/grpc",
+                Body::with_trailers(
+                    ok_frame(&page.encode_to_vec()),
+                    Some(status_trailers("0", None)),
+                ),
+            )
+        }
+        Reply::OkOversized => {
+            let entry = |i: usize| pb::ListedVolume {
+                external_volume_id: format!("vol-{i:0>100}"),
+                capacity_bytes: 1,
+                published_plugin_node_ids: Vec::new(),
+            };
+            let n = csi_rpc_shim::wire::MAX_MESSAGE_BYTES / 100 + 1;
+            let page = pb::ControllerListVolumesResponse {
+                entries: (0..n).map(entry).collect(),
                 next_token: String::new(),
             };
             grpc(
