@@ -9,6 +9,7 @@ mod claims_release;
 mod cluster;
 mod demo;
 mod faults;
+mod health;
 mod plugin_text;
 mod serve;
 mod support;
