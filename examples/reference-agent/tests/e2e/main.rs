@@ -10,6 +10,7 @@ mod cluster;
 mod demo;
 mod faults;
 mod health;
+mod load;
 mod plugin_text;
 mod serve;
 mod support;

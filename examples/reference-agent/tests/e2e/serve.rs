@@ -46,7 +46,12 @@ impl Serve {
                 &["--listen", "127.0.0.1:0"][..]
             })
             .args(["--scan-interval", "100ms"])
-            .args(["--health-interval", "500ms", "--log", "info"])
+            .args(["--health-interval", "500ms"])
+            .args(if args.iter().any(|a| a == "--log") {
+                &[][..]
+            } else {
+                &["--log", "info"][..]
+            })
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
