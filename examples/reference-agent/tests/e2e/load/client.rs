@@ -135,7 +135,7 @@ impl Client {
         mode: &str,
         key: &Key,
     ) -> Option<Expect> {
-        let kills = self.control.life.kills();
+        let mark = self.control.life.mark();
         let body = ClaimVolume {
             workload: key.workload.clone(),
             mode: mode.to_owned(),
@@ -147,7 +147,7 @@ impl Client {
         let outcome = match answer {
             Answer::Ok(_) => {
                 t.claims_taken += 1;
-                if self.control.life.kills() == kills {
+                if !self.control.life.killed_since(mark) {
                     t.latency.entry(volume.access).or_default().push(took);
                 }
                 return Some(Expect::HeldAcknowledged);
@@ -162,7 +162,7 @@ impl Client {
             }
             Answer::Unknown(why) => {
                 t.claims_unknown += 1;
-                self.explained(t, kills, "claim", key, &why);
+                self.explained(t, mark, "claim", key, &why);
                 match self.look(key).await.as_deref() {
                     None => Expect::NotFound,
                     Some("taken") => {
@@ -190,7 +190,7 @@ impl Client {
             workload: key.workload.clone(),
         };
         while Instant::now() < guard {
-            let kills = self.control.life.kills();
+            let mark = self.control.life.mark();
             let answer: Answer<VolumeView> =
                 self.control.call(Method::POST, &path, Some(&body)).await;
             let seen = match answer {
@@ -213,7 +213,7 @@ impl Client {
                 }
                 Answer::Unknown(why) => {
                     t.releases_unknown += 1;
-                    self.explained(t, kills, "release", key, &why);
+                    self.explained(t, mark, "release", key, &why);
                     self.look(key).await
                 }
             };
@@ -235,10 +235,12 @@ impl Client {
     }
 
     /// A request without an answer must be explained by a kill.
-    fn explained(&self, t: &mut Tally, kills: u64, what: &str, key: &Key, why: &str) {
-        if self.control.life.kills() == kills {
+    fn explained(&self, t: &mut Tally, mark: u64, what: &str, key: &Key, why: &str) {
+        if !self.control.life.killed_since(mark) {
             t.violations.push(format!(
-                "the {what} of {key} got no answer and the agent was not being killed: {why}"
+                "the {what} of {key} got no answer and the agent was not being killed \
+                 ({} kills begun, all before the request and done): {why}",
+                self.control.life.begun()
             ));
         }
     }

@@ -33,17 +33,17 @@ pub(crate) enum Answer<T> {
     Unknown(String),
 }
 
-/// The agent's lives: how many kills began and how many restarted agents are ready.
+/// The agent's lives: how many kills began and how many restarted agents answer.
 #[derive(Debug)]
 pub(crate) struct Life {
-    kills: AtomicU64,
+    begun: AtomicU64,
     ready: tokio::sync::watch::Sender<u64>,
 }
 
 impl Life {
     /// Called before each SIGKILL.
     pub(crate) fn killing(&self) {
-        self.kills.fetch_add(1, Ordering::SeqCst);
+        self.begun.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Called once the agent started after a kill answers.
@@ -51,17 +51,27 @@ impl Life {
         self.ready.send_modify(|n| *n += 1);
     }
 
+    /// A mark to take before a request, for [`killed_since`](Self::killed_since).
+    pub(crate) fn mark(&self) -> u64 {
+        *self.ready.borrow()
+    }
+
     /// Kills begun so far.
-    pub(crate) fn kills(&self) -> u64 {
-        self.kills.load(Ordering::SeqCst)
+    pub(crate) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// Whether a kill was under way when `mark` was taken or began after it.
+    pub(crate) fn killed_since(&self, mark: u64) -> bool {
+        self.begun.load(Ordering::SeqCst) > mark
     }
 
     /// Waits until an agent started after every kill begun so far answers, so what it shows
     /// is what the killed ones left in the store.
     pub(crate) async fn back(&self) {
-        let kills = self.kills();
+        let begun = self.begun.load(Ordering::SeqCst);
         let mut ready = self.ready.subscribe();
-        tokio::time::timeout(GUARD, ready.wait_for(|n| *n >= kills))
+        tokio::time::timeout(GUARD, ready.wait_for(|n| *n >= begun))
             .await
             .expect("hang guard: the agent is started again after a kill")
             .expect("the life outlives its watchers");
@@ -80,7 +90,7 @@ impl Control {
         Control {
             data: Arc::new(data.to_owned()),
             life: Arc::new(Life {
-                kills: AtomicU64::new(0),
+                begun: AtomicU64::new(0),
                 ready: tokio::sync::watch::Sender::new(0),
             }),
         }
