@@ -102,7 +102,7 @@ impl Client {
         let mut t = Tally::default();
         let mut n = 0u64;
         let mut late = 0;
-        while late <= LAST_TRIES {
+        while late < LAST_TRIES {
             if Instant::now() >= self.deadline {
                 late += 1;
             }

@@ -11,6 +11,8 @@
 //! - never two writers at once on a single-writer volume, neither in the agent's view
 //!   (`GET /v1/volumes`, sampled during the run) nor in the mock's publications (sampled);
 //!   never a writer on a reader-only volume;
+//! - after the run, the mock publishes each acknowledged claim held at its target path,
+//!   stages and attaches its volume, and publishes, stages or attaches nothing without a claim;
 //! - after everything still claimed is released and the agent is quiet, the mock holds no
 //!   publication, staging or controller attachment, and the agent shows no claim, no stuck
 //!   release and no uncertain publication;
