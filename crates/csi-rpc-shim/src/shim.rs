@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use csi_structs::untrusted::escaped;
 use csi_structs::{NodeId, PluginId};
 use tokio::time::{Instant, timeout_at};
 
 use crate::auth::{Credentials, Denied, HOPS_HEADER, Principal, Scope, TokenBook};
 use crate::backend::{CallContext, LocalPlugins, LocalStatus};
-use crate::error::{Refusal, ShimError};
+use crate::error::{Refusal, RefusalReason, ShimError};
 use crate::forward::{self, Presented};
 use crate::ops::{Acting, Op, Routing};
 use crate::peers::{PeerPool, Route, Routes};
@@ -265,6 +266,10 @@ impl Shim {
                     service,
                 });
             }
+            // Health is advice for a release step: it is sent whatever the last probe said.
+            NodePlugin::Unhealthy { reason } if O::RELEASE_STEP => {
+                tracing::debug!(rpc = %rpc, %plugin, %node, reason = %escaped(&reason), "node plugin reported unhealthy; the release step is sent anyway");
+            }
             NodePlugin::Unhealthy { reason } => {
                 return Err(ShimError::PluginUnhealthy {
                     rpc,
@@ -288,7 +293,16 @@ impl Shim {
     ) -> Result<O::Output, ShimError> {
         let view = self.inner.registry.controllers(&plugin);
         let mut refusals = view.refused;
-        let order = self.inner.chooser.order(key, view.ready, preferred);
+        let mut order = self.inner.chooser.order(key, view.ready, preferred);
+        if O::RELEASE_STEP {
+            // Health is advice for a release step: the instances reported unhealthy are
+            // tried too, after the healthy ones.
+            let (unhealthy, rest): (Vec<Refusal>, Vec<Refusal>) = refusals
+                .into_iter()
+                .partition(|r| matches!(r.reason, RefusalReason::Unhealthy { .. }));
+            refusals = rest;
+            order.extend(unhealthy.into_iter().map(|r| r.node));
+        }
         let mut maybe_sent = false;
         for node in order {
             match self
@@ -396,6 +410,10 @@ impl Shim {
         let plugin = op.routing().plugin().clone();
         match self.inner.plugins.status(&plugin, service) {
             LocalStatus::Healthy => {}
+            // Health is advice for a release step: it is sent whatever the last probe said.
+            LocalStatus::Unhealthy { reason } if O::RELEASE_STEP => {
+                tracing::debug!(rpc = %rpc, %plugin, reason = %escaped(&reason), "plugin reported unhealthy here; the release step is served anyway");
+            }
             LocalStatus::Missing => {
                 return Err(ShimError::PluginMissing {
                     rpc,
