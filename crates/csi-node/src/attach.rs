@@ -12,6 +12,10 @@
 //! 3. `NodePublishVolume` for the claim's workload (both by the
 //!    [`VolumeManager`]), read-only when the claim reads or the access mode allows no writer.
 //!
+//! Nothing is attached through a plugin whose health is not known to be good (its last probe
+//! did not answer ready): the attach is refused before any call, with a retryable
+//! [`VolumeError::NotHealthy`] naming the plugin and its health.
+//!
 //! Attaches of one volume take turns; different volumes attach at once. The controller
 //! publish of a volume shared by several claims on the node is read-only only when the access
 //! mode is (a read claim is read-only at its own `NodePublishVolume`), and only sent as such to
@@ -28,7 +32,7 @@ use csi_structs::{
 
 use crate::plugins::{ControllerClients, PluginManager};
 use crate::volumes::ops::Ops;
-use crate::volumes::{MountRequest, NodePlugins, VolumeError, VolumeManager};
+use crate::volumes::{MountRequest, VolumeError, VolumeManager};
 
 /// Why a claim could not be attached.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +105,6 @@ pub fn read_only(claim: &Claim) -> bool {
 pub struct Attacher {
     node: NodeId,
     turns: Arc<Ops>,
-    plugins: PluginManager,
     controllers: Arc<dyn ControllerClients>,
     volumes: VolumeManager,
 }
@@ -119,22 +122,19 @@ impl Attacher {
     /// An attacher for node `node`, with its plugins and volume manager; controller calls go
     /// to the plugins' own controllers ([`PluginManager`] is a [`ControllerClients`]).
     pub fn new(node: NodeId, plugins: PluginManager, volumes: VolumeManager) -> Self {
-        let controllers = Arc::new(plugins.clone());
-        Self::with_controllers(node, plugins, controllers, volumes)
+        Self::with_controllers(node, Arc::new(plugins), volumes)
     }
 
     /// The same, with controller calls going where `controllers` says (a controller on
-    /// another node, say).
+    /// another node, say); the node's plugins are the volume manager's.
     pub fn with_controllers(
         node: NodeId,
-        plugins: PluginManager,
         controllers: Arc<dyn ControllerClients>,
         volumes: VolumeManager,
     ) -> Self {
         Self {
             node,
             turns: Arc::new(Ops::default()),
-            plugins,
             controllers,
             volumes,
         }
@@ -192,12 +192,9 @@ impl Attacher {
         })?;
         let spec = volume.spec();
         let plugin = &spec.plugin_id;
-        let ready = self
-            .plugins
-            .node_plugin(plugin)
-            .ok_or_else(|| VolumeError::PluginMissing {
-                plugin: plugin.clone(),
-            })?;
+        // Nothing is published, by the controller or on the node, through a plugin whose
+        // health is not known to be good.
+        let ready = self.volumes.publishable(plugin)?;
         let capabilities = &ready.fingerprint.capabilities;
         // One attach of the volume at a time, so the controller publish happens once.
         let _turn = self.turns.turn(&format!("{plugin}/{}", volume.id())).await;

@@ -5,12 +5,15 @@
 //!   (when the plugin has `STAGE_UNSTAGE_VOLUME`), at the volume's one staging path, then
 //!   `NodePublishVolume` per workload at the workload's target. The workload is recorded as
 //!   a user of the volume *before* anything is staged, so an unmount of another workload
-//!   never unstages the volume under a publish.
+//!   never unstages the volume under a publish. Only through a plugin whose last probe
+//!   answered ready: while its health is unknown or bad the mount is refused
+//!   ([`VolumeError::NotHealthy`], retryable) before anything is recorded or sent.
 //! - **Unmount** ([`VolumeManager::unmount`]): `NodeUnpublishVolume` of the workload's
 //!   target (the one recorded at mount, so mount and unmount always agree on the path), then
 //!   `NodeUnstageVolume` when it was the volume's last user here. `NOT_FOUND` counts as
 //!   done, and a publication already cleaned up (no record, no target directory) needs no
-//!   call: retrying after a lost answer is safe.
+//!   call: retrying after a lost answer is safe. Whatever the plugin's health: a plugin whose
+//!   `Probe` hangs still gets `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
 //! - **Expand** ([`VolumeManager::expand`]): `NodeExpandVolume` at a path where the volume is
 //!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
 //! - **One operation per volume.** Operations on one volume wait for each other, in order;
@@ -70,7 +73,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use csi_client::{ErrorClass, NodePublish, NodeStage, proto};
+use csi_client::{CsiClient, ErrorClass, NodePublish, NodeStage, proto};
 use csi_structs::{
     CapacityRange, ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability,
     VolumeContext, VolumeId, WorkloadId,
@@ -88,13 +91,25 @@ use crate::state::{StateFileError, save_json};
 
 /// How the volume manager reaches a plugin's node service.
 pub trait NodePlugins: Send + Sync + 'static {
-    /// The fingerprinted plugin's clients, or `None` when it is not here (yet).
+    /// The fingerprinted plugin's clients and health, or `None` when it is not here (yet).
     fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin>;
+
+    /// The client for node detach calls (`NodeUnpublishVolume`, `NodeUnstageVolume`) of a
+    /// plugin that is here, whatever its health (and, where the implementation knows the
+    /// registration, before its fingerprint): release steps are never gated on health. By
+    /// default the detach client of [`node_plugin`](Self::node_plugin).
+    fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        self.node_plugin(plugin).map(|ready| ready.detach)
+    }
 }
 
 impl NodePlugins for PluginManager {
     fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin> {
         self.get(plugin)
+    }
+
+    fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        PluginManager::detach_client(self, plugin)
     }
 }
 
@@ -368,7 +383,7 @@ impl VolumeManager {
         let target = layout.target_path(&req.volume, &req.workload, &usage)?;
         let staging_path = layout.staging_path(&req.volume)?;
         let _turn = self.inner.ops.turn(&key).await;
-        let plugin = self.node_plugin(&req.plugin)?;
+        let plugin = self.publishable(&req.plugin)?;
         let stages = plugin.fingerprint.capabilities.node.requires_staging();
         let call = |step, source| VolumeError::Call {
             step,
@@ -516,7 +531,7 @@ impl VolumeManager {
         let mut unpublished = false;
         if recorded.is_some() || target.exists() {
             let target_text = self.inner.layout.for_plugin(&target)?;
-            let client = self.node_plugin(&req.plugin)?.detach;
+            let client = self.detach_client(&req.plugin)?;
             match client
                 .node()
                 .unpublish(&req.external_id, &target_text)
@@ -592,7 +607,7 @@ impl VolumeManager {
     /// `NodeUnstageVolume` at `staging` (`NOT_FOUND` counts as done), then its directory goes.
     async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
         let staging_text = self.inner.layout.for_plugin(staging)?;
-        let client = self.node_plugin(&req.plugin)?.detach;
+        let client = self.detach_client(&req.plugin)?;
         match client.node().unstage(&req.external_id, &staging_text).await {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
@@ -680,12 +695,43 @@ impl VolumeManager {
         Ok(u64::try_from(answer.capacity_bytes).ok().filter(|b| *b > 0))
     }
 
+    /// The plugin a mount would publish through, checked the way [`mount`](Self::mount)
+    /// checks it: fingerprinted, with a Node service, and healthy (its last probe answered
+    /// ready). A caller that does something before the mount (a controller publish, a claim)
+    /// asks first, so it does nothing through a plugin the mount would refuse.
+    ///
+    /// # Errors
+    ///
+    /// [`VolumeError::PluginMissing`] when the plugin's node service is not here (yet), and
+    /// [`VolumeError::NotHealthy`] (retryable, naming the plugin and its health) while its
+    /// health is unknown or bad.
+    pub fn publishable(&self, plugin: &PluginId) -> Result<ReadyPlugin, VolumeError> {
+        let ready = self.node_plugin(plugin)?;
+        if !ready.health.is_healthy() {
+            return Err(VolumeError::NotHealthy {
+                plugin: plugin.clone(),
+                health: ready.health,
+            });
+        }
+        Ok(ready)
+    }
+
     /// The fingerprinted plugin with a Node service, or `PluginMissing`.
     fn node_plugin(&self, plugin: &PluginId) -> Result<ReadyPlugin, VolumeError> {
         self.inner
             .plugins
             .node_plugin(plugin)
             .filter(|p| p.fingerprint.serves_node())
+            .ok_or_else(|| VolumeError::PluginMissing {
+                plugin: plugin.clone(),
+            })
+    }
+
+    /// The plugin's client for node detach calls, whatever its health, or `PluginMissing`.
+    fn detach_client(&self, plugin: &PluginId) -> Result<CsiClient, VolumeError> {
+        self.inner
+            .plugins
+            .detach_client(plugin)
             .ok_or_else(|| VolumeError::PluginMissing {
                 plugin: plugin.clone(),
             })

@@ -10,11 +10,14 @@ use csi_claims::{Claim, ClaimMode, ClaimRequest, ControllerRequirement, MemorySt
 use csi_client::Rpc;
 use csi_node::attach::{AttachError, Attacher};
 use csi_node::detach::{ClientControllerDetacher, NoSecrets, VolumeNodeDetacher};
+use csi_node::plugins::PluginEvent;
+use csi_node::volumes::VolumeError;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, MountOptions, NodeId, PluginId, RegisteredVolume,
     VolumeCapability, VolumeId, VolumeSpec, WorkloadId,
 };
-use support::{GUARD, Plugin, mock_plugin};
+use csi_testkit::FaultStep;
+use support::{GUARD, Plugin, mock_plugin, mock_plugin_probing_fast};
 use tokio::time::Instant;
 
 struct Node {
@@ -35,7 +38,11 @@ impl std::ops::Deref for Node {
 /// Node `n1` with the mock plugin: its volume manager, an attacher, and a claims driver
 /// whose detachers are csi-node's.
 async fn node() -> Node {
-    let plugin = mock_plugin().await;
+    node_on(mock_plugin().await).await
+}
+
+/// The same node over `plugin`.
+async fn node_on(plugin: Plugin) -> Node {
     let volumes = plugin.volumes("csi");
     let (claims, driver) = ClaimsDriver::start(
         Arc::new(MemoryStore::new()),
@@ -211,4 +218,95 @@ async fn a_claim_that_does_not_fit_is_refused_before_any_call() {
     );
     assert_eq!(err.class(), ErrorClass::Fatal);
     assert_eq!(node.mock.calls().len(), calls, "no call was made");
+}
+
+/// A plugin whose health is not known to be good gets nothing published through it: the
+/// attach is refused before any call, retryably, naming the plugin and its health.
+#[tokio::test]
+async fn a_claim_while_the_plugin_s_health_is_unknown_is_refused_before_any_call() {
+    // Every Probe hangs: the plugin is fingerprinted, its health unknown until the first
+    // probe's deadline, then unhealthy. Either way nothing may be published.
+    let node = node_on(mock_plugin_probing_fast(true).await).await;
+    let mode = AccessMode::SingleNodeWriter;
+    let volume = node.create("db", &[mode]).await;
+    let claim = node.claim(&volume, "a", ClaimMode::Write, mode).await;
+    let err = node
+        .attacher
+        .attach(&volume, &claim)
+        .await
+        .expect_err("refused while health is not known to be good");
+    let AttachError::Mount(VolumeError::NotHealthy { plugin, health }) = &err else {
+        panic!("expected NotHealthy, got {err:?}");
+    };
+    assert_eq!(plugin.as_str(), "mock");
+    assert!(!health.is_healthy(), "{health}");
+    assert_eq!(err.class(), ErrorClass::Retry);
+    let text = err.to_string();
+    assert!(
+        text.contains("plugin mock") && text.contains(&format!("its health is {health}")),
+        "{text}"
+    );
+    let calls = node.mock.calls();
+    for rpc in [
+        Rpc::ControllerPublishVolume,
+        Rpc::NodeStageVolume,
+        Rpc::NodePublishVolume,
+    ] {
+        assert_eq!(calls.count(rpc), 0, "{rpc:?} was sent");
+    }
+    assert!(node.volumes("csi").records().is_empty(), "nothing recorded");
+    // The claim is released all the same (nothing to undo on the node).
+    node.claims
+        .release_and_wait_until(volume.id(), claim.workload(), Instant::now() + GUARD)
+        .await
+        .expect("freed");
+}
+
+/// Health is advice, not a gate, for clean-up: a plugin whose Probe hangs (reported
+/// unhealthy) still gets its volume unpublished, unstaged and controller-unpublished.
+#[tokio::test]
+async fn a_plugin_whose_probe_hangs_still_gets_its_volume_released() {
+    let node = node_on(mock_plugin_probing_fast(false).await).await;
+    let mode = AccessMode::SingleNodeWriter;
+    let volume = node.create("db", &[mode]).await;
+    let claim = node.claim(&volume, "a", ClaimMode::Write, mode).await;
+    node.attacher
+        .attach(&volume, &claim)
+        .await
+        .expect("attached while healthy");
+
+    let mut events = node.plugins.subscribe();
+    node.mock.faults().on(Rpc::Probe).forever(FaultStep::Hang);
+    tokio::time::timeout(GUARD, async {
+        while !matches!(events.recv().await, Ok(PluginEvent::Unhealthy { .. })) {}
+    })
+    .await
+    .expect("the hung probe makes it unhealthy (hang guard)");
+    assert!(
+        !node
+            .plugins
+            .status(&node.id)
+            .expect("registered")
+            .health
+            .is_healthy()
+    );
+
+    node.claims
+        .release_and_wait_until(volume.id(), claim.workload(), Instant::now() + GUARD)
+        .await
+        .expect("released although the plugin is unhealthy");
+    let calls = node.mock.calls();
+    assert_eq!(calls.count(Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(calls.count(Rpc::NodeUnstageVolume), 1);
+    assert_eq!(calls.count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+    assert!(
+        !node
+            .plugins
+            .status(&node.id)
+            .expect("registered")
+            .health
+            .is_healthy(),
+        "still unhealthy: the release did not wait for it"
+    );
 }

@@ -74,7 +74,8 @@ pub struct ApiError {
     /// A short machine-readable kind (`not_found`, `bad_request`, `conflict`, …). A failed
     /// plugin call says who said what: `plugin` (the plugin answered an error status),
     /// `plugin_answer` (its answer was unusable), `deadline` (a deadline of ours passed),
-    /// `plugin_unreachable`, `invalid_request` or `agent`.
+    /// `plugin_unreachable`, `plugin_unhealthy` (nothing is published through a plugin not
+    /// known to be healthy), `invalid_request` or `agent`.
     pub kind: String,
     /// What went wrong, for people.
     pub error: String,

@@ -119,7 +119,9 @@ impl AgentError {
 /// The control API's kind of a failed plugin call: `plugin` when the plugin answered with
 /// an error status, otherwise what happened without one: `plugin_answer` (its answer was
 /// unusable), `deadline` (a deadline of ours passed), `plugin_unreachable`,
-/// `invalid_request` (refused before sending) or `agent` (the serving agent's own failure).
+/// `invalid_request` (refused before sending) or `agent` (the serving agent's own failure);
+/// a node operation refused because the plugin is not known to be healthy is
+/// `plugin_unhealthy`.
 pub fn call_kind(failure: PluginFailure) -> &'static str {
     match failure {
         PluginFailure::UnusableAnswer => "plugin_answer",
@@ -156,6 +158,7 @@ impl AgentError {
         let kind = match e {
             VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
             VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+            VolumeError::NotHealthy { .. } => "plugin_unhealthy",
             VolumeError::Unsupported { .. }
             | VolumeError::NotHere { .. }
             | VolumeError::Path(_)
@@ -536,20 +539,14 @@ impl Agent {
             "write" => ClaimMode::Write,
             other => return Err(bad("mode", format!("{other:?} is not `read` or `write`"))),
         };
-        let (_, fp) = self
-            .plugins
-            .client(&entry.plugin)
-            .filter(|(_, fp)| fp.serves_node())
-            .ok_or_else(|| AgentError::Plugin {
-                step: "claim",
-                class: ErrorClass::RetryElsewhere,
-                kind: call_kind(PluginFailure::Unreachable),
-                detail: format!(
-                    "plugin {} has no fingerprinted node service on node {}",
-                    entry.plugin, self.me
-                ),
-            })?;
-        let plugin_node = fp
+        // Nothing is published through a plugin whose health is not known to be good: refused
+        // (retryably, naming the plugin and its health) before the claim.
+        let ready = self
+            .volumes
+            .publishable(&entry.plugin)
+            .map_err(|e| AgentError::node("claim", &e))?;
+        let plugin_node = ready
+            .fingerprint
             .node
             .as_ref()
             .map(|n| n.node_id.clone())

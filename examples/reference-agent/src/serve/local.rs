@@ -47,7 +47,9 @@ fn client_error(e: csi_client::Error) -> PluginError {
 fn node_error(e: VolumeError) -> PluginError {
     let failure = match &e {
         VolumeError::Call { source, .. } => plugin_failure(source),
-        VolumeError::PluginMissing { .. } => PluginFailure::Unreachable,
+        VolumeError::PluginMissing { .. } | VolumeError::NotHealthy { .. } => {
+            PluginFailure::Unreachable
+        }
         VolumeError::Unsupported { .. }
         | VolumeError::NotHere { .. }
         | VolumeError::Path(_)

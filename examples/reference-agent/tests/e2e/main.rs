@@ -8,6 +8,7 @@ mod claims_release;
 #[cfg(feature = "etcd")]
 mod cluster;
 mod demo;
+mod health;
 mod plugin_text;
 mod serve;
 mod support;

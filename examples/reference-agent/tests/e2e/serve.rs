@@ -205,8 +205,10 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
     ];
     let mut agent = Serve::start(dir.path(), "first", &data, &args);
     agent.ready().await;
-    eventually("the plugin is fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("the plugin is fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
 
@@ -447,7 +449,7 @@ async fn two_agents_claim_and_release_across_each_other() {
                 .any(|p| p.node == "a" && p.controller && p.health == "healthy");
             let local = list
                 .iter()
-                .any(|p| p.node == "b" && p.node_service && p.fingerprints == 1);
+                .any(|p| p.node == "b" && p.node_service && p.health == "healthy");
             (remote && local).then_some(())
         },
     )
@@ -577,8 +579,10 @@ pub(crate) async fn one_agent(mock: &MockPlugin) -> OneAgent {
         .expect("serves");
     let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
     OneAgent {
@@ -705,8 +709,10 @@ async fn agent_with_v1_on(
         .expect("serves");
     let mut agent = Serve::start(dir, name, &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(
@@ -781,8 +787,10 @@ async fn node_usage_survives_a_restart() {
     agent.kill();
     let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted again", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("fingerprinted again and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
 
@@ -924,8 +932,10 @@ async fn an_uncertain_publish_is_recorded_and_cleaned_up_by_its_release() {
     args.extend(["--call-timeout".to_owned(), "2s".to_owned()]);
     let mut agent = Serve::start(dir.path(), "agent", &data, &args);
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
@@ -983,8 +993,10 @@ async fn sigterm_lets_a_claim_in_flight_finish() {
     let args = fast_backoff(&plugins);
     let mut agent = Serve::start(dir.path(), "first", &data, &args);
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
@@ -1038,7 +1050,7 @@ async fn register_an_existing_volume_and_read_the_tables() {
         .expect("serves");
     let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
+    eventually("fingerprinted and healthy", async || {
         plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
     })
     .await;
