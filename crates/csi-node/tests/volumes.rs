@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::{Code, ErrorClass, NodePublish, NodeStage, Rpc, proto};
+use csi_client::{Code, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_node::layout::{Layout, Usage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::state::StateFileError;
@@ -20,7 +20,7 @@ use csi_structs::{
     AccessMode, CapacityRange, ExternalVolumeId, MountOptions, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,
 };
-use csi_testkit::MockPlugin;
+use csi_testkit::{FaultStep, MockPlugin};
 use support::{GUARD, Plugin, mock_plugin};
 
 /// The mock plugin; volumes are created on it and published to its node.
@@ -672,4 +672,36 @@ async fn a_plugin_with_its_own_view_of_the_data_directory_gets_its_paths() {
             && !layout.staging_path(&db.0).expect("id").exists(),
         "the host's directories are removed"
     );
+}
+
+/// Health is advice, not a gate, for clean-up: a registration not fingerprinted yet (its
+/// `GetPluginInfo` hangs, its health unknown) still gets its volume unpublished and unstaged.
+#[tokio::test]
+async fn a_plugin_not_fingerprinted_yet_still_gets_its_volume_unmounted() {
+    let node = node().await;
+    let volumes = node.manager();
+    let db = node.volume("db").await;
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("mounted");
+    node.mock
+        .faults()
+        .on(Rpc::GetPluginInfo)
+        .forever(FaultStep::Hang);
+    let socket = node.dir.path().join("mock.sock");
+    node.plugins
+        .register(node.id.clone(), Endpoint::unix(&socket).expect("endpoint"))
+        .expect("registered again");
+    assert!(
+        node.plugins.get(&node.id).is_none(),
+        "the new registration is not fingerprinted"
+    );
+    let done = volumes
+        .unmount(&node.unmount(&db, "w1"))
+        .await
+        .expect("unmounted all the same");
+    assert!(done.unpublished && done.unstaged, "{done:?}");
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+    assert!(volumes.records().is_empty());
 }
