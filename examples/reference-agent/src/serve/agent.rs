@@ -155,20 +155,23 @@ impl AgentError {
 
     /// A node operation failed during `step`.
     fn node(step: &'static str, e: &VolumeError) -> AgentError {
-        let kind = match e {
-            VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
-            VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
-            VolumeError::NotHealthy { .. } => "plugin_unhealthy",
-            VolumeError::Unsupported { .. }
-            | VolumeError::NotHere { .. }
-            | VolumeError::Path(_)
-            | VolumeError::Dir { .. }
-            | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
-        };
+        fn kind(e: &VolumeError) -> &'static str {
+            match e {
+                VolumeError::NotUndone { failed, .. } => kind(failed),
+                VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
+                VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+                VolumeError::NotHealthy { .. } => "plugin_unhealthy",
+                VolumeError::Unsupported { .. }
+                | VolumeError::NotHere { .. }
+                | VolumeError::Path(_)
+                | VolumeError::Dir { .. }
+                | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
+            }
+        }
         AgentError::Plugin {
             step,
             class: e.class(),
-            kind,
+            kind: kind(e),
             detail: e.to_string(),
         }
     }
