@@ -719,13 +719,17 @@ async fn a_failed_mount_undoes_what_it_may_have_done() {
     let node = node().await;
     let volumes = node.manager();
     let count = |rpc| node.mock.calls().count(rpc);
+    // The next `rpc` ends uncertain (INTERNAL on a mutation: it may have happened).
+    let lose_next = |rpc| {
+        node.mock
+            .faults()
+            .on(rpc)
+            .fail(Code::Internal, "lost track");
+    };
 
     // An uncertain publish of the volume's first user: unpublished, then unstaged.
     let db = node.volume("db").await;
-    node.mock
-        .faults()
-        .on(Rpc::NodePublishVolume)
-        .fail(Code::Internal, "lost track");
+    lose_next(Rpc::NodePublishVolume);
     let err = volumes
         .mount(&node.mount(&db, "w1"))
         .await
@@ -748,10 +752,7 @@ async fn a_failed_mount_undoes_what_it_may_have_done() {
 
     // An uncertain stage: unstaged, never published.
     let logs = node.volume("logs").await;
-    node.mock
-        .faults()
-        .on(Rpc::NodeStageVolume)
-        .fail(Code::Internal, "slow disk");
+    lose_next(Rpc::NodeStageVolume);
     let err = volumes
         .mount(&node.mount(&logs, "w1"))
         .await
@@ -777,10 +778,7 @@ async fn a_failed_mount_undoes_what_it_may_have_done() {
         .mount(&node.mount(&db, "w1"))
         .await
         .expect("w1 mounted");
-    node.mock
-        .faults()
-        .on(Rpc::NodePublishVolume)
-        .fail(Code::Internal, "lost track");
+    lose_next(Rpc::NodePublishVolume);
     volumes
         .mount(&node.mount(&db, "w2"))
         .await
@@ -797,10 +795,7 @@ async fn a_failed_mount_undoes_what_it_may_have_done() {
 
     // A repeated mount of a workload published before does not tear its publication down.
     let unpublishes = count(Rpc::NodeUnpublishVolume);
-    node.mock
-        .faults()
-        .on(Rpc::NodePublishVolume)
-        .fail(Code::Internal, "lost track");
+    lose_next(Rpc::NodePublishVolume);
     volumes
         .mount(&node.mount(&db, "w1"))
         .await
