@@ -816,6 +816,12 @@ impl VolumeManager {
         self.entry(&usage_key(plugin, volume))?.publish_context
     }
 
+    /// The usage record of a volume here, if it has one: staged, published, or with a step
+    /// whose outcome is not known to be undone.
+    pub fn record(&self, plugin: &PluginId, volume: &VolumeId) -> Option<VolumeEntry> {
+        self.entry(&usage_key(plugin, volume))
+    }
+
     /// Where `workload` has `volume` published here (host path), if it does.
     pub fn published(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<PathBuf> {
         let usage = self
