@@ -5,13 +5,17 @@ mod support;
 
 use std::sync::Arc;
 
-use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig};
-use csi_claims::{Claim, ClaimMode, ClaimRequest, ControllerRequirement, MemoryStore, VolumeInfo};
+use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, DriverError};
+use csi_claims::machine::LastError;
+use csi_claims::{
+    Claim, ClaimMode, ClaimRequest, ControllerRequirement, DetachRpc, MemoryStore, NodeStep,
+    VolumeInfo,
+};
 use csi_client::{Code, Rpc};
 use csi_node::attach::{AttachError, Attacher};
 use csi_node::detach::{ClientControllerDetacher, NoSecrets, VolumeNodeDetacher};
 use csi_node::plugins::PluginEvent;
-use csi_node::volumes::VolumeError;
+use csi_node::volumes::{MountRequest, UnmountRequest, VolumeError, VolumeManager};
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, MountOptions, NodeId, PluginId, RegisteredVolume,
     VolumeCapability, VolumeId, VolumeSpec, WorkloadId,
@@ -22,6 +26,7 @@ use tokio::time::Instant;
 
 struct Node {
     plugin: Plugin,
+    volumes: VolumeManager,
     attacher: Attacher,
     claims: ClaimsHandle,
     _driver: ClaimsDriver,
@@ -57,7 +62,8 @@ async fn node_on(plugin: Plugin) -> Node {
     .expect("driver starts");
     let me = NodeId::new("n1").expect("id");
     Node {
-        attacher: Attacher::new(me.clone(), plugin.plugins.clone(), volumes),
+        attacher: Attacher::new(me.clone(), plugin.plugins.clone(), volumes.clone()),
+        volumes,
         plugin,
         claims,
         _driver: driver,
@@ -398,4 +404,90 @@ async fn a_controller_publish_that_cannot_be_undone_is_left_to_the_release() {
     let calls = node.mock.calls();
     assert_eq!(calls.count(Rpc::ControllerUnpublishVolume), 2);
     assert!(node.mock.published_nodes(&external).is_empty());
+}
+
+/// A freed claim never says a step was done that was not: the last claim's unstage is
+/// confirmed with the volume manager, so a publication the claims do not know of (another
+/// user of the volume here) keeps the claim releasing, its unstage step failing, until that
+/// publication goes; then the claim is freed, the volume unstaged.
+#[tokio::test]
+async fn the_last_claim_s_unstage_is_confirmed_not_assumed() {
+    let node = node().await;
+    let mode = AccessMode::SingleNodeMultiWriter;
+    let volume = node.create("db", &[mode]).await;
+    let a = node.claim(&volume, "a", ClaimMode::Write, mode).await;
+    node.attacher.attach(&volume, &a).await.expect("attached");
+    let external_id = volume.external_id().expect("created").clone();
+    let outside = WorkloadId::new("outside").expect("id");
+    let capability = VolumeCapability::mount(mode, MountOptions::new());
+    node.volumes
+        .mount(&MountRequest {
+            plugin: node.id.clone(),
+            volume: volume.id().clone(),
+            external_id: external_id.clone(),
+            capability: capability.clone(),
+            read_only: false,
+            workload: outside.clone(),
+            publish_context: node
+                .volumes
+                .publish_context(&node.id, volume.id())
+                .unwrap_or_default(),
+            volume_context: Default::default(),
+            secrets: Default::default(),
+        })
+        .await
+        .expect("published outside the claims");
+
+    node.claims
+        .release(volume.id(), a.workload())
+        .await
+        .expect("releasing");
+    tokio::time::timeout(GUARD, async {
+        loop {
+            let soon = Instant::now() + std::time::Duration::from_millis(100);
+            match node
+                .claims
+                .release_and_wait_until(volume.id(), a.workload(), soon)
+                .await
+            {
+                Err(DriverError::StillReleasing {
+                    status: Some(status),
+                    ..
+                }) if matches!(
+                    &status.last_error,
+                    Some(LastError::Detach { error, .. }) if error.rpc == DetachRpc::NodeUnstage
+                ) =>
+                {
+                    let Some(LastError::Detach { error, .. }) = &status.last_error else {
+                        unreachable!("matched above");
+                    };
+                    assert_eq!(error.class, ErrorClass::Retry);
+                    assert!(error.detail.contains("outside"), "{}", error.detail);
+                    break;
+                }
+                Err(DriverError::StillReleasing { .. }) => {}
+                other => panic!("freed or failed while still staged here: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the unstage step fails while the volume is still published (hang guard)");
+    assert_eq!(node.mock.staged().len(), 1, "still staged");
+
+    node.volumes
+        .unmount(&UnmountRequest {
+            plugin: node.id.clone(),
+            volume: volume.id().clone(),
+            external_id,
+            workload: outside,
+            usage: csi_node::layout::Usage::of(&capability, false),
+        })
+        .await
+        .expect("the last publication goes, and the staging with it");
+    let freed = node.release(volume.id(), a.workload()).await;
+    assert_eq!(
+        freed.state().node_step(),
+        Some(NodeStep::Detached { unstaged: true })
+    );
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
 }
