@@ -526,7 +526,8 @@ impl Agent {
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
     /// controller publish through the shim when the plugin needs it, then stage and publish.
     /// When publishing fails after the claim, the claim is released at once so the release
-    /// pipeline undoes whatever may have happened (including uncertain outcomes).
+    /// pipeline undoes whatever may have happened (including uncertain outcomes), and the
+    /// answer waits for that (up to `call_timeout`) and says how it ended.
     ///
     /// # Errors
     ///
@@ -604,10 +605,30 @@ impl Agent {
             .await
         {
             Ok(target) => Ok(claim_view(&claim, Some(target.display().to_string()))),
-            Err(e) => {
+            Err(mut e) => {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
-                if let Err(r) = self.claims.release(&entry.id, &workload).await {
-                    tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish was refused");
+                // The release undoes whatever the publish may have done (an uncertain
+                // controller publish included); the answer waits for it, up to a call's time.
+                let deadline = tokio::time::Instant::now() + self.call_timeout;
+                let undone = match self
+                    .claims
+                    .release_and_wait_until(&entry.id, &workload, deadline)
+                    .await
+                {
+                    Ok(_) => {
+                        "the claim is released and whatever the publish may have done is undone"
+                            .to_owned()
+                    }
+                    Err(r) => {
+                        tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish not finished");
+                        format!(
+                            "the claim's release, which undoes whatever the publish may have done, is not finished: {r}"
+                        )
+                    }
+                };
+                if let AgentError::Plugin { detail, .. } = &mut e {
+                    detail.push_str("; ");
+                    detail.push_str(&undone);
                 }
                 Err(e)
             }

@@ -12,3 +12,4 @@ mod health;
 mod plugin_text;
 mod serve;
 mod support;
+mod uncertain;
