@@ -13,7 +13,11 @@
 //! delete. Node paths follow the agent's [`Layout`].
 //!
 //! On success nothing is left behind. On failure the demo names the step and lists what it
-//! left (volume, publications, staging, directories) with the call that removes each.
+//! left with the call or command that removes each: the volume, the claim, every
+//! publication and staging, done or maybe done (a call whose outcome was uncertain is undone
+//! with its counterpart call first, and listed only when that fails too), and every
+//! directory by its path. The list is the record the demo keeps of each call that changes
+//! the plugin's state, written before the call is sent ([`Leftovers`]).
 
 mod error;
 mod leftovers;
@@ -37,7 +41,7 @@ use csi_structs::ExternalVolumeId;
 use tokio::sync::mpsc;
 
 pub use error::{DemoError, StepError};
-pub use leftovers::Leftovers;
+pub use leftovers::{Leftovers, Made, Outcome};
 pub use observe::{DetachRecord, Observed};
 pub use plan::{Plan, PlanError, VolumeSource};
 pub use step::Step;
@@ -286,3 +290,4 @@ fn driver_config() -> DriverConfig {
     config.machine.jitter_seed = u64::from(std::process::id());
     config
 }
+
