@@ -160,15 +160,14 @@ impl<'t, W: Write> Walk<'t, W> {
         Ok((plan, plugin))
     }
 
-    /// Undoes a `CreateVolume` whose outcome is uncertain: its name is recorded first, then
-    /// `CreateVolume` is sent again by name until the answer is usable and the volume it names
-    /// is deleted. The name stays among the leftovers unless that worked.
+    /// Undoes a `CreateVolume` whose outcome is uncertain (its name is recorded before the
+    /// call): `CreateVolume` is sent again by name until the answer is usable and the volume
+    /// it names is deleted. The name stays among the leftovers unless that worked.
     async fn undo_create(
         &mut self,
         request: proto::CreateVolumeRequest,
         error: csi_client::Error,
     ) -> StepError {
-        self.left.maybe_created = Some(request.name.clone());
         let name = request.name.clone();
         match self
             .client
@@ -251,6 +250,8 @@ impl<'t, W: Write> Walk<'t, W> {
                     volume_capabilities: vec![(&self.capability).into()],
                     ..Default::default()
                 };
+                // Recorded before it is sent: a volume of this name may exist from now on.
+                self.left.maybe_created = Some(name.clone());
                 let started = Instant::now();
                 let created = self
                     .client
@@ -264,8 +265,12 @@ impl<'t, W: Write> Walk<'t, W> {
                         let cause = self.undo_create(request, e).await;
                         return Err(self.fail(Step::CreateVolume, Some(took), cause));
                     }
-                    Err(e) => return Err(self.fail(Step::CreateVolume, Some(took), e.into())),
+                    Err(e) => {
+                        self.left.maybe_created = None;
+                        return Err(self.fail(Step::CreateVolume, Some(took), e.into()));
+                    }
                 };
+                self.left.maybe_created = None;
                 self.left.created = Some(volume.volume_id.clone());
                 let size = volume
                     .capacity_bytes
