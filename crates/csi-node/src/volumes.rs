@@ -20,10 +20,14 @@
 //!   different volumes go at once.
 //! - **Usage persisted.** Every change of the records is written atomically to the usage
 //!   file before the call it leads to, so a restarted manager knows which volumes are staged,
-//!   who has them published, and which outcomes are uncertain (a deadline or a lost
-//!   connection: the mount may exist). Uncertain steps stay recorded
-//!   ([`VolumeManager::uncertain`]) until an unmount cleans them up. The file's formats and
-//!   the migration of the older one are in [`usage`].
+//!   who has them published, and which outcomes are uncertain (a deadline, a lost
+//!   connection, an answer that could not be used: the mount may exist). The file's formats
+//!   and the migration of the older one are in [`usage`].
+//! - **A failed mount undoes itself.** A stage or publish that failed (uncertain or not) of a
+//!   workload not published before is undone before the mount returns: `NodeUnpublishVolume`
+//!   of its target, then `NodeUnstageVolume` when no other publication of the volume is left
+//!   here. What the undo could not do stays recorded ([`VolumeManager::uncertain`]) and the
+//!   error says so ([`VolumeError::NotUndone`]) until an unmount cleans it up.
 //! - **Events.** Each operation ends with a [`VolumeEvent`] carrying its outcome
 //!   ([`VolumeManager::subscribe`]).
 //!
@@ -363,7 +367,9 @@ impl VolumeManager {
     ///
     /// # Errors
     ///
-    /// A [`VolumeError`]; a stage or publish that failed or ended uncertain stays recorded
+    /// A [`VolumeError`]. What the failed mount may have done is undone first (see the
+    /// [module docs](self)); when that undo fails too, the error is
+    /// [`VolumeError::NotUndone`] and the stage or publish stays recorded
     /// ([`uncertain`](Self::uncertain)) until an unmount cleans it up.
     pub async fn mount(&self, req: &MountRequest) -> Result<PathBuf, VolumeError> {
         let outcome = self.mount_inner(req).await;
@@ -395,7 +401,7 @@ impl VolumeManager {
         // path; later ones (another workload, read or write) join it and use the path recorded
         // there, which is where the volume is staged. The user is recorded before anything
         // is staged or published.
-        let (staging, stage_state, target) = self.change(&req.volume, |vols| {
+        let (staging, stage_state, target, was_published) = self.change(&req.volume, |vols| {
             let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
                 plugin: req.plugin.to_string(),
                 volume: req.volume.to_string(),
@@ -412,6 +418,10 @@ impl VolumeManager {
             if stages && entry.staging.is_none() {
                 entry.staging = Some(staging_path.clone());
             }
+            let was_published = entry
+                .users
+                .get(req.workload.as_str())
+                .is_some_and(|u| u.publish == StepState::Done);
             let user = entry
                 .users
                 .entry(req.workload.to_string())
@@ -423,61 +433,107 @@ impl VolumeManager {
                 entry.staging.clone().filter(|_| stages),
                 entry.stage,
                 user.target.clone(),
+                was_published,
             )
         })?;
-        if let Some(staging) = &staging
-            && stage_state != Some(StepState::Done)
-        {
-            let staging_text = layout.for_plugin(staging)?;
-            self.create_dir(staging, &req.volume)?;
-            self.set_stage(&req.volume, &key, StepState::Started)?;
+        let mounted = async {
+            if let Some(staging) = &staging
+                && stage_state != Some(StepState::Done)
+            {
+                let staging_text = layout.for_plugin(staging)?;
+                self.create_dir(staging, &req.volume)?;
+                self.set_stage(&req.volume, &key, StepState::Started)?;
+                let result = plugin
+                    .client
+                    .node()
+                    .stage(&NodeStage {
+                        volume: &req.external_id,
+                        staging_target_path: Path::new(&staging_text),
+                        capability: &req.capability,
+                        publish_context: &req.publish_context,
+                        volume_context: &req.volume_context,
+                        secrets: &req.secrets,
+                    })
+                    .await;
+                self.set_stage(&req.volume, &key, step_state(&result))?;
+                result.map_err(|e| call("NodeStageVolume", e))?;
+            }
+            if let Some(parent) = target.parent() {
+                self.create_dir(parent, &req.volume)?;
+            }
+            let staging_text = staging
+                .as_deref()
+                .map(|s| layout.for_plugin(s))
+                .transpose()?;
+            let target_text = layout.for_plugin(&target)?;
             let result = plugin
                 .client
                 .node()
-                .stage(&NodeStage {
+                .publish(&NodePublish {
                     volume: &req.external_id,
-                    staging_target_path: Path::new(&staging_text),
+                    staging_target_path: staging_text.as_deref().map(Path::new),
+                    target_path: Path::new(&target_text),
                     capability: &req.capability,
+                    readonly: req.read_only,
                     publish_context: &req.publish_context,
                     volume_context: &req.volume_context,
                     secrets: &req.secrets,
                 })
                 .await;
-            self.set_stage(&req.volume, &key, step_state(&result))?;
-            result.map_err(|e| call("NodeStageVolume", e))?;
+            let state = step_state(&result);
+            self.change(&req.volume, |v| {
+                if let Some(e) = v.get_mut(&key)
+                    && let Some(u) = e.users.get_mut(req.workload.as_str())
+                {
+                    u.publish = state;
+                }
+            })?;
+            result.map_err(|e| call("NodePublishVolume", e))?;
+            Ok(target)
         }
-        if let Some(parent) = target.parent() {
-            self.create_dir(parent, &req.volume)?;
+        .await;
+        match mounted {
+            Ok(target) => Ok(target),
+            // A workload published before keeps its publication: a repeated mount that fails
+            // does not tear down what was done before it.
+            Err(failed) if was_published => Err(failed),
+            Err(failed) => Err(self.undo_mount(req, failed).await),
         }
-        let staging_text = staging
-            .as_deref()
-            .map(|s| layout.for_plugin(s))
-            .transpose()?;
-        let target_text = layout.for_plugin(&target)?;
-        let result = plugin
-            .client
-            .node()
-            .publish(&NodePublish {
-                volume: &req.external_id,
-                staging_target_path: staging_text.as_deref().map(Path::new),
-                target_path: Path::new(&target_text),
-                capability: &req.capability,
-                readonly: req.read_only,
-                publish_context: &req.publish_context,
-                volume_context: &req.volume_context,
-                secrets: &req.secrets,
-            })
-            .await;
-        let state = step_state(&result);
-        self.change(&req.volume, |v| {
-            if let Some(e) = v.get_mut(&key)
-                && let Some(u) = e.users.get_mut(req.workload.as_str())
-            {
-                u.publish = state;
+    }
+
+    /// Undoes what a failed mount may have done for a workload not published before (the
+    /// turn of the volume is held): `NodeUnpublishVolume` of its target, then `NodeUnstageVolume` when no other
+    /// publication of the volume is left here, as an unmount does. Returns the mount's error,
+    /// or [`VolumeError::NotUndone`] when the undo failed too (the usage record then keeps
+    /// what is left, for an unmount to clean up).
+    async fn undo_mount(&self, req: &MountRequest, failed: VolumeError) -> VolumeError {
+        let unmount = UnmountRequest {
+            plugin: req.plugin.clone(),
+            volume: req.volume.clone(),
+            external_id: req.external_id.clone(),
+            workload: req.workload.clone(),
+            usage: Usage::of(&req.capability, req.read_only),
+        };
+        match self.unmount_in_turn(&unmount).await {
+            Ok(undone) => {
+                tracing::info!(
+                    volume = %req.volume,
+                    workload = %req.workload,
+                    unpublished = undone.unpublished,
+                    unstaged = undone.unstaged,
+                    error = %failed,
+                    "failed mount undone"
+                );
+                failed
             }
-        })?;
-        result.map_err(|e| call("NodePublishVolume", e))?;
-        Ok(target)
+            Err(undo) => {
+                tracing::warn!(volume = %req.volume, workload = %req.workload, error = %failed, undo = %undo, "failed mount not undone; the usage record keeps it");
+                VolumeError::NotUndone {
+                    failed: Box::new(failed),
+                    undo: Box::new(undo),
+                }
+            }
+        }
     }
 
     fn set_stage(&self, volume: &VolumeId, key: &str, state: StepState) -> Result<(), VolumeError> {
@@ -517,11 +573,17 @@ impl VolumeManager {
 
     async fn unmount_inner(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
         let key = usage_key(&req.plugin, &req.volume);
+        let _turn = self.inner.ops.turn(&key).await;
+        self.unmount_in_turn(req).await
+    }
+
+    /// The unmount, with the volume's turn held by the caller.
+    async fn unmount_in_turn(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
+        let key = usage_key(&req.plugin, &req.volume);
         let computed = self
             .inner
             .layout
             .target_path(&req.volume, &req.workload, &req.usage)?;
-        let _turn = self.inner.ops.turn(&key).await;
         let recorded = self
             .entry(&key)
             .and_then(|e| e.users.get(req.workload.as_str()).map(|u| u.target.clone()));
@@ -756,6 +818,12 @@ impl VolumeManager {
     /// here), if any: what a later mount of the volume passes on.
     pub fn publish_context(&self, plugin: &PluginId, volume: &VolumeId) -> Option<PublishContext> {
         self.entry(&usage_key(plugin, volume))?.publish_context
+    }
+
+    /// The usage record of a volume here, if it has one: staged, published, or with a step
+    /// whose outcome is not known to be undone.
+    pub fn record(&self, plugin: &PluginId, volume: &VolumeId) -> Option<VolumeEntry> {
+        self.entry(&usage_key(plugin, volume))
     }
 
     /// Where `workload` has `volume` published here (host path), if it does.

@@ -221,16 +221,22 @@ async fn a_reopened_manager_knows_who_uses_what() {
     for w in ["w1", "w2"] {
         volumes.mount(&node.mount(&db, w)).await.expect("mounted");
     }
-    // w3's publish ends uncertain (INTERNAL on a mutation: it may have happened).
+    // w3's publish ends uncertain (INTERNAL on a mutation: it may have happened), and the
+    // mount's undo of it fails too: the record keeps it.
     node.mock
         .faults()
         .on(Rpc::NodePublishVolume)
         .fail(Code::Internal, "lost track");
+    node.mock
+        .faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail(Code::Unavailable, "busy");
     let err = volumes
         .mount(&node.mount(&db, "w3"))
         .await
         .expect_err("uncertain");
     assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert!(matches!(err, VolumeError::NotUndone { .. }), "{err:?}");
 
     drop(volumes);
     let volumes = node.manager();
@@ -704,4 +710,96 @@ async fn a_plugin_not_fingerprinted_yet_still_gets_its_volume_unmounted() {
     assert!(done.unpublished && done.unstaged, "{done:?}");
     assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
     assert!(volumes.records().is_empty());
+}
+
+/// A failed mount leaves nothing behind: what it may have done (an uncertain publish or
+/// stage) is undone before it returns, and only what this mount started.
+#[tokio::test]
+async fn a_failed_mount_undoes_what_it_may_have_done() {
+    let node = node().await;
+    let volumes = node.manager();
+    let count = |rpc| node.mock.calls().count(rpc);
+    // The next `rpc` ends uncertain (INTERNAL on a mutation: it may have happened).
+    let lose_next = |rpc| {
+        node.mock
+            .faults()
+            .on(rpc)
+            .fail(Code::Internal, "lost track");
+    };
+
+    // An uncertain publish of the volume's first user: unpublished, then unstaged.
+    let db = node.volume("db").await;
+    lose_next(Rpc::NodePublishVolume);
+    let err = volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Call {
+                step: "NodePublishVolume",
+                ..
+            }
+        ),
+        "the mount's own error, the undo worked: {err:?}"
+    );
+    assert_eq!(count(Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(count(Rpc::NodeUnstageVolume), 1);
+    assert!(volumes.records().is_empty() && volumes.uncertain().is_empty());
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+
+    // An uncertain stage: unstaged, never published.
+    let logs = node.volume("logs").await;
+    lose_next(Rpc::NodeStageVolume);
+    let err = volumes
+        .mount(&node.mount(&logs, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Call {
+                step: "NodeStageVolume",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(count(Rpc::NodeStageVolume), 2);
+    assert_eq!(count(Rpc::NodePublishVolume), 1, "logs was never published");
+    assert_eq!(count(Rpc::NodeUnstageVolume), 2);
+    assert!(volumes.records().is_empty() && node.mock.staged().is_empty());
+
+    // Another workload's failed publish undoes its own publication and keeps the staging
+    // the first one uses.
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("w1 mounted");
+    lose_next(Rpc::NodePublishVolume);
+    volumes
+        .mount(&node.mount(&db, "w2"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(
+        count(Rpc::NodeUnstageVolume),
+        2,
+        "w1 still uses the staging"
+    );
+    let w2 = WorkloadId::new("w2").expect("id");
+    assert_eq!(volumes.published(&db.0, &w2), None);
+    assert_eq!(node.mock.staged().len(), 1);
+    assert_eq!(node.mock.published().len(), 1);
+
+    // A repeated mount of a workload published before does not tear its publication down.
+    let unpublishes = count(Rpc::NodeUnpublishVolume);
+    lose_next(Rpc::NodePublishVolume);
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(count(Rpc::NodeUnpublishVolume), unpublishes);
+    assert_eq!(node.mock.published().len(), 1);
 }

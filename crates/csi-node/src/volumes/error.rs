@@ -80,6 +80,20 @@ pub enum VolumeError {
         #[source]
         source: Arc<std::io::Error>,
     },
+    /// A mount failed, and undoing what it may have done (unpublish, then unstage when no
+    /// other publication is left) failed too: the usage record keeps what is left
+    /// ([`VolumeManager::uncertain`](super::VolumeManager::uncertain)) until an unmount of the
+    /// workload cleans it up.
+    #[error(
+        "{failed}; undoing it failed too, so the usage record keeps it until an unmount cleans it up: {undo}"
+    )]
+    NotUndone {
+        /// Why the mount failed.
+        failed: Box<VolumeError>,
+        /// Why the undo failed.
+        #[source]
+        undo: Box<VolumeError>,
+    },
     /// The usage file could not be written.
     #[error("volume {volume}: {source}")]
     Usage {
@@ -98,12 +112,14 @@ fn for_workload(workload: Option<&WorkloadId>) -> String {
 }
 
 impl VolumeError {
-    /// What to do about it: a plugin call keeps the class csi-client gave it; a missing
+    /// What to do about it: a plugin call keeps the class csi-client gave it (a mount not
+    /// undone keeps its failure's); a missing
     /// plugin is [`RetryElsewhere`](ErrorClass::RetryElsewhere); a plugin not known to be
     /// healthy and local failures are [`Retry`](ErrorClass::Retry); a bad id or a missing
     /// capability is [`Fatal`](ErrorClass::Fatal).
     pub fn class(&self) -> ErrorClass {
         match self {
+            VolumeError::NotUndone { failed, .. } => failed.class(),
             VolumeError::PluginMissing { .. } => ErrorClass::RetryElsewhere,
             VolumeError::Call { source, .. } => source.class(),
             VolumeError::NotHealthy { .. }
@@ -119,6 +135,7 @@ impl VolumeError {
     pub fn code(&self) -> Option<Code> {
         match self {
             VolumeError::Call { source, .. } => source.code(),
+            VolumeError::NotUndone { failed, .. } => failed.code(),
             _ => None,
         }
     }

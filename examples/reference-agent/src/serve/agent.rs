@@ -173,26 +173,33 @@ impl AgentError {
 
     /// A node operation failed during `step`.
     fn node(step: &'static str, e: &VolumeError) -> AgentError {
-        let kind = match e {
-            VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
-            VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
-            // Our own disk: the usage records or a directory could not be written.
-            VolumeError::Dir { .. } | VolumeError::Usage { .. } => {
-                return AgentError::Local {
-                    step,
-                    detail: e.to_string(),
-                };
+        // Our own disk: the usage records or a directory could not be written.
+        if let VolumeError::Dir { .. } | VolumeError::Usage { .. } = e {
+            return AgentError::Local {
+                step,
+                detail: e.to_string(),
+            };
+        }
+        if let VolumeError::Path(p) = e {
+            return bad(p.field, p);
+        }
+        fn kind(e: &VolumeError) -> &'static str {
+            match e {
+                VolumeError::NotUndone { failed, .. } => kind(failed),
+                VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
+                VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+                VolumeError::NotHealthy { .. } => "plugin_unhealthy",
+                VolumeError::Unsupported { .. }
+                | VolumeError::NotHere { .. }
+                | VolumeError::Path(_)
+                | VolumeError::Dir { .. }
+                | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
             }
-            VolumeError::Path(p) => return bad(p.field, p),
-            VolumeError::Unsupported { .. } | VolumeError::NotHere { .. } => {
-                call_kind(PluginFailure::Agent)
-            }
-            VolumeError::NotHealthy { .. } => "plugin_unhealthy",
-        };
+        }
         AgentError::Plugin {
             step,
             class: e.class(),
-            kind,
+            kind: kind(e),
             detail: e.to_string(),
         }
     }
@@ -547,7 +554,8 @@ impl Agent {
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
     /// controller publish through the shim when the plugin needs it, then stage and publish.
     /// When publishing fails after the claim, the claim is released at once so the release
-    /// pipeline undoes whatever may have happened (including uncertain outcomes).
+    /// pipeline undoes whatever may have happened (including uncertain outcomes), and the
+    /// answer waits for that (up to `call_timeout`) and says how it ended.
     ///
     /// # Errors
     ///
@@ -625,10 +633,30 @@ impl Agent {
             .await
         {
             Ok(target) => Ok(claim_view(&claim, Some(target.display().to_string()))),
-            Err(e) => {
+            Err(mut e) => {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
-                if let Err(r) = self.claims.release(&entry.id, &workload).await {
-                    tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish was refused");
+                // The release undoes whatever the publish may have done (an uncertain
+                // controller publish included); the answer waits for it, up to a call's time.
+                let deadline = tokio::time::Instant::now() + self.call_timeout;
+                let undone = match self
+                    .claims
+                    .release_and_wait_until(&entry.id, &workload, deadline)
+                    .await
+                {
+                    Ok(_) => {
+                        "the claim is released and whatever the publish may have done is undone"
+                            .to_owned()
+                    }
+                    Err(r) => {
+                        tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish not finished");
+                        format!(
+                            "the claim's release, which undoes whatever the publish may have done, is not finished: {r}"
+                        )
+                    }
+                };
+                if let AgentError::Plugin { detail, .. } = &mut e {
+                    detail.push_str("; ");
+                    detail.push_str(&undone);
                 }
                 Err(e)
             }

@@ -14,3 +14,4 @@ mod load;
 mod plugin_text;
 mod serve;
 mod support;
+mod uncertain;
