@@ -77,6 +77,8 @@ struct FakeState {
     status: HashMap<ServiceKind, LocalStatus>,
     script: HashMap<AgentRpc, Behaviour>,
     seen: Vec<Seen>,
+    /// What `list_volumes` answers (an empty page by default).
+    volume_page: VolumePage,
 }
 
 /// Scripted plugins of one node (one plugin, `ebs`).
@@ -114,6 +116,10 @@ impl FakePlugins {
 
     pub(crate) fn script(&self, rpc: AgentRpc, behaviour: Behaviour) {
         self.state.lock().unwrap().script.insert(rpc, behaviour);
+    }
+
+    pub(crate) fn set_volume_page(&self, page: VolumePage) {
+        self.state.lock().unwrap().volume_page = page;
     }
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
@@ -261,13 +267,9 @@ impl LocalPlugins for FakePlugins {
         ctx: &CallContext,
         _req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
-        self.answer(
-            AgentRpc::ControllerListVolumes,
-            ctx,
-            None,
-            VolumePage::default(),
-        )
-        .await
+        let page = self.state.lock().unwrap().volume_page.clone();
+        self.answer(AgentRpc::ControllerListVolumes, ctx, None, page)
+            .await
     }
 
     async fn create_snapshot(
