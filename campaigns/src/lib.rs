@@ -28,6 +28,8 @@ pub mod report;
 pub mod rng;
 pub mod shim;
 
+use std::time::{Duration, Instant};
+
 pub use report::{Plan, Report};
 
 /// One campaign the binary can run.
@@ -54,3 +56,46 @@ pub const CAMPAIGNS: &[Campaign] = &[
         run: config::run,
     },
 ];
+
+/// What a run asks of every campaign in it.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The seed: the same seed runs the same cases.
+    pub seed: u64,
+    /// Cases per campaign (fewer when its share of the budget runs out first).
+    pub cases: u64,
+    /// Replay only this case.
+    pub only_case: Option<u64>,
+    /// The time budget of the whole run, shared evenly by the campaigns.
+    pub budget: Duration,
+    /// Print every case as it starts.
+    pub verbose: bool,
+}
+
+/// Runs `campaigns` one after the other, each with an even share of what is left of the
+/// budget, handing each report and its running time to `each` as it ends. Returns whether
+/// every property held in every campaign.
+pub fn run_all(
+    campaigns: &[&Campaign],
+    options: &RunOptions,
+    mut each: impl FnMut(&Report, Duration),
+) -> bool {
+    let end = Instant::now() + options.budget;
+    let mut clean = true;
+    for (i, campaign) in campaigns.iter().enumerate() {
+        let left = end.saturating_duration_since(Instant::now());
+        let sharing = u32::try_from(campaigns.len() - i).unwrap_or(1);
+        let plan = Plan {
+            seed: options.seed,
+            cases: options.cases,
+            only_case: options.only_case,
+            deadline: Instant::now() + left / sharing,
+            verbose: options.verbose,
+        };
+        let started = Instant::now();
+        let report = (campaign.run)(&plan);
+        each(&report, started.elapsed());
+        clean &= report.is_clean();
+    }
+    clean
+}

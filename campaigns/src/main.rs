@@ -2,10 +2,10 @@
 //! campaign; exits 1 when any property was broken.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
-use csi_campaigns::{CAMPAIGNS, Plan};
+use csi_campaigns::{CAMPAIGNS, RunOptions, run_all};
 
 /// Randomized bad-input campaigns against csi-sdk, deterministic from a seed.
 #[derive(Debug, Parser)]
@@ -81,23 +81,16 @@ fn main() -> ExitCode {
         }
         v
     };
-    let end = Instant::now() + cli.budget;
-    let mut clean = true;
-    for (i, campaign) in selected.iter().enumerate() {
-        let left = end.saturating_duration_since(Instant::now());
-        let remaining_campaigns = u32::try_from(selected.len() - i).unwrap_or(1);
-        let plan = Plan {
-            seed: cli.seed,
-            cases: cli.cases,
-            only_case: cli.only_case,
-            deadline: Instant::now() + left / remaining_campaigns,
-            verbose: cli.verbose,
-        };
-        let started = Instant::now();
-        let report = (campaign.run)(&plan);
-        println!("{report} elapsed={:.1}s", started.elapsed().as_secs_f64());
-        clean &= report.is_clean();
-    }
+    let options = RunOptions {
+        seed: cli.seed,
+        cases: cli.cases,
+        only_case: cli.only_case,
+        budget: cli.budget,
+        verbose: cli.verbose,
+    };
+    let clean = run_all(&selected, &options, |report, took| {
+        println!("{report} elapsed={:.1}s", took.as_secs_f64());
+    });
     if clean {
         ExitCode::SUCCESS
     } else {

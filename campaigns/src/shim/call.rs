@@ -631,9 +631,9 @@ impl Call {
         let rpc = rng.pick(AgentRpc::ALL);
         let creds = Creds::generate(rng);
         let hops = Hops::generate(rng);
-        let hang = rng.percent(6);
+        let hang = rng.percent(4);
         let timeout = if hang {
-            Timeout::Short(rng.range(20, 300))
+            Timeout::Short(rng.range(20, 200))
         } else {
             Timeout::generate(rng)
         };
