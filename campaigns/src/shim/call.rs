@@ -306,6 +306,8 @@ struct Parts {
     plugin: String,
     target: String,
     acting: Acting,
+    /// A release step (node or controller detach): served by a plugin reported unhealthy too.
+    release_step: bool,
     /// The field the fake plugin hangs on, set to a hanging value when the call should hang.
     hang: bool,
 }
@@ -516,6 +518,7 @@ fn build(
         plugin,
         target,
         acting,
+        release_step: rpc == AgentRpc::ControllerDetach,
         hang,
     };
     (body, parts)
@@ -540,6 +543,7 @@ fn build_node(rpc: AgentRpc, f: &mut Fields<'_>, nodes: &[&str], hang: bool) -> 
             node: node_id.clone(),
             plugin_node: None,
         },
+        release_step: rpc == AgentRpc::NodeDetach,
         hang,
     };
     let body = if rpc == AgentRpc::NodeDetach {
@@ -609,7 +613,9 @@ fn expect(creds: &Creds, invalid: BTreeSet<&'static str>, parts: &Parts, hops: u
     } else {
         return Expect::NoRoute;
     };
-    if parts.plugin != PLUGIN {
+    // Release steps go to a plugin whatever its health: health is advice for clean-up.
+    let usable = parts.plugin == PLUGIN || (parts.release_step && parts.plugin == SICK_PLUGIN);
+    if !usable {
         return Expect::PluginMissing;
     }
     if parts.hang {
@@ -669,6 +675,7 @@ mod tests {
             plugin: plugin.to_owned(),
             target: target.to_owned(),
             acting,
+            release_step: false,
             hang: false,
         };
         let for_node = |n: &str, p: Option<&str>| Acting::ForNode {
