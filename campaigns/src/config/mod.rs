@@ -379,8 +379,11 @@ fn judge_load(
     }
 }
 
-/// At most 300 bytes of `text`, for a failure line.
+/// At most 300 bytes of `text`, for a failure line; nothing of it when it holds the token.
 fn cut(text: &str) -> String {
+    if text.contains(MARKER) {
+        return "(withheld: the text holds the token)".to_owned();
+    }
     let mut end = text.len().min(300);
     while !text.is_char_boundary(end) {
         end -= 1;

@@ -274,6 +274,11 @@ struct Judge<'a> {
 
 impl Judge<'_> {
     fn fail(&mut self, counter: &'static str, why: impl std::fmt::Display) {
+        let mut why = why.to_string();
+        // An answer that leaked a secret must not leak it again through this line.
+        if why.contains(MARKER) {
+            why = "(withheld: the text holds a secret value or token)".to_owned();
+        }
         self.report
             .violation(counter, self.index, format!("{why} [{}]", self.what));
     }
