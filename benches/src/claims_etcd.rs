@@ -570,10 +570,16 @@ async fn claim_phase(
 }
 
 fn again_claim(e: &DriverError) -> bool {
-    matches!(
-        e,
-        DriverError::Lost { .. } | DriverError::Claim(ClaimError::Reloading { .. })
-    )
+    e.is_store_failure()
+        || matches!(
+            e,
+            DriverError::Lost { .. } | DriverError::Claim(ClaimError::Reloading { .. })
+        )
+}
+
+/// A release to ask for again: the volume is being read again, or etcd failed a moment.
+fn again_release(e: &DriverError) -> bool {
+    e.is_store_failure() || matches!(e, DriverError::Release(ReleaseError::Reloading { .. }))
 }
 
 async fn claim_all(
@@ -668,12 +674,10 @@ async fn release_one(
                     other_state: u64::from(other_state),
                 });
             }
-            Err(DriverError::Release(ReleaseError::Reloading { .. }))
-                if attempts < MAX_ATTEMPTS =>
-            {
+            Err(e) if again_release(&e) && attempts < MAX_ATTEMPTS => {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Err(e @ DriverError::Release(ReleaseError::Reloading { .. })) => {
+            Err(e) if again_release(&e) => {
                 return Err(BenchError::GaveUp {
                     what: "release",
                     volume: volume.to_string(),

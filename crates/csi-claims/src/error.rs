@@ -45,7 +45,9 @@ impl Error {
             Error::Load(_) | Error::Backoff(_) => ErrorClass::Fatal,
             Error::Store(e) => match e {
                 StoreError::Conflict { .. } | StoreError::Interrupted { .. } => ErrorClass::Retry,
-                StoreError::LoadInterrupted | StoreError::Redb { .. } => ErrorClass::Retry,
+                StoreError::LoadInterrupted
+                | StoreError::Redb { .. }
+                | StoreError::Unavailable { .. } => ErrorClass::Retry,
                 StoreError::Etcd { .. } => ErrorClass::Retry,
                 StoreError::WrongKey { .. }
                 | StoreError::TooLarge { .. }
@@ -55,7 +57,7 @@ impl Error {
             Error::Driver(e) => match e {
                 DriverError::Claim(c) => c.class(),
                 DriverError::Release(r) => r.class(),
-                DriverError::Lost { .. } => ErrorClass::Retry,
+                DriverError::Lost { .. } | DriverError::NotStored { .. } => ErrorClass::Retry,
                 DriverError::Refused { .. } => ErrorClass::Fatal,
                 DriverError::StillReleasing { .. } => ErrorClass::Retry,
                 DriverError::Stopped => ErrorClass::Fatal,
@@ -82,7 +84,9 @@ impl ClaimError {
                     ErrorClass::Fatal
                 }
             },
-            ClaimError::DetachInFlight { .. } | ClaimError::Reloading { .. } => ErrorClass::Retry,
+            ClaimError::DetachInFlight { .. }
+            | ClaimError::Reloading { .. }
+            | ClaimError::StoreUnavailable { .. } => ErrorClass::Retry,
             ClaimError::VolumeMismatch { .. }
             | ClaimError::VolumeInfoMismatch { .. }
             | ClaimError::NodeGone { .. } => ErrorClass::Fatal,
@@ -92,11 +96,14 @@ impl ClaimError {
 
 impl ReleaseError {
     /// [`ErrorClass::AlreadyDone`] when there is no such claim (a release is idempotent: the
-    /// claim may have been freed already), [`ErrorClass::Retry`] while the volume reloads.
+    /// claim may have been freed already), [`ErrorClass::Retry`] while the volume reloads or
+    /// the store fails.
     pub fn class(&self) -> ErrorClass {
         match self {
             ReleaseError::NoSuchClaim { .. } => ErrorClass::AlreadyDone,
-            ReleaseError::Reloading { .. } => ErrorClass::Retry,
+            ReleaseError::Reloading { .. } | ReleaseError::StoreUnavailable { .. } => {
+                ErrorClass::Retry
+            }
         }
     }
 }

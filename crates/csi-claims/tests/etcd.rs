@@ -326,7 +326,7 @@ async fn undecodable_values_are_named_and_do_not_stop_other_volumes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_outage_is_named_and_the_release_resumes_when_etcd_is_back() {
+async fn a_store_outage_is_named_and_answered_at_once_and_the_release_runs_when_etcd_is_back() {
     let mut etcd = Etcd::start(1);
     let store = etcd.store("/outage").await;
     let a = agent(&store, "n0", true).await;
@@ -341,13 +341,23 @@ async fn a_store_outage_is_named_and_the_release_resumes_when_etcd_is_back() {
     assert!(text.contains("etcd at http://127.0.0.1:"), "{text}");
     assert!(text.contains("volume v"), "{text}");
     assert_eq!(csi_claims::Error::from(err).class(), ErrorClass::Retry);
-    // The release is asked for during the outage; its write fails and is retried.
-    let release = {
-        let claims = a.claims.clone();
-        let (id, w) = (v.id.clone(), workload.clone());
-        tokio::spawn(async move { claims.release_and_wait(&id, &w).await })
-    };
-    eventually("the stuck write names the store", async || {
+    // The release is asked for during the outage: it fails at once, naming the store, and
+    // the volume shows as stuck on it.
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        a.claims.release_and_wait(&v.id, &workload),
+    )
+    .await
+    .expect("answered, not waited out")
+    .unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(err.to_string().contains("etcd at"), "{err}");
+    assert!(
+        a.claims
+            .store_failure()
+            .is_some_and(|f| f.contains("etcd at"))
+    );
+    eventually("the stuck volume names the store", async || {
         a.claims.stuck().iter().any(|s| {
             s.last_error
                 .as_ref()
@@ -360,12 +370,23 @@ async fn a_store_outage_is_named_and_the_release_resumes_when_etcd_is_back() {
     })
     .await;
 
+    // Once etcd is back, the release asked again is accepted and runs to the end.
     etcd.restart(0);
-    let freed = tokio::time::timeout(Duration::from_secs(60), release)
-        .await
-        .expect("the release finishes once etcd is back")
-        .unwrap()
-        .unwrap();
+    let mut freed = None;
+    for _ in 0..600 {
+        match a.claims.release_and_wait(&v.id, &workload).await {
+            Ok(claim) => {
+                freed = Some(claim);
+                break;
+            }
+            Err(e) if e.is_store_failure() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let freed = freed.expect("the release finishes within 30 s once etcd is back");
+    assert_eq!(a.claims.store_failure(), None);
     assert!(matches!(freed.state(), ClaimState::Freed(_)));
     assert_eq!(a.plugin.controller_calls.lock().unwrap().len(), 1);
     eventually("the watch resumes", async || {

@@ -1,15 +1,18 @@
 //! The Node service: every v1.13 node RPC.
 
+use std::path::Path;
+
 use csi_proto::v1 as pb;
 use csi_proto::v1::node_client::NodeClient as Raw;
 use csi_structs::{
-    ExternalVolumeId, NodeCapabilities, NodeInfo, PublishContext, Secrets, VolumeCapability,
-    VolumeContext,
+    ExternalVolumeId, FieldPath, NodeCapabilities, NodeInfo, Problem, PublishContext, Secrets,
+    ValidationErrors, VolumeCapability, VolumeContext,
 };
 
 use crate::convert;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::service::{raw_rpc, service_client};
+use crate::validate::CsiRequest;
 
 service_client!(
     /// Client of the Node service. Cheap to clone; shares the connection of the
@@ -66,15 +69,21 @@ impl NodeClient {
     ///
     /// As [`node_stage_volume`](Self::node_stage_volume).
     pub async fn stage(&self, stage: &NodeStage<'_>) -> Result<(), Error> {
-        self.node_stage_volume(pb::NodeStageVolumeRequest {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodeStageVolumeRequest {
             volume_id: stage.volume.as_str().to_owned(),
             publish_context: stage.publish_context.to_wire(),
-            staging_target_path: stage.staging_target_path.to_owned(),
+            staging_target_path: wire_path(
+                stage.staging_target_path,
+                "staging_target_path",
+                &mut errs,
+            ),
             volume_capability: Some(stage.capability.into()),
             secrets: stage.secrets.to_wire(),
             volume_context: stage.volume_context.to_wire(),
-        })
-        .await
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.node_stage_volume(request).await
     }
 
     /// `NodeUnstageVolume` from domain values. NOT_FOUND is
@@ -86,13 +95,15 @@ impl NodeClient {
     pub async fn unstage(
         &self,
         volume: &ExternalVolumeId,
-        staging_target_path: &str,
+        staging_target_path: &Path,
     ) -> Result<(), Error> {
-        self.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodeUnstageVolumeRequest {
             volume_id: volume.as_str().to_owned(),
-            staging_target_path: staging_target_path.to_owned(),
-        })
-        .await
+            staging_target_path: wire_path(staging_target_path, "staging_target_path", &mut errs),
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.node_unstage_volume(request).await
     }
 
     /// `NodePublishVolume` from domain values.
@@ -101,17 +112,22 @@ impl NodeClient {
     ///
     /// As [`node_publish_volume`](Self::node_publish_volume).
     pub async fn publish(&self, publish: &NodePublish<'_>) -> Result<(), Error> {
-        self.node_publish_volume(pb::NodePublishVolumeRequest {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodePublishVolumeRequest {
             volume_id: publish.volume.as_str().to_owned(),
             publish_context: publish.publish_context.to_wire(),
-            staging_target_path: publish.staging_target_path.unwrap_or_default().to_owned(),
-            target_path: publish.target_path.to_owned(),
+            staging_target_path: publish
+                .staging_target_path
+                .map(|p| wire_path(p, "staging_target_path", &mut errs))
+                .unwrap_or_default(),
+            target_path: wire_path(publish.target_path, "target_path", &mut errs),
             volume_capability: Some(publish.capability.into()),
             readonly: publish.readonly,
             secrets: publish.secrets.to_wire(),
             volume_context: publish.volume_context.to_wire(),
-        })
-        .await
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.node_publish_volume(request).await
     }
 
     /// `NodeUnpublishVolume` from domain values. NOT_FOUND is
@@ -123,13 +139,29 @@ impl NodeClient {
     pub async fn unpublish(
         &self,
         volume: &ExternalVolumeId,
-        target_path: &str,
+        target_path: &Path,
     ) -> Result<(), Error> {
-        self.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodeUnpublishVolumeRequest {
             volume_id: volume.as_str().to_owned(),
-            target_path: target_path.to_owned(),
-        })
-        .await
+            target_path: wire_path(target_path, "target_path", &mut errs),
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.node_unpublish_volume(request).await
+    }
+
+    /// The request's error when a path in it is not UTF-8 (nothing is sent).
+    fn refuse_bad_paths<R: CsiRequest>(
+        &self,
+        request: &R,
+        errs: ValidationErrors,
+    ) -> Result<(), Error> {
+        if errs.is_empty() {
+            return Ok(());
+        }
+        Err(self
+            .caller
+            .refuse(request.context(), ErrorKind::InvalidRequest(errs)))
     }
 
     /// `NodeGetCapabilities`. Unknown numbers are kept aside and ignored (spec §3.15).
@@ -174,7 +206,7 @@ pub struct NodeStage<'a> {
     /// The plugin's volume id.
     pub volume: &'a ExternalVolumeId,
     /// Where to stage (absolute; no size limit beyond the OS's).
-    pub staging_target_path: &'a str,
+    pub staging_target_path: &'a Path,
     /// How the volume will be used.
     pub capability: &'a VolumeCapability,
     /// What `ControllerPublishVolume` returned for this node (empty without controller publish).
@@ -191,9 +223,9 @@ pub struct NodePublish<'a> {
     /// The plugin's volume id.
     pub volume: &'a ExternalVolumeId,
     /// Where the volume was staged; required when the plugin has `STAGE_UNSTAGE_VOLUME`.
-    pub staging_target_path: Option<&'a str>,
+    pub staging_target_path: Option<&'a Path>,
     /// Where to publish (the plugin creates it; its parent exists).
-    pub target_path: &'a str,
+    pub target_path: &'a Path,
     /// How the volume will be used.
     pub capability: &'a VolumeCapability,
     /// Publish read-only.
@@ -204,4 +236,16 @@ pub struct NodePublish<'a> {
     pub volume_context: &'a VolumeContext,
     /// Secrets for the plugin; never logged.
     pub secrets: &'a Secrets,
+}
+
+/// A node path as the wire carries it (a string); one that is not UTF-8 is named in `errs`
+/// and sent as nothing (the request is refused before it is sent).
+fn wire_path(path: &Path, field: &'static str, errs: &mut ValidationErrors) -> String {
+    match path.to_str() {
+        Some(path) => path.to_owned(),
+        None => {
+            errs.push(FieldPath::named(field), Problem::NotUtf8);
+            String::new()
+        }
+    }
 }

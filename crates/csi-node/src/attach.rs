@@ -12,6 +12,15 @@
 //! 3. `NodePublishVolume` for the claim's workload (both by the
 //!    [`VolumeManager`]), read-only when the claim reads or the access mode allows no writer.
 //!
+//! A failed attach leaves nothing it may have done: an uncertain `ControllerPublishVolume`
+//! (a deadline, a lost connection, an answer that could not be used) is undone with
+//! `ControllerUnpublishVolume` before the error is returned, and so is one this attach made
+//! when the mount after it failed (the volume manager undoes its own steps).
+//!
+//! Nothing is attached through a plugin whose health is not known to be good (its last probe
+//! did not answer ready): the attach is refused before any call, with a retryable
+//! [`VolumeError::NotHealthy`] naming the plugin and its health.
+//!
 //! Attaches of one volume take turns; different volumes attach at once. The controller
 //! publish of a volume shared by several claims on the node is read-only only when the access
 //! mode is (a read claim is read-only at its own `NodePublishVolume`), and only sent as such to
@@ -28,7 +37,7 @@ use csi_structs::{
 
 use crate::plugins::{ControllerClients, PluginManager};
 use crate::volumes::ops::Ops;
-use crate::volumes::{MountRequest, NodePlugins, VolumeError, VolumeManager};
+use crate::volumes::{MountRequest, VolumeError, VolumeManager};
 
 /// Why a claim could not be attached.
 #[derive(Debug, thiserror::Error)]
@@ -58,13 +67,29 @@ pub enum AttachError {
         #[source]
         source: csi_client::Error,
     },
-    /// Staging or publishing failed (the usage record keeps what may have happened).
+    /// Staging or publishing failed (undone, unless the error says otherwise).
     #[error(transparent)]
     Mount(#[from] VolumeError),
+    /// The attach failed, and undoing the `ControllerPublishVolume` it made (or may have
+    /// made) failed too: the volume may still be attached to this node. Releasing the claim
+    /// finishes it (its controller step sends `ControllerUnpublishVolume` again).
+    #[error(
+        "{failed}; undoing ControllerPublishVolume of volume {volume} failed too (releasing the claim retries it): {undo}"
+    )]
+    ControllerNotUndone {
+        /// The volume.
+        volume: VolumeId,
+        /// Why the attach failed.
+        failed: Box<AttachError>,
+        /// Why `ControllerUnpublishVolume` failed.
+        #[source]
+        undo: csi_client::Error,
+    },
 }
 
 impl AttachError {
-    /// What to do about it: a call's error keeps its class; a missing controller is
+    /// What to do about it: a call's error keeps its class (an attach not undone keeps its
+    /// failure's); a missing controller is
     /// [`RetryElsewhere`](ErrorClass::RetryElsewhere); a mismatch is
     /// [`Fatal`](ErrorClass::Fatal).
     pub fn class(&self) -> ErrorClass {
@@ -73,6 +98,7 @@ impl AttachError {
             AttachError::NoController { .. } => ErrorClass::RetryElsewhere,
             AttachError::ControllerPublish { source, .. } => source.class(),
             AttachError::Mount(e) => e.class(),
+            AttachError::ControllerNotUndone { failed, .. } => failed.class(),
         }
     }
 }
@@ -101,7 +127,6 @@ pub fn read_only(claim: &Claim) -> bool {
 pub struct Attacher {
     node: NodeId,
     turns: Arc<Ops>,
-    plugins: PluginManager,
     controllers: Arc<dyn ControllerClients>,
     volumes: VolumeManager,
 }
@@ -119,22 +144,19 @@ impl Attacher {
     /// An attacher for node `node`, with its plugins and volume manager; controller calls go
     /// to the plugins' own controllers ([`PluginManager`] is a [`ControllerClients`]).
     pub fn new(node: NodeId, plugins: PluginManager, volumes: VolumeManager) -> Self {
-        let controllers = Arc::new(plugins.clone());
-        Self::with_controllers(node, plugins, controllers, volumes)
+        Self::with_controllers(node, Arc::new(plugins), volumes)
     }
 
     /// The same, with controller calls going where `controllers` says (a controller on
-    /// another node, say).
+    /// another node, say); the node's plugins are the volume manager's.
     pub fn with_controllers(
         node: NodeId,
-        plugins: PluginManager,
         controllers: Arc<dyn ControllerClients>,
         volumes: VolumeManager,
     ) -> Self {
         Self {
             node,
             turns: Arc::new(Ops::default()),
-            plugins,
             controllers,
             volumes,
         }
@@ -144,8 +166,12 @@ impl Attacher {
     /// it and this node has none yet, then stage and publish through the volume manager.
     /// Returns the workload's target. Attaching again is safe (every call is idempotent).
     ///
-    /// When it fails after the claim was made, release the claim: the release pipeline
-    /// undoes whatever may have happened, uncertain outcomes included.
+    /// A failed attach undoes what it may have done before it returns: the volume manager
+    /// its stage and publish, the attacher the `ControllerPublishVolume` this attach made or
+    /// may have made (when nothing of the volume is left on this node). Release the claim all
+    /// the same: a claim nobody uses must go, and what could not be undone (the error says
+    /// so: [`VolumeError::NotUndone`], [`AttachError::ControllerNotUndone`]) is the release
+    /// pipeline's to finish.
     ///
     /// # Errors
     ///
@@ -192,12 +218,9 @@ impl Attacher {
         })?;
         let spec = volume.spec();
         let plugin = &spec.plugin_id;
-        let ready = self
-            .plugins
-            .node_plugin(plugin)
-            .ok_or_else(|| VolumeError::PluginMissing {
-                plugin: plugin.clone(),
-            })?;
+        // Nothing is published, by the controller or on the node, through a plugin whose
+        // health is not known to be good.
+        let ready = self.volumes.publishable(plugin)?;
         let capabilities = &ready.fingerprint.capabilities;
         // One attach of the volume at a time, so the controller publish happens once.
         let _turn = self.turns.turn(&format!("{plugin}/{}", volume.id())).await;
@@ -212,7 +235,7 @@ impl Attacher {
                 // Shared by every claim on this node: read-only only when nobody may write.
                 let read_only = claim.access_mode().is_read_only()
                     && capabilities.controller.allows_readonly_publish();
-                let context = controller
+                let published = controller
                     .publish(
                         &external_id,
                         claim.plugin_node(),
@@ -221,16 +244,27 @@ impl Attacher {
                         &spec.volume_context,
                         &spec.secrets,
                     )
-                    .await
-                    .map_err(|source| AttachError::ControllerPublish {
-                        volume: volume.id().clone(),
-                        source,
-                    })?;
-                (context, true)
+                    .await;
+                match published {
+                    Ok(context) => (context, true),
+                    Err(source) => {
+                        let uncertain = source.class() == ErrorClass::Uncertain;
+                        let failed = AttachError::ControllerPublish {
+                            volume: volume.id().clone(),
+                            source,
+                        };
+                        // It may have attached the volume: undo it before saying so.
+                        return Err(if uncertain {
+                            self.undo_controller_publish(volume, claim, failed).await
+                        } else {
+                            failed
+                        });
+                    }
+                }
             }
         };
         let read_only = read_only(claim);
-        let target = self
+        let mounted = self
             .volumes
             .mount(&MountRequest {
                 plugin: plugin.clone(),
@@ -243,13 +277,59 @@ impl Attacher {
                 volume_context: spec.volume_context.clone(),
                 secrets: spec.secrets.clone().into(),
             })
-            .await?;
+            .await;
+        let target = match mounted {
+            Ok(target) => target,
+            // The mount undid itself: the controller publish this attach made goes too,
+            // unless the volume is still in use (or still recorded) on this node.
+            Err(e)
+                if controller_published && self.volumes.record(plugin, volume.id()).is_none() =>
+            {
+                return Err(self.undo_controller_publish(volume, claim, e.into()).await);
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(Attached {
             target,
             publish_context,
             controller_published,
             read_only,
         })
+    }
+
+    /// `ControllerUnpublishVolume` of the volume from the claim's node, after an attach that
+    /// made (or may have made) its controller publish failed. Returns the attach's error, or
+    /// [`AttachError::ControllerNotUndone`] when the undo failed too.
+    async fn undo_controller_publish(
+        &self,
+        volume: &RegisteredVolume,
+        claim: &Claim,
+        failed: AttachError,
+    ) -> AttachError {
+        let spec = volume.spec();
+        let (Some(external_id), Ok(controller)) =
+            (volume.external_id(), self.controller(&spec.plugin_id))
+        else {
+            // Checked before the publish; cannot be missing now.
+            return failed;
+        };
+        match controller
+            .unpublish(external_id, Some(claim.plugin_node()), &spec.secrets)
+            .await
+        {
+            Err(undo) if undo.class() != ErrorClass::AlreadyDone => {
+                tracing::warn!(volume = %volume.id(), error = %failed, undo = %undo, "failed attach: ControllerPublishVolume not undone");
+                AttachError::ControllerNotUndone {
+                    volume: volume.id().clone(),
+                    failed: Box::new(failed),
+                    undo,
+                }
+            }
+            _ => {
+                tracing::info!(volume = %volume.id(), error = %failed, "failed attach: ControllerPublishVolume undone");
+                failed
+            }
+        }
     }
 
     fn controller(&self, plugin: &PluginId) -> Result<ControllerClient, AttachError> {

@@ -6,7 +6,8 @@
 //!   wait for a plugin to be usable.
 //! - [`volumes`]: the volume manager: stage once per volume, publish per workload, one
 //!   operation in flight per volume, usage records persisted (and restored on restart) so
-//!   the last unmount unstages, uncertain outcomes kept until cleaned up, node expansion.
+//!   the last unmount unstages, a failed mount undone before it returns (what the undo could
+//!   not do kept until cleaned up), node expansion.
 //! - [`attach`]: the attach path, counterpart of csi-claims' release pipeline: controller
 //!   publish once per volume and node (its `publish_context` kept), stage once per node,
 //!   publish per workload, read-only decided from the claim.

@@ -22,8 +22,12 @@
 //!   [`PluginObserver`]s given to the builder (none lost) and to
 //!   [`subscribe`](PluginManager::subscribe)rs (a broadcast stream that may lag).
 //! - **Waiting.** [`PluginManager::wait_for`] waits, up to a deadline, until a plugin is
-//!   fingerprinted and usable, and otherwise fails naming the plugin, the wait and what was
+//!   fingerprinted and healthy, and otherwise fails naming the plugin, the wait and what was
 //!   missing.
+//! - **Health is advice, not a gate, for clean-up.** A volume is published only through a
+//!   plugin whose last probe answered ready ([`Health::is_healthy`]); release steps go to a
+//!   registered plugin whatever its health ([`PluginManager::detach_client`]), so a plugin
+//!   whose `Probe` hangs still gets its volumes released.
 //!
 //! Each instance has two clients: one for every call, and one for node detach calls under a
 //! [`NodeDetachPolicy`] (a short socket wait, one attempt: the release driver is the retry
@@ -306,6 +310,9 @@ pub struct ReadyPlugin {
     pub detach: CsiClient,
     /// What it is and can do.
     pub fingerprint: Arc<Fingerprint>,
+    /// Its health when it was looked up: publishing needs [`Health::Healthy`]; release
+    /// steps go whatever it is.
+    pub health: Health,
 }
 
 /// The plugin manager. Cheap to clone; every clone is the same manager.
@@ -500,8 +507,8 @@ impl PluginManager {
         state.current.values().map(|e| status(&state, e)).collect()
     }
 
-    /// The plugin's clients and fingerprint, when it is fingerprinted (whatever its health:
-    /// callers that need a healthy plugin check [`status`](Self::status) or use
+    /// The plugin's clients, fingerprint and health, when it is fingerprinted (whatever its
+    /// health: callers that publish check [`ReadyPlugin::health`] or use
     /// [`wait_for`](Self::wait_for)).
     pub fn get(&self, plugin: &PluginId) -> Option<ReadyPlugin> {
         let state = self.inner.lock();
@@ -512,7 +519,16 @@ impl PluginManager {
             client: entry.client.clone(),
             detach: entry.detach.clone(),
             fingerprint: entry.fingerprint.clone()?,
+            health: entry.health.clone(),
         })
+    }
+
+    /// The client for node detach calls of `plugin`'s current registration, fingerprinted
+    /// or not and whatever its health: release steps are attempted on any plugin that is
+    /// registered (health is advice for them, not a gate).
+    pub fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        let state = self.inner.lock();
+        state.current.get(plugin).map(|entry| entry.detach.clone())
     }
 
     /// Every event from now on (a receiver that falls behind the builder's

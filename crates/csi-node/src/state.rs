@@ -1,8 +1,14 @@
 //! Small JSON state files under the data directory, written atomically (a temporary file,
 //! `fsync`, then `rename`), so a crash leaves either the old or the new content.
+//!
+//! A file that cannot be written (a full disk, say) is an error for whoever wanted the change,
+//! at once. It is logged once when its writes start failing and once when one succeeds again,
+//! not once per attempt, and [`failing`] lists the files failing now, for a status page.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -82,11 +88,45 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateFil
         })
 }
 
+/// The state files whose last write failed, with the error: one entry per file, from its
+/// first failed write to its next good one. Process-wide, as the files are.
+static FAILING: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+
+/// The state files this process failed to write at their last attempt, with why, by path.
+/// Empty while every write succeeds.
+pub fn failing() -> Vec<(PathBuf, String)> {
+    FAILING
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(path, error)| (path.clone(), error.clone()))
+        .collect()
+}
+
+/// Remembers how the write of `path` ended; logs when the file starts failing and when it is
+/// written again.
+fn note(path: &Path, result: &Result<(), StateFileError>) {
+    let mut failing = FAILING.lock().unwrap_or_else(PoisonError::into_inner);
+    match result {
+        Err(e) => {
+            if failing.insert(path.to_owned(), e.to_string()).is_none() {
+                tracing::error!(file = %path.display(), error = %e,
+                    "state file cannot be written; what changes it fails at once until it can");
+            }
+        }
+        Ok(()) => {
+            if failing.remove(path).is_some() {
+                tracing::info!(file = %path.display(), "state file written again");
+            }
+        }
+    }
+}
+
 /// Writes `value` to `path` atomically.
 ///
 /// # Errors
 ///
-/// [`StateFileError::Io`].
+/// [`StateFileError::Io`] naming the file.
 pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
     save(path, value, None)
 }
@@ -103,6 +143,16 @@ pub fn save_json_private<T: Serialize>(path: &Path, value: &T) -> Result<(), Sta
 }
 
 fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), StateFileError> {
+    let result = write_json(path, value, mode);
+    note(path, &result);
+    result
+}
+
+fn write_json<T: Serialize>(
+    path: &Path,
+    value: &T,
+    mode: Option<u32>,
+) -> Result<(), StateFileError> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let io = |source| StateFileError::Io {
         path: path.to_owned(),
@@ -168,5 +218,38 @@ mod tests {
         let mode = std::fs::metadata(&p).expect("exists").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(load_json::<Vec<u32>>(&p).expect("read"), Some(vec![1]));
+    }
+
+    fn failing_here(dir: &Path) -> Vec<(PathBuf, String)> {
+        failing()
+            .into_iter()
+            .filter(|(p, _)| p.starts_with(dir))
+            .collect()
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_written_is_listed_until_it_is_written_again() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("usage.json");
+        save_json(&p, &1u32).expect("write");
+        assert!(failing_here(dir.path()).is_empty());
+        // A directory where the temporary file goes: the write fails, as on a full disk.
+        let blocker = p.with_extension("json.tmp");
+        std::fs::create_dir(&blocker).expect("dir");
+        for _ in 0..2 {
+            let err = save_json(&p, &2u32).expect_err("cannot write");
+            assert!(err.to_string().contains("usage.json"), "{err}");
+        }
+        let listed = failing_here(dir.path());
+        assert_eq!(listed.len(), 1, "one entry however many failures");
+        assert_eq!(listed[0].0, p);
+        assert_eq!(
+            load_json::<u32>(&p).expect("read"),
+            Some(1),
+            "old content kept"
+        );
+        std::fs::remove_dir(&blocker).expect("rm");
+        save_json(&p, &3u32).expect("written again");
+        assert!(failing_here(dir.path()).is_empty());
     }
 }

@@ -5,22 +5,29 @@
 //!   (when the plugin has `STAGE_UNSTAGE_VOLUME`), at the volume's one staging path, then
 //!   `NodePublishVolume` per workload at the workload's target. The workload is recorded as
 //!   a user of the volume *before* anything is staged, so an unmount of another workload
-//!   never unstages the volume under a publish.
+//!   never unstages the volume under a publish. Only through a plugin whose last probe
+//!   answered ready: while its health is unknown or bad the mount is refused
+//!   ([`VolumeError::NotHealthy`], retryable) before anything is recorded or sent.
 //! - **Unmount** ([`VolumeManager::unmount`]): `NodeUnpublishVolume` of the workload's
 //!   target (the one recorded at mount, so mount and unmount always agree on the path), then
 //!   `NodeUnstageVolume` when it was the volume's last user here. `NOT_FOUND` counts as
 //!   done, and a publication already cleaned up (no record, no target directory) needs no
-//!   call: retrying after a lost answer is safe.
+//!   call: retrying after a lost answer is safe. Whatever the plugin's health: a plugin whose
+//!   `Probe` hangs still gets `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
 //! - **Expand** ([`VolumeManager::expand`]): `NodeExpandVolume` at a path where the volume is
 //!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
 //! - **One operation per volume.** Operations on one volume wait for each other, in order;
 //!   different volumes go at once.
 //! - **Usage persisted.** Every change of the records is written atomically to the usage
 //!   file before the call it leads to, so a restarted manager knows which volumes are staged,
-//!   who has them published, and which outcomes are uncertain (a deadline or a lost
-//!   connection: the mount may exist). Uncertain steps stay recorded
-//!   ([`VolumeManager::uncertain`]) until an unmount cleans them up. The file's formats and
-//!   the migration of the older one are in [`usage`].
+//!   who has them published, and which outcomes are uncertain (a deadline, a lost
+//!   connection, an answer that could not be used: the mount may exist). The file's formats
+//!   and the migration of the older one are in [`usage`].
+//! - **A failed mount undoes itself.** A stage or publish that failed (uncertain or not) of a
+//!   workload not published before is undone before the mount returns: `NodeUnpublishVolume`
+//!   of its target, then `NodeUnstageVolume` when no other publication of the volume is left
+//!   here. What the undo could not do stays recorded ([`VolumeManager::uncertain`]) and the
+//!   error says so ([`VolumeError::NotUndone`]) until an unmount cleans it up.
 //! - **Events.** Each operation ends with a [`VolumeEvent`] carrying its outcome
 //!   ([`VolumeManager::subscribe`]).
 //!
@@ -70,7 +77,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use csi_client::{ErrorClass, NodePublish, NodeStage, proto};
+use csi_client::{CsiClient, ErrorClass, NodePublish, NodeStage, proto};
 use csi_structs::{
     CapacityRange, ExternalVolumeId, PluginId, PublishContext, Secrets, SecretsUse,
     VolumeCapability, VolumeContext, VolumeId, VolumeSecrets, WorkloadId,
@@ -88,13 +95,25 @@ use crate::state::{StateFileError, save_json};
 
 /// How the volume manager reaches a plugin's node service.
 pub trait NodePlugins: Send + Sync + 'static {
-    /// The fingerprinted plugin's clients, or `None` when it is not here (yet).
+    /// The fingerprinted plugin's clients and health, or `None` when it is not here (yet).
     fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin>;
+
+    /// The client for node detach calls (`NodeUnpublishVolume`, `NodeUnstageVolume`) of a
+    /// plugin that is here, whatever its health (and, where the implementation knows the
+    /// registration, before its fingerprint): release steps are never gated on health. By
+    /// default the detach client of [`node_plugin`](Self::node_plugin).
+    fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        self.node_plugin(plugin).map(|ready| ready.detach)
+    }
 }
 
 impl NodePlugins for PluginManager {
     fn node_plugin(&self, plugin: &PluginId) -> Option<ReadyPlugin> {
         self.get(plugin)
+    }
+
+    fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
+        PluginManager::detach_client(self, plugin)
     }
 }
 
@@ -350,7 +369,9 @@ impl VolumeManager {
     ///
     /// # Errors
     ///
-    /// A [`VolumeError`]; a stage or publish that failed or ended uncertain stays recorded
+    /// A [`VolumeError`]. What the failed mount may have done is undone first (see the
+    /// [module docs](self)); when that undo fails too, the error is
+    /// [`VolumeError::NotUndone`] and the stage or publish stays recorded
     /// ([`uncertain`](Self::uncertain)) until an unmount cleans it up.
     pub async fn mount(&self, req: &MountRequest) -> Result<PathBuf, VolumeError> {
         let outcome = self.mount_inner(req).await;
@@ -370,7 +391,7 @@ impl VolumeManager {
         let target = layout.target_path(&req.volume, &req.workload, &usage)?;
         let staging_path = layout.staging_path(&req.volume)?;
         let _turn = self.inner.ops.turn(&key).await;
-        let plugin = self.node_plugin(&req.plugin)?;
+        let plugin = self.publishable(&req.plugin)?;
         let stages = plugin.fingerprint.capabilities.node.requires_staging();
         let call = |step, source| VolumeError::Call {
             step,
@@ -382,7 +403,7 @@ impl VolumeManager {
         // path; later ones (another workload, read or write) join it and use the path recorded
         // there, which is where the volume is staged. The user is recorded before anything
         // is staged or published.
-        let (staging, stage_state, target) = self.change(&req.volume, |vols| {
+        let (staging, stage_state, target, was_published) = self.change(&req.volume, |vols| {
             let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
                 plugin: req.plugin.to_string(),
                 volume: req.volume.to_string(),
@@ -399,6 +420,10 @@ impl VolumeManager {
             if stages && entry.staging.is_none() {
                 entry.staging = Some(staging_path.clone());
             }
+            let was_published = entry
+                .users
+                .get(req.workload.as_str())
+                .is_some_and(|u| u.publish == StepState::Done);
             let user = entry
                 .users
                 .entry(req.workload.to_string())
@@ -410,63 +435,109 @@ impl VolumeManager {
                 entry.staging.clone().filter(|_| stages),
                 entry.stage,
                 user.target.clone(),
+                was_published,
             )
         })?;
-        if let Some(staging) = &staging
-            && stage_state != Some(StepState::Done)
-        {
-            let staging_text = layout.for_plugin(staging)?;
-            self.create_dir(staging, &req.volume)?;
-            self.set_stage(&req.volume, &key, StepState::Started)?;
-            let secrets = req.secrets.for_use(SecretsUse::NodeStage);
+        let mounted = async {
+            if let Some(staging) = &staging
+                && stage_state != Some(StepState::Done)
+            {
+                let staging_text = layout.for_plugin(staging)?;
+                self.create_dir(staging, &req.volume)?;
+                self.set_stage(&req.volume, &key, StepState::Started)?;
+                let secrets = req.secrets.for_use(SecretsUse::NodeStage);
+                let result = plugin
+                    .client
+                    .node()
+                    .stage(&NodeStage {
+                        volume: &req.external_id,
+                        staging_target_path: Path::new(&staging_text),
+                        capability: &req.capability,
+                        publish_context: &req.publish_context,
+                        volume_context: &req.volume_context,
+                        secrets: &secrets,
+                    })
+                    .await;
+                self.set_stage(&req.volume, &key, step_state(&result))?;
+                result.map_err(|e| call("NodeStageVolume", e))?;
+            }
+            if let Some(parent) = target.parent() {
+                self.create_dir(parent, &req.volume)?;
+            }
+            let staging_text = staging
+                .as_deref()
+                .map(|s| layout.for_plugin(s))
+                .transpose()?;
+            let target_text = layout.for_plugin(&target)?;
+            let secrets = req.secrets.for_use(SecretsUse::NodePublish);
             let result = plugin
                 .client
                 .node()
-                .stage(&NodeStage {
+                .publish(&NodePublish {
                     volume: &req.external_id,
-                    staging_target_path: &staging_text,
+                    staging_target_path: staging_text.as_deref().map(Path::new),
+                    target_path: Path::new(&target_text),
                     capability: &req.capability,
+                    readonly: req.read_only,
                     publish_context: &req.publish_context,
                     volume_context: &req.volume_context,
                     secrets: &secrets,
                 })
                 .await;
-            self.set_stage(&req.volume, &key, step_state(&result))?;
-            result.map_err(|e| call("NodeStageVolume", e))?;
+            let state = step_state(&result);
+            self.change(&req.volume, |v| {
+                if let Some(e) = v.get_mut(&key)
+                    && let Some(u) = e.users.get_mut(req.workload.as_str())
+                {
+                    u.publish = state;
+                }
+            })?;
+            result.map_err(|e| call("NodePublishVolume", e))?;
+            Ok(target)
         }
-        if let Some(parent) = target.parent() {
-            self.create_dir(parent, &req.volume)?;
+        .await;
+        match mounted {
+            Ok(target) => Ok(target),
+            // A workload published before keeps its publication: a repeated mount that fails
+            // does not tear down what was done before it.
+            Err(failed) if was_published => Err(failed),
+            Err(failed) => Err(self.undo_mount(req, failed).await),
         }
-        let staging_text = staging
-            .as_deref()
-            .map(|s| layout.for_plugin(s))
-            .transpose()?;
-        let target_text = layout.for_plugin(&target)?;
-        let secrets = req.secrets.for_use(SecretsUse::NodePublish);
-        let result = plugin
-            .client
-            .node()
-            .publish(&NodePublish {
-                volume: &req.external_id,
-                staging_target_path: staging_text.as_deref(),
-                target_path: &target_text,
-                capability: &req.capability,
-                readonly: req.read_only,
-                publish_context: &req.publish_context,
-                volume_context: &req.volume_context,
-                secrets: &secrets,
-            })
-            .await;
-        let state = step_state(&result);
-        self.change(&req.volume, |v| {
-            if let Some(e) = v.get_mut(&key)
-                && let Some(u) = e.users.get_mut(req.workload.as_str())
-            {
-                u.publish = state;
+    }
+
+    /// Undoes what a failed mount may have done for a workload not published before (the
+    /// turn of the volume is held): `NodeUnpublishVolume` of its target, then `NodeUnstageVolume` when no other
+    /// publication of the volume is left here, as an unmount does. Returns the mount's error,
+    /// or [`VolumeError::NotUndone`] when the undo failed too (the usage record then keeps
+    /// what is left, for an unmount to clean up).
+    async fn undo_mount(&self, req: &MountRequest, failed: VolumeError) -> VolumeError {
+        let unmount = UnmountRequest {
+            plugin: req.plugin.clone(),
+            volume: req.volume.clone(),
+            external_id: req.external_id.clone(),
+            workload: req.workload.clone(),
+            usage: Usage::of(&req.capability, req.read_only),
+        };
+        match self.unmount_in_turn(&unmount).await {
+            Ok(undone) => {
+                tracing::info!(
+                    volume = %req.volume,
+                    workload = %req.workload,
+                    unpublished = undone.unpublished,
+                    unstaged = undone.unstaged,
+                    error = %failed,
+                    "failed mount undone"
+                );
+                failed
             }
-        })?;
-        result.map_err(|e| call("NodePublishVolume", e))?;
-        Ok(target)
+            Err(undo) => {
+                tracing::warn!(volume = %req.volume, workload = %req.workload, error = %failed, undo = %undo, "failed mount not undone; the usage record keeps it");
+                VolumeError::NotUndone {
+                    failed: Box::new(failed),
+                    undo: Box::new(undo),
+                }
+            }
+        }
     }
 
     fn set_stage(&self, volume: &VolumeId, key: &str, state: StepState) -> Result<(), VolumeError> {
@@ -506,11 +577,17 @@ impl VolumeManager {
 
     async fn unmount_inner(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
         let key = usage_key(&req.plugin, &req.volume);
+        let _turn = self.inner.ops.turn(&key).await;
+        self.unmount_in_turn(req).await
+    }
+
+    /// The unmount, with the volume's turn held by the caller.
+    async fn unmount_in_turn(&self, req: &UnmountRequest) -> Result<Unmounted, VolumeError> {
+        let key = usage_key(&req.plugin, &req.volume);
         let computed = self
             .inner
             .layout
             .target_path(&req.volume, &req.workload, &req.usage)?;
-        let _turn = self.inner.ops.turn(&key).await;
         let recorded = self
             .entry(&key)
             .and_then(|e| e.users.get(req.workload.as_str()).map(|u| u.target.clone()));
@@ -520,10 +597,10 @@ impl VolumeManager {
         let mut unpublished = false;
         if recorded.is_some() || target.exists() {
             let target_text = self.inner.layout.for_plugin(&target)?;
-            let client = self.node_plugin(&req.plugin)?.detach;
+            let client = self.detach_client(&req.plugin)?;
             match client
                 .node()
-                .unpublish(&req.external_id, &target_text)
+                .unpublish(&req.external_id, Path::new(&target_text))
                 .await
             {
                 Ok(()) => {}
@@ -596,8 +673,12 @@ impl VolumeManager {
     /// `NodeUnstageVolume` at `staging` (`NOT_FOUND` counts as done), then its directory goes.
     async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
         let staging_text = self.inner.layout.for_plugin(staging)?;
-        let client = self.node_plugin(&req.plugin)?.detach;
-        match client.node().unstage(&req.external_id, &staging_text).await {
+        let client = self.detach_client(&req.plugin)?;
+        match client
+            .node()
+            .unstage(&req.external_id, Path::new(&staging_text))
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
             Err(source) => {
@@ -684,12 +765,43 @@ impl VolumeManager {
         Ok(u64::try_from(answer.capacity_bytes).ok().filter(|b| *b > 0))
     }
 
+    /// The plugin a mount would publish through, checked the way [`mount`](Self::mount)
+    /// checks it: fingerprinted, with a Node service, and healthy (its last probe answered
+    /// ready). A caller that does something before the mount (a controller publish, a claim)
+    /// asks first, so it does nothing through a plugin the mount would refuse.
+    ///
+    /// # Errors
+    ///
+    /// [`VolumeError::PluginMissing`] when the plugin's node service is not here (yet), and
+    /// [`VolumeError::NotHealthy`] (retryable, naming the plugin and its health) while its
+    /// health is unknown or bad.
+    pub fn publishable(&self, plugin: &PluginId) -> Result<ReadyPlugin, VolumeError> {
+        let ready = self.node_plugin(plugin)?;
+        if !ready.health.is_healthy() {
+            return Err(VolumeError::NotHealthy {
+                plugin: plugin.clone(),
+                health: ready.health,
+            });
+        }
+        Ok(ready)
+    }
+
     /// The fingerprinted plugin with a Node service, or `PluginMissing`.
     fn node_plugin(&self, plugin: &PluginId) -> Result<ReadyPlugin, VolumeError> {
         self.inner
             .plugins
             .node_plugin(plugin)
             .filter(|p| p.fingerprint.serves_node())
+            .ok_or_else(|| VolumeError::PluginMissing {
+                plugin: plugin.clone(),
+            })
+    }
+
+    /// The plugin's client for node detach calls, whatever its health, or `PluginMissing`.
+    fn detach_client(&self, plugin: &PluginId) -> Result<CsiClient, VolumeError> {
+        self.inner
+            .plugins
+            .detach_client(plugin)
             .ok_or_else(|| VolumeError::PluginMissing {
                 plugin: plugin.clone(),
             })
@@ -710,6 +822,12 @@ impl VolumeManager {
     /// here), if any: what a later mount of the volume passes on.
     pub fn publish_context(&self, plugin: &PluginId, volume: &VolumeId) -> Option<PublishContext> {
         self.entry(&usage_key(plugin, volume))?.publish_context
+    }
+
+    /// The usage record of a volume here, if it has one: staged, published, or with a step
+    /// whose outcome is not known to be undone.
+    pub fn record(&self, plugin: &PluginId, volume: &VolumeId) -> Option<VolumeEntry> {
+        self.entry(&usage_key(plugin, volume))
     }
 
     /// Where `workload` has `volume` published here (host path), if it does.

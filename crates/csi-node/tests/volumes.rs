@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::{Code, ErrorClass, NodePublish, NodeStage, Rpc, proto};
+use csi_client::{Code, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_node::layout::{Layout, Usage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::state::StateFileError;
@@ -20,7 +20,7 @@ use csi_structs::{
     AccessMode, CapacityRange, ExternalVolumeId, MountOptions, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, VolumeSecrets, WorkloadId,
 };
-use csi_testkit::MockPlugin;
+use csi_testkit::{FaultStep, MockPlugin};
 use support::{GUARD, Plugin, mock_plugin};
 
 /// The mock plugin; volumes are created on it and published to its node.
@@ -221,16 +221,22 @@ async fn a_reopened_manager_knows_who_uses_what() {
     for w in ["w1", "w2"] {
         volumes.mount(&node.mount(&db, w)).await.expect("mounted");
     }
-    // w3's publish ends uncertain (INTERNAL on a mutation: it may have happened).
+    // w3's publish ends uncertain (INTERNAL on a mutation: it may have happened), and the
+    // mount's undo of it fails too: the record keeps it.
     node.mock
         .faults()
         .on(Rpc::NodePublishVolume)
         .fail(Code::Internal, "lost track");
+    node.mock
+        .faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail(Code::Unavailable, "busy");
     let err = volumes
         .mount(&node.mount(&db, "w3"))
         .await
         .expect_err("uncertain");
     assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert!(matches!(err, VolumeError::NotUndone { .. }), "{err:?}");
 
     drop(volumes);
     let volumes = node.manager();
@@ -521,7 +527,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         node_client
             .stage(&NodeStage {
                 volume: &ext,
-                staging_target_path: staging.to_str().expect("utf-8"),
+                staging_target_path: &staging,
                 capability: &cap,
                 publish_context: &context,
                 volume_context: &VolumeContext::new(),
@@ -532,8 +538,8 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         node_client
             .publish(&NodePublish {
                 volume: &ext,
-                staging_target_path: Some(staging.to_str().expect("utf-8")),
-                target_path: target.to_str().expect("utf-8"),
+                staging_target_path: Some(&staging),
+                target_path: &target,
                 capability: &cap,
                 readonly: read_only,
                 publish_context: &context,
@@ -703,4 +709,128 @@ async fn a_plugin_with_its_own_view_of_the_data_directory_gets_its_paths() {
             && !layout.staging_path(&db.0).expect("id").exists(),
         "the host's directories are removed"
     );
+}
+
+/// Health is advice, not a gate, for clean-up: a registration not fingerprinted yet (its
+/// `GetPluginInfo` hangs, its health unknown) still gets its volume unpublished and unstaged.
+#[tokio::test]
+async fn a_plugin_not_fingerprinted_yet_still_gets_its_volume_unmounted() {
+    let node = node().await;
+    let volumes = node.manager();
+    let db = node.volume("db").await;
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("mounted");
+    node.mock
+        .faults()
+        .on(Rpc::GetPluginInfo)
+        .forever(FaultStep::Hang);
+    let socket = node.dir.path().join("mock.sock");
+    node.plugins
+        .register(node.id.clone(), Endpoint::unix(&socket).expect("endpoint"))
+        .expect("registered again");
+    assert!(
+        node.plugins.get(&node.id).is_none(),
+        "the new registration is not fingerprinted"
+    );
+    let done = volumes
+        .unmount(&node.unmount(&db, "w1"))
+        .await
+        .expect("unmounted all the same");
+    assert!(done.unpublished && done.unstaged, "{done:?}");
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+    assert!(volumes.records().is_empty());
+}
+
+/// A failed mount leaves nothing behind: what it may have done (an uncertain publish or
+/// stage) is undone before it returns, and only what this mount started.
+#[tokio::test]
+async fn a_failed_mount_undoes_what_it_may_have_done() {
+    let node = node().await;
+    let volumes = node.manager();
+    let count = |rpc| node.mock.calls().count(rpc);
+    // The next `rpc` ends uncertain (INTERNAL on a mutation: it may have happened).
+    let lose_next = |rpc| {
+        node.mock
+            .faults()
+            .on(rpc)
+            .fail(Code::Internal, "lost track");
+    };
+
+    // An uncertain publish of the volume's first user: unpublished, then unstaged.
+    let db = node.volume("db").await;
+    lose_next(Rpc::NodePublishVolume);
+    let err = volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Call {
+                step: "NodePublishVolume",
+                ..
+            }
+        ),
+        "the mount's own error, the undo worked: {err:?}"
+    );
+    assert_eq!(count(Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(count(Rpc::NodeUnstageVolume), 1);
+    assert!(volumes.records().is_empty() && volumes.uncertain().is_empty());
+    assert!(node.mock.staged().is_empty() && node.mock.published().is_empty());
+
+    // An uncertain stage: unstaged, never published.
+    let logs = node.volume("logs").await;
+    lose_next(Rpc::NodeStageVolume);
+    let err = volumes
+        .mount(&node.mount(&logs, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Call {
+                step: "NodeStageVolume",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(count(Rpc::NodeStageVolume), 2);
+    assert_eq!(count(Rpc::NodePublishVolume), 1, "logs was never published");
+    assert_eq!(count(Rpc::NodeUnstageVolume), 2);
+    assert!(volumes.records().is_empty() && node.mock.staged().is_empty());
+
+    // Another workload's failed publish undoes its own publication and keeps the staging
+    // the first one uses.
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("w1 mounted");
+    lose_next(Rpc::NodePublishVolume);
+    volumes
+        .mount(&node.mount(&db, "w2"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(
+        count(Rpc::NodeUnstageVolume),
+        2,
+        "w1 still uses the staging"
+    );
+    let w2 = WorkloadId::new("w2").expect("id");
+    assert_eq!(volumes.published(&db.0, &w2), None);
+    assert_eq!(node.mock.staged().len(), 1);
+    assert_eq!(node.mock.published().len(), 1);
+
+    // A repeated mount of a workload published before does not tear its publication down.
+    let unpublishes = count(Rpc::NodeUnpublishVolume);
+    lose_next(Rpc::NodePublishVolume);
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect_err("uncertain");
+    assert_eq!(count(Rpc::NodeUnpublishVolume), unpublishes);
+    assert_eq!(node.mock.published().len(), 1);
 }

@@ -214,7 +214,8 @@ impl PluginError {
 pub enum LocalStatus {
     /// Present and healthy: calls may go to it.
     Healthy,
-    /// Present but failing its health checks.
+    /// Present but failing its health checks (or its health is not known yet). Release
+    /// steps (node detach, controller detach) are still served; other calls are refused.
     Unhealthy {
         /// Why, for people.
         reason: String,
@@ -247,7 +248,8 @@ pub struct CallContext {
 /// `status` must be cheap: it is asked before every call.
 #[async_trait]
 pub trait LocalPlugins: Send + Sync + 'static {
-    /// Whether `plugin`'s `service` runs on this node and is healthy.
+    /// Whether `plugin`'s `service` runs on this node and is healthy. An unhealthy service
+    /// still gets the release steps.
     fn status(&self, plugin: &PluginId, service: ServiceKind) -> LocalStatus;
 
     /// `ControllerPublishVolume`.

@@ -7,8 +7,10 @@ use tonic::transport::Channel;
 
 use crate::auth::{HOPS_HEADER, NODE_HEADER, TOKEN_HEADER};
 use crate::backend::GrpcCode;
+use crate::details::Checked;
 use crate::error::{ProtocolProblem, ShimError};
 use crate::ops::Op;
+use crate::wire::MAX_MESSAGE_BYTES;
 
 /// The credentials a call carries: this agent's own, or the original caller's when relaying.
 /// `Debug` hides the token.
@@ -66,7 +68,10 @@ pub(crate) async fn unary<O: Op>(
     }
     md.insert(HOPS_HEADER, AsciiMetadataValue::from(u32::from(hops)));
 
-    let mut grpc = tonic::client::Grpc::new(channel);
+    // An answer is capped like a request: another agent cannot make this one buffer more.
+    let mut grpc = tonic::client::Grpc::new(Checked(channel))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::from_error(Box::new(e)))?;

@@ -12,6 +12,9 @@
 //!   when none is left, one [`ShimError::NoController`] lists why each was refused;
 //! - for node calls, goes to the owning node only; a node that left answers
 //!   [`ShimError::NodeGone`];
+//! - treats health as advice, not a gate, for release steps (node detach, controller
+//!   detach): they go to an instance reported unhealthy too (a controller's after the
+//!   healthy ones), while every other call is refused there;
 //! - sends the call to the target agent directly, or through one relay when it has no direct
 //!   link ([`Routes`]); a relay never relays again (hop count in metadata);
 //! - carries the caller's deadline on every hop (`grpc-timeout`, and each agent enforces it).
@@ -97,6 +100,7 @@
 
 pub mod auth;
 mod backend;
+mod details;
 mod error;
 mod forward;
 mod ops;

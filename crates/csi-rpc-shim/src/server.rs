@@ -39,6 +39,12 @@ impl Shim {
     /// The tonic service other agents call, with the message size capped at
     /// [`MAX_MESSAGE_BYTES`](crate::wire::MAX_MESSAGE_BYTES). Add it to your own
     /// `tonic::transport::Server` (with TLS if you use it), or use [`Shim::serve`].
+    ///
+    /// On your own server, also set `Server::timeout` to
+    /// [`ShimConfig::max_remote_timeout`](crate::ShimConfig::max_remote_timeout): the shim
+    /// bounds a call once its request has arrived, and only the server can bound the wait
+    /// for a request that never finishes arriving (a peer that sends headers and then
+    /// nothing). [`Shim::serve`] does.
     pub fn agent_service(&self) -> AgentServer<AgentService> {
         AgentServer::new(AgentService { shim: self.clone() })
             .max_decoding_message_size(self.max_message_bytes())
@@ -46,7 +52,9 @@ impl Shim {
     }
 
     /// Serves the agent protocol on `listener` until `shutdown` completes (with TLS when the
-    /// `tls` feature is on and configured).
+    /// `tls` feature is on and configured). Every call ends within its `grpc-timeout` and
+    /// never later than [`ShimConfig::max_remote_timeout`](crate::ShimConfig::max_remote_timeout)
+    /// after it arrived, whether or not its request ever finishes arriving.
     ///
     /// # Errors
     ///
@@ -56,8 +64,10 @@ impl Shim {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
+        // The timeout covers the wait for the request too: a peer that sends headers and then
+        // nothing gets an answer (CANCELLED) once the cap has passed.
         #[allow(unused_mut)]
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = tonic::transport::Server::builder().timeout(self.max_remote_timeout());
         #[cfg(feature = "tls")]
         if let Some(tls) = self.tls() {
             builder =

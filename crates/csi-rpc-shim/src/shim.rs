@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use csi_structs::untrusted::escaped;
 use csi_structs::{NodeId, PluginId};
 use tokio::time::{Instant, timeout_at};
 
 use crate::auth::{Credentials, Denied, HOPS_HEADER, Principal, Scope, TokenBook};
 use crate::backend::{CallContext, LocalPlugins, LocalStatus};
-use crate::error::{Refusal, ShimError};
+use crate::error::{Refusal, RefusalReason, ShimError};
 use crate::forward::{self, Presented};
 use crate::ops::{Acting, Op, Routing};
 use crate::peers::{PeerPool, Route, Routes};
@@ -37,7 +38,8 @@ pub struct ShimConfig {
     /// How controller instances are ordered.
     pub strategy: Strategy,
     /// The longest a call received from another agent may run, whatever its `grpc-timeout`
-    /// says (and the limit when it sends none). Default 5 minutes.
+    /// says (and the limit when it sends none), counted from its arrival: [`Shim::serve`]
+    /// also ends a call whose request never finishes arriving by then. Default 5 minutes.
     pub max_remote_timeout: Duration,
     /// How long dialling another agent may take. Default 5 seconds; every call is also bounded
     /// by its deadline.
@@ -211,6 +213,10 @@ impl Shim {
         self.inner.tls.as_ref()
     }
 
+    pub(crate) fn max_remote_timeout(&self) -> Duration {
+        self.inner.max_remote_timeout
+    }
+
     pub(crate) fn max_message_bytes(&self) -> usize {
         crate::wire::MAX_MESSAGE_BYTES
     }
@@ -265,6 +271,10 @@ impl Shim {
                     service,
                 });
             }
+            // Health is advice for a release step: it is sent whatever the last probe said.
+            NodePlugin::Unhealthy { reason } if O::RELEASE_STEP => {
+                tracing::debug!(rpc = %rpc, %plugin, %node, reason = %escaped(&reason), "node plugin reported unhealthy; the release step is sent anyway");
+            }
             NodePlugin::Unhealthy { reason } => {
                 return Err(ShimError::PluginUnhealthy {
                     rpc,
@@ -288,7 +298,16 @@ impl Shim {
     ) -> Result<O::Output, ShimError> {
         let view = self.inner.registry.controllers(&plugin);
         let mut refusals = view.refused;
-        let order = self.inner.chooser.order(key, view.ready, preferred);
+        let mut order = self.inner.chooser.order(key, view.ready, preferred);
+        if O::RELEASE_STEP {
+            // Health is advice for a release step: the instances reported unhealthy are
+            // tried too, after the healthy ones.
+            let (unhealthy, rest): (Vec<Refusal>, Vec<Refusal>) = refusals
+                .into_iter()
+                .partition(|r| matches!(r.reason, RefusalReason::Unhealthy { .. }));
+            refusals = rest;
+            order.extend(unhealthy.into_iter().map(|r| r.node));
+        }
         let mut maybe_sent = false;
         for node in order {
             match self
@@ -396,6 +415,10 @@ impl Shim {
         let plugin = op.routing().plugin().clone();
         match self.inner.plugins.status(&plugin, service) {
             LocalStatus::Healthy => {}
+            // Health is advice for a release step: it is sent whatever the last probe said.
+            LocalStatus::Unhealthy { reason } if O::RELEASE_STEP => {
+                tracing::debug!(rpc = %rpc, %plugin, reason = %escaped(&reason), "plugin reported unhealthy here; the release step is served anyway");
+            }
             LocalStatus::Missing => {
                 return Err(ShimError::PluginMissing {
                     rpc,

@@ -237,6 +237,8 @@ pub enum Problem {
     },
     /// A value that must not be set in this context.
     NotAllowed,
+    /// A path that is not valid UTF-8: CSI carries paths as strings.
+    NotUtf8,
     /// Two fields that exclude each other are both set.
     MutuallyExclusive {
         /// The other field.
@@ -248,6 +250,7 @@ impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Problem::Missing => f.write_str("is required but missing or empty"),
+            Problem::NotUtf8 => f.write_str("is not valid UTF-8 (CSI carries paths as strings)"),
             Problem::TooLong { size, limit, unit } => {
                 write!(f, "is {size} {unit}, over the limit of {limit} {unit}")
             }

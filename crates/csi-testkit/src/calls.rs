@@ -104,8 +104,13 @@ impl CallLog {
     ) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if self.limit == Some(0) {
+            // A log of size 0 keeps nothing; the call only counts.
+            self.evicted += 1;
+            return seq;
+        }
         if let Some(limit) = self.limit {
-            while self.records.len() >= limit.max(1) {
+            while self.records.len() >= limit {
                 self.records.pop_front();
                 self.evicted += 1;
             }
@@ -148,9 +153,37 @@ impl CallLog {
         self.records.clear();
     }
 
+    /// Every record, oldest first, and an empty log after (sequence numbers keep counting).
+    pub(crate) fn drain(&mut self) -> CallList {
+        CallList(std::mem::take(&mut self.records).into())
+    }
+
     pub(crate) fn evicted(&self) -> u64 {
         self.evicted
     }
+
+    pub(crate) fn stats(&self) -> LogStats {
+        LogStats {
+            limit: self.limit,
+            kept: self.records.len(),
+            evicted: self.evicted,
+            received: self.next_seq,
+        }
+    }
+}
+
+/// How full a call log is and how many calls it has seen ([`Calls::stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogStats {
+    /// The most records kept at once (`None`: no limit; `Some(0)`: none are kept).
+    pub limit: Option<usize>,
+    /// How many records the log holds now.
+    pub kept: usize,
+    /// How many records were dropped, oldest first, because the log was full (with a limit
+    /// of 0: every call).
+    pub evicted: u64,
+    /// How many calls the mock received in all, kept or not.
+    pub received: u64,
 }
 
 /// A copy of (part of) the call log, with assertion helpers.
@@ -361,9 +394,23 @@ impl Calls {
         self.shared.lock().calls.clear();
     }
 
-    /// How many old records were dropped because the log hit its configured limit.
+    /// Every record, oldest first, forgetting them in the same step: a reader that drains the
+    /// log now and then sees each call once, and the log never holds more than what came in
+    /// since the last drain (up to its limit). Sequence numbers keep counting.
+    pub fn drain(&self) -> CallList {
+        self.shared.lock().calls.drain()
+    }
+
+    /// How many old records were dropped because the log hit its configured limit
+    /// ([`MockPluginBuilder::call_log_limit`](crate::MockPluginBuilder::call_log_limit)).
     pub fn evicted(&self) -> u64 {
         self.shared.lock().calls.evicted()
+    }
+
+    /// The log's limit, how many records it holds, how many it dropped and how many calls
+    /// came in, read together.
+    pub fn stats(&self) -> LogStats {
+        self.shared.lock().calls.stats()
     }
 
     /// Waits until `done` holds for the log, re-checking whenever a call arrives or ends.
@@ -457,6 +504,44 @@ mod tests {
         // A finished call that was evicted is ignored rather than misattributed.
         log.finish(0, Outcome::Abandoned);
         assert_eq!(log.snapshot().records()[0].outcome, Outcome::InFlight);
+        assert_eq!(
+            log.stats(),
+            LogStats {
+                limit: Some(2),
+                kept: 2,
+                evicted: 1,
+                received: 3
+            }
+        );
+    }
+
+    #[test]
+    fn a_limit_of_zero_keeps_nothing_but_counts() {
+        let mut log = CallLog::new(Some(0));
+        for rpc in [Rpc::Probe, Rpc::NodeGetInfo] {
+            log.push(rpc, None, None, String::new());
+        }
+        log.finish(1, Outcome::Ok);
+        assert!(log.snapshot().is_empty());
+        assert_eq!(
+            log.stats(),
+            LogStats {
+                limit: Some(0),
+                kept: 0,
+                evicted: 2,
+                received: 2
+            }
+        );
+    }
+
+    #[test]
+    fn drain_hands_over_every_record_once() {
+        let mut log = log_of(&[Rpc::Probe, Rpc::NodeStageVolume]);
+        assert_eq!(log.drain().rpcs(), vec![Rpc::Probe, Rpc::NodeStageVolume]);
+        assert!(log.drain().is_empty());
+        let seq = log.push(Rpc::NodeUnstageVolume, None, None, String::new());
+        assert_eq!(seq, 2, "sequence numbers keep counting after a drain");
+        assert_eq!(log.drain().rpcs(), vec![Rpc::NodeUnstageVolume]);
     }
 
     #[test]

@@ -156,7 +156,8 @@ pub struct Config {
     pub node_caps: BTreeSet<NodeCapability>,
     /// `GroupControllerGetCapabilities`; also decides which group rpcs are served.
     pub group_caps: BTreeSet<GroupControllerCapability>,
-    /// Keep at most this many call records (oldest dropped first); `None` keeps all.
+    /// Keep at most this many call records (oldest dropped first); `None` keeps all, `Some(0)`
+    /// none.
     pub call_log_limit: Option<usize>,
     /// The `mutable_parameters` keys `CreateVolume` and `ControllerModifyVolume` accept; any
     /// other key is refused with INVALID_ARGUMENT naming it. Empty by default: the mock
@@ -423,7 +424,15 @@ impl MockPluginBuilder {
         self
     }
 
-    /// Keep at most `limit` call records (useful for long benchmarks).
+    /// Keep at most `limit` call records, dropping the oldest first (for long runs: the log
+    /// of a mock that keeps every call grows with every call). 0 keeps no record at all; the
+    /// calls are still counted ([`Calls::stats`](crate::Calls::stats)). Without this the
+    /// library keeps every record; `csi-mock-plugin` keeps 10,000 unless told otherwise.
+    ///
+    /// ```
+    /// let plugin = csi_testkit::MockPlugin::builder().call_log_limit(100).build().unwrap();
+    /// assert_eq!(plugin.calls().stats().limit, Some(100));
+    /// ```
     pub fn call_log_limit(mut self, limit: usize) -> Self {
         self.config.call_log_limit = Some(limit);
         self

@@ -12,9 +12,14 @@
 //! | `clear` | removes every fault not yet consumed |
 //! | `release` | ends hung and delayed calls with UNAVAILABLE |
 //! | `calls` | one line per recorded call: `call SEQ RPC OUTCOME [volume=ID]` |
+//! | `drain` | as `calls`, and forgets the records it printed, in the same step |
+//! | `log` | `log limit=N kept=K evicted=E received=R`: the log's limit (`none` for no limit), the records it holds, those it dropped because it was full, and every call received |
 //!
 //! `OUTCOME` is `OK`, `FAILED <CODE> <message>`, `IN_FLIGHT`, `ABANDONED` or
-//! `CONNECTION_DROPPED`. Requests themselves are not printed.
+//! `CONNECTION_DROPPED`. Requests themselves are not printed. The log holds at most its
+//! [limit](crate::MockPluginBuilder::call_log_limit) of records, oldest dropped first; a
+//! reader that wants every call drains it more often than the limit fills (a gap in `SEQ`
+//! shows what was dropped).
 //!
 //! ```text
 //! $ printf 'fault NodeUnpublishVolume=UNAVAILABLE:times=3\n' | socat - UNIX-CONNECT:/tmp/ctl.sock
@@ -44,7 +49,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
-use crate::calls::Outcome;
+use crate::calls::{CallList, Outcome};
 use crate::error::Error;
 use crate::fault_spec::{FaultSpec, FaultSpecError};
 use crate::plugin::MockPlugin;
@@ -171,37 +176,52 @@ pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
             plugin.faults().release_hung();
             "ok\n".into()
         }
-        "calls" => {
-            let mut out = String::new();
-            for record in plugin.calls().snapshot().records() {
-                let _ = write!(out, "call {} {} ", record.seq, record.rpc.name());
-                match &record.outcome {
-                    Outcome::Ok => out.push_str("OK"),
-                    Outcome::Failed { code, message } => {
-                        let _ = write!(
-                            out,
-                            "FAILED {} {}",
-                            crate::fault_spec::code_name(*code),
-                            message.replace(['\n', '\r'], " ")
-                        );
-                    }
-                    Outcome::InFlight => out.push_str("IN_FLIGHT"),
-                    Outcome::Abandoned => out.push_str("ABANDONED"),
-                    Outcome::ConnectionDropped => out.push_str("CONNECTION_DROPPED"),
-                }
-                if let Some(volume) = &record.volume_id {
-                    let _ = write!(out, " volume={volume}");
-                }
-                out.push('\n');
-            }
-            out.push_str("ok\n");
-            out
+        "calls" => call_lines(&plugin.calls().snapshot()),
+        "drain" => call_lines(&plugin.calls().drain()),
+        "log" => {
+            let stats = plugin.calls().stats();
+            let limit = stats
+                .limit
+                .map_or_else(|| "none".to_owned(), |n| n.to_string());
+            format!(
+                "log limit={limit} kept={} evicted={} received={}\nok\n",
+                stats.kept, stats.evicted, stats.received
+            )
         }
-        "" => "error: empty command; known: fault, delay, hang, clear, release, calls\n".into(),
-        other => format!(
-            "error: unknown command {other:?}; known: fault, delay, hang, clear, release, calls\n"
-        ),
+        "" => format!("error: empty command; known: {KNOWN}\n"),
+        other => format!("error: unknown command {other:?}; known: {KNOWN}\n"),
     }
+}
+
+/// The commands, for the error that names an unknown one.
+const KNOWN: &str = "fault, delay, hang, clear, release, calls, drain, log";
+
+/// One `call SEQ RPC OUTCOME [volume=ID]` line per record, then `ok`.
+fn call_lines(calls: &CallList) -> String {
+    let mut out = String::new();
+    for record in calls.records() {
+        let _ = write!(out, "call {} {} ", record.seq, record.rpc.name());
+        match &record.outcome {
+            Outcome::Ok => out.push_str("OK"),
+            Outcome::Failed { code, message } => {
+                let _ = write!(
+                    out,
+                    "FAILED {} {}",
+                    crate::fault_spec::code_name(*code),
+                    message.replace(['\n', '\r'], " ")
+                );
+            }
+            Outcome::InFlight => out.push_str("IN_FLIGHT"),
+            Outcome::Abandoned => out.push_str("ABANDONED"),
+            Outcome::ConnectionDropped => out.push_str("CONNECTION_DROPPED"),
+        }
+        if let Some(volume) = &record.volume_id {
+            let _ = write!(out, " volume={volume}");
+        }
+        out.push('\n');
+    }
+    out.push_str("ok\n");
+    out
 }
 
 #[cfg(test)]
@@ -229,9 +249,39 @@ mod tests {
         );
         let err = execute(&plugin, "explode now");
         assert!(
-            err.contains("\"explode\"") && err.contains("fault"),
+            err.contains("\"explode\"") && err.contains("drain"),
             "{err}"
         );
         assert_eq!(execute(&plugin, "calls"), "ok\n");
+        assert_eq!(
+            execute(&plugin, "log"),
+            "log limit=none kept=0 evicted=0 received=0\nok\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn drain_prints_the_records_once_and_log_counts_them() {
+        use csi_proto::v1::ProbeRequest;
+        use csi_proto::v1::identity_client::IdentityClient;
+        let plugin = MockPlugin::builder().call_log_limit(2).build().unwrap();
+        let (server, channel) = plugin.serve_in_memory().await.unwrap();
+        let mut identity = IdentityClient::new(channel);
+        for _ in 0..3 {
+            identity.probe(ProbeRequest {}).await.unwrap();
+        }
+        assert_eq!(
+            execute(&plugin, "log"),
+            "log limit=2 kept=2 evicted=1 received=3\nok\n"
+        );
+        assert_eq!(
+            execute(&plugin, "drain"),
+            "call 1 Probe OK\ncall 2 Probe OK\nok\n"
+        );
+        assert_eq!(execute(&plugin, "drain"), "ok\n");
+        assert_eq!(
+            execute(&plugin, "log"),
+            "log limit=2 kept=0 evicted=1 received=3\nok\n"
+        );
+        server.shutdown().await.unwrap();
     }
 }

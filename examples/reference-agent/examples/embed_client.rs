@@ -47,7 +47,7 @@ async fn drive(endpoint: Endpoint, dir: &Path) -> Result<String, Box<dyn Error>>
     // controller step only because the example keeps to the essentials; see `csi-agent demo`
     // for the whole lifecycle adapted to the plugin's capabilities.)
     let target = dir.join("target");
-    let target_path = target.to_str().ok_or("temporary path is not UTF-8")?;
+    let target_path = target.as_path();
     client
         .node()
         .publish(&NodePublish {
@@ -61,7 +61,7 @@ async fn drive(endpoint: Endpoint, dir: &Path) -> Result<String, Box<dyn Error>>
             secrets: &Secrets::default(),
         })
         .await?;
-    println!("published at {target_path}");
+    println!("published at {}", target_path.display());
 
     client
         .node()

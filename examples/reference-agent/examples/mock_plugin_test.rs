@@ -18,7 +18,11 @@ async fn unstage(
     volume: &ExternalVolumeId,
     staging: &str,
 ) -> Result<(), csi_client::Error> {
-    match client.node().unstage(volume, staging).await {
+    match client
+        .node()
+        .unstage(volume, std::path::Path::new(staging))
+        .await
+    {
         Err(e) if e.class() == ErrorClass::AlreadyDone => Ok(()),
         other => other,
     }

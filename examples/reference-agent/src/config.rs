@@ -301,7 +301,8 @@ pub enum ConfigError {
     ParseFile {
         /// The file.
         path: PathBuf,
-        /// The parser's explanation (it names the key and line).
+        /// The parser's explanation (it names the key and line), each line cut to
+        /// [`MAX_SHOWN_BYTES`].
         message: String,
     },
     /// A key has a value that cannot be used.
@@ -309,7 +310,8 @@ pub enum ConfigError {
     Invalid {
         /// The key (flag `--key-name`, variable `CSI_AGENT_KEY_NAME`, file key `key_name`).
         key: &'static str,
-        /// The value given (never a secret: token values are not shown).
+        /// The value given, cut to [`MAX_SHOWN_BYTES`] (never a secret: token values are
+        /// not shown).
         value: String,
         /// What is wrong and what is expected.
         reason: String,
@@ -324,10 +326,32 @@ pub enum ConfigError {
     },
 }
 
+/// The most of a value (or of one line of a file's parse error) an error shows, in bytes.
+pub const MAX_SHOWN_BYTES: usize = 160;
+
+/// At most [`MAX_SHOWN_BYTES`] of `text`, cut on a character boundary and saying how long it
+/// was: an error that repeats a megabyte the operator wrote is no clearer for it.
+fn shown(text: &str) -> String {
+    if text.len() <= MAX_SHOWN_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_SHOWN_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
+/// A file parser's explanation with every line cut by [`shown`]: the parser quotes the
+/// offending line whole, however long it is.
+fn parse_message(message: &str) -> String {
+    message.lines().map(shown).collect::<Vec<_>>().join("\n")
+}
+
 fn invalid(key: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key,
-        value: value.to_owned(),
+        value: shown(value),
         reason: reason.into(),
     }
 }
@@ -480,7 +504,7 @@ impl AgentConfig {
                     })?;
                 toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::ParseFile {
                     path: path.clone(),
-                    message: e.to_string(),
+                    message: parse_message(&e.to_string()),
                 })?
             }
             None => FileConfig::default(),
@@ -618,6 +642,9 @@ impl AgentConfig {
             .plugin_dir
             .or(f.plugin_dir)
             .unwrap_or_else(|| data_dir.join("plugins"));
+        if plugin_dir.as_os_str().is_empty() {
+            return Err(invalid("plugin_dir", "", "must not be empty"));
+        }
         let listen_text = a
             .listen
             .or(f.listen)
@@ -1027,6 +1054,55 @@ mod tests {
         assert_eq!(settings.endpoints.len(), 3);
         assert!(settings.endpoints.iter().all(|e| e.starts_with("https://")));
         assert!(settings.identity.is_some() && settings.user.is_some());
+    }
+
+    /// Found by the `config` campaign (csi-campaigns): an empty `plugin_dir` (a flag given
+    /// `--plugin-dir=`, a variable set to nothing) was accepted, and the agent then watched
+    /// no directory at all.
+    #[test]
+    fn an_empty_plugin_dir_is_refused() {
+        let file: FileConfig = toml::from_str("plugin_dir = \"\"\n").expect("valid toml");
+        let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
+        assert_eq!(key_of(e), "plugin_dir");
+    }
+
+    /// Found by the `config` campaign: an error repeated the whole value, however long.
+    #[test]
+    fn a_long_value_is_shown_cut_in_its_error() {
+        let args = ConfigArgs {
+            node_id: Some("n".repeat(5000)),
+            ..ConfigArgs::default()
+        };
+        let e = AgentConfig::merge(args, FileConfig::default()).unwrap_err();
+        let text = e.to_string();
+        assert!(text.len() < 512, "{} bytes: {text}", text.len());
+        assert!(
+            text.contains("node_id") && text.contains("5000 bytes"),
+            "{text}"
+        );
+        assert_eq!(key_of(e), "node_id");
+    }
+
+    /// Found by the `config` campaign: a file error quoted the offending line whole (200 KB
+    /// for an array nested 100,000 deep).
+    #[test]
+    fn a_file_error_on_a_huge_line_stays_short_and_names_the_key() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("agent.toml");
+        let nested = format!("peers = {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        std::fs::write(&path, nested).expect("write");
+        let args = ConfigArgs {
+            config: Some(path.clone()),
+            ..ConfigArgs::default()
+        };
+        let e = AgentConfig::load(&args).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, ConfigError::ParseFile { path: p, .. } if *p == path),
+            "{e:?}"
+        );
+        assert!(text.len() < 2048, "{} bytes", text.len());
+        assert!(text.contains("peers") && text.contains("line"), "{text}");
     }
 
     #[test]

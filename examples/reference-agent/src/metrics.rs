@@ -10,6 +10,9 @@
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
 //! - `csi_agent_plugins{health}`: known plugins by health.
+//! - `csi_agent_store_failing` (0 or 1) and `csi_agent_state_files_failing`: the agent's own
+//!   storage failing (the claim store; state files under the data directory). Never counted
+//!   against a plugin.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -43,6 +46,10 @@ pub struct Gauges {
     pub stuck_releases: u64,
     /// Plugins per health (`healthy`, `unhealthy`, `not_ready`, `unknown`).
     pub plugins: BTreeMap<String, u64>,
+    /// Whether the claim store fails now.
+    pub store_failing: bool,
+    /// State files whose last write failed.
+    pub failing_files: u64,
 }
 
 impl Metrics {
@@ -109,6 +116,24 @@ impl Metrics {
         out.push_str("# HELP csi_agent_stuck_releases Volumes whose last release step failed.\n");
         out.push_str("# TYPE csi_agent_stuck_releases gauge\n");
         let _ = writeln!(out, "csi_agent_stuck_releases {}", gauges.stuck_releases);
+        out.push_str(
+            "# HELP csi_agent_store_failing 1 while the claim store fails (claims and releases fail at once), else 0.\n",
+        );
+        out.push_str("# TYPE csi_agent_store_failing gauge\n");
+        let _ = writeln!(
+            out,
+            "csi_agent_store_failing {}",
+            u8::from(gauges.store_failing)
+        );
+        out.push_str(
+            "# HELP csi_agent_state_files_failing State files under the data directory whose last write failed.\n",
+        );
+        out.push_str("# TYPE csi_agent_state_files_failing gauge\n");
+        let _ = writeln!(
+            out,
+            "csi_agent_state_files_failing {}",
+            gauges.failing_files
+        );
         out.push_str("# HELP csi_agent_plugins Known plugins by health.\n");
         out.push_str("# TYPE csi_agent_plugins gauge\n");
         for (health, n) in &gauges.plugins {

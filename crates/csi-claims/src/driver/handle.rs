@@ -60,6 +60,22 @@ pub enum DriverError {
         /// error (`None` when the volume has no record any more).
         status: Option<Box<VolumeStatus>>,
     },
+    /// The claim store failed while the claim or release was being written (its disk, its
+    /// database, the network to it): whether it reached the store is unknown. The answer comes
+    /// at once, not when the store works again. Ask again once the store works (the same
+    /// claim or release is accepted whether or not the first one was stored); meanwhile the
+    /// volume's claims and releases are refused with a `StoreUnavailable` error.
+    #[error("the {what} of workload {workload} on volume {volume} may not be stored: {reason}")]
+    NotStored {
+        /// `claim` or `release`.
+        what: &'static str,
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// The store's error, as text (it names the store, and the file for redb).
+        reason: String,
+    },
     /// The driver stopped before the answer came.
     #[error("the claims driver stopped")]
     Stopped,
@@ -86,6 +102,19 @@ fn status_summary(status: Option<&VolumeStatus>) -> String {
     format!("; {step} ({} failed attempts{last})", status.attempts)
 }
 
+impl DriverError {
+    /// Whether the claim store failed ([`DriverError::NotStored`], or a claim or release
+    /// refused while the volume waits for the store), rather than the request or a plugin.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            DriverError::NotStored { .. }
+                | DriverError::Claim(ClaimError::StoreUnavailable { .. })
+                | DriverError::Release(ReleaseError::StoreUnavailable { .. })
+        )
+    }
+}
+
 type Key = (VolumeId, WorkloadId);
 
 /// How often [`ClaimsHandle::claim`] decides again after losing a race for a volume's record.
@@ -95,8 +124,8 @@ const CLAIM_ATTEMPTS: u32 = 6;
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     durable: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
-    released: HashMap<Key, Vec<oneshot::Sender<()>>>,
-    freed: HashMap<Key, Vec<oneshot::Sender<Claim>>>,
+    released: HashMap<Key, Vec<oneshot::Sender<Result<(), DriverError>>>>,
+    freed: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
 }
 
 impl Waiters {
@@ -133,7 +162,34 @@ impl Waiters {
             Event::ReleaseDurable { volume, workload } => {
                 let key = (volume.clone(), workload.clone());
                 for tx in self.released.remove(&key).unwrap_or_default() {
-                    let _ = tx.send(());
+                    let _ = tx.send(Ok(()));
+                }
+            }
+            Event::ClaimNotStored {
+                volume,
+                workload,
+                reason,
+            } => {
+                let key = (volume.clone(), workload.clone());
+                let error = not_stored("claim", &key, reason);
+                for tx in self.durable.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(Err(error.clone()));
+                }
+            }
+            Event::ReleaseNotStored {
+                volume,
+                workload,
+                reason,
+            } => {
+                // Whoever waits for the release to be written, or for the claim to be
+                // freed, hears now: the release may never run.
+                let key = (volume.clone(), workload.clone());
+                let error = not_stored("release", &key, reason);
+                for tx in self.released.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(Err(error.clone()));
+                }
+                for tx in self.freed.remove(&key).unwrap_or_default() {
+                    let _ = tx.send(Err(error.clone()));
                 }
             }
             Event::ClaimLost { volume, workload } => {
@@ -148,10 +204,19 @@ impl Waiters {
             Event::Freed(claim) => {
                 let key = (claim.volume().clone(), claim.workload().clone());
                 for tx in self.freed.remove(&key).unwrap_or_default() {
-                    let _ = tx.send(claim.clone());
+                    let _ = tx.send(Ok(claim.clone()));
                 }
             }
         }
+    }
+}
+
+fn not_stored(what: &'static str, (volume, workload): &Key, reason: &str) -> DriverError {
+    DriverError::NotStored {
+        what,
+        volume: volume.clone(),
+        workload: workload.clone(),
+        reason: reason.to_owned(),
     }
 }
 
@@ -172,7 +237,9 @@ impl ClaimsHandle {
     /// # Errors
     ///
     /// [`DriverError::Claim`] when refused (a denial names the volume, the mode and the
-    /// holders), [`DriverError::Lost`] when a concurrent writer won, [`DriverError::Stopped`].
+    /// holders), [`DriverError::Lost`] when a concurrent writer won,
+    /// [`DriverError::NotStored`] at once when the store fails while writing it,
+    /// [`DriverError::Stopped`].
     pub async fn claim(
         &self,
         info: &VolumeInfo,
@@ -268,7 +335,8 @@ impl ClaimsHandle {
     ///
     /// # Errors
     ///
-    /// [`DriverError::Release`] when there is no such claim, [`DriverError::Stopped`].
+    /// [`DriverError::Release`] when there is no such claim, [`DriverError::NotStored`] at
+    /// once when the store fails while writing it, [`DriverError::Stopped`].
     pub async fn release(
         &self,
         volume: &VolumeId,
@@ -287,7 +355,7 @@ impl ClaimsHandle {
             (started, rx)
         };
         self.shared.wake.notify_one();
-        rx.await.map_err(|_| DriverError::Stopped)?;
+        rx.await.map_err(|_| DriverError::Stopped)??;
         Ok(started)
     }
 
@@ -304,7 +372,8 @@ impl ClaimsHandle {
     /// # Errors
     ///
     /// [`DriverError::Release`] when there is no such claim, or when the volume is still being
-    /// read again after several waits (`Reloading`); [`DriverError::Stopped`].
+    /// read again after several waits (`Reloading`); [`DriverError::NotStored`] when the store
+    /// failed while writing the release; [`DriverError::Stopped`].
     pub async fn release_and_wait(
         &self,
         volume: &VolumeId,
@@ -350,10 +419,10 @@ impl ClaimsHandle {
         };
         self.shared.wake.notify_one();
         let Some(deadline) = deadline else {
-            return rx.await.map_err(|_| DriverError::Stopped);
+            return rx.await.map_err(|_| DriverError::Stopped)?;
         };
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(answer) => answer.map_err(|_| DriverError::Stopped),
+            Ok(answer) => answer.map_err(|_| DriverError::Stopped)?,
             Err(_) => {
                 let mut state = self.shared.lock();
                 // This waiter is gone; leave the others.
@@ -402,6 +471,20 @@ impl ClaimsHandle {
     /// no watch). Meanwhile other agents' changes are not seen; the watch resumes by itself.
     pub fn store_watch_error(&self) -> Option<String> {
         self.shared.lock().store_watch.clone()
+    }
+
+    /// Why the claim store fails, while it does: the error of its last failed call (naming
+    /// the store, and the file for redb), from the first failure until a call succeeds
+    /// again. `None` while it works. Claims and releases meanwhile fail at once with a
+    /// [`DriverError::is_store_failure`] error.
+    pub fn store_failure(&self) -> Option<String> {
+        self.shared.lock().store_failure.clone()
+    }
+
+    /// The claims on a volume that are durable: as [`record`](Self::record), without claims
+    /// still being written for the first time (shown once the store has them).
+    pub fn stored_record(&self, volume: &VolumeId) -> Option<VolumeRecord> {
+        self.shared.lock().machine.stored_record(volume)
     }
 
     /// Reports a plugin available again; see [`ReleaseMachine::plugin_available`].

@@ -56,6 +56,11 @@ pub struct DriverConfig {
     pub call_timeout: Duration,
     /// How many events a slow [`ClaimsHandle::subscribe`] receiver may lag behind. Default 1024.
     pub event_capacity: usize,
+    /// How long, after the start, the release steps of a volume wait for its plugin to be
+    /// reported available ([`ClaimsHandle::plugin_available`]) before their first attempt
+    /// (see [`ReleaseMachine::await_plugins`]): an agent that restarts resumes its releases
+    /// once it has found its plugins again, not before. Default zero: no wait.
+    pub first_plugin_wait: Duration,
 }
 
 impl Default for DriverConfig {
@@ -64,6 +69,7 @@ impl Default for DriverConfig {
             machine: MachineConfig::default(),
             call_timeout: Duration::from_secs(300),
             event_capacity: 1024,
+            first_plugin_wait: Duration::ZERO,
         }
     }
 }
@@ -76,6 +82,35 @@ pub(crate) struct State {
     pub(crate) stopped: bool,
     /// Why the shared store's watch is broken, while it is.
     pub(crate) store_watch: Option<String>,
+    /// Why the store fails, from its first failed call until one succeeds.
+    pub(crate) store_failure: Option<String>,
+}
+
+impl State {
+    /// Notes how a store call ended, logging once when the store starts failing and once
+    /// when it works again (not once per call or per volume).
+    fn note_store<T>(&mut self, result: &Result<T, StoreError>) {
+        match result {
+            Err(e) if e.is_unavailable() => {
+                let detail = error_chain(e);
+                if self.store_failure.is_none() {
+                    tracing::error!(error = %detail,
+                        "claim store failing: claims and releases fail at once with this \
+                         error until it works again");
+                }
+                self.store_failure = Some(detail);
+            }
+            Err(e) if !e.is_conflict() => {
+                // One record, not the store: bounded by the volume's backoff.
+                tracing::warn!(error = %error_chain(e), "claim store refused a record");
+            }
+            _ => {
+                if let Some(was) = self.store_failure.take() {
+                    tracing::info!(was = %was, "claim store works again");
+                }
+            }
+        }
+    }
 }
 
 pub(crate) struct Shared {
@@ -133,6 +168,9 @@ impl ClaimsDriver {
         if changes.is_some() {
             machine.follow_store_changes();
         }
+        if !config.first_plugin_wait.is_zero() {
+            machine.await_plugins(now() + config.first_plugin_wait);
+        }
         for stored in records {
             let volume = stored.record.info().id.clone();
             if machine.load(stored).is_err() {
@@ -146,6 +184,7 @@ impl ClaimsDriver {
                 waiters: Waiters::default(),
                 stopped: false,
                 store_watch: None,
+                store_failure: None,
             }),
             wake: Notify::new(),
             events,
@@ -391,7 +430,10 @@ async fn persist<S: ClaimStore + ?Sized>(
     })
     .await
     .unwrap_or(Err(StoreError::Interrupted { volume }));
-    shared.lock().machine.persisted(ticket, result, now());
+    let mut state = shared.lock();
+    state.note_store(&result);
+    state.machine.persisted(ticket, result, now());
+    drop(state);
     shared.wake.notify_one();
 }
 
@@ -405,7 +447,10 @@ async fn reload<S: ClaimStore + ?Sized>(
     let result = tokio::spawn(async move { store.load(&key).await })
         .await
         .unwrap_or(Err(StoreError::Interrupted { volume }));
-    shared.lock().machine.reloaded(ticket, result, now());
+    let mut state = shared.lock();
+    state.note_store(&result);
+    state.machine.reloaded(ticket, result, now());
+    drop(state);
     shared.wake.notify_one();
 }
 

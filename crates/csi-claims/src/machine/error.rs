@@ -50,6 +50,15 @@ pub enum ClaimError {
         /// The volume.
         volume: VolumeId,
     },
+    /// The claim store failed on the volume's last call and the volume waits to be read
+    /// again; retry once the store works (the attempt itself makes it read again).
+    #[error("cannot claim volume {volume} now: {reason}")]
+    StoreUnavailable {
+        /// The volume.
+        volume: VolumeId,
+        /// The store's error, as text (it names the store).
+        reason: String,
+    },
 }
 
 /// Why a release was not started.
@@ -68,6 +77,15 @@ pub enum ReleaseError {
     Reloading {
         /// The volume.
         volume: VolumeId,
+    },
+    /// The claim store failed on the volume's last call and the volume waits to be read
+    /// again; retry once the store works (the attempt itself makes it read again).
+    #[error("cannot release a claim on volume {volume} now: {reason}")]
+    StoreUnavailable {
+        /// The volume.
+        volume: VolumeId,
+        /// The store's error, as text (it names the store).
+        reason: String,
     },
 }
 

@@ -198,6 +198,8 @@ struct Waiter {
     rev: u64,
     workload: WorkloadId,
     what: WaitFor,
+    /// The claim was added by the change this waiter waits for (not held already).
+    new_claim: bool,
 }
 
 impl Waiter {
@@ -206,6 +208,23 @@ impl Waiter {
         match self.what {
             WaitFor::Claim => Event::ClaimDurable { volume, workload },
             WaitFor::Release => Event::ReleaseDurable { volume, workload },
+        }
+    }
+
+    /// The answer when the write it waits for failed.
+    fn not_stored(self, volume: &VolumeId, reason: String) -> Event {
+        let (volume, workload) = (volume.clone(), self.workload);
+        match self.what {
+            WaitFor::Claim => Event::ClaimNotStored {
+                volume,
+                workload,
+                reason,
+            },
+            WaitFor::Release => Event::ReleaseNotStored {
+                volume,
+                workload,
+                reason,
+            },
         }
     }
 }
@@ -245,6 +264,9 @@ struct Entry {
     /// these outcomes are applied again to what was read (if the claim is still as it was),
     /// so that a call that succeeded is not made again.
     unrecorded: Vec<(u64, Claim, ClaimState)>,
+    /// Set while the volume waits to be read again after a failed store call: the store's
+    /// error, with which its claims and releases are refused at once meanwhile.
+    store_fault: Option<String>,
 }
 
 impl Entry {
@@ -266,6 +288,7 @@ impl Entry {
             floor: version,
             deleted_here: false,
             unrecorded: Vec::new(),
+            store_fault: None,
         }
     }
 
@@ -326,6 +349,12 @@ pub struct ReleaseMachine {
     observing: bool,
     /// Floors of volumes that were finished and dropped while observing.
     retired: HashMap<VolumeId, Version>,
+    /// Volumes whose last store call failed because the store did: woken when the store
+    /// answers again.
+    store_down: HashSet<VolumeId>,
+    /// Until when release steps wait for their plugin to be reported available (after a
+    /// start, before the plugins are fingerprinted), and the plugins reported so far.
+    awaiting_plugins: Option<(Instant, HashSet<PluginId>)>,
     rng: JitterRng,
     next_ticket: u64,
 }
@@ -338,6 +367,8 @@ impl ReleaseMachine {
             controller_duty: config.duties.controller,
             observing: false,
             retired: HashMap::new(),
+            store_down: HashSet::new(),
+            awaiting_plugins: None,
             config,
             volumes: HashMap::new(),
             ready: VecDeque::new(),
@@ -415,6 +446,9 @@ impl ReleaseMachine {
             // Do not keep an empty entry made just for a refused claim.
             self.volumes.remove(&volume);
         }
+        if let Err(ClaimError::StoreUnavailable { .. }) = &result {
+            self.read_again_now(&volume);
+        }
         result
     }
 
@@ -442,6 +476,12 @@ impl ReleaseMachine {
             return Err(ClaimError::VolumeInfoMismatch { volume, field });
         }
         if entry.reload != Reload::None {
+            if let Some(reason) = &entry.store_fault {
+                return Err(ClaimError::StoreUnavailable {
+                    volume,
+                    reason: reason.clone(),
+                });
+            }
             return Err(ClaimError::Reloading { volume });
         }
         let admission = admit(&entry.record.claims, &request)
@@ -467,6 +507,7 @@ impl ReleaseMachine {
             }
         }
         let workload = request.workload.clone();
+        let new_claim = admission == Admission::New;
         let durable = match admission {
             Admission::AlreadyHeld => entry.clean(),
             Admission::New => {
@@ -482,6 +523,7 @@ impl ReleaseMachine {
                 rev: entry.rev,
                 workload: workload.clone(),
                 what: WaitFor::Claim,
+                new_claim,
             });
         }
         let claim = entry
@@ -513,6 +555,14 @@ impl ReleaseMachine {
         };
         let entry = self.volumes.get_mut(volume).ok_or_else(no_claim)?;
         if entry.reload != Reload::None {
+            if let Some(reason) = &entry.store_fault {
+                let reason = reason.clone();
+                self.read_again_now(volume);
+                return Err(ReleaseError::StoreUnavailable {
+                    volume: volume.clone(),
+                    reason,
+                });
+            }
             return Err(ReleaseError::Reloading {
                 volume: volume.clone(),
             });
@@ -530,6 +580,7 @@ impl ReleaseMachine {
             rev: entry.rev,
             workload: workload.clone(),
             what: WaitFor::Release,
+            new_claim: false,
         };
         if entry.clean() {
             self.events.push_back(waiter.event(volume));
@@ -587,9 +638,22 @@ impl ReleaseMachine {
         self.wake_where(|e| e.record.claims.iter().any(|c| &c.node == node));
     }
 
+    /// Until `until`, a volume's release steps wait for its plugin to be reported available
+    /// ([`plugin_available`](Self::plugin_available)) before their first attempt; claims and
+    /// store writes go on. For a start: releases loaded from the store would otherwise be
+    /// tried before the plugins are fingerprinted again, and fail. After `until` (see
+    /// [`poll_timeout`](Self::poll_timeout)) every release goes on, available or not.
+    pub fn await_plugins(&mut self, until: Instant) {
+        self.awaiting_plugins = Some((until, HashSet::new()));
+    }
+
     /// The plugin became available (on `node`, or anywhere when `None`): volumes served by it
-    /// retry their failed steps now instead of waiting out their backoff.
+    /// retry their failed steps now instead of waiting out their backoff (and no longer wait
+    /// for it, see [`await_plugins`](Self::await_plugins)).
     pub fn plugin_available(&mut self, plugin: &PluginId, node: Option<&NodeId>, _now: Instant) {
+        if let Some((_, available)) = &mut self.awaiting_plugins {
+            available.insert(plugin.clone());
+        }
         self.wake_where(|e| {
             &e.record.info.plugin == plugin
                 && node.is_none_or(|n| e.record.claims.iter().any(|c| &c.node == n))
@@ -713,6 +777,17 @@ impl ReleaseMachine {
     /// Retries every due step. Call when the deadline from
     /// [`poll_timeout`](Self::poll_timeout) has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self
+            .awaiting_plugins
+            .as_ref()
+            .is_some_and(|(until, _)| *until <= now)
+        {
+            self.awaiting_plugins = None;
+            let waiting: Vec<VolumeId> = self.volumes.keys().cloned().collect();
+            for volume in waiting {
+                self.queue(&volume);
+            }
+        }
         while let Some(Reverse((at, _))) = self.timers.peek() {
             if *at > now {
                 break;
@@ -741,9 +816,16 @@ impl ReleaseMachine {
     // ----------------------------------------------------------------------------------
 
     /// The result of an [`Action::Persist`]: the new version (`None` after a delete) or the
-    /// store's error. A stale write ([`StoreError::Conflict`]) or a write whose outcome is
-    /// unknown ([`StoreError::Interrupted`]) makes the machine reload the volume
-    /// ([`Action::Reload`]); any other error retries the write after a backoff.
+    /// store's error.
+    ///
+    /// - A stale write ([`StoreError::Conflict`]) makes the machine reload the volume
+    ///   ([`Action::Reload`]) at once and decide again on what it reads.
+    /// - A record the store can never take ([`StoreError::is_permanent`]) refuses the new
+    ///   claims in it ([`Event::ClaimRefused`]) and reloads the volume after a backoff.
+    /// - Any other failure (the store's disk, database or network failed) leaves the outcome
+    ///   of the write unknown: the volume is read again at once ([`Action::Reload`]), and
+    ///   what the store holds decides (a claim in it is durable, one not in it is lost). If
+    ///   that read fails too, the store is down: see [`reloaded`](Self::reloaded).
     pub fn persisted(
         &mut self,
         ticket: Ticket,
@@ -763,6 +845,13 @@ impl ReleaseMachine {
             return;
         }
         entry.persist = None;
+        if result.is_ok() {
+            entry.store_fault = None;
+        }
+        let store_answered = match &result {
+            Ok(_) => true,
+            Err(e) => !e.is_unavailable(),
+        };
         match result {
             Ok(version) => {
                 // A change by another writer newer than this write, or a record made again
@@ -800,7 +889,7 @@ impl ReleaseMachine {
                 }
                 entry.frees = kept;
             }
-            Err(e) if e.needs_reload() => {
+            Err(e) if e.is_conflict() => {
                 entry.reload = Reload::Wanted;
             }
             Err(e) if e.is_permanent() => {
@@ -821,32 +910,21 @@ impl ReleaseMachine {
                     }
                 }
                 entry.waiters = kept;
-                entry.reload = Reload::Wanted;
-                let at = entry.store_retry.failed(
-                    now,
-                    LastError::Store {
-                        detail: reason,
-                        at: now,
-                    },
-                    false,
-                    &self.config.backoff,
-                    &mut self.rng,
-                );
-                self.timers.push(Reverse((at, volume.clone())));
+                self.read_again_later(&volume, reason, now);
             }
             Err(e) => {
-                let at = entry.store_retry.failed(
-                    now,
-                    LastError::Store {
-                        detail: error_chain(&e),
-                        at: now,
-                    },
-                    false,
-                    &self.config.backoff,
-                    &mut self.rng,
-                );
-                self.timers.push(Reverse((at, volume.clone())));
+                // The outcome is unknown (the store may have written it before failing): read
+                // the volume again at once, which settles every waiter if the store answers.
+                // If the read fails too, the store is down: see `reloaded`.
+                entry.reload = Reload::Wanted;
+                entry.store_retry.last_error = Some(LastError::Store {
+                    detail: error_chain(&e),
+                    at: now,
+                });
             }
+        }
+        if store_answered {
+            self.store_answered();
         }
         self.queue(&volume);
     }
@@ -854,6 +932,14 @@ impl ReleaseMachine {
     /// The result of an [`Action::Reload`]. The stored record replaces the one in memory;
     /// claims that were waiting to become durable and are not in it are reported as
     /// [`Event::ClaimLost`].
+    ///
+    /// A failed read answers everyone still waiting on the volume at once
+    /// ([`Event::ClaimNotStored`], [`Event::ReleaseNotStored`]), stops showing the claims
+    /// not known to be stored, and reads the volume again after a backoff, or as soon as the
+    /// store answers a call about another volume, or a claim or release of this one is asked
+    /// for. Until the read succeeds, its claims and releases are refused at once with
+    /// [`ClaimError::StoreUnavailable`] / [`ReleaseError::StoreUnavailable`], and none of its
+    /// release steps is started.
     pub fn reloaded(
         &mut self,
         ticket: Ticket,
@@ -939,6 +1025,8 @@ impl ReleaseMachine {
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
                 entry.store_retry.succeeded();
+                entry.store_fault = None;
+                self.store_down.remove(&volume);
                 // A change seen after this read was made: read again (the watch's report of
                 // what was read settles it).
                 entry.reload = match (entry.stale.take(), version) {
@@ -954,20 +1042,16 @@ impl ReleaseMachine {
                 };
             }
             Err(e) => {
-                entry.reload = Reload::Wanted;
-                let at = entry.store_retry.failed(
-                    now,
-                    LastError::Store {
-                        detail: error_chain(&e),
-                        at: now,
-                    },
-                    false,
-                    &self.config.backoff,
-                    &mut self.rng,
-                );
-                self.timers.push(Reverse((at, volume.clone())));
+                let answered = !e.is_unavailable();
+                self.store_failed(&volume, &e, now);
+                if answered {
+                    self.store_answered();
+                }
+                self.queue(&volume);
+                return;
             }
         }
+        self.store_answered();
         self.queue(&volume);
     }
 
@@ -1136,16 +1220,17 @@ impl ReleaseMachine {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called (the earliest
     /// retry deadline), if ever.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let awaiting = self.awaiting_plugins.as_ref().map(|(until, _)| *until);
         while let Some(Reverse((at, volume))) = self.timers.peek() {
             let live = self.volumes.get(volume).is_some_and(|e| {
                 e.step_retry.not_before == Some(*at) || e.store_retry.not_before == Some(*at)
             });
             if live {
-                return Some(*at);
+                return Some(awaiting.map_or(*at, |until| until.min(*at)));
             }
             self.timers.pop();
         }
-        None
+        awaiting
     }
 
     // ----------------------------------------------------------------------------------
@@ -1155,6 +1240,24 @@ impl ReleaseMachine {
     /// The claims on `volume` as the machine sees them (possibly not yet durable).
     pub fn record(&self, volume: &VolumeId) -> Option<&VolumeRecord> {
         self.volumes.get(volume).map(|e| &*e.record)
+    }
+
+    /// The claims on `volume` that are durable: [`record`](Self::record) without the claims
+    /// still being written for the first time (an operator should not see a claim as taken
+    /// before the store has it).
+    pub fn stored_record(&self, volume: &VolumeId) -> Option<VolumeRecord> {
+        let entry = self.volumes.get(volume)?;
+        let mut record = (*entry.record).clone();
+        let unwritten: Vec<&WorkloadId> = entry
+            .waiters
+            .iter()
+            .filter(|w| w.what == WaitFor::Claim && w.new_claim)
+            .map(|w| &w.workload)
+            .collect();
+        if !unwritten.is_empty() {
+            record.claims.retain(|c| !unwritten.contains(&&c.workload));
+        }
+        Some(record)
     }
 
     /// Every volume the machine manages.
@@ -1239,6 +1342,78 @@ impl ReleaseMachine {
         }
     }
 
+    /// A read of `volume` failed: see [`reloaded`](Self::reloaded).
+    fn store_failed(&mut self, volume: &VolumeId, error: &StoreError, now: Instant) {
+        let Some(entry) = self.volumes.get_mut(volume) else {
+            return;
+        };
+        let reason = error_chain(error);
+        let mut unwritten = Vec::new();
+        for waiter in entry.waiters.drain(..) {
+            if waiter.what == WaitFor::Claim && waiter.new_claim {
+                unwritten.push(waiter.workload.clone());
+            }
+            self.events
+                .push_back(waiter.not_stored(volume, reason.clone()));
+        }
+        if !unwritten.is_empty() {
+            // Never durable as far as anyone knows: not shown as taken. If the write did
+            // reach the store, the read that follows brings the claim back.
+            Arc::make_mut(&mut entry.record)
+                .claims
+                .retain(|c| !unwritten.contains(&c.workload));
+        }
+        entry.store_fault = Some(reason.clone());
+        self.read_again_later(volume, reason, now);
+        // The store itself failed, not this volume's record: any later success of the store
+        // ends the volume's wait.
+        if error.is_unavailable() {
+            self.store_down.insert(volume.clone());
+        }
+    }
+
+    /// Reads `volume` again after its store backoff, `reason` being the store's error.
+    fn read_again_later(&mut self, volume: &VolumeId, reason: String, now: Instant) {
+        let Some(entry) = self.volumes.get_mut(volume) else {
+            return;
+        };
+        entry.reload = Reload::Wanted;
+        let at = entry.store_retry.failed(
+            now,
+            LastError::Store {
+                detail: reason,
+                at: now,
+            },
+            false,
+            &self.config.backoff,
+            &mut self.rng,
+        );
+        self.timers.push(Reverse((at, volume.clone())));
+    }
+
+    /// The store answered a call: the volumes that wait out a backoff because the store had
+    /// failed are read again now.
+    fn store_answered(&mut self) {
+        if self.store_down.is_empty() {
+            return;
+        }
+        let down = std::mem::take(&mut self.store_down);
+        for volume in down {
+            self.read_again_now(&volume);
+        }
+    }
+
+    /// Ends the backoff of a volume that waits to be read again after a failed store call.
+    fn read_again_now(&mut self, volume: &VolumeId) {
+        if let Some(entry) = self.volumes.get_mut(volume)
+            && entry.reload == Reload::Wanted
+            && entry.store_fault.is_some()
+        {
+            entry.store_retry.not_before = None;
+            self.queue(volume);
+        }
+    }
+
     fn ticket(&mut self) -> Ticket {
         self.next_ticket += 1;
         Ticket(self.next_ticket)
@@ -1304,7 +1479,17 @@ impl ReleaseMachine {
             return None;
         }
         let deferred = entry.step_retry.failed_for.as_ref();
-        match next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs) {
+        let step = next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs);
+        // After a start, no plugin call before the plugin is known to be there again.
+        if matches!(
+            step,
+            Step::NodeDetach { .. } | Step::ControllerDetach { .. }
+        ) && let Some((_, available)) = &self.awaiting_plugins
+            && !available.contains(&entry.record.info.plugin)
+        {
+            return None;
+        }
+        match step {
             Step::Idle => None,
             Step::Record { index, to } => {
                 Arc::make_mut(&mut entry.record).claims[index].state = to;

@@ -97,6 +97,29 @@ pub enum Event {
         /// The store's error, as text.
         reason: String,
     },
+    /// A claim was waiting to become durable and the store failed (its disk, its database, the
+    /// network to it): whether the claim reached the store is unknown. It is no longer shown;
+    /// the volume is read again once the store answers, and a claim that did reach it comes
+    /// back then. Claim again: the same terms are accepted either way.
+    ClaimNotStored {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// The store's error, as text (it names the store).
+        reason: String,
+    },
+    /// A release was waiting to become durable and the store failed: whether the release
+    /// reached the store is unknown, and the volume is read again once the store answers.
+    /// Release again: a release already stored is accepted again.
+    ReleaseNotStored {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// The store's error, as text (it names the store).
+        reason: String,
+    },
     /// The claim is freed (durably gone from the store); its capacity is back. Carries the
     /// claim in state [`ClaimState::Freed`](crate::ClaimState::Freed), with how both steps
     /// ended. A claim freed by another agent sharing the store carries the last state this

@@ -64,6 +64,8 @@ struct Harness {
     /// Every persisted record's claim states, in order, for the volume under test.
     writes: Vec<Vec<(String, &'static str)>>,
     fail_next_persist: bool,
+    /// Reads fail while set (a store that is down).
+    reads_fail: bool,
 }
 
 impl Harness {
@@ -88,6 +90,7 @@ impl Harness {
             events: Vec::new(),
             writes: Vec::new(),
             fail_next_persist: false,
+            reads_fail: false,
         }
     }
 
@@ -117,7 +120,13 @@ impl Harness {
                     self.m.persisted(p.ticket, result, self.now);
                 }
                 Action::Reload(r) => {
-                    let result = Ok(self.store.load_now(&r.volume));
+                    let result = if self.reads_fail {
+                        Err(StoreError::Interrupted {
+                            volume: r.volume.clone(),
+                        })
+                    } else {
+                        Ok(self.store.load_now(&r.volume))
+                    };
                     self.m.reloaded(r.ticket, result, self.now);
                 }
                 Action::NodeDetach(n) => self.node_calls.push(n),
@@ -739,30 +748,260 @@ fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
 }
 
 #[test]
-fn a_failed_write_is_retried_after_backoff() {
+fn a_write_whose_outcome_is_unknown_is_settled_by_reading_the_volume_at_once() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let writer = |w: &str| request("v", w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter);
+    // The store fails the write but reads fine: the claim is not there, so it is lost.
+    h.fail_next_persist = true;
+    h.claim(&v, writer("a")).unwrap();
+    assert!(
+        matches!(&h.events[..], [Event::ClaimLost { .. }]),
+        "{:?}",
+        h.events
+    );
+    assert!(h.m.stuck().is_empty(), "the read settled it");
+    // The store wrote it, then failed (say, while syncing): the read finds it durable.
+    h.events.clear();
+    h.m.claim(&v, writer("b"), h.now).unwrap();
+    let Some(Action::Persist(write)) = h.m.poll_action() else {
+        panic!("a write is asked for");
+    };
+    h.store
+        .compare_and_swap_now(&write.volume, write.expected, write.record.as_deref())
+        .unwrap();
+    h.m.persisted(write.ticket, Err(StoreError::LoadInterrupted), h.now);
+    h.pump();
+    assert!(
+        matches!(&h.events[..], [Event::ClaimDurable { .. }]),
+        "{:?}",
+        h.events
+    );
+    assert_eq!(h.stored_states("v"), ["taken"]);
+}
+
+#[test]
+fn a_store_that_is_down_answers_at_once_and_the_volume_is_read_again_later() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let reader = |w: &str| {
+        request(
+            "v",
+            w,
+            "n1",
+            ClaimMode::Read,
+            AccessMode::MultiNodeReaderOnly,
+        )
+    };
+    h.fail_next_persist = true;
+    h.reads_fail = true;
+    let a = h.claim(&v, reader("a")).unwrap();
+    assert!(!a.durable);
+    // The waiter hears at once, with the store's error; the claim is not shown as held.
+    assert!(
+        matches!(&h.events[..], [Event::ClaimNotStored { workload, reason, .. }]
+            if workload.as_str() == "a" && reason.contains("did not finish")),
+        "{:?}",
+        h.events
+    );
+    assert!(h.m.record(&vid("v")).unwrap().claims().is_empty());
+    assert!(h.m.stored_record(&vid("v")).unwrap().claims().is_empty());
+    let status = h.m.status(&vid("v")).unwrap();
+    assert!(matches!(status.last_error, Some(LastError::Store { .. })));
+    assert_eq!(
+        h.m.stuck().len(),
+        1,
+        "the volume shows as stuck on the store"
+    );
+    // Meanwhile the volume refuses claims and releases at once, naming the store's error.
+    let refused = h.m.claim(&v, reader("b"), h.now).unwrap_err();
+    assert!(
+        matches!(&refused, ClaimError::StoreUnavailable { reason, .. }
+            if reason.contains("did not finish")),
+        "{refused}"
+    );
+    assert_eq!(refused.class(), ErrorClass::Retry);
+    let refused = h.m.release(&vid("v"), &wid("a"), h.now).unwrap_err();
+    assert!(matches!(refused, ReleaseError::StoreUnavailable { .. }));
+    // The refused calls make the volume be read again at once: still down, still refused.
+    h.pump();
+    assert!(h.m.is_reloading(&vid("v")));
+    // The store works again: the next attempt reads the volume, and claims are accepted.
+    h.reads_fail = false;
+    assert!(h.m.claim(&v, reader("b"), h.now).is_err());
+    h.pump();
+    assert!(!h.m.is_reloading(&vid("v")));
+    assert!(h.m.stuck().is_empty(), "{:?}", h.m.stuck());
+    assert!(
+        h.stored_states("v").is_empty(),
+        "nothing was stored meanwhile"
+    );
+    h.events.clear();
+    h.claim(&v, reader("b")).unwrap();
+    assert!(matches!(&h.events[..], [Event::ClaimDurable { .. }]));
+    assert_eq!(h.stored_states("v"), ["taken"]);
+}
+
+#[test]
+fn without_new_calls_a_failed_volume_is_read_again_after_its_backoff() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
     h.fail_next_persist = true;
-    let a = h
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Read,
-                AccessMode::MultiNodeReaderOnly,
-            ),
-        )
+    h.reads_fail = true;
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    assert!(h.m.is_reloading(&vid("v")));
+    h.reads_fail = false;
+    h.advance(Duration::from_millis(999));
+    assert!(h.m.is_reloading(&vid("v")), "still backing off");
+    h.advance(Duration::from_millis(1));
+    assert!(!h.m.is_reloading(&vid("v")), "read again after 1 s");
+    assert!(h.m.stuck().is_empty());
+}
+
+#[test]
+fn the_store_answering_for_one_volume_ends_the_wait_of_the_others() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let w = info("w", ControllerRequirement::Required);
+    h.fail_next_persist = true;
+    h.reads_fail = true;
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    assert!(h.m.is_reloading(&vid("v")));
+    h.reads_fail = false;
+    h.claim(
+        &w,
+        request(
+            "w",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    assert!(
+        !h.m.is_reloading(&vid("v")),
+        "read again as soon as the store answered for w"
+    );
+}
+
+#[test]
+fn a_claim_that_did_reach_a_failing_store_comes_back_when_read_again() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    let a = request(
+        "v",
+        "a",
+        "n1",
+        ClaimMode::Write,
+        AccessMode::SingleNodeWriter,
+    );
+    h.m.claim(&v, a.clone(), h.now).unwrap();
+    let Some(Action::Persist(write)) = h.m.poll_action() else {
+        panic!("a write is asked for");
+    };
+    h.store
+        .compare_and_swap_now(&write.volume, write.expected, write.record.as_deref())
         .unwrap();
-    assert!(!a.durable);
-    assert!(h.events.is_empty());
-    let status = h.m.status(&vid("v")).unwrap();
-    assert!(!status.durable);
-    assert!(matches!(status.last_error, Some(LastError::Store { .. })));
+    h.reads_fail = true;
+    h.m.persisted(write.ticket, Err(StoreError::LoadInterrupted), h.now);
+    h.pump();
+    assert!(matches!(&h.events[..], [Event::ClaimNotStored { .. }]));
+    assert!(h.m.record(&vid("v")).unwrap().claims().is_empty());
+    h.reads_fail = false;
     h.advance(Duration::from_secs(1));
-    assert_eq!(h.events.len(), 1, "durable after the retry");
-    assert_eq!(h.stored_states("v"), ["taken"]);
+    let record = h.m.stored_record(&vid("v")).unwrap();
+    assert_eq!(record.claims().len(), 1, "read back from the store");
+    h.events.clear();
+    let again = h.claim(&v, a).unwrap();
+    assert!(
+        again.durable,
+        "claiming again with the same terms finds it durable"
+    );
+}
+
+#[test]
+fn a_release_whose_write_fails_while_the_store_is_down_is_answered_at_once() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    h.events.clear();
+    h.fail_next_persist = true;
+    h.reads_fail = true;
+    h.release("v", "a");
+    assert!(
+        matches!(&h.events[..], [Event::ReleaseNotStored { workload, .. }] if workload.as_str() == "a"),
+        "{:?}",
+        h.events
+    );
+    assert!(
+        h.node_calls.is_empty(),
+        "no step before the release is durable"
+    );
+    h.reads_fail = false;
+    h.advance(Duration::from_secs(1));
+    assert_eq!(
+        h.stored_states("v"),
+        ["taken"],
+        "the store never had the release; the claim is held as stored"
+    );
+    assert_eq!(
+        h.m.record(&vid("v")).unwrap().claims()[0].state().name(),
+        "taken"
+    );
+    assert!(h.node_calls.is_empty());
+}
+
+#[test]
+fn a_claim_is_not_shown_before_its_write_returns() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.m.claim(
+        &v,
+        request(
+            "v",
+            "a",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+        h.now,
+    )
+    .unwrap();
+    assert_eq!(h.m.record(&vid("v")).unwrap().claims().len(), 1);
+    assert!(h.m.stored_record(&vid("v")).unwrap().claims().is_empty());
+    h.pump();
+    assert_eq!(h.m.stored_record(&vid("v")).unwrap().claims().len(), 1);
 }
 
 #[test]
@@ -1238,6 +1477,91 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
         h.now,
     );
     assert_eq!(h.m.record(&vid("v")).map(|r| r.claims().len()), Some(1));
+}
+
+/// A machine restarted on a store that holds one release (node step to do) of plugin `plug`.
+fn restarted_with_a_release() -> Harness {
+    let mut first = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    first
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    first.release("v", "a");
+    assert_eq!(
+        first.node_calls.len(),
+        1,
+        "the first machine starts the step"
+    );
+    let mut h = Harness::new();
+    h.store = first.store;
+    let stored = h.store.load_now(&vid("v")).unwrap();
+    h.m.load(stored).unwrap();
+    h
+}
+
+#[test]
+fn after_a_start_release_steps_wait_for_their_plugin() {
+    let mut h = restarted_with_a_release();
+    h.m.await_plugins(h.now + Duration::from_secs(5));
+    h.pump();
+    assert!(
+        h.node_calls.is_empty(),
+        "the plugin is not known to be there yet"
+    );
+    // Claims and writes go on meanwhile.
+    let w = info("w", ControllerRequirement::Required);
+    h.claim(
+        &w,
+        request(
+            "w",
+            "b",
+            "n1",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .unwrap();
+    assert!(matches!(h.events.last(), Some(Event::ClaimDurable { .. })));
+    h.m.plugin_available(&PluginId::new("other").unwrap(), None, h.now);
+    h.pump();
+    assert!(h.node_calls.is_empty(), "another plugin does not count");
+    h.m.plugin_available(&PluginId::new("plug").unwrap(), Some(&nid("n1")), h.now);
+    h.pump();
+    assert_eq!(
+        h.node_calls.len(),
+        1,
+        "the step starts once its plugin is back"
+    );
+}
+
+#[test]
+fn the_wait_for_a_plugin_after_a_start_is_bounded() {
+    let mut h = restarted_with_a_release();
+    let until = h.now + Duration::from_secs(5);
+    h.m.await_plugins(until);
+    h.pump();
+    assert_eq!(
+        h.m.poll_timeout(),
+        Some(until),
+        "the machine asks to be woken then"
+    );
+    h.advance(Duration::from_millis(4999));
+    assert!(h.node_calls.is_empty());
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        h.node_calls.len(),
+        1,
+        "tried without its plugin after the wait"
+    );
 }
 
 #[test]

@@ -53,7 +53,7 @@ pub use etcd_duty::{ControllerElection, MIN_DUTY_TTL};
 pub use etcd_mirror::{Held, HeldKey, Mirror, MirrorEntry};
 pub use forgetting::Forgetting;
 pub use memory::MemoryStore;
-pub use redb_store::RedbStore;
+pub use redb_store::{REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, RedbStore};
 
 use crate::model::VolumeRecord;
 
@@ -189,13 +189,24 @@ pub enum StoreError {
         limit: usize,
     },
     /// The redb database failed.
-    #[error("claim store (redb) failed to {operation}")]
+    #[error("claim store {store} failed to {operation}")]
     Redb {
+        /// Which store: `redb` and its file.
+        store: String,
         /// What the store was doing, e.g. `commit`.
         operation: &'static str,
         /// The database's error.
         #[source]
         source: Box<redb::Error>,
+    },
+    /// The store failed earlier and refuses calls until it works again (a [`RedbStore`]
+    /// closed after an I/O error, until it is opened again): nothing was read or written.
+    #[error("claim store {store} is unavailable: {reason}")]
+    Unavailable {
+        /// Which store: `redb` and its file.
+        store: String,
+        /// Why, and when it is tried again.
+        reason: String,
     },
 }
 
@@ -219,11 +230,25 @@ impl StoreError {
     }
 
     /// Whether the writer must reload the record before writing again (a stale write, or a
-    /// write whose outcome is unknown) instead of retrying the same write.
+    /// write whose outcome is unknown because the store failed) instead of retrying the same
+    /// write.
     pub fn needs_reload(&self) -> bool {
+        self.is_conflict() || self.is_unavailable()
+    }
+
+    /// Whether the store itself failed (its disk, its database, the network to it, a call
+    /// that never finished), as opposed to one record that cannot be stored or read
+    /// ([`is_permanent`](Self::is_permanent), [`StoreError::Decode`]) or a stale write
+    /// ([`StoreError::Conflict`]). While the store fails, every volume's claims and releases
+    /// fail with it; when one call succeeds again, the others may be tried again at once.
+    pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            StoreError::Conflict { .. } | StoreError::Interrupted { .. } | StoreError::Etcd { .. }
+            StoreError::Redb { .. }
+                | StoreError::Unavailable { .. }
+                | StoreError::Etcd { .. }
+                | StoreError::Interrupted { .. }
+                | StoreError::LoadInterrupted
         )
     }
 }

@@ -1,7 +1,8 @@
-//! The durable [`ClaimStore`] on redb.
+//! The durable [`ClaimStore`] on redb, closed after an I/O error and opened again with backoff.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use csi_structs::VolumeId;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -13,12 +14,33 @@ use crate::model::VolumeRecord;
 /// ([`codec`](super::encode)).
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.volumes");
 
+/// How long a store closed after an I/O error waits before opening its file again.
+pub const REOPEN_FIRST_DELAY: Duration = Duration::from_millis(50);
+
+/// The longest wait between two attempts to open the file again (the wait doubles from
+/// [`REOPEN_FIRST_DELAY`] up to this).
+pub const REOPEN_MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// Opens the database again after an I/O error.
+type Opener = dyn Fn() -> Result<Database, redb::DatabaseError> + Send + Sync;
+
 /// A [`ClaimStore`] in a redb database file: every successful
 /// [`compare_and_swap`](ClaimStore::compare_and_swap) is one write transaction committed with
 /// immediate durability, so it survives a crash once it returns.
 ///
 /// Each call runs on tokio's blocking pool (a commit waits for the disk), so the store needs a
 /// tokio runtime.
+///
+/// # When the disk fails
+///
+/// After an I/O error (a full disk, say) redb refuses every further call ("Previous I/O error
+/// occurred. Please close and re-open the database"). The store then closes the database and
+/// answers every call at once with [`StoreError::Unavailable`], naming the file and the
+/// error, without touching the disk; it opens the file again [`REOPEN_FIRST_DELAY`] later,
+/// then with a doubling wait of at most [`REOPEN_MAX_DELAY`], on the first call after each
+/// wait. Opening recovers the last committed state, so a store whose disk has space again
+/// works again without a restart. A write that failed may or may not have been committed:
+/// read the record again before relying on it (the claim driver does).
 ///
 /// ```
 /// use csi_claims::store::{ClaimStore, RedbStore};
@@ -30,49 +52,290 @@ const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.v
 /// assert!(store.load_all().await.unwrap().is_empty());
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedbStore {
-    db: Arc<Database>,
+    inner: Arc<Inner>,
 }
 
-fn redb_err(operation: &'static str) -> impl FnOnce(redb::Error) -> StoreError {
-    move |e| StoreError::Redb {
-        operation,
-        source: Box::new(e),
+struct Inner {
+    /// `redb <file>`, for errors and logs.
+    name: String,
+    /// How to open the database again; `None` when the caller opened it.
+    open: Option<Box<Opener>>,
+    health: Mutex<Health>,
+}
+
+/// Whether the database is open, and if not, why and when it is opened again.
+enum Health {
+    Open(Arc<Database>),
+    /// Closed after an I/O error; opened again on the first call from `retry_at` on.
+    Closed {
+        reason: String,
+        /// Failed attempts to open it again.
+        attempts: u32,
+        retry_at: Instant,
+    },
+    /// One call is opening it again; the others are refused meanwhile.
+    Reopening {
+        reason: String,
+    },
+}
+
+impl std::fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = matches!(*self.inner.health(), Health::Open(_));
+        f.debug_struct("RedbStore")
+            .field("store", &self.inner.name)
+            .field("open", &open)
+            .finish()
     }
+}
+
+impl Inner {
+    fn health(&self) -> MutexGuard<'_, Health> {
+        // Every critical section only swaps the state; a panic cannot leave it half-changed.
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The wait before attempt `attempts + 1` to open the file again.
+fn reopen_delay(attempts: u32) -> Duration {
+    REOPEN_FIRST_DELAY
+        .saturating_mul(1 << attempts.min(16))
+        .min(REOPEN_MAX_DELAY)
+}
+
+/// Whether redb latched an I/O failure: the database must be closed and opened again.
+fn is_io_failure(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
 }
 
 impl RedbStore {
-    /// Opens the database at `path`, creating it (and its table) if needed.
+    /// Opens the database at `path`, creating it (and its table) if needed. After an I/O
+    /// error the file is opened again the same way (see the type's docs).
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redb`] when the file cannot be opened or created (for example because
-    /// another process has it open).
+    /// [`StoreError::Redb`] naming the file when it cannot be opened or created (for example
+    /// because another process has it open).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| redb_err("open the database")(e.into()))?;
-        Self::from_database(db)
+        let path: PathBuf = path.as_ref().to_path_buf();
+        let name = format!("redb {}", path.display());
+        Self::with_opener(name, move || Database::create(&path))
     }
 
-    /// Uses an already opened database, creating the table if needed.
+    /// Opens the database with `open`, and again with it after an I/O error (see the type's
+    /// docs): for a database on a backend of your own, or with settings of your own.
+    /// `name` names the store in errors and logs (its file, say).
+    ///
+    /// ```
+    /// use csi_claims::store::RedbStore;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("claims.redb");
+    /// let store = RedbStore::with_opener(format!("redb {}", path.display()), move || {
+    ///     redb::Builder::new().set_cache_size(1 << 20).create(&path)
+    /// })
+    /// .unwrap();
+    /// # let _ = store;
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redb`] when `open` fails or the table cannot be created.
+    pub fn with_opener(
+        name: impl Into<String>,
+        open: impl Fn() -> Result<Database, redb::DatabaseError> + Send + Sync + 'static,
+    ) -> Result<Self, StoreError> {
+        let name = name.into();
+        let db = open().map_err(|e| StoreError::Redb {
+            store: name.clone(),
+            operation: "open the database",
+            source: Box::new(e.into()),
+        })?;
+        create_table(&name, &db)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name,
+                open: Some(Box::new(open)),
+                health: Mutex::new(Health::Open(Arc::new(db))),
+            }),
+        })
+    }
+
+    /// Uses an already opened database, creating the table if needed. The store cannot open
+    /// it again after an I/O error: it then refuses every call until restarted. Prefer
+    /// [`open`](Self::open) or [`with_opener`](Self::with_opener).
     ///
     /// # Errors
     ///
     /// [`StoreError::Redb`] when the table cannot be created.
     pub fn from_database(db: Database) -> Result<Self, StoreError> {
-        let txn = db
-            .begin_write()
-            .map_err(|e| redb_err("begin a write")(e.into()))?;
-        txn.open_table(VOLUMES)
-            .map_err(|e| redb_err("create the table")(e.into()))?;
-        txn.commit().map_err(|e| redb_err("commit")(e.into()))?;
-        Ok(Self { db: Arc::new(db) })
+        let name = "redb (a database opened by the caller)".to_owned();
+        create_table(&name, &db)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name,
+                open: None,
+                health: Mutex::new(Health::Open(Arc::new(db))),
+            }),
+        })
     }
 
-    /// The underlying database.
-    pub fn database(&self) -> &Database {
-        &self.db
+    /// The database, while it is open (`None` while it is closed after an I/O error).
+    pub fn database(&self) -> Option<Arc<Database>> {
+        match &*self.inner.health() {
+            Health::Open(db) => Some(Arc::clone(db)),
+            Health::Closed { .. } | Health::Reopening { .. } => None,
+        }
     }
+
+    /// `redb` and the file, as errors name the store.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn err(&self, operation: &'static str) -> impl FnOnce(redb::Error) -> StoreError + '_ {
+        move |e| StoreError::Redb {
+            store: self.inner.name.clone(),
+            operation,
+            source: Box::new(e),
+        }
+    }
+
+    fn unavailable(&self, reason: String) -> StoreError {
+        StoreError::Unavailable {
+            store: self.inner.name.clone(),
+            reason,
+        }
+    }
+
+    /// The open database; opens it again when it was closed and its wait is over.
+    fn database_now(&self) -> Result<Arc<Database>, StoreError> {
+        let reason = {
+            let mut health = self.inner.health();
+            let now = Instant::now();
+            match &*health {
+                Health::Open(db) => return Ok(Arc::clone(db)),
+                Health::Reopening { reason } => {
+                    return Err(self.unavailable(format!("{reason}; being opened again now")));
+                }
+                Health::Closed { reason, .. } if self.inner.open.is_none() => {
+                    return Err(self.unavailable(format!(
+                        "{reason}; it was opened by the caller and cannot be opened again"
+                    )));
+                }
+                Health::Closed {
+                    reason, retry_at, ..
+                } if now < *retry_at => {
+                    let wait = retry_at.saturating_duration_since(now);
+                    return Err(self.unavailable(format!(
+                        "{reason}; opened again in {} ms",
+                        wait.as_millis().max(1)
+                    )));
+                }
+                Health::Closed { reason, .. } => {
+                    let reason = reason.clone();
+                    let previous = std::mem::replace(
+                        &mut *health,
+                        Health::Reopening {
+                            reason: reason.clone(),
+                        },
+                    );
+                    let attempts = match previous {
+                        Health::Closed { attempts, .. } => attempts,
+                        _ => 0,
+                    };
+                    (reason, attempts)
+                }
+            }
+        };
+        let (reason, attempts) = reason;
+        // Opened outside the lock: a repair on open may take a while, and other calls are
+        // refused at once meanwhile.
+        let opened = match &self.inner.open {
+            Some(open) => match open() {
+                Ok(db) => create_table(&self.inner.name, &db)
+                    .map(|()| db)
+                    .map_err(|e| crate::error::error_chain(&e)),
+                Err(e) => Err(e.to_string()),
+            },
+            None => Err("it cannot be opened again".to_owned()),
+        };
+        let mut health = self.inner.health();
+        match opened {
+            Ok(db) => {
+                tracing::info!(store = %self.inner.name, after = %reason,
+                    "claim store opened again; it works again");
+                let db = Arc::new(db);
+                *health = Health::Open(Arc::clone(&db));
+                Ok(db)
+            }
+            Err(e) => {
+                let attempts = attempts.saturating_add(1);
+                let wait = reopen_delay(attempts);
+                tracing::debug!(store = %self.inner.name, error = %e, ?wait,
+                    "claim store could not be opened again yet");
+                *health = Health::Closed {
+                    reason: reason.clone(),
+                    attempts,
+                    retry_at: Instant::now() + wait,
+                };
+                Err(self.unavailable(format!(
+                    "{reason}; opening it again failed ({e}), next attempt in {} ms",
+                    wait.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// Runs `call` on the open database; an I/O failure closes it (see the type's docs).
+    fn with_database<T>(
+        &self,
+        call: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = self.database_now()?;
+        let result = call(&db);
+        if let Err(StoreError::Redb { source, .. }) = &result
+            && is_io_failure(source)
+        {
+            let mut health = self.inner.health();
+            if let Health::Open(current) = &*health
+                && Arc::ptr_eq(current, &db)
+            {
+                let reason = format!("closed after an I/O error: {source}");
+                tracing::warn!(store = %self.inner.name, error = %source,
+                    "claim store closed after an I/O error; every call fails at once until \
+                     it is opened again (first attempt in {} ms, then with backoff)",
+                    REOPEN_FIRST_DELAY.as_millis());
+                *health = Health::Closed {
+                    reason,
+                    attempts: 0,
+                    retry_at: Instant::now() + REOPEN_FIRST_DELAY,
+                };
+            }
+        }
+        // Dropping the last handle (here, once no other call uses it) closes the database.
+        drop(db);
+        result
+    }
+}
+
+fn create_table(name: &str, db: &Database) -> Result<(), StoreError> {
+    let err = |operation: &'static str| {
+        move |e: redb::Error| StoreError::Redb {
+            store: name.to_owned(),
+            operation,
+            source: Box::new(e),
+        }
+    };
+    let txn = db
+        .begin_write()
+        .map_err(|e| err("begin a write")(e.into()))?;
+    txn.open_table(VOLUMES)
+        .map_err(|e| err("create the table")(e.into()))?;
+    txn.commit().map_err(|e| err("commit")(e.into()))?;
+    Ok(())
 }
 
 fn split(key: &str, value: &[u8]) -> Result<Stored, StoreError> {
@@ -118,7 +381,7 @@ impl ClaimStore for RedbStore {
     async fn load_all(&self) -> Result<Vec<Stored>, StoreError> {
         let this = self.clone();
         blocking(StoreError::LoadInterrupted, move || {
-            this.load_all_blocking()
+            this.with_database(|db| this.load_all_blocking(db))
         })
         .await
     }
@@ -128,7 +391,10 @@ impl ClaimStore for RedbStore {
         let lost = StoreError::Interrupted {
             volume: volume.clone(),
         };
-        blocking(lost, move || this.load_blocking(&key)).await
+        blocking(lost, move || {
+            this.with_database(|db| this.load_blocking(db, &key))
+        })
+        .await
     }
 
     async fn compare_and_swap(
@@ -142,61 +408,66 @@ impl ClaimStore for RedbStore {
         let lost = StoreError::Interrupted {
             volume: volume.clone(),
         };
-        blocking(lost, move || this.swap_blocking(&key, expected, encoded)).await
+        blocking(lost, move || {
+            this.with_database(|db| this.swap_blocking(db, &key, expected, encoded))
+        })
+        .await
     }
 }
 
 impl RedbStore {
-    fn load_all_blocking(&self) -> Result<Vec<Stored>, StoreError> {
-        let txn = self
-            .db
+    fn load_all_blocking(&self, db: &Database) -> Result<Vec<Stored>, StoreError> {
+        let txn = db
             .begin_read()
-            .map_err(|e| redb_err("begin a read")(e.into()))?;
+            .map_err(|e| self.err("begin a read")(e.into()))?;
         let table = txn
             .open_table(VOLUMES)
-            .map_err(|e| redb_err("open the table")(e.into()))?;
+            .map_err(|e| self.err("open the table")(e.into()))?;
         let mut out = Vec::new();
         for item in table
             .iter()
-            .map_err(|e| redb_err("iterate the table")(e.into()))?
+            .map_err(|e| self.err("iterate the table")(e.into()))?
         {
-            let (k, v) = item.map_err(|e| redb_err("read an entry")(e.into()))?;
+            let (k, v) = item.map_err(|e| self.err("read an entry")(e.into()))?;
             out.push(split(k.value(), v.value())?);
         }
         Ok(out)
     }
 
-    fn load_blocking(&self, volume: &VolumeId) -> Result<Option<Stored>, StoreError> {
-        let txn = self
-            .db
+    fn load_blocking(
+        &self,
+        db: &Database,
+        volume: &VolumeId,
+    ) -> Result<Option<Stored>, StoreError> {
+        let txn = db
             .begin_read()
-            .map_err(|e| redb_err("begin a read")(e.into()))?;
+            .map_err(|e| self.err("begin a read")(e.into()))?;
         let table = txn
             .open_table(VOLUMES)
-            .map_err(|e| redb_err("open the table")(e.into()))?;
+            .map_err(|e| self.err("open the table")(e.into()))?;
         let value = table
             .get(volume.as_str())
-            .map_err(|e| redb_err("read an entry")(e.into()))?;
+            .map_err(|e| self.err("read an entry")(e.into()))?;
         value.map(|v| split(volume.as_str(), v.value())).transpose()
     }
 
     fn swap_blocking(
         &self,
+        db: &Database,
         volume: &VolumeId,
         expected: Option<Version>,
         encoded: Option<Vec<u8>>,
     ) -> Result<Option<Version>, StoreError> {
-        let txn = self
-            .db
+        let txn = db
             .begin_write()
-            .map_err(|e| redb_err("begin a write")(e.into()))?;
+            .map_err(|e| self.err("begin a write")(e.into()))?;
         let written = {
             let mut table = txn
                 .open_table(VOLUMES)
-                .map_err(|e| redb_err("open the table")(e.into()))?;
+                .map_err(|e| self.err("open the table")(e.into()))?;
             let found = table
                 .get(volume.as_str())
-                .map_err(|e| redb_err("read an entry")(e.into()))?
+                .map_err(|e| self.err("read an entry")(e.into()))?
                 .and_then(|v| stored_version(v.value()));
             if found != expected {
                 return Err(StoreError::Conflict {
@@ -213,18 +484,31 @@ impl RedbStore {
                     value.extend_from_slice(&body);
                     table
                         .insert(volume.as_str(), value.as_slice())
-                        .map_err(|e| redb_err("write an entry")(e.into()))?;
+                        .map_err(|e| self.err("write an entry")(e.into()))?;
                     Some(version)
                 }
                 None => {
                     table
                         .remove(volume.as_str())
-                        .map_err(|e| redb_err("remove an entry")(e.into()))?;
+                        .map_err(|e| self.err("remove an entry")(e.into()))?;
                     None
                 }
             }
         };
-        txn.commit().map_err(|e| redb_err("commit")(e.into()))?;
+        txn.commit().map_err(|e| self.err("commit")(e.into()))?;
         Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reopen_wait_doubles_up_to_its_cap() {
+        assert_eq!(reopen_delay(0), REOPEN_FIRST_DELAY);
+        assert_eq!(reopen_delay(1), REOPEN_FIRST_DELAY * 2);
+        assert_eq!(reopen_delay(3), REOPEN_FIRST_DELAY * 8);
+        assert_eq!(reopen_delay(40), REOPEN_MAX_DELAY);
     }
 }

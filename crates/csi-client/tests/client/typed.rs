@@ -434,9 +434,7 @@ async fn a_full_attach_cycle_with_domain_values() {
             .unwrap();
     let staging = mock.dir.path().join("staging");
     std::fs::create_dir_all(&staging).unwrap();
-    let staging = staging.to_str().unwrap().to_owned();
     let target = mock.dir.path().join("target");
-    let target = target.to_str().unwrap().to_owned();
     guard(node.stage(&NodeStage {
         volume: &volume,
         staging_target_path: &staging,
@@ -516,4 +514,29 @@ async fn list_all_volumes_follows_every_page_of_the_mock() {
     );
     // Four pages of at most two entries each.
     assert_eq!(mock.count(Rpc::ListVolumes), 4);
+}
+
+#[tokio::test]
+async fn a_node_path_that_is_not_utf8_is_refused_before_it_is_sent() {
+    use std::os::unix::ffi::OsStrExt;
+    let mock = Mock::start(csi_testkit::MockPlugin::builder().build().unwrap()).await;
+    let client = mock.client(|_| {});
+    let node = client.node();
+    let volume = vol1();
+    let bad = std::path::Path::new(std::ffi::OsStr::from_bytes(b"/target/\xff"));
+    let err = guard(node.unpublish(&volume, bad)).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), csi_client::ErrorKind::InvalidRequest(_)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("target_path") && text.contains("UTF-8"),
+        "{text}"
+    );
+    assert_eq!(
+        mock.count(csi_client::Rpc::NodeUnpublishVolume),
+        0,
+        "nothing was sent"
+    );
 }

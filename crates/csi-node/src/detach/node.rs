@@ -125,7 +125,10 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .unpublish(&request.external_volume, &self.for_plugin(rpc, &target)?)
+            .unpublish(
+                &request.external_volume,
+                Path::new(&self.for_plugin(rpc, &target)?),
+            )
             .await;
         finish(rpc, outcome, &target, &self.layout.workload_root())
     }
@@ -139,7 +142,10 @@ impl NodeDetacher for ClientNodeDetacher {
         let outcome = self
             .client
             .node()
-            .unstage(&request.external_volume, &self.for_plugin(rpc, &staging)?)
+            .unstage(
+                &request.external_volume,
+                Path::new(&self.for_plugin(rpc, &staging)?),
+            )
             .await;
         finish(rpc, outcome, &staging, &self.layout.staging_root())
     }

@@ -70,8 +70,8 @@ impl fmt::Display for Unhealthy {
 /// A plugin's health as last seen.
 #[derive(Clone, Debug)]
 pub enum Health {
-    /// Not probed since the last fingerprint (a plugin that just answered the fingerprint
-    /// calls is taken to be up).
+    /// Not probed since the last fingerprint: nothing is published through it yet, but
+    /// release steps are sent.
     Unknown,
     /// `Probe` answered ready.
     Healthy,
@@ -90,9 +90,23 @@ impl Health {
         }
     }
 
-    /// Whether calls may go to the plugin: healthy or not probed yet.
-    pub fn is_usable(&self) -> bool {
-        !matches!(self, Health::Unhealthy(_))
+    /// Whether the last probe answered ready: only then is a volume published through the
+    /// plugin. Health is advice, not a gate, for clean-up: release steps are sent whatever
+    /// this says.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+impl fmt::Display for Health {
+    /// `unknown (not probed since its fingerprint)`, `healthy`, or `unhealthy: <why>` (the
+    /// probe's error shows plugin text escaped).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Health::Unknown => f.write_str("unknown (not probed since its fingerprint)"),
+            Health::Healthy => f.write_str("healthy"),
+            Health::Unhealthy(why) => write!(f, "unhealthy: {why}"),
+        }
     }
 }
 

@@ -20,6 +20,8 @@ pub enum NotReady {
         /// The last fingerprint error.
         last_error: Option<Arc<csi_client::Error>>,
     },
+    /// Fingerprinted, but not probed since: its health is not known yet.
+    HealthUnknown,
     /// Fingerprinted, but unhealthy.
     Unhealthy(Unhealthy),
 }
@@ -34,6 +36,9 @@ impl fmt::Display for NotReady {
             NotReady::NotFingerprinted {
                 last_error: Some(e),
             } => write!(f, "it is registered but its fingerprint failed: {e}"),
+            NotReady::HealthUnknown => {
+                f.write_str("it is fingerprinted but has not answered a probe yet")
+            }
             NotReady::Unhealthy(why) => write!(f, "it is unhealthy: {why}"),
         }
     }
@@ -52,8 +57,8 @@ pub struct WaitError {
 }
 
 impl PluginManager {
-    /// Waits until `plugin` is registered, fingerprinted and not unhealthy (healthy, or not
-    /// probed since it answered its fingerprint), at most until `deadline`.
+    /// Waits until `plugin` is registered, fingerprinted and healthy (its last probe
+    /// answered ready), at most until `deadline`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -90,7 +95,8 @@ impl PluginManager {
                         last_error: status.last_error.clone(),
                     },
                     (Some(_), Health::Unhealthy(why)) => NotReady::Unhealthy(why.clone()),
-                    (Some(_), _) => match self.get(plugin) {
+                    (Some(_), Health::Unknown) => NotReady::HealthUnknown,
+                    (Some(_), Health::Healthy) => match self.get(plugin) {
                         Some(ready) if ready.registration == status.registration => {
                             return Ok(ready);
                         }

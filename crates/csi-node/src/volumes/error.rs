@@ -7,6 +7,7 @@ use csi_client::{Code, ErrorClass};
 use csi_structs::{PluginId, VolumeId, WorkloadId};
 
 use crate::layout::LayoutError;
+use crate::plugins::Health;
 use crate::state::StateFileError;
 
 /// A failed mount, unmount or expansion. The usage record keeps whatever is still to do.
@@ -21,6 +22,17 @@ pub enum VolumeError {
     PluginMissing {
         /// The plugin.
         plugin: PluginId,
+    },
+    /// The plugin's health is not known to be good (not probed since its fingerprint, or
+    /// its last probe failed): nothing is published through it until a probe answers ready.
+    #[error(
+        "plugin {plugin} is not known to be healthy, so nothing is published through it yet: its health is {health}"
+    )]
+    NotHealthy {
+        /// The plugin.
+        plugin: PluginId,
+        /// Its health when the mount was asked for.
+        health: Health,
     },
     /// The plugin does not offer what the operation needs.
     #[error("plugin {plugin} cannot {what}: it lacks the node capability {capability}")]
@@ -68,6 +80,20 @@ pub enum VolumeError {
         #[source]
         source: Arc<std::io::Error>,
     },
+    /// A mount failed, and undoing what it may have done (unpublish, then unstage when no
+    /// other publication is left) failed too: the usage record keeps what is left
+    /// ([`VolumeManager::uncertain`](super::VolumeManager::uncertain)) until an unmount of the
+    /// workload cleans it up.
+    #[error(
+        "{failed}; undoing it failed too, so the usage record keeps it until an unmount cleans it up: {undo}"
+    )]
+    NotUndone {
+        /// Why the mount failed.
+        failed: Box<VolumeError>,
+        /// Why the undo failed.
+        #[source]
+        undo: Box<VolumeError>,
+    },
     /// The usage file could not be written.
     #[error("volume {volume}: {source}")]
     Usage {
@@ -86,15 +112,19 @@ fn for_workload(workload: Option<&WorkloadId>) -> String {
 }
 
 impl VolumeError {
-    /// What to do about it: a plugin call keeps the class csi-client gave it; a missing
-    /// plugin is [`RetryElsewhere`](ErrorClass::RetryElsewhere); local failures are
-    /// [`Retry`](ErrorClass::Retry); a bad id or a missing capability is
-    /// [`Fatal`](ErrorClass::Fatal).
+    /// What to do about it: a plugin call keeps the class csi-client gave it (a mount not
+    /// undone keeps its failure's); a missing
+    /// plugin is [`RetryElsewhere`](ErrorClass::RetryElsewhere); a plugin not known to be
+    /// healthy and local failures are [`Retry`](ErrorClass::Retry); a bad id or a missing
+    /// capability is [`Fatal`](ErrorClass::Fatal).
     pub fn class(&self) -> ErrorClass {
         match self {
+            VolumeError::NotUndone { failed, .. } => failed.class(),
             VolumeError::PluginMissing { .. } => ErrorClass::RetryElsewhere,
             VolumeError::Call { source, .. } => source.class(),
-            VolumeError::Dir { .. } | VolumeError::Usage { .. } => ErrorClass::Retry,
+            VolumeError::NotHealthy { .. }
+            | VolumeError::Dir { .. }
+            | VolumeError::Usage { .. } => ErrorClass::Retry,
             VolumeError::Path(_)
             | VolumeError::Unsupported { .. }
             | VolumeError::NotHere { .. } => ErrorClass::Fatal,
@@ -105,6 +135,7 @@ impl VolumeError {
     pub fn code(&self) -> Option<Code> {
         match self {
             VolumeError::Call { source, .. } => source.code(),
+            VolumeError::NotUndone { failed, .. } => failed.code(),
             _ => None,
         }
     }

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::Endpoint;
+use csi_client::{Endpoint, Rpc};
 use csi_node::layout::Layout;
-use csi_node::plugins::{PluginManager, PluginManagerConfig};
+use csi_node::plugins::{PluginEvent, PluginManager, PluginManagerConfig};
 use csi_node::volumes::VolumeManager;
 use csi_structs::PluginId;
-use csi_testkit::{MockPlugin, MockServer};
+use csi_testkit::{FaultStep, MockPlugin, MockServer};
 
 /// Only a guard against a hang: a healthy run needs a fraction of it.
 pub const GUARD: Duration = Duration::from_secs(60);
@@ -28,22 +28,63 @@ pub struct Plugin {
     pub id: PluginId,
 }
 
+/// The mock with the default plugin manager, healthy (its first probe answered ready).
 pub async fn mock_plugin() -> Plugin {
+    mock_plugin_with(PluginManagerConfig::default(), false).await
+}
+
+/// The mock with a plugin manager that probes every 100 ms with a 300 ms `Probe` deadline,
+/// so a probe that hangs turns the plugin unhealthy soon. With `probe_hangs` every `Probe`
+/// hangs from the start and the plugin is only waited for until it is fingerprinted (its
+/// health stays unknown until the first probe's deadline, then unhealthy); otherwise it is
+/// waited for until healthy.
+pub async fn mock_plugin_probing_fast(probe_hangs: bool) -> Plugin {
+    let config = PluginManagerConfig {
+        health_interval: Duration::from_millis(100),
+        ..PluginManagerConfig::default()
+    };
+    mock_plugin_with(config, probe_hangs).await
+}
+
+async fn mock_plugin_with(config: PluginManagerConfig, probe_hangs: bool) -> Plugin {
     let dir = tempfile::tempdir().expect("temp dir");
     let mock = MockPlugin::builder().build().expect("mock");
+    if probe_hangs {
+        mock.faults().on(Rpc::Probe).forever(FaultStep::Hang);
+    }
     let socket = dir.path().join("mock.sock");
     let server = mock.serve_unix(&socket).await.expect("serves");
-    let plugins = PluginManager::builder(PluginManagerConfig::default())
+    let fast = config.health_interval < PluginManagerConfig::default().health_interval;
+    let plugins = PluginManager::builder(config)
+        .client_builder(move |_, builder| {
+            if fast {
+                builder.policy(Rpc::Probe, |p| {
+                    p.attempt_deadline = Duration::from_millis(300);
+                    p.total_budget = Duration::from_millis(300);
+                })
+            } else {
+                builder
+            }
+        })
         .start()
         .expect("starts");
     let id = PluginId::new("mock").expect("id");
+    let mut events = plugins.subscribe();
     plugins
         .register(id.clone(), Endpoint::unix(&socket).expect("endpoint"))
         .expect("registered");
-    plugins
-        .wait_for(&id, tokio::time::Instant::now() + GUARD)
+    if probe_hangs {
+        tokio::time::timeout(GUARD, async {
+            while !matches!(events.recv().await, Ok(PluginEvent::Fingerprinted { .. })) {}
+        })
         .await
         .expect("fingerprinted (hang guard)");
+    } else {
+        plugins
+            .wait_for(&id, tokio::time::Instant::now() + GUARD)
+            .await
+            .expect("fingerprinted and healthy (hang guard)");
+    }
     Plugin {
         dir,
         mock,

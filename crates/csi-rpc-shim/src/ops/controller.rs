@@ -108,6 +108,7 @@ impl Op for ControllerDetach {
     type Wire = pb::ControllerDetachRequest;
     type WireOut = pb::ControllerDetachResponse;
     const RPC: AgentRpc = AgentRpc::ControllerDetach;
+    const RELEASE_STEP: bool = true;
 
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {

@@ -70,6 +70,10 @@ pub(crate) trait Op: Clone + Send + Sync + 'static {
     type WireOut: prost::Message + Default + Send + 'static;
     /// Which call this is.
     const RPC: AgentRpc;
+    /// Whether the call is a release step (node detach, controller detach). For a release
+    /// step health is advice, not a gate: an instance reported unhealthy is still tried
+    /// (after the healthy ones), because a plugin whose `Probe` hangs may well unpublish.
+    const RELEASE_STEP: bool = false;
 
     fn routing(&self) -> Routing<'_>;
     fn acting(&self) -> Acting<'_>;

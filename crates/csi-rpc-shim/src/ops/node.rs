@@ -13,6 +13,7 @@ impl Op for NodeDetach {
     type Wire = pb::NodeDetachRequest;
     type WireOut = pb::NodeDetachResponse;
     const RPC: AgentRpc = AgentRpc::NodeDetach;
+    const RELEASE_STEP: bool = true;
 
     fn routing(&self) -> Routing<'_> {
         Routing::Node {

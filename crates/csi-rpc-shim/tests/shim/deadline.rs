@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use csi_rpc_shim::wire::pb;
 use csi_rpc_shim::{AgentRpc, ShimError};
 use csi_structs::ErrorClass;
 
@@ -90,4 +91,34 @@ async fn a_local_hung_plugin_is_bounded_too() {
     .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Uncertain);
     assert_eq!(cluster.agent("a").plugins.cancelled(), 1);
+}
+
+/// Found by the `shim` campaign (csi-campaigns): a peer that sent the request headers without
+/// a `grpc-timeout` and then nothing held its call (and the stream) open forever, because the
+/// shim's own cap starts only once the request has arrived. The server's timeout now ends it.
+#[tokio::test]
+async fn a_peer_that_sends_headers_and_then_nothing_gets_an_answer_by_the_cap() {
+    let cluster = Cluster::start(vec![
+        AgentSpec::node("a").max_remote_timeout(SHORT),
+        AgentSpec::node("b"),
+    ])
+    .await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.agent("a").addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    // A request stream that never yields its message: headers go out, then nothing. No
+    // timeout is set, so no `grpc-timeout` header is sent and the client never gives up.
+    let silent = tonic::Request::new(tokio_stream::pending::<pb::NodeDetachRequest>());
+    let path = http::uri::PathAndQuery::from_static(AgentRpc::NodeDetach.path());
+    let codec = tonic_prost::ProstCodec::<pb::NodeDetachRequest, pb::NodeDetachResponse>::default();
+    let status = guarded(grpc.client_streaming(silent, path, codec))
+        .await
+        .unwrap_err();
+    assert_ne!(status.code(), tonic::Code::Ok);
+    assert!(cluster.served(AgentRpc::NodeDetach).is_empty());
 }

@@ -301,3 +301,68 @@ async fn an_uncertain_refusal_keeps_the_outcome_unknown() {
     assert!(maybe_sent, "b may have attached the volume: {err:?}");
     assert_eq!(err.class(), ErrorClass::Uncertain);
 }
+
+/// Health is advice for a release step: a controller instance reported unhealthy is tried
+/// after the healthy ones (here: after the only healthy one answers UNAVAILABLE), and alone
+/// it still gets the detach; an attach is never sent to it.
+#[tokio::test]
+async fn a_controller_detach_reaches_an_unhealthy_controller_after_the_healthy_ones() {
+    let cluster = Cluster::start(vec![
+        AgentSpec::node("a"),
+        AgentSpec::node("b"),
+        AgentSpec::node("c"),
+    ])
+    .await;
+    cluster.controllers_on(&["c"]);
+    cluster.registry.update(
+        &n("b"),
+        &plugin(),
+        csi_rpc_shim::Instance::Controller(csi_rpc_shim::Health::unhealthy("probe hangs")),
+    );
+    cluster.agent("b").plugins.set_status(
+        ServiceKind::Controller,
+        LocalStatus::Unhealthy {
+            reason: "probe hangs".into(),
+        },
+    );
+    cluster
+        .agent("c")
+        .plugins
+        .script(AgentRpc::ControllerDetach, unavailable());
+    guarded(
+        cluster
+            .agent("a")
+            .shim
+            .controller_detach(detach("vol-1", "a"), CALL),
+    )
+    .await
+    .expect("the unhealthy instance serves the detach after the healthy one refused");
+    assert_eq!(
+        cluster.agent("c").plugins.calls(AgentRpc::ControllerDetach),
+        1
+    );
+    assert_eq!(
+        cluster.agent("b").plugins.calls(AgentRpc::ControllerDetach),
+        1
+    );
+
+    // An attach that prefers the unhealthy instance still goes to the healthy one only; once
+    // that refuses, there is no controller for it.
+    let mut req = attach("vol-1", "a");
+    req.query = req.query.prefer(n("b"));
+    guarded(cluster.agent("a").shim.controller_attach(req.clone(), CALL))
+        .await
+        .expect("the healthy instance serves the attach");
+    cluster
+        .agent("c")
+        .plugins
+        .script(AgentRpc::ControllerAttach, unavailable());
+    let err = guarded(cluster.agent("a").shim.controller_attach(req, CALL))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ShimError::NoController { .. }), "{err:?}");
+    assert_eq!(
+        cluster.agent("b").plugins.calls(AgentRpc::ControllerAttach),
+        0
+    );
+}

@@ -1,7 +1,7 @@
 //! One hop through a relay, and never two.
 
 use csi_rpc_shim::wire::pb;
-use csi_rpc_shim::{AgentRpc, GrpcCode, PluginError, ShimError};
+use csi_rpc_shim::{AgentRpc, GrpcCode, PluginError, PluginFailure, ShimError};
 use csi_structs::ErrorClass;
 
 use crate::support::*;
@@ -153,4 +153,43 @@ async fn no_route_at_all_is_reported_without_sending() {
     .unwrap_err();
     assert!(matches!(err, ShimError::NoRoute { .. }), "{err:?}");
     assert_eq!(cluster.agent("ops").shim.stats().sent, 0);
+}
+
+#[tokio::test]
+async fn an_agents_own_failure_is_never_reported_as_the_plugins_here_or_across_a_hop() {
+    let cluster = Cluster::start(vec![
+        AgentSpec::cluster("ops").via("c", "b"),
+        AgentSpec::node("b"),
+        AgentSpec::node("c"),
+    ])
+    .await;
+    let message = "volume vol-1: state file /data/node/usage.json: No space left on device";
+    let answer = PluginError::failed(ErrorClass::Retry, PluginFailure::Agent, message);
+    for caller in ["c", "ops"] {
+        cluster
+            .agent("c")
+            .plugins
+            .script(AgentRpc::NodeDetach, Behaviour::Fail(answer.clone()));
+        let err = guarded(
+            cluster
+                .agent(caller)
+                .shim
+                .node_detach(node_detach("vol-1", "c"), CALL),
+        )
+        .await
+        .unwrap_err();
+        match &err {
+            ShimError::Plugin { error, .. } => {
+                assert_eq!(error.failure, PluginFailure::Agent, "asked from {caller}");
+            }
+            other => panic!("asked from {caller}: {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("the serving agent failed") && !text.contains("plugin answered"),
+            "{text}"
+        );
+        assert!(text.contains("usage.json"), "{text}");
+        assert_eq!(err.class(), ErrorClass::Retry);
+    }
 }

@@ -7,6 +7,7 @@ mod deadline;
 mod every_call;
 mod failover;
 mod forwarding;
+mod hostile;
 mod node_calls;
 mod support;
 #[cfg(feature = "tls")]

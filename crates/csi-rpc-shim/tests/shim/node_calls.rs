@@ -1,6 +1,6 @@
 //! Node calls go to the owning node only.
 
-use csi_rpc_shim::{AgentRpc, LocalStatus, NodeStatus, ServiceKind, ShimError};
+use csi_rpc_shim::{AgentRpc, Health, Instance, LocalStatus, NodeStatus, ServiceKind, ShimError};
 use csi_structs::ErrorClass;
 
 use crate::support::*;
@@ -98,7 +98,7 @@ async fn node_plugin_missing_on_the_node_itself_is_retry() {
         cluster
             .agent("ops")
             .shim
-            .node_detach(node_detach("vol-1", "b"), CALL),
+            .node_expand(node_expand("vol-1", "b"), CALL),
     )
     .await
     .unwrap_err();
@@ -107,6 +107,60 @@ async fn node_plugin_missing_on_the_node_itself_is_retry() {
         "{err:?}"
     );
     assert_eq!(err.class(), ErrorClass::Retry);
+}
+
+/// Health is advice for a release step: a node plugin whose probe fails (in the registry and
+/// on its node) still gets its node detach; any other node call is refused there.
+#[tokio::test]
+async fn a_release_step_reaches_an_unhealthy_node_plugin_and_nothing_else_does() {
+    let cluster = Cluster::start(vec![AgentSpec::cluster("ops"), AgentSpec::node("b")]).await;
+    cluster.registry.update(
+        &n("b"),
+        &plugin(),
+        Instance::Node {
+            plugin_node: plugin_node("b"),
+            health: Health::unhealthy("probe failed: deadline"),
+        },
+    );
+    cluster.agent("b").plugins.set_status(
+        ServiceKind::Node,
+        LocalStatus::Unhealthy {
+            reason: "probe failed: deadline".into(),
+        },
+    );
+    guarded(
+        cluster
+            .agent("ops")
+            .shim
+            .node_detach(node_detach("vol-1", "b"), CALL),
+    )
+    .await
+    .expect("the release step is sent whatever the probe said");
+    assert_eq!(cluster.served(AgentRpc::NodeDetach), ["b"]);
+
+    let err = guarded(
+        cluster
+            .agent("ops")
+            .shim
+            .node_expand(node_expand("vol-1", "b"), CALL),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, ShimError::PluginUnhealthy { node, .. } if *node == n("b")),
+        "{err:?}"
+    );
+    assert!(cluster.served(AgentRpc::NodeExpand).is_empty());
+    // The own node serves its release step too.
+    guarded(
+        cluster
+            .agent("b")
+            .shim
+            .node_detach(node_detach("vol-2", "b"), CALL),
+    )
+    .await
+    .expect("served on the node itself");
+    assert_eq!(cluster.agent("b").plugins.calls(AgentRpc::NodeDetach), 2);
 }
 
 #[tokio::test]

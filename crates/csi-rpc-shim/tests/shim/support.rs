@@ -77,6 +77,8 @@ struct FakeState {
     status: HashMap<ServiceKind, LocalStatus>,
     script: HashMap<AgentRpc, Behaviour>,
     seen: Vec<Seen>,
+    /// What `list_volumes` answers (an empty page by default).
+    volume_page: VolumePage,
 }
 
 /// Scripted plugins of one node (one plugin, `ebs`).
@@ -114,6 +116,10 @@ impl FakePlugins {
 
     pub(crate) fn script(&self, rpc: AgentRpc, behaviour: Behaviour) {
         self.state.lock().unwrap().script.insert(rpc, behaviour);
+    }
+
+    pub(crate) fn set_volume_page(&self, page: VolumePage) {
+        self.state.lock().unwrap().volume_page = page;
     }
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
@@ -268,13 +274,9 @@ impl LocalPlugins for FakePlugins {
         ctx: &CallContext,
         _req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
-        self.answer(
-            AgentRpc::ControllerListVolumes,
-            ctx,
-            None,
-            VolumePage::default(),
-        )
-        .await
+        let page = self.state.lock().unwrap().volume_page.clone();
+        self.answer(AgentRpc::ControllerListVolumes, ctx, None, page)
+            .await
     }
 
     async fn create_snapshot(
@@ -356,6 +358,8 @@ pub(crate) struct AgentSpec {
     /// Nodes it has no route to at all.
     pub(crate) unreachable: Vec<&'static str>,
     pub(crate) strategy: Strategy,
+    /// Its cap on a received call (the default when `None`).
+    pub(crate) max_remote_timeout: Option<Duration>,
     /// TLS for its links (dialling and serving).
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<csi_rpc_shim::TlsConfig>,
@@ -371,6 +375,7 @@ impl AgentSpec {
             via: Vec::new(),
             unreachable: Vec::new(),
             strategy: Strategy::Sticky,
+            max_remote_timeout: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -405,6 +410,11 @@ impl AgentSpec {
 
     pub(crate) fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
+        self
+    }
+
+    pub(crate) fn max_remote_timeout(mut self, cap: Duration) -> Self {
+        self.max_remote_timeout = Some(cap);
         self
     }
 
@@ -483,6 +493,9 @@ impl Cluster {
                 spec.scope,
             );
             config.strategy = spec.strategy;
+            if let Some(cap) = spec.max_remote_timeout {
+                config.max_remote_timeout = cap;
+            }
             #[cfg(feature = "tls")]
             {
                 config.tls = spec.tls.clone();

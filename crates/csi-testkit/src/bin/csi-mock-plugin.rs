@@ -5,6 +5,7 @@
 //! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role both] [--node-id node-1] ...
 //!     [--state-file PATH] [--fault NodeUnpublishVolume=UNAVAILABLE:times=3]
 //!     [--delay CreateVolume=2s] [--hang DeleteVolume:after=1] [--control unix:///run/ctl.sock]
+//!     [--call-log-limit 10000]
 //! ```
 //!
 //! See `crates/csi-testkit/README.md` for the flags, the control socket and csi-sanity.
@@ -205,10 +206,20 @@ struct Args {
     #[arg(long = "hang", value_name = "SPEC", value_parser = FaultSpec::parse_hang)]
     hangs: Vec<FaultSpec>,
     /// Serve a control socket, unix:///absolute/path.sock: one command per line (fault,
-    /// delay, hang, clear, release, calls) to change faults and read the call log at run time.
+    /// delay, hang, clear, release, calls, drain, log) to change faults and read the call
+    /// log at run time.
     #[arg(long, value_name = "ENDPOINT")]
     control: Option<String>,
+    /// Keep at most N call records, dropping the oldest first, so memory stays flat however
+    /// long the mock runs; 0 keeps none (calls are still counted). Read them with the
+    /// control socket's `calls`, `drain` and `log`.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CALL_LOG_LIMIT)]
+    call_log_limit: usize,
 }
+
+/// How many call records the binary keeps unless told otherwise: enough for a test to read
+/// back what it just did, a few megabytes at most.
+const DEFAULT_CALL_LOG_LIMIT: usize = 10_000;
 
 fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
     let role = match args.role {
@@ -264,6 +275,7 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
     for key in &args.mutable_parameter_keys {
         builder = builder.mutable_parameter_key(key);
     }
+    builder = builder.call_log_limit(args.call_log_limit);
     builder = match &args.state_file {
         Some(path) => builder.state_file(path),
         None => builder.id_tag(start_tag()),

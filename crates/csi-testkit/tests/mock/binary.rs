@@ -408,3 +408,93 @@ fn a_bad_fault_flag_exits_2_naming_the_part() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+async fn ten_probes(running: &Running) {
+    let mut identity = IdentityClient::new(running.channel().await);
+    for _ in 0..10 {
+        identity.probe(ProbeRequest {}).await.expect("Probe");
+    }
+}
+
+/// The numbers of a control socket's `log` answer: limit, kept, evicted, received.
+fn log_numbers(answer: &[String]) -> (String, u64, u64, u64) {
+    assert_eq!(answer.last().map(String::as_str), Some("ok"), "{answer:?}");
+    let line = answer[0].strip_prefix("log ").expect("a log line");
+    let field = |name: &str| {
+        line.split(' ')
+            .find_map(|part| part.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_owned()
+    };
+    let number = |name: &str| field(name).parse::<u64>().expect("a number");
+    (
+        field("limit"),
+        number("kept"),
+        number("evicted"),
+        number("received"),
+    )
+}
+
+#[tokio::test]
+async fn the_call_log_is_bounded_by_default_and_by_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_socket = dir.path().join("control.sock");
+    let control_arg = format!("unix://{}", control_socket.display());
+
+    // Default: 10,000 records at most.
+    let running = Running::start(dir.path(), &["--control", &control_arg]).await;
+    ten_probes(&running).await;
+    let (limit, kept, evicted, received) = log_numbers(&control(&control_socket, "log").await);
+    assert_eq!(limit, "10000");
+    assert!(received >= 10 && kept == received && evicted == 0);
+    assert_eq!(running.stop().await, Some(0));
+
+    // A limit of 3: only the last three calls are kept, the rest are counted.
+    let running = Running::start(
+        dir.path(),
+        &["--control", &control_arg, "--call-log-limit", "3"],
+    )
+    .await;
+    ten_probes(&running).await;
+    let (limit, kept, evicted, received) = log_numbers(&control(&control_socket, "log").await);
+    assert_eq!((limit.as_str(), kept), ("3", 3));
+    assert!(received >= 10, "{received}");
+    assert_eq!(evicted, received - 3);
+    let calls = control(&control_socket, "drain").await;
+    let seqs: Vec<u64> = calls
+        .iter()
+        .filter_map(|l| l.strip_prefix("call "))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        seqs,
+        [received - 3, received - 2, received - 1],
+        "{calls:?}"
+    );
+    assert_eq!(control(&control_socket, "calls").await, ["ok"], "drained");
+    assert_eq!(running.stop().await, Some(0));
+
+    // 0: no record at all.
+    let running = Running::start(
+        dir.path(),
+        &["--control", &control_arg, "--call-log-limit", "0"],
+    )
+    .await;
+    ten_probes(&running).await;
+    let (limit, kept, evicted, received) = log_numbers(&control(&control_socket, "log").await);
+    assert_eq!((limit.as_str(), kept), ("0", 0));
+    assert!(received >= 10 && evicted == received);
+    assert_eq!(control(&control_socket, "calls").await, ["ok"]);
+    assert_eq!(running.stop().await, Some(0));
+
+    for bad in ["--call-log-limit=-1", "--call-log-limit=lots"] {
+        let out = Command::new(BIN)
+            .args(["--endpoint", "unix:///tmp/never.sock", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--call-log-limit"), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -39,6 +39,30 @@ pub enum StepError {
         /// Why the undo failed.
         undo: csi_client::Error,
     },
+    /// The step's outcome was uncertain (it may have happened), and the demo undid it with
+    /// the counterpart call.
+    #[error("{error}; undone: {undo} succeeded")]
+    Undone {
+        /// The uncertain failure.
+        #[source]
+        error: csi_client::Error,
+        /// The call that undid it, e.g. `NodeUnstageVolume`.
+        undo: &'static str,
+    },
+    /// The step's outcome was uncertain and undoing it failed too: it may have happened, and
+    /// the "left behind" list names it.
+    #[error(
+        "{error}; undoing it with {undo} failed too, so it is listed as left behind: {undo_error}"
+    )]
+    NotUndone {
+        /// The uncertain failure.
+        #[source]
+        error: csi_client::Error,
+        /// The counterpart call that failed.
+        undo: &'static str,
+        /// Why it failed.
+        undo_error: csi_client::Error,
+    },
     /// The plugin did not confirm the capabilities asked for; the verdict names each field
     /// that differs.
     #[error("the plugin did not confirm the capabilities: {0}")]

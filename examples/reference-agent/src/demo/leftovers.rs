@@ -4,7 +4,47 @@ use std::path::PathBuf;
 
 use csi_structs::{ExternalVolumeId, PluginNodeId, SnapshotId};
 
-/// Everything the demo made that still exists, updated as each step ends.
+/// Whether something the demo asked a plugin for is known to have happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The plugin answered that it did it.
+    Done,
+    /// It may have happened: the call is under way, or ended without a usable answer (a
+    /// deadline, a lost connection, an answer that could not be used) and its undo failed.
+    Maybe,
+}
+
+/// One thing the demo asked a plugin for: what, and whether it is known to have happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Made<T> {
+    /// What was asked for.
+    pub what: T,
+    /// Whether it happened.
+    pub outcome: Outcome,
+}
+
+impl<T> Made<T> {
+    /// Recorded before the call: it may happen.
+    pub fn maybe(what: T) -> Self {
+        Self {
+            what,
+            outcome: Outcome::Maybe,
+        }
+    }
+
+    /// Why it is listed: `{done}`, or that it may be so because `call`'s outcome was
+    /// uncertain.
+    fn describe(&self, done: &str, call: &str) -> String {
+        match self.outcome {
+            Outcome::Done => done.to_owned(),
+            Outcome::Maybe => format!("may be {done} ({call}'s outcome is uncertain)"),
+        }
+    }
+}
+
+/// Everything the demo made, or may have made, that still exists: each call that changes
+/// the plugin's state is recorded here before it is sent, updated when it answers, and
+/// undone or listed when it fails. The "left behind" list is this record.
 ///
 /// Each field is an independent fact about the outside world (a volume can be created and not
 /// published, staged and not published, ...), so this is a ledger, not a state.
@@ -15,12 +55,12 @@ pub struct Leftovers {
     /// The name of a `CreateVolume` whose outcome is uncertain and not undone: a volume of
     /// that name may exist, its id unknown.
     pub maybe_created: Option<String>,
-    /// Published by the controller to this plugin node.
-    pub controller_published: Option<(ExternalVolumeId, PluginNodeId)>,
-    /// Staged at this path.
-    pub staged: Option<(ExternalVolumeId, PathBuf)>,
-    /// Published at this target path.
-    pub published: Option<(ExternalVolumeId, PathBuf)>,
+    /// Published, or maybe published, by the controller to this plugin node.
+    pub controller_published: Option<Made<(ExternalVolumeId, PluginNodeId)>>,
+    /// Staged, or maybe staged, at this path.
+    pub staged: Option<Made<(ExternalVolumeId, PathBuf)>>,
+    /// Published, or maybe published, at this target path.
+    pub published: Option<Made<(ExternalVolumeId, PathBuf)>>,
     /// The file the workload wrote.
     pub file: Option<PathBuf>,
     /// A claim that is not freed yet, with its state.
@@ -65,23 +105,30 @@ impl Leftovers {
         if let Some(file) = self.file.as_ref().filter(|f| f.exists()) {
             lines.push(format!("file {}: rm {}", file.display(), file.display()));
         }
-        if let Some((volume, target)) = &self.published {
+        if let Some(made) = &self.published {
+            let (volume, target) = &made.what;
+            let target = target.display();
             lines.push(format!(
-                "published at {}: call NodeUnpublishVolume volume_id={volume} target_path={}",
-                target.display(),
-                target.display()
+                "{}: call NodeUnpublishVolume volume_id={volume} target_path={target}",
+                made.describe(&format!("published at {target}"), "NodePublishVolume")
             ));
         }
-        if let Some((volume, staging)) = &self.staged {
+        if let Some(made) = &self.staged {
+            let (volume, staging) = &made.what;
+            let staging = staging.display();
             lines.push(format!(
-                "staged at {}: call NodeUnstageVolume volume_id={volume} staging_target_path={}",
-                staging.display(),
-                staging.display()
+                "{}: call NodeUnstageVolume volume_id={volume} staging_target_path={staging}",
+                made.describe(&format!("staged at {staging}"), "NodeStageVolume")
             ));
         }
-        if let Some((volume, node)) = &self.controller_published {
+        if let Some(made) = &self.controller_published {
+            let (volume, node) = &made.what;
             lines.push(format!(
-                "published to node {node} by the controller: call ControllerUnpublishVolume volume_id={volume} node_id={node}"
+                "{}: call ControllerUnpublishVolume volume_id={volume} node_id={node}",
+                made.describe(
+                    &format!("published to node {node} by the controller"),
+                    "ControllerPublishVolume"
+                )
             ));
         }
         if let Some(snapshot) = &self.snapshot {
@@ -130,18 +177,36 @@ mod tests {
         let gone = tmp.path().join("gone");
         let left = Leftovers {
             created: Some(vol.clone()),
-            controller_published: Some((vol.clone(), PluginNodeId::new("n-1").unwrap())),
-            staged: Some((vol.clone(), dir.clone())),
+            controller_published: Some(Made {
+                what: (vol.clone(), PluginNodeId::new("n-1").unwrap()),
+                outcome: Outcome::Done,
+            }),
+            staged: Some(Made::maybe((vol.clone(), dir.clone()))),
             dirs: vec![dir.clone(), gone],
             ..Leftovers::default()
         };
         assert!(!left.is_empty());
         let lines = left.report();
         assert_eq!(lines.len(), 4, "{lines:#?}");
-        assert!(lines[0].contains("NodeUnstageVolume volume_id=v-1"));
-        assert!(lines[1].contains("ControllerUnpublishVolume volume_id=v-1 node_id=n-1"));
+        assert_eq!(
+            lines[0],
+            format!(
+                "may be staged at {d} (NodeStageVolume's outcome is uncertain): call \
+                 NodeUnstageVolume volume_id=v-1 staging_target_path={d}",
+                d = dir.display()
+            )
+        );
+        assert_eq!(
+            lines[1],
+            "published to node n-1 by the controller: call ControllerUnpublishVolume \
+             volume_id=v-1 node_id=n-1"
+        );
         assert!(lines[2].contains("DeleteVolume volume_id=v-1"));
-        assert!(lines[3].starts_with("directory "));
+        assert_eq!(
+            lines[3],
+            format!("directory {d}: rmdir {d}", d = dir.display()),
+            "each directory by its path, with the command that removes it"
+        );
         assert!(Leftovers::default().is_empty());
 
         // An uncertain creation is named by the only thing known: its name.

@@ -16,7 +16,11 @@
 //! otherwise. Node paths follow the agent's [`Layout`].
 //!
 //! On success nothing is left behind. On failure the demo names the step and lists what it
-//! left (volume, publications, staging, directories) with the call that removes each.
+//! left with the call or command that removes each: the volume, the claim, every
+//! publication and staging, done or maybe done (a call whose outcome was uncertain is undone
+//! with its counterpart call first, and listed only when that fails too), and every
+//! directory by its path. The list is the record the demo keeps of each call that changes
+//! the plugin's state, written before the call is sent ([`Leftovers`]).
 
 mod error;
 mod expand;
@@ -41,7 +45,7 @@ use csi_structs::ExternalVolumeId;
 use tokio::sync::mpsc;
 
 pub use error::{DemoError, StepError};
-pub use leftovers::Leftovers;
+pub use leftovers::{Leftovers, Made, Outcome};
 pub use observe::{DetachRecord, Observed};
 pub use plan::{Expansion, Plan, PlanError, VolumeSource};
 pub use step::Step;
@@ -81,17 +85,18 @@ pub struct Summary {
     pub skipped: usize,
     /// Wall time of the whole walk.
     pub took: Duration,
-    /// Directories that could not be removed (empty when nothing is left).
+    /// What is left, one line each with the command that removes it (directories that could
+    /// not be removed, by path; empty when nothing is left).
     pub left: Vec<String>,
 }
 
 impl Summary {
-    /// The one-line summary, starting with `demo ok:`.
+    /// The one-line summary, starting with `demo ok:`, naming whatever is left behind.
     pub fn line(&self) -> String {
         let left = if self.left.is_empty() {
             "nothing left behind".to_owned()
         } else {
-            format!("{} directories left behind", self.left.len())
+            format!("left behind: {}", self.left.join("; "))
         };
         format!(
             "demo ok: volume {} went through its whole life in {} steps ({} skipped) in {:.1} ms; {left}",
@@ -294,4 +299,34 @@ fn driver_config() -> DriverConfig {
     config.machine.backoff = backoff;
     config.machine.jitter_seed = u64::from(std::process::id());
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_each_directory_left_behind_by_its_path() {
+        let summary = |left: Vec<String>| Summary {
+            volume: ExternalVolumeId::new("v-1").expect("id"),
+            steps: 14,
+            skipped: 0,
+            took: Duration::from_millis(5),
+            left,
+        };
+        assert!(
+            summary(Vec::new())
+                .line()
+                .ends_with("; nothing left behind")
+        );
+        let line = summary(vec![
+            "directory /d/a: rmdir /d/a".into(),
+            "directory /d: rmdir /d".into(),
+        ])
+        .line();
+        assert!(
+            line.ends_with("; left behind: directory /d/a: rmdir /d/a; directory /d: rmdir /d"),
+            "{line}"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use csi_structs::{
 };
 
 use super::error::{DemoError, StepError};
-use super::leftovers::Leftovers;
+use super::leftovers::{Leftovers, Made, Outcome};
 use super::plan::{Plan, VolumeSource};
 use super::step::Step;
 use super::table::Table;
@@ -173,15 +173,14 @@ impl<'t, W: Write> Walk<'t, W> {
         Ok((plan, plugin))
     }
 
-    /// Undoes a `CreateVolume` whose outcome is uncertain: its name is recorded first, then
-    /// `CreateVolume` is sent again by name until the answer is usable and the volume it names
-    /// is deleted. The name stays among the leftovers unless that worked.
+    /// Undoes a `CreateVolume` whose outcome is uncertain (its name is recorded before the
+    /// call): `CreateVolume` is sent again by name until the answer is usable and the volume
+    /// it names is deleted. The name stays among the leftovers unless that worked.
     async fn undo_create(
         &mut self,
         request: proto::CreateVolumeRequest,
         error: csi_client::Error,
     ) -> StepError {
-        self.left.maybe_created = Some(request.name.clone());
         let name = request.name.clone();
         match self
             .client
@@ -195,6 +194,44 @@ impl<'t, W: Write> Walk<'t, W> {
             }
             Err(undo) => StepError::CreateNotUndone { error, name, undo },
         }
+    }
+
+    /// A failed call that changes the plugin's state, recorded by `record` before it was
+    /// sent. A certain failure did nothing: the record goes. An uncertain one may have
+    /// happened: `undo` (its counterpart call, named `undo_call`) is sent, and the record goes
+    /// when that is done (or already done); otherwise it stays, and the "left behind" list
+    /// names it.
+    async fn failed_change<T>(
+        &mut self,
+        step: Step,
+        took: Duration,
+        error: csi_client::Error,
+        undo_call: &'static str,
+        undo: impl Future<Output = Result<(), csi_client::Error>>,
+        record: fn(&mut Leftovers) -> &mut Option<Made<T>>,
+    ) -> DemoError {
+        let cause = if !error.class().is_uncertain() {
+            *record(&mut self.left) = None;
+            error.into()
+        } else {
+            match undo.await {
+                Err(undo_error) if undo_error.class() != ErrorClass::AlreadyDone => {
+                    StepError::NotUndone {
+                        error,
+                        undo: undo_call,
+                        undo_error,
+                    }
+                }
+                _ => {
+                    *record(&mut self.left) = None;
+                    StepError::Undone {
+                        error,
+                        undo: undo_call,
+                    }
+                }
+            }
+        };
+        self.fail(step, Some(took), cause)
     }
 
     /// Step 2: create the volume (or take the given one).
@@ -227,6 +264,8 @@ impl<'t, W: Write> Walk<'t, W> {
                     volume_capabilities: vec![(&self.capability).into()],
                     ..Default::default()
                 };
+                // Recorded before it is sent: a volume of this name may exist from now on.
+                self.left.maybe_created = Some(name.clone());
                 let started = Instant::now();
                 let created = self
                     .client
@@ -240,8 +279,12 @@ impl<'t, W: Write> Walk<'t, W> {
                         let cause = self.undo_create(request, e).await;
                         return Err(self.fail(Step::CreateVolume, Some(took), cause));
                     }
-                    Err(e) => return Err(self.fail(Step::CreateVolume, Some(took), e.into())),
+                    Err(e) => {
+                        self.left.maybe_created = None;
+                        return Err(self.fail(Step::CreateVolume, Some(took), e.into()));
+                    }
                 };
+                self.left.maybe_created = None;
                 self.left.created = Some(volume.volume_id.clone());
                 let size = volume
                     .capacity_bytes
@@ -361,10 +404,14 @@ impl<'t, W: Write> Walk<'t, W> {
             )?;
             return Ok(PublishContext::new());
         }
+        // Recorded before it is sent: it may happen whatever the answer.
+        self.left.controller_published = Some(Made::maybe((
+            volume.external.clone(),
+            plan.plugin_node.clone(),
+        )));
+        let controller = self.client.controller();
         let started = Instant::now();
-        let published = self
-            .client
-            .controller()
+        let published = controller
             .publish(
                 &volume.external,
                 &plan.plugin_node,
@@ -377,8 +424,7 @@ impl<'t, W: Write> Walk<'t, W> {
         let took = started.elapsed();
         match published {
             Ok(context) => {
-                self.left.controller_published =
-                    Some((volume.external.clone(), plan.plugin_node.clone()));
+                set_done(&mut self.left.controller_published);
                 self.row(
                     Step::ControllerPublish,
                     Some(took),
@@ -390,7 +436,21 @@ impl<'t, W: Write> Walk<'t, W> {
                 )?;
                 Ok(context)
             }
-            Err(e) => Err(self.fail(Step::ControllerPublish, Some(took), e.into())),
+            Err(e) => {
+                let secrets = Secrets::default();
+                let undo =
+                    controller.unpublish(&volume.external, Some(&plan.plugin_node), &secrets);
+                Err(self
+                    .failed_change(
+                        Step::ControllerPublish,
+                        took,
+                        e,
+                        "ControllerUnpublishVolume",
+                        undo,
+                        |left| &mut left.controller_published,
+                    )
+                    .await)
+            }
         }
     }
 
@@ -415,13 +475,13 @@ impl<'t, W: Write> Walk<'t, W> {
         if let Err(e) = self.make_dirs(&staging) {
             return Err(self.fail(Step::NodeStage, None, e));
         }
+        self.left.staged = Some(Made::maybe((volume.external.clone(), staging.clone())));
+        let node = self.client.node();
         let started = Instant::now();
-        let staged = self
-            .client
-            .node()
+        let staged = node
             .stage(&NodeStage {
                 volume: &volume.external,
-                staging_target_path: &path,
+                staging_target_path: Path::new(&path),
                 capability: &self.capability,
                 publish_context,
                 volume_context: &volume.context,
@@ -431,7 +491,7 @@ impl<'t, W: Write> Walk<'t, W> {
         let took = started.elapsed();
         match staged {
             Ok(()) => {
-                self.left.staged = Some((volume.external.clone(), staging));
+                set_done(&mut self.left.staged);
                 self.row(
                     Step::NodeStage,
                     Some(took),
@@ -439,7 +499,19 @@ impl<'t, W: Write> Walk<'t, W> {
                 )?;
                 Ok(Some(path))
             }
-            Err(e) => Err(self.fail(Step::NodeStage, Some(took), e.into())),
+            Err(e) => {
+                let undo = node.unstage(&volume.external, Path::new(&path));
+                Err(self
+                    .failed_change(
+                        Step::NodeStage,
+                        took,
+                        e,
+                        "NodeUnstageVolume",
+                        undo,
+                        |left| &mut left.staged,
+                    )
+                    .await)
+            }
         }
     }
 
@@ -462,14 +534,16 @@ impl<'t, W: Write> Walk<'t, W> {
         {
             return Err(self.fail(Step::NodePublish, None, e));
         }
+        // The plugin makes the target; the demo removes it if the plugin leaves it.
+        self.left.dirs.push(target.clone());
+        self.left.published = Some(Made::maybe((volume.external.clone(), target.clone())));
+        let node = self.client.node();
         let started = Instant::now();
-        let published = self
-            .client
-            .node()
+        let published = node
             .publish(&NodePublish {
                 volume: &volume.external,
-                staging_target_path: staging,
-                target_path: &path,
+                staging_target_path: staging.map(Path::new),
+                target_path: Path::new(&path),
                 capability: &self.capability,
                 readonly: false,
                 publish_context,
@@ -480,9 +554,7 @@ impl<'t, W: Write> Walk<'t, W> {
         let took = started.elapsed();
         match published {
             Ok(()) => {
-                // The plugin made the target; the agent removes it if the plugin leaves it.
-                self.left.dirs.push(target.clone());
-                self.left.published = Some((volume.external.clone(), target.clone()));
+                set_done(&mut self.left.published);
                 self.row(
                     Step::NodePublish,
                     Some(took),
@@ -490,7 +562,19 @@ impl<'t, W: Write> Walk<'t, W> {
                 )?;
                 Ok(target)
             }
-            Err(e) => Err(self.fail(Step::NodePublish, Some(took), e.into())),
+            Err(e) => {
+                let undo = node.unpublish(&volume.external, Path::new(&path));
+                Err(self
+                    .failed_change(
+                        Step::NodePublish,
+                        took,
+                        e,
+                        "NodeUnpublishVolume",
+                        undo,
+                        |left| &mut left.published,
+                    )
+                    .await)
+            }
         }
     }
 
@@ -572,5 +656,12 @@ impl<'t, W: Write> Walk<'t, W> {
             let _ = std::fs::remove_dir(dir);
         }
         self.left.dirs.retain(|d| d.exists());
+    }
+}
+
+/// The plugin answered that it did what `made` records.
+fn set_done<T>(made: &mut Option<Made<T>>) {
+    if let Some(made) = made {
+        made.outcome = Outcome::Done;
     }
 }

@@ -85,7 +85,9 @@ pub struct ApiError {
     /// A short machine-readable kind (`not_found`, `bad_request`, `conflict`, …). A failed
     /// plugin call says who said what: `plugin` (the plugin answered an error status),
     /// `plugin_answer` (its answer was unusable), `deadline` (a deadline of ours passed),
-    /// `plugin_unreachable`, `invalid_request` or `agent`.
+    /// `plugin_unreachable`, `plugin_unhealthy` (nothing is published through a plugin not
+    /// known to be healthy), `invalid_request` or `agent`. The agent's own failures are
+    /// `store` (the claim store) and `local_io` (a file under its data directory).
     pub kind: String,
     /// What went wrong, for people.
     pub error: String,
@@ -451,6 +453,14 @@ pub struct StatusView {
     /// the embedded store of this node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterView>,
+    /// Why the claim store fails, while it does (naming the store and its file); claims and
+    /// releases fail at once with it meanwhile (`503`, kind `store`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_failure: Option<String>,
+    /// The state files under the data directory whose last write failed, each error naming
+    /// its file; what changes them fails at once meanwhile (`503`, kind `local_io`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing_files: Vec<String>,
 }
 
 /// The cluster an agent in cluster mode belongs to.

@@ -400,6 +400,18 @@ pub(crate) fn status(s: &StatusView) -> String {
         }
         out.push_str(&t.render());
     }
+    if let Some(failure) = &s.store_failure {
+        out.push_str(&format!(
+            "\nCLAIM STORE FAILING (claims and releases fail at once): {failure}\n"
+        ));
+    }
+    if !s.failing_files.is_empty() {
+        out.push_str("\nSTATE FILES FAILING\n");
+        for failure in &s.failing_files {
+            out.push_str(failure);
+            out.push('\n');
+        }
+    }
     out.push_str("\nSTUCK RELEASES\n");
     if s.stuck.is_empty() {
         out.push_str("none\n");

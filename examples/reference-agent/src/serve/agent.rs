@@ -106,9 +106,19 @@ pub enum AgentError {
         /// The error.
         detail: String,
     },
-    /// A state file could not be written.
+    /// A state file could not be written (the volume book, say): the agent's own disk, never
+    /// the plugin's fault.
     #[error(transparent)]
     State(#[from] StateFileError),
+    /// The agent's own I/O failed while serving the request (a directory or the usage records
+    /// under the data directory could not be written), never the plugin's fault.
+    #[error("{step}: {detail}")]
+    Local {
+        /// What was being done.
+        step: &'static str,
+        /// The error, naming the file.
+        detail: String,
+    },
     /// The cluster store failed (cluster mode).
     #[error(transparent)]
     Store(#[from] csi_claims::StoreError),
@@ -125,7 +135,10 @@ impl From<BookError> for AgentError {
 }
 
 impl AgentError {
-    /// The HTTP status, the kind and the class of the error answer.
+    /// The HTTP status, the kind and the class of the error answer. The agent's own
+    /// failures (`store`: the claim store or, in cluster mode, etcd; `local_io`: a state file
+    /// or directory under the data directory) are 503 with class `retry`, answered at once,
+    /// and never `plugin`.
     pub fn parts(&self) -> (u16, &'static str, Option<ErrorClass>) {
         match self {
             AgentError::NotFound { .. } => (404, "not_found", None),
@@ -133,11 +146,16 @@ impl AgentError {
             AgentError::Conflict(_) => (409, "conflict", None),
             AgentError::Unsupported(_) => (409, "unsupported", None),
             AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
+            AgentError::Claims(e) if e.is_store_failure() => {
+                (503, "store", Some(ErrorClass::Retry))
+            }
             AgentError::Claims(_) => (409, "claim", None),
             AgentError::Plugin { class, kind, .. } => (502, kind, Some(*class)),
-            AgentError::State(_) => (500, "state", None),
+            AgentError::State(_) | AgentError::Local { .. } => {
+                (503, "local_io", Some(ErrorClass::Retry))
+            }
             AgentError::Store(e) if e.is_permanent() => (400, "store", None),
-            AgentError::Store(_) => (503, "store", None),
+            AgentError::Store(_) => (503, "store", Some(ErrorClass::Retry)),
         }
     }
 }
@@ -145,7 +163,9 @@ impl AgentError {
 /// The control API's kind of a failed plugin call: `plugin` when the plugin answered with
 /// an error status, otherwise what happened without one: `plugin_answer` (its answer was
 /// unusable), `deadline` (a deadline of ours passed), `plugin_unreachable`,
-/// `invalid_request` (refused before sending) or `agent` (the serving agent's own failure).
+/// `invalid_request` (refused before sending) or `agent` (the serving agent's own failure);
+/// a node operation refused because the plugin is not known to be healthy is
+/// `plugin_unhealthy`.
 pub fn call_kind(failure: PluginFailure) -> &'static str {
     match failure {
         PluginFailure::UnusableAnswer => "plugin_answer",
@@ -179,19 +199,33 @@ impl AgentError {
 
     /// A node operation failed during `step`.
     fn node(step: &'static str, e: &VolumeError) -> AgentError {
-        let kind = match e {
-            VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
-            VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
-            VolumeError::Unsupported { .. }
-            | VolumeError::NotHere { .. }
-            | VolumeError::Path(_)
-            | VolumeError::Dir { .. }
-            | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
-        };
+        // Our own disk: the usage records or a directory could not be written.
+        if let VolumeError::Dir { .. } | VolumeError::Usage { .. } = e {
+            return AgentError::Local {
+                step,
+                detail: e.to_string(),
+            };
+        }
+        if let VolumeError::Path(p) = e {
+            return bad(p.field, p);
+        }
+        fn kind(e: &VolumeError) -> &'static str {
+            match e {
+                VolumeError::NotUndone { failed, .. } => kind(failed),
+                VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
+                VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
+                VolumeError::NotHealthy { .. } => "plugin_unhealthy",
+                VolumeError::Unsupported { .. }
+                | VolumeError::NotHere { .. }
+                | VolumeError::Path(_)
+                | VolumeError::Dir { .. }
+                | VolumeError::Usage { .. } => call_kind(PluginFailure::Agent),
+            }
+        }
         AgentError::Plugin {
             step,
             class: e.class(),
-            kind,
+            kind: kind(e),
             detail: e.to_string(),
         }
     }
@@ -642,7 +676,8 @@ impl Agent {
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
     /// controller publish through the shim when the plugin needs it, then stage and publish.
     /// When publishing fails after the claim, the claim is released at once so the release
-    /// pipeline undoes whatever may have happened (including uncertain outcomes).
+    /// pipeline undoes whatever may have happened (including uncertain outcomes), and the
+    /// answer waits for that (up to `call_timeout`) and says how it ended.
     ///
     /// # Errors
     ///
@@ -658,26 +693,24 @@ impl Agent {
             "write" => ClaimMode::Write,
             other => return Err(bad("mode", format!("{other:?} is not `read` or `write`"))),
         };
-        let (_, fp) = self
-            .plugins
-            .client(&entry.plugin)
-            .filter(|(_, fp)| fp.serves_node())
-            .ok_or_else(|| AgentError::Plugin {
-                step: "claim",
-                class: ErrorClass::RetryElsewhere,
-                kind: call_kind(PluginFailure::Unreachable),
-                detail: format!(
-                    "plugin {} has no fingerprinted node service on node {}",
-                    entry.plugin, self.me
-                ),
-            })?;
-        let plugin_node = fp
+        // Nothing is published through a plugin whose health is not known to be good: refused
+        // (retryably, naming the plugin and its health) before the claim.
+        let ready = self
+            .volumes
+            .publishable(&entry.plugin)
+            .map_err(|e| AgentError::node("claim", &e))?;
+        let plugin_node = ready
+            .fingerprint
             .node
             .as_ref()
             .map(|n| n.node_id.clone())
             .ok_or_else(|| AgentError::Conflict("node plugin reported no node id".into()))?;
         // Refused before anything is recorded or called: the plugin could only fail late.
-        let node_topology = fp.node.as_ref().and_then(|n| n.topology.as_ref());
+        let node_topology = ready
+            .fingerprint
+            .node
+            .as_ref()
+            .and_then(|n| n.topology.as_ref());
         if !accessible_from(&entry.accessible_topology, node_topology) {
             return Err(AgentError::Conflict(format!(
                 "volume {} is reachable from {} only; plugin {} on node {} is at {}",
@@ -741,10 +774,30 @@ impl Agent {
                 self.pending_node_expansion(&entry).await;
                 Ok(claim_view(&claim, Some(target.display().to_string())))
             }
-            Err(e) => {
+            Err(mut e) => {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
-                if let Err(r) = self.claims.release(&entry.id, &workload).await {
-                    tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish was refused");
+                // The release undoes whatever the publish may have done (an uncertain
+                // controller publish included); the answer waits for it, up to a call's time.
+                let deadline = tokio::time::Instant::now() + self.call_timeout;
+                let undone = match self
+                    .claims
+                    .release_and_wait_until(&entry.id, &workload, deadline)
+                    .await
+                {
+                    Ok(_) => {
+                        "the claim is released and whatever the publish may have done is undone"
+                            .to_owned()
+                    }
+                    Err(r) => {
+                        tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish not finished");
+                        format!(
+                            "the claim's release, which undoes whatever the publish may have done, is not finished: {r}"
+                        )
+                    }
+                };
+                if let AgentError::Plugin { detail, .. } = &mut e {
+                    detail.push_str("; ");
+                    detail.push_str(&undone);
                 }
                 Err(e)
             }
@@ -1492,9 +1545,10 @@ impl Agent {
     }
 
     fn view(&self, entry: &BookEntry) -> api::VolumeView {
+        // Only stored claims: one being written is not shown as taken before it is durable.
         let claims: Vec<api::ClaimView> = self
             .claims
-            .record(&entry.id)
+            .stored_record(&entry.id)
             .map(|r| {
                 r.claims()
                     .iter()
@@ -1580,7 +1634,7 @@ impl Agent {
     pub fn claim_counts(&self) -> BTreeMap<String, u64> {
         let mut counts = BTreeMap::new();
         for e in self.book.list() {
-            if let Some(r) = self.claims.record(&e.id) {
+            if let Some(r) = self.claims.stored_record(&e.id) {
                 for c in r.claims() {
                     *counts.entry(c.state().name().to_owned()).or_default() += 1;
                 }
@@ -1623,6 +1677,8 @@ impl Agent {
                 })
                 .collect(),
             cluster: self.cluster.as_ref().map(|c| c.view()),
+            store_failure: self.claims.store_failure(),
+            failing_files: failing_files(),
         }
     }
 
@@ -1636,8 +1692,18 @@ impl Agent {
             claims: self.claim_counts(),
             stuck_releases: self.claims.stuck().len() as u64,
             plugins,
+            store_failing: self.claims.store_failure().is_some(),
+            failing_files: failing_files().len() as u64,
         })
     }
+}
+
+/// The state files whose last write failed, as `<file>: <error>`.
+fn failing_files() -> Vec<String> {
+    csi_node::state::failing()
+        .into_iter()
+        .map(|(_, error)| error)
+        .collect()
 }
 
 /// A claim for the API.
@@ -1744,5 +1810,48 @@ mod tests {
             },
         );
         assert_eq!(shim_late.parts().1, "deadline");
+    }
+
+    fn vid(s: &str) -> VolumeId {
+        VolumeId::new(s).expect("id")
+    }
+
+    #[test]
+    fn our_own_failures_are_503_with_their_own_kind_never_plugin() {
+        let reason = "claim store redb /data/claims.redb failed to commit: I/O error: \
+                      No space left on device (os error 28)";
+        let not_stored = AgentError::Claims(DriverError::NotStored {
+            what: "claim",
+            volume: vid("v"),
+            workload: WorkloadId::new("w").expect("id"),
+            reason: reason.to_owned(),
+        });
+        let waiting = AgentError::Claims(DriverError::Claim(
+            csi_claims::ClaimError::StoreUnavailable {
+                volume: vid("v"),
+                reason: reason.to_owned(),
+            },
+        ));
+        for e in [&not_stored, &waiting] {
+            assert_eq!(e.parts(), (503, "store", Some(ErrorClass::Retry)), "{e}");
+            assert!(e.to_string().contains("/data/claims.redb"), "{e}");
+        }
+        let state = AgentError::State(StateFileError::Io {
+            path: "/data/volumes.json".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        });
+        let local = AgentError::Local {
+            step: "mount",
+            detail: "volume v: state file /data/node/usage.json: No space left on device".into(),
+        };
+        for e in [&state, &local] {
+            assert_eq!(e.parts(), (503, "local_io", Some(ErrorClass::Retry)), "{e}");
+            assert!(!e.to_string().contains("plugin"), "{e}");
+        }
+        // A refused claim is still the caller's business, not a failure of ours.
+        let denied = AgentError::Claims(DriverError::Claim(csi_claims::ClaimError::Reloading {
+            volume: vid("v"),
+        }));
+        assert_eq!(denied.parts().1, "claim");
     }
 }

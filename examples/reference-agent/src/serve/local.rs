@@ -45,16 +45,22 @@ fn client_error(e: csi_client::Error) -> PluginError {
 }
 
 fn node_error(e: VolumeError) -> PluginError {
-    let failure = match &e {
+    PluginError::failed(e.class(), node_failure(&e), e.to_string())
+}
+
+fn node_failure(e: &VolumeError) -> PluginFailure {
+    match e {
+        VolumeError::NotUndone { failed, .. } => node_failure(failed),
         VolumeError::Call { source, .. } => plugin_failure(source),
-        VolumeError::PluginMissing { .. } => PluginFailure::Unreachable,
+        VolumeError::PluginMissing { .. } | VolumeError::NotHealthy { .. } => {
+            PluginFailure::Unreachable
+        }
         VolumeError::Unsupported { .. }
         | VolumeError::NotHere { .. }
         | VolumeError::Path(_)
         | VolumeError::Dir { .. }
         | VolumeError::Usage { .. } => PluginFailure::Agent,
-    };
-    PluginError::failed(e.class(), failure, e.to_string())
+    }
 }
 
 impl LocalBackend {

@@ -259,6 +259,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
             ..MachineConfig::with_seed(hasher.finish())
         },
         call_timeout: config.call_timeout.saturating_mul(2),
+        first_plugin_wait: stores.first_plugin_wait,
         ..DriverConfig::default()
     };
     let (claims, driver) = ClaimsDriver::start(
@@ -450,6 +451,11 @@ pub fn open_volumes(
     )
 }
 
+/// How long, after a start with the embedded store, releases loaded from the store wait for
+/// their plugin's first fingerprint before their first attempt (a plugin whose socket is
+/// there is fingerprinted within one scan; a plugin that never comes is tried after this).
+const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
+
 /// The volume book and the claim store of the configured kind.
 struct Stores {
     book: book::Book,
@@ -457,6 +463,8 @@ struct Stores {
     /// The embedded store, through which a forced deregistration forgets claims.
     forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
     duties: Duties,
+    /// How long resumed releases wait for their plugin's first fingerprint.
+    first_plugin_wait: Duration,
     /// What `serve` logs at the start.
     description: String,
     #[cfg(feature = "etcd")]
@@ -479,6 +487,8 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 claims: Arc::clone(&forgetting) as Arc<dyn ClaimStore>,
                 forgetting: Some(forgetting),
                 duties: Duties::ALL,
+                // Every plugin a release needs is on this node: found by the first scan.
+                first_plugin_wait: FIRST_FINGERPRINT_WAIT,
                 description,
                 #[cfg(feature = "etcd")]
                 etcd: None,
@@ -494,6 +504,9 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 forgetting: None,
                 // The node steps of this node's claims; the controller duty when elected.
                 duties: Duties::node(config.node_id.clone(), false),
+                // A controller may be another member's, which this agent never fingerprints:
+                // no wait.
+                first_plugin_wait: Duration::ZERO,
                 description: format!("{} prefix {}", settings.display(), settings.prefix),
                 etcd: Some((store, settings.clone())),
             })
@@ -575,6 +588,18 @@ fn log_event(event: &csi_claims::Event) {
         }
         Event::ClaimLost { volume, workload } => {
             tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
+        }
+        // The caller hears at once; the store's failure itself is logged by the driver, once
+        // when it starts and once when it ends.
+        Event::ClaimNotStored {
+            volume, workload, ..
+        } => {
+            tracing::debug!(%volume, %workload, "claim not stored: the claim store fails");
+        }
+        Event::ReleaseNotStored {
+            volume, workload, ..
+        } => {
+            tracing::debug!(%volume, %workload, "release not stored: the claim store fails");
         }
         Event::Freed(claim) => {
             let state = claim.state();

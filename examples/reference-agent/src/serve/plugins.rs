@@ -37,6 +37,10 @@ pub struct Timings {
     pub node_detach: NodeDetachPolicy,
 }
 
+/// Why a fingerprinted plugin's services are not ready for anything but release steps
+/// until its first probe answers.
+const NOT_PROBED: &str = "health unknown: not probed since its fingerprint";
+
 /// The local plugins. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Plugins {
@@ -147,10 +151,11 @@ impl PluginObserver for Links {
                     node = fp.serves_node(),
                     "plugin fingerprinted"
                 );
-                // It just answered every discovery call: healthy until a probe says otherwise.
+                // Not probed since it answered: nothing but release steps goes to it until a
+                // probe answers ready (health is advice for clean-up, not a gate).
                 self.set(plugin, |k| {
                     k.fingerprint = Some(Arc::clone(fp));
-                    k.health = Health::Healthy;
+                    k.health = Health::unhealthy(NOT_PROBED);
                 });
                 self.wake(plugin);
             }
@@ -255,19 +260,24 @@ impl Plugins {
     }
 
     /// The client for node detach calls (`NodeUnpublishVolume`, `NodeUnstageVolume`) of a
-    /// fingerprinted local plugin: the agent's [`NodeDetachPolicy`], so a plugin whose socket
+    /// registered local plugin, fingerprinted or not and whatever its health (release steps
+    /// are never gated on health): the agent's [`NodeDetachPolicy`], so a plugin whose socket
     /// is stale or gone fails the call after about one socket wait instead of minutes.
     pub fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
-        self.manager.get(plugin).map(|ready| ready.detach)
+        self.manager.detach_client(plugin)
     }
 
-    /// Whether `plugin`'s `service` is here and healthy, for the shim.
+    /// Whether `plugin`'s `service` is here and healthy, for the shim: a plugin not yet
+    /// fingerprinted or probed, or whose last probe failed, is `Unhealthy` (the shim still
+    /// sends it release steps).
     pub fn status(&self, plugin: &PluginId, service: ServiceKind) -> csi_rpc_shim::LocalStatus {
         use csi_rpc_shim::LocalStatus;
         let Some(status) = self.manager.status(plugin) else {
             return LocalStatus::Missing;
         };
         let Some(fp) = &status.fingerprint else {
+            // A node detach needs no fingerprint: say "here, not healthy" so the shim sends
+            // release steps and nothing else.
             return LocalStatus::Unhealthy {
                 reason: "not fingerprinted yet".into(),
             };
@@ -280,10 +290,13 @@ impl Plugins {
             return LocalStatus::Missing;
         }
         match &status.health {
+            csi_node::plugins::Health::Healthy => LocalStatus::Healthy,
+            csi_node::plugins::Health::Unknown => LocalStatus::Unhealthy {
+                reason: NOT_PROBED.into(),
+            },
             csi_node::plugins::Health::Unhealthy(why) => LocalStatus::Unhealthy {
                 reason: why.to_string(),
             },
-            _ => LocalStatus::Healthy,
         }
     }
 
@@ -336,7 +349,7 @@ impl Plugins {
             .iter()
             .filter_map(|s| {
                 let fp = s.fingerprint.as_ref()?;
-                let healthy = s.health.is_usable();
+                let healthy = s.health.is_healthy();
                 Some(PeerPlugin {
                     id: s.plugin.to_string(),
                     controller: fp

@@ -88,7 +88,7 @@ async fn published(staging: bool) -> Published {
             .node()
             .stage(&NodeStage {
                 volume: &volume.volume_id,
-                staging_target_path: staging_path.to_str().unwrap(),
+                staging_target_path: &staging_path,
                 capability: &cap,
                 publish_context: &context,
                 volume_context: &VolumeContext::new(),
@@ -103,8 +103,8 @@ async fn published(staging: bool) -> Published {
         .node()
         .publish(&NodePublish {
             volume: &volume.volume_id,
-            staging_target_path: staging.then(|| staging_path.to_str().unwrap()),
-            target_path: target.to_str().unwrap(),
+            staging_target_path: staging.then_some(staging_path.as_path()),
+            target_path: &target,
             capability: &cap,
             readonly: false,
             publish_context: &context,

@@ -109,7 +109,7 @@ impl Fixture {
         node.node()
             .stage(&NodeStage {
                 volume: &volume.volume_id,
-                staging_target_path: staging.to_str().unwrap(),
+                staging_target_path: &staging,
                 capability: &cap,
                 publish_context: &context,
                 volume_context: &VolumeContext::new(),
@@ -122,8 +122,8 @@ impl Fixture {
         node.node()
             .publish(&NodePublish {
                 volume: &volume.volume_id,
-                staging_target_path: Some(staging.to_str().unwrap()),
-                target_path: target.to_str().unwrap(),
+                staging_target_path: Some(&staging),
+                target_path: &target,
                 capability: &cap,
                 readonly: false,
                 publish_context: &context,

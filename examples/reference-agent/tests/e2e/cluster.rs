@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use csi_agent::ops::api::{ClaimView, ClusterView, StatusView, VolumeView};
+use csi_agent::ops::api::{ClaimView, ClusterView, PluginView, StatusView, VolumeView};
 use csi_client::Rpc;
 use csi_testkit::etcd::LocalEtcd;
 use csi_testkit::{MockPlugin, MockServer, Role};
@@ -73,13 +73,26 @@ async fn cluster_view(data: &Path) -> ClusterView {
         .expect("an agent in cluster mode shows its cluster")
 }
 
-/// Waits until every agent sees all `n` members and the mock on every node.
+/// Waits until every agent sees all `n` members and the mock on every node, healthy
+/// (nothing is published through a plugin before its first probe answers ready).
 async fn converged(nodes: &[&Node], n: usize) {
     for node in nodes {
         eventually("every member sees every member and plugin", async || {
             let c = cluster_view(&node.data).await;
             (c.members.len() == n && c.members.iter().all(|m| m.plugins == ["mock"])).then_some(())
         })
+        .await;
+        eventually(
+            "every member sees the mock healthy on every node",
+            async || {
+                let list: Vec<PluginView> = json(&node.data, &["plugin", "list"]).await;
+                let healthy = list
+                    .iter()
+                    .filter(|p| p.id == "mock" && p.health == "healthy")
+                    .count();
+                (healthy == n).then_some(())
+            },
+        )
         .await;
     }
 }

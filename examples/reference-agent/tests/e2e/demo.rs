@@ -507,3 +507,136 @@ async fn an_uncertain_create_that_cannot_be_undone_is_named_among_the_leftovers(
     );
     server.shutdown().await.unwrap();
 }
+
+/// Runs the demo against `server`'s plugin with its data under `data`.
+async fn demo_against(server: &MockServer, data: &Path) -> Run {
+    let endpoint = endpoint(server);
+    csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        &endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await
+}
+
+/// What the demo lists after "left behind".
+fn left_behind(run: &Run) -> &str {
+    run.stdout
+        .split_once("left behind")
+        .map(|(_, r)| r)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_uncertain_controller_publish_is_undone_and_not_left_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    // INTERNAL on a mutation: the volume may have been attached.
+    server
+        .faults()
+        .on(Rpc::ControllerPublishVolume)
+        .fail(Code::Internal, "scripted: lost track");
+    let run = demo_against(&server, &tmp.path().join("data")).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    let result = result_of(&run, Step::ControllerPublish);
+    assert!(
+        result.starts_with("FAILED")
+            && result.contains("undone: ControllerUnpublishVolume succeeded"),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(server.calls().count(Rpc::ControllerUnpublishVolume), 1);
+    let left = left_behind(&run);
+    assert!(
+        left.contains("claim of the demo workload") && left.contains("DeleteVolume volume_id="),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        !left.contains("ControllerUnpublishVolume"),
+        "{}",
+        run.dump()
+    );
+    let volume = &server.plugin().volumes()[0];
+    assert!(
+        server
+            .plugin()
+            .published_nodes(&volume.volume_id)
+            .is_empty()
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_uncertain_stage_that_cannot_be_undone_is_named_with_its_call() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server
+        .faults()
+        .on(Rpc::NodeStageVolume)
+        .fail(Code::Internal, "scripted: lost track");
+    server
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .fail(Code::InvalidArgument, "scripted: not now");
+    let run = demo_against(&server, &data).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        result_of(&run, Step::NodeStage).contains(
+            "undoing it with NodeUnstageVolume failed too, so it is listed as left behind"
+        ),
+        "{}",
+        run.dump()
+    );
+    let left = left_behind(&run);
+    let staging = data.join("staging").join("demo-volume");
+    let staging = staging.display();
+    for expected in [
+        format!(
+            "may be staged at {staging} (NodeStageVolume's outcome is uncertain): call \
+             NodeUnstageVolume volume_id="
+        ),
+        format!("staging_target_path={staging}"),
+        "published to node ".to_owned(),
+        "ControllerUnpublishVolume volume_id=".to_owned(),
+        "DeleteVolume volume_id=".to_owned(),
+    ] {
+        assert!(
+            left.contains(&expected),
+            "missing {expected:?}\n{}",
+            run.dump()
+        );
+    }
+    assert!(!left.contains("NodeUnpublishVolume"), "{}", run.dump());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_uncertain_publish_is_undone_and_what_was_done_before_is_listed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    server
+        .faults()
+        .on(Rpc::NodePublishVolume)
+        .fail(Code::Internal, "scripted: lost track");
+    let run = demo_against(&server, &tmp.path().join("data")).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    assert!(
+        result_of(&run, Step::NodePublish).contains("undone: NodeUnpublishVolume succeeded"),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(server.calls().count(Rpc::NodeUnpublishVolume), 1);
+    assert!(server.plugin().published().is_empty());
+    let left = left_behind(&run);
+    assert!(
+        left.contains("staged at ") && !left.contains("may be staged"),
+        "{}",
+        run.dump()
+    );
+    assert!(!left.contains("NodeUnpublishVolume"), "{}", run.dump());
+    server.shutdown().await.unwrap();
+}

@@ -46,7 +46,12 @@ impl Serve {
                 &["--listen", "127.0.0.1:0"][..]
             })
             .args(["--scan-interval", "100ms"])
-            .args(["--health-interval", "500ms", "--log", "info"])
+            .args(["--health-interval", "500ms"])
+            .args(if args.iter().any(|a| a == "--log") {
+                &[][..]
+            } else {
+                &["--log", "info"][..]
+            })
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -205,8 +210,10 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
     ];
     let mut agent = Serve::start(dir.path(), "first", &data, &args);
     agent.ready().await;
-    eventually("the plugin is fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("the plugin is fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
 
@@ -283,6 +290,8 @@ async fn sigkill_mid_release_then_restart_finishes_the_release_once() {
         agent.log()
     );
     assert!(agent.log().contains("claim freed"), "{}", agent.log());
+    // The resumed release waited for the plugin's fingerprint: its first attempt worked.
+    assert!(!agent.log().contains("detach failed"), "{}", agent.log());
 
     let _: VolumeView = json(&data, &["volume", "delete", "v1"]).await;
     assert!(mock.volumes().is_empty());
@@ -447,7 +456,7 @@ async fn two_agents_claim_and_release_across_each_other() {
                 .any(|p| p.node == "a" && p.controller && p.health == "healthy");
             let local = list
                 .iter()
-                .any(|p| p.node == "b" && p.node_service && p.fingerprints == 1);
+                .any(|p| p.node == "b" && p.node_service && p.health == "healthy");
             (remote && local).then_some(())
         },
     )
@@ -577,8 +586,10 @@ pub(crate) async fn one_agent(mock: &MockPlugin) -> OneAgent {
         .expect("serves");
     let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
     OneAgent {
@@ -705,8 +716,10 @@ async fn agent_with_v1_on(
         .expect("serves");
     let mut agent = Serve::start(dir, name, &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(
@@ -781,8 +794,10 @@ async fn node_usage_survives_a_restart() {
     agent.kill();
     let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted again", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints >= 1)
+    eventually("fingerprinted again and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints >= 1 && p.health == "healthy")
     })
     .await;
 
@@ -924,8 +939,10 @@ async fn an_uncertain_publish_is_recorded_and_cleaned_up_by_its_release() {
     args.extend(["--call-timeout".to_owned(), "2s".to_owned()]);
     let mut agent = Serve::start(dir.path(), "agent", &data, &args);
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
@@ -983,8 +1000,10 @@ async fn sigterm_lets_a_claim_in_flight_finish() {
     let args = fast_backoff(&plugins);
     let mut agent = Serve::start(dir.path(), "first", &data, &args);
     agent.ready().await;
-    eventually("fingerprinted", async || {
-        plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
+    eventually("fingerprinted and healthy", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.fingerprints == 1 && p.health == "healthy")
     })
     .await;
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
@@ -1038,7 +1057,7 @@ async fn register_an_existing_volume_and_read_the_tables() {
         .expect("serves");
     let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
     agent.ready().await;
-    eventually("fingerprinted", async || {
+    eventually("fingerprinted and healthy", async || {
         plugin(&data, "mock").await.filter(|p| p.fingerprints == 1)
     })
     .await;

@@ -1,0 +1,51 @@
+//! Counting panics anywhere in the process: in a campaign's own code, in a library it calls,
+//! or in a task of a server it runs (a tokio task that panics is caught by its runtime, so
+//! only a hook sees it).
+
+use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static PANICS: AtomicU64 = AtomicU64::new(0);
+static INSTALL: Once = Once::new();
+
+/// Replaces the panic hook with one that counts panics and prints where each happened. It
+/// prints the location only, never the payload: a payload may hold the input, and campaign
+/// inputs hold secrets. Replay the case with `RUST_BACKTRACE=1` to see more.
+pub fn install_hook() {
+    INSTALL.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            let thread = std::thread::current();
+            let location = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_else(|| "an unknown location".to_owned());
+            eprintln!(
+                "panic in thread {} at {location}",
+                thread.name().unwrap_or("<unnamed>")
+            );
+            if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+                eprintln!("{}", std::backtrace::Backtrace::force_capture());
+            }
+        }));
+    });
+}
+
+/// How many panics happened since the hook was installed.
+pub fn count() -> u64 {
+    PANICS.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caught_panic_is_counted() {
+        install_hook();
+        let before = count();
+        let caught = std::panic::catch_unwind(|| panic!("boom"));
+        assert!(caught.is_err());
+        assert!(count() > before);
+    }
+}

@@ -1,0 +1,328 @@
+//! A claim store whose disk fills up: redb on a backend that fails every write while told to
+//! (as a full disk does), then recovers. Claims and releases must fail at once with an error
+//! naming the store and its file, never hang, and work again without a restart.
+
+mod support;
+
+use std::io;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, DriverError};
+use csi_claims::store::{ClaimStore, RedbStore, StoreError};
+use csi_claims::{ClaimError, ClaimMode, ControllerRequirement};
+use csi_structs::{AccessMode, VolumeId, WorkloadId};
+use redb::StorageBackend;
+use redb::backends::FileBackend;
+use support::{FakeController, FakeNode, Plugin, info, request};
+
+/// A file backend that fails writes, syncs and growth while `full` is set, like a disk with
+/// no space left; it counts the calls that reach it.
+#[derive(Debug)]
+struct FullDisk {
+    file: FileBackend,
+    full: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+}
+
+impl FullDisk {
+    fn check(&self) -> io::Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.full.load(Ordering::SeqCst) {
+            // ENOSPC, as the kernel answers a write to a full file system.
+            Err(io::Error::from_raw_os_error(28))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageBackend for FullDisk {
+    fn len(&self) -> io::Result<u64> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.file.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.file.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.check()?;
+        self.file.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.check()?;
+        self.file.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check()?;
+        self.file.write(offset, data)
+    }
+    fn close(&self) -> io::Result<()> {
+        self.file.close()
+    }
+    fn try_lock_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.file.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.file.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.file.lock_range(start, end)
+    }
+    fn lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.file.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.file.unlock_range(start, end)
+    }
+    fn query_lock_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.file.query_lock_range(start, end)
+    }
+}
+
+/// A redb store on `path` whose disk is full while the returned flag is set; the counter
+/// counts the backend calls.
+fn store_on_full_disk(path: &Path) -> (RedbStore, Arc<AtomicBool>, Arc<AtomicU64>) {
+    let full = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let (f, c, p) = (Arc::clone(&full), Arc::clone(&calls), path.to_path_buf());
+    let store = RedbStore::with_opener(format!("redb {}", path.display()), move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
+        let backend = FullDisk {
+            file: FileBackend::new(file)?,
+            full: Arc::clone(&f),
+            calls: Arc::clone(&c),
+        };
+        redb::Builder::new().create_with_backend(backend)
+    })
+    .unwrap();
+    (store, full, calls)
+}
+
+/// Hang guard only: every answer below is expected at once.
+async fn guard<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("hang guard: a store failure must be answered, not waited out")
+}
+
+/// Retries `attempt` until it returns `Some` (bounded by the hang guard): the store opens its
+/// file again on the first call after its wait.
+async fn until<T, F: Future<Output = Option<T>>>(mut attempt: impl FnMut() -> F) -> T {
+    guard(async {
+        loop {
+            if let Some(done) = attempt().await {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+fn vid(s: &str) -> VolumeId {
+    VolumeId::new(s).unwrap()
+}
+
+#[tokio::test]
+async fn a_full_disk_fails_every_call_at_once_naming_the_file_and_the_store_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let (store, full, calls) = store_on_full_disk(&path);
+    let file = path.display().to_string();
+    let v = info("v1", "p", ControllerRequirement::Required);
+    // A record as the machine makes it.
+    let mut machine = csi_claims::ReleaseMachine::new(csi_claims::MachineConfig::default());
+    let claim = request(
+        &v,
+        "w",
+        "n1",
+        ClaimMode::Write,
+        AccessMode::SingleNodeWriter,
+    );
+    machine.claim(&v, claim, std::time::Instant::now()).unwrap();
+    let Some(csi_claims::Action::Persist(write)) = machine.poll_action() else {
+        panic!("a write is asked for");
+    };
+    let mut record = write.record.as_deref().cloned().unwrap();
+    let before = store
+        .compare_and_swap(&v.id, None, Some(&record))
+        .await
+        .unwrap();
+
+    full.store(true, Ordering::SeqCst);
+    let failed = store
+        .compare_and_swap(&v.id, before, Some(&record))
+        .await
+        .unwrap_err();
+    let cause = std::error::Error::source(&failed).map(ToString::to_string);
+    let text = format!("{failed}: {cause:?}");
+    assert!(matches!(failed, StoreError::Redb { .. }), "{text}");
+    assert!(failed.is_unavailable());
+    assert!(
+        failed.to_string().contains(&file) && cause.is_some_and(|c| c.contains("No space left")),
+        "{text}"
+    );
+
+    // Closed now: every call is refused without touching the disk, naming file and cause.
+    let touched = calls.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        let refused = store.load(&v.id).await.unwrap_err();
+        let text = refused.to_string();
+        assert!(matches!(refused, StoreError::Unavailable { .. }), "{text}");
+        assert!(text.contains(&file) && text.contains("I/O error"), "{text}");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        touched,
+        "no disk access while closed"
+    );
+    assert!(store.database().is_none());
+
+    // Space comes back: the store opens the file again by itself, with what was committed.
+    full.store(false, Ordering::SeqCst);
+    let stored = until(|| {
+        let store = store.clone();
+        let id = v.id.clone();
+        async move { store.load(&id).await.ok() }
+    })
+    .await
+    .expect("the record written before the failure");
+    assert!(store.database().is_some());
+    record = stored.record;
+    store
+        .compare_and_swap(&v.id, Some(stored.version), Some(&record))
+        .await
+        .expect("writes work again");
+}
+
+async fn start(store: RedbStore) -> (ClaimsHandle, ClaimsDriver) {
+    let plugin = Plugin::new();
+    ClaimsDriver::start(
+        Arc::new(store),
+        Arc::new(FakeNode(Arc::clone(&plugin))),
+        Arc::new(FakeController(plugin)),
+        DriverConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn claims_and_releases_fail_fast_while_the_disk_is_full_and_work_again_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let (store, full, _) = store_on_full_disk(&path);
+    let file = path.display().to_string();
+    let (claims, driver) = start(store).await;
+    let held = info("held", "p", ControllerRequirement::Required);
+    let writer = |v: &csi_claims::VolumeInfo, w: &str| {
+        request(v, w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter)
+    };
+    guard(claims.claim(&held, writer(&held, "a")))
+        .await
+        .unwrap();
+    assert_eq!(claims.store_failure(), None);
+
+    full.store(true, Ordering::SeqCst);
+    let fresh = info("fresh", "p", ControllerRequirement::Required);
+    let err = guard(claims.claim(&fresh, writer(&fresh, "b")))
+        .await
+        .unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    let text = err.to_string();
+    assert!(
+        matches!(err, DriverError::NotStored { what: "claim", .. })
+            && text.contains(&file)
+            && text.contains("No space left"),
+        "{text}"
+    );
+    // Never shown as taken: nothing of it is in the store.
+    assert!(
+        claims
+            .stored_record(&vid("fresh"))
+            .is_none_or(|r| r.claims().is_empty())
+    );
+    let failure = claims
+        .store_failure()
+        .expect("the driver knows the store fails");
+    assert!(failure.contains(&file), "{failure}");
+
+    // The release of a held claim fails at once too, and the claim stays held.
+    let err = guard(claims.release(&vid("held"), &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(err.to_string().contains(&file), "{err}");
+    // Asked again while the volume waits: refused at once, naming the store.
+    let err = guard(claims.claim(&fresh, writer(&fresh, "b")))
+        .await
+        .unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+
+    // Space comes back: claims work again without a restart.
+    full.store(false, Ordering::SeqCst);
+    let claimed = until(|| {
+        let claims = claims.clone();
+        let fresh = fresh.clone();
+        async move { claims.claim(&fresh, writer(&fresh, "b")).await.ok() }
+    })
+    .await;
+    assert_eq!(claimed.workload().as_str(), "b");
+    assert_eq!(claims.store_failure(), None, "the store works again");
+    let held_now = claims.stored_record(&vid("held")).unwrap();
+    assert_eq!(held_now.claims()[0].state().name(), "taken");
+    let refused = claims
+        .claim(&held, writer(&held, "z"))
+        .await
+        .expect_err("the held claim still holds its single-writer volume");
+    assert!(
+        matches!(refused, DriverError::Claim(ClaimError::Denied(_))),
+        "{refused}"
+    );
+    driver.shutdown().await;
+
+    // A restart finds exactly the claims that were acknowledged.
+    let reopened = RedbStore::open(&path).unwrap();
+    let mut stored: Vec<String> = reopened
+        .load_all()
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|s| {
+            s.record
+                .claims()
+                .iter()
+                .map(|c| format!("{}/{}", c.volume(), c.workload()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    stored.sort();
+    assert_eq!(stored, ["fresh/b", "held/a"]);
+}

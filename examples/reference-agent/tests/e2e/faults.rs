@@ -1,0 +1,225 @@
+//! The agent's own disk failing, without root or a small file system: a directory where a
+//! state file's temporary file goes makes every write of that file fail, as a full disk does,
+//! and removing it is the space coming back. The requests that need the file must be answered
+//! at once as the agent's failure (HTTP 503, kind `local_io`), never as the plugin's, and the
+//! agent must work again by itself.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use csi_agent::ops::api::{
+    AgentInfo, ApiError, ClaimVolume, CreateVolume, RegisterVolume, StatusView, VolumeView,
+};
+use csi_agent::ops::client::{self, ClientError};
+use csi_testkit::MockPlugin;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::serve::{GUARD, Serve, eventually, fast_backoff, json, metrics};
+
+/// One control API request; `Err((status, error))` for an error answer.
+async fn api<B: Serialize, T: DeserializeOwned>(
+    data: &Path,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&B>,
+) -> Result<T, (u16, ApiError)> {
+    let info: AgentInfo =
+        serde_json::from_slice(&std::fs::read(data.join("agent.json")).expect("agent.json"))
+            .expect("agent.json parses");
+    let addr: SocketAddr = info.http.parse().expect("an address");
+    let token = std::fs::read_to_string(data.join("control.token")).expect("the token");
+    match client::call(addr, Some(token.trim()), method, path, body, GUARD).await {
+        Ok(answer) => Ok(answer),
+        Err(ClientError::Api { status, error }) => Err((status, error)),
+        Err(other) => panic!("{path}: {other}"),
+    }
+}
+
+/// Makes every write of the state file `file` fail (or work again).
+fn block(file: &Path, blocked: bool) {
+    let tmp = file.with_extension("json.tmp");
+    if blocked {
+        std::fs::create_dir_all(&tmp).expect("the data directory is writable");
+    } else {
+        std::fs::remove_dir(&tmp).expect("the blocker is there");
+    }
+}
+
+fn claim(workload: &str) -> ClaimVolume {
+    ClaimVolume {
+        workload: workload.to_owned(),
+        mode: "write".to_owned(),
+    }
+}
+
+/// A local I/O failure: 503, `local_io`, class `retry`, naming `file`, not the plugin.
+fn assert_local(answer: &(u16, ApiError), file: &str) {
+    let (status, error) = answer;
+    assert_eq!(*status, 503, "{error:?}");
+    assert_eq!(error.kind, "local_io", "{error:?}");
+    assert_eq!(error.class.as_deref(), Some("retry"), "{error:?}");
+    assert!(error.error.contains(file), "{error:?}");
+    assert!(!error.error.contains("plugin answered"), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_and_recovers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder()
+        .volume("ext-2", 1 << 20)
+        .build()
+        .expect("mock with one pre-provisioned volume");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    eventually("the plugin is fingerprinted", async || {
+        let status: StatusView = json(&data, &["status"]).await;
+        status
+            .plugins
+            .iter()
+            .any(|p| p.id == "mock" && p.fingerprints >= 1)
+            .then_some(())
+    })
+    .await;
+    let create = CreateVolume {
+        id: "v1".into(),
+        plugin: "mock".into(),
+        capacity_bytes: 1 << 20,
+        access_mode: "single-node-writer".into(),
+        attachment: "mount".into(),
+        parameters: Default::default(),
+        secrets: Default::default(),
+        requisite_topology: Vec::new(),
+        preferred_topology: Vec::new(),
+    };
+    let _: VolumeView = api(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes/create",
+        Some(&create),
+    )
+    .await
+    .expect("created");
+
+    // The volume book cannot be written: registering fails at once, naming volumes.json.
+    let book = data.join("volumes.json");
+    block(&book, true);
+    let register = RegisterVolume {
+        id: "v2".into(),
+        external_id: "ext-2".into(),
+        plugin: "mock".into(),
+        access_mode: "single-node-writer".into(),
+        attachment: "mount".into(),
+        controller_publish: None,
+        context: Default::default(),
+        secrets: Default::default(),
+        accessible_topology: Vec::new(),
+    };
+    let refused = api::<_, VolumeView>(&data, hyper::Method::POST, "/v1/volumes", Some(&register))
+        .await
+        .expect_err("volumes.json cannot be written");
+    assert_local(&refused, "volumes.json");
+    block(&book, false);
+    let _: VolumeView = api(&data, hyper::Method::POST, "/v1/volumes", Some(&register))
+        .await
+        .expect("registered once volumes.json can be written");
+
+    // The usage records cannot be written: the claim fails at once at its mount, as ours.
+    let usage = data.join("node").join("usage.json");
+    block(&usage, true);
+    let refused = api::<_, VolumeView>(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes/v1/claim",
+        Some(&claim("w1")),
+    )
+    .await
+    .expect_err("usage.json cannot be written");
+    assert_local(&refused, "usage.json");
+    let status: StatusView = json(&data, &["status"]).await;
+    assert!(
+        status
+            .failing_files
+            .iter()
+            .any(|f| f.contains("usage.json")),
+        "{status:?}"
+    );
+    assert_eq!(status.store_failure, None, "the claim store is fine");
+    let metrics = metrics(&data);
+    assert!(
+        metrics.contains("csi_agent_state_files_failing 1"),
+        "{metrics}"
+    );
+
+    // Space comes back: the claim given up is released by itself, and claims work again.
+    block(&usage, false);
+    eventually("the given-up claim is released", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    let view: csi_agent::ops::api::ClaimView = api(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes/v1/claim",
+        Some(&claim("w2")),
+    )
+    .await
+    .expect("claims work again");
+    assert_eq!(view.state, "taken");
+    let status: StatusView = json(&data, &["status"]).await;
+    assert!(status.failing_files.is_empty(), "{status:?}");
+
+    // A release step whose usage records cannot be written fails as the agent's own, not as
+    // the plugin's, and is retried until the file can be written.
+    block(&usage, true);
+    let _: VolumeView = api(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes/v1/release",
+        Some(&csi_agent::ops::api::ReleaseVolume {
+            workload: "w2".into(),
+        }),
+    )
+    .await
+    .expect("the release is stored");
+    let stuck = eventually("the release is stuck on usage.json", async || {
+        let status: StatusView = json(&data, &["status"]).await;
+        status.stuck.into_iter().find(|r| {
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("usage.json"))
+        })
+    })
+    .await;
+    let error = stuck.last_error.unwrap_or_default();
+    assert!(error.contains("the serving agent failed"), "{error}");
+    assert!(!error.contains("plugin answered"), "{error}");
+    assert_eq!(stuck.last_error_class.as_deref(), Some("retry"));
+    block(&usage, false);
+    eventually("the release finishes", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    assert!(mock.published().is_empty() && mock.staged().is_empty());
+
+    // Logged once each time the file started failing and once each time it worked again,
+    // however many writes failed in between. (Read after the stop, which flushes the log.)
+    assert_eq!(agent.terminate(), Some(0));
+    let log = agent.log();
+    let count = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains(needle) && l.contains("usage.json"))
+            .count()
+    };
+    assert_eq!(count("state file cannot be written"), 2, "{log}");
+    assert_eq!(count("state file written again"), 2, "{log}");
+}
