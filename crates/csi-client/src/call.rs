@@ -26,6 +26,7 @@ use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, Respon
 use crate::link::Handover;
 use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 use crate::policy::{CallOptions, PolicyTable, RpcPolicy, classify_failure};
+use crate::turns::{self, VolumeTurns};
 use crate::validate::{CsiRequest, CsiResponse, check_request, check_response};
 
 /// Everything the typed clients share: the connection, the policy table, the retry budget and
@@ -41,6 +42,7 @@ struct Shared {
     policies: PolicyTable,
     budget: Arc<RetryBudget>,
     observer: Option<Arc<dyn CallObserver>>,
+    turns: Arc<VolumeTurns>,
 }
 
 /// Why one attempt failed before classification.
@@ -55,6 +57,7 @@ impl Caller {
         policies: PolicyTable,
         budget: Arc<RetryBudget>,
         observer: Option<Arc<dyn CallObserver>>,
+        turns: Arc<VolumeTurns>,
     ) -> Self {
         Caller {
             shared: Arc::new(Shared {
@@ -62,8 +65,13 @@ impl Caller {
                 policies,
                 budget,
                 observer,
+                turns,
             }),
         }
+    }
+
+    pub(crate) fn turns(&self) -> &Arc<VolumeTurns> {
+        &self.shared.turns
     }
 
     pub(crate) fn connection(&self) -> &Connection {
@@ -253,8 +261,29 @@ impl Caller {
         self.shared.budget.deposit();
         let mut delays = policy.backoff.delays(policy.max_attempts.saturating_sub(1));
         let mut attempt: u32 = 0;
+        // One call in flight per volume: each attempt waits for its volume's turn, within
+        // the call's budget, and gives it back when it ends.
+        let volume = turns::volume_of(rpc, context.volume_id());
         loop {
             attempt += 1;
+            let turn = match volume {
+                Some(volume) => {
+                    let take = self.shared.turns.take(volume);
+                    match tokio::time::timeout_at(call_deadline, take).await {
+                        Ok(turn) => Some(turn),
+                        Err(_) => {
+                            let kind = ErrorKind::VolumeBusy {
+                                budget: policy.total_budget,
+                            };
+                            let class = classify_failure(rpc, kind.failure());
+                            tracing::debug!(attempt, "the volume stayed busy until the deadline");
+                            let error = Error::new(context.clone(), kind, class, attempt - 1);
+                            return Err((error, start.elapsed()));
+                        }
+                    }
+                }
+                None => None,
+            };
             let attempt_start = Instant::now();
             let left = call_deadline.saturating_duration_since(attempt_start);
             let clipped = left < policy.attempt_deadline;
@@ -290,6 +319,7 @@ impl Caller {
             let outcome = tokio::time::timeout_at(attempt_deadline, one)
                 .instrument(tracing::debug_span!("csi.attempt", attempt))
                 .await;
+            drop(turn);
             let elapsed = attempt_start.elapsed();
             let scope = if clipped {
                 Elapsed::new(DeadlineScope::Call, policy.total_budget)

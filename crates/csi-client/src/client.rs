@@ -18,6 +18,7 @@ use crate::node::NodeClient;
 use crate::observe::CallObserver;
 use crate::policy::{PolicyTable, RpcPolicy};
 use crate::snapshot_metadata::SnapshotMetadataClient;
+use crate::turns::VolumeTurns;
 
 /// A client of one CSI plugin: hands out the per-service clients, all sharing one lazily
 /// dialled connection, one policy table, one retry budget and one observer. Cheap to clone.
@@ -46,6 +47,7 @@ impl CsiClient {
             budget: None,
             observer: None,
             layers: None,
+            turns: None,
         }
     }
 
@@ -103,6 +105,12 @@ impl CsiClient {
         self.caller.budget()
     }
 
+    /// The volumes' turns this client's calls take: at most one call in flight per volume
+    /// (see [`VolumeTurns`]).
+    pub fn volume_turns(&self) -> &Arc<VolumeTurns> {
+        self.caller.turns()
+    }
+
     /// Gathers plugin info, plugin/controller/group-controller/node capabilities and node
     /// info into one value (see [`Fingerprint`]).
     ///
@@ -130,6 +138,7 @@ pub struct CsiClientBuilder {
     budget: Option<Arc<RetryBudget>>,
     observer: Option<Arc<dyn CallObserver>>,
     layers: Option<LayerStack>,
+    turns: Option<Arc<VolumeTurns>>,
 }
 
 impl CsiClientBuilder {
@@ -158,6 +167,15 @@ impl CsiClientBuilder {
     #[must_use]
     pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Shares the volumes' turns with other clients of the same plugin, so that at most one
+    /// call per volume is in flight across all of them (see [`VolumeTurns`]). Without it, the
+    /// client and its clones have turns of their own.
+    #[must_use]
+    pub fn volume_turns(mut self, turns: Arc<VolumeTurns>) -> Self {
+        self.turns = Some(turns);
         self
     }
 
@@ -226,6 +244,7 @@ impl CsiClientBuilder {
                 self.policies,
                 self.budget.unwrap_or_default(),
                 self.observer,
+                self.turns.unwrap_or_default(),
             ),
         }
     }

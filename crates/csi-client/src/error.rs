@@ -207,6 +207,16 @@ pub enum ErrorKind {
     /// client itself.
     #[error("the plugin's answer was unusable: {0}")]
     InvalidResponse(ResponseError),
+    /// Another call about the same volume was still in flight through this client (or a
+    /// client sharing its [`VolumeTurns`](crate::VolumeTurns)) when this call's budget ran
+    /// out; nothing was sent. Retry later: the class is [`Retry`](ErrorClass::Retry).
+    #[error(
+        "another call about this volume was still in flight when the call's budget of {budget:?} ran out; nothing was sent"
+    )]
+    VolumeBusy {
+        /// The call's total budget, all of it spent waiting.
+        budget: std::time::Duration,
+    },
 }
 
 impl ErrorKind {
@@ -234,6 +244,7 @@ impl ErrorKind {
             ErrorKind::BadEndpoint(_) => Failure::BadEndpoint,
             ErrorKind::InvalidRequest(_) => Failure::InvalidRequest,
             ErrorKind::InvalidResponse(_) => Failure::InvalidResponse,
+            ErrorKind::VolumeBusy { .. } => Failure::VolumeBusy,
         }
     }
 }
@@ -726,6 +737,11 @@ mod tests {
             ErrorKind::InvalidRequest(ValidationErrors::new()).failure(),
             Failure::InvalidRequest
         );
+        let busy = ErrorKind::VolumeBusy {
+            budget: Duration::from_secs(1),
+        };
+        assert_eq!(busy.failure(), Failure::VolumeBusy);
+        assert!(busy.to_string().contains("nothing was sent"), "{busy}");
     }
 
     #[test]

@@ -22,6 +22,12 @@
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
 //!   plugin has not created yet, reconnects when the plugin restarts (a request the closed
 //!   connection never took goes out on the new one), and sends `:authority localhost`.
+//! - **One call in flight per volume**, as the spec asks of the orchestrator: each attempt of
+//!   an RPC about a volume waits for that volume's turn ([`VolumeTurns`]), in the order
+//!   callers asked and within the call's budget, instead of drawing `ABORTED` from the plugin
+//!   and a backoff pause. Clones share the turns; separately built clients of one plugin
+//!   share them through [`CsiClientBuilder::volume_turns`]. A call whose volume stays busy
+//!   until its budget runs out sends nothing and fails with [`ErrorKind::VolumeBusy`].
 //! - **Listings to the end** ([`paging`]): `list_all_volumes` and its siblings follow
 //!   `next_token` page by page, refuse a plugin whose tokens loop or never end, and start
 //!   over when the plugin refuses its own token (ABORTED), as the spec says.
@@ -38,7 +44,8 @@
 //!   histograms and code counters in the Prometheus text format, or any tower layer of your
 //!   own.
 //!
-//! It is not a claim tracker (see `csi-claims`) and holds no state about volumes.
+//! It is not a claim tracker (see `csi-claims`) and keeps no state about volumes beyond the
+//! calls in flight.
 //!
 //! # Example
 //!
@@ -91,6 +98,7 @@ pub mod paging;
 pub mod policy;
 mod service;
 pub mod snapshot_metadata;
+pub mod turns;
 mod validate;
 
 pub use budget::RetryBudget;
@@ -120,6 +128,7 @@ pub use policy::{
 pub use snapshot_metadata::{MetadataMessage, MetadataStream, SnapshotMetadataClient};
 /// gRPC status codes, as carried by [`Error::code`].
 pub use tonic::Code;
+pub use turns::{Turn, VolumeTurns};
 
 #[cfg(test)]
 mod send_checks {

@@ -58,6 +58,7 @@ impl Outcome {
                 Failure::BadEndpoint => "bad_endpoint",
                 Failure::InvalidResponse => "invalid_response",
                 Failure::InvalidRequest => "invalid_request",
+                Failure::VolumeBusy => "volume_busy",
             },
         }
     }

@@ -190,6 +190,9 @@ pub enum Failure {
     InvalidResponse,
     /// The request was refused before sending (it breaks the spec); nothing was sent.
     InvalidRequest,
+    /// Another call about the same volume held the volume's turn until the call's budget ran
+    /// out ([`VolumeTurns`](crate::VolumeTurns)); nothing was sent.
+    VolumeBusy,
 }
 
 const fn index(rpc: Rpc) -> usize {
@@ -428,6 +431,8 @@ pub const fn classify(rpc: Rpc, code: Code) -> ErrorClass {
 ///   reported no failure, so on a mutating RPC the operation may have happened →
 ///   uncertain; on a read nothing changed → retry. Never fatal: the request was fine.
 /// - A request refused before sending → fatal.
+/// - A call whose volume stayed busy with another call until its budget ran out: nothing
+///   was sent → retry.
 pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
     let mutating = effect(rpc).is_mutating();
     match failure {
@@ -445,6 +450,7 @@ pub const fn classify_failure(rpc: Rpc, failure: Failure) -> ErrorClass {
         Failure::NotConnected => ErrorClass::RetryElsewhere,
         Failure::BadEndpoint => ErrorClass::Fatal,
         Failure::InvalidRequest => ErrorClass::Fatal,
+        Failure::VolumeBusy => ErrorClass::Retry,
     }
 }
 
@@ -466,7 +472,8 @@ impl RpcPolicy {
             Failure::CallDeadline
             | Failure::BadEndpoint
             | Failure::InvalidResponse
-            | Failure::InvalidRequest => false,
+            | Failure::InvalidRequest
+            | Failure::VolumeBusy => false,
         }
     }
 

@@ -65,7 +65,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use csi_client::{CsiClient, CsiClientBuilder, Endpoint, Fingerprint};
+use csi_client::{CsiClient, CsiClientBuilder, Endpoint, Fingerprint, VolumeTurns};
 use csi_structs::PluginId;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -404,12 +404,16 @@ impl PluginManager {
     fn insert(&self, state: &mut State, kept: Kept) {
         let plugin = kept.plugin.clone();
         let registration = kept.registration;
+        // The two clients of one plugin share its volumes' turns: a release's node detach
+        // never overlaps a claim's call about the same volume.
+        let turns = Arc::new(VolumeTurns::new());
         let builder = || {
             let b = CsiClient::builder(kept.endpoint.clone());
             match &self.inner.customize {
                 Some(customize) => customize(&plugin, b),
                 None => b,
             }
+            .volume_turns(turns.clone())
         };
         let client = builder().build();
         let detach = self.inner.config.node_detach.apply(builder()).build();

@@ -12,5 +12,6 @@ mod metrics;
 mod misbehaving;
 mod paths;
 mod retries;
+mod turns;
 mod typed;
 mod undo;

@@ -291,3 +291,25 @@ async fn a_directory_socket_is_registered_once_and_deregistered_when_it_goes() {
     again.scan();
     assert!(manager.status(&id).is_none(), "{:?}", manager.list());
 }
+
+#[tokio::test]
+async fn a_plugins_two_clients_share_its_volumes_turns() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_m, _s) = mock(dir.path(), "m.sock", "m.csi.example", "1").await;
+    let id = PluginId::new("p").expect("id");
+    let manager = PluginManager::builder(fast()).start().expect("starts");
+    manager
+        .register(id.clone(), endpoint(dir.path(), "m.sock"))
+        .expect("registered");
+    let ready = manager.wait_for(&id, guard()).await.expect("ready");
+    let detach = manager.detach_client(&id).expect("registered");
+    // A release's node detach waits for a claim's call about the same volume, and the
+    // other way round, instead of drawing ABORTED from the plugin.
+    assert!(Arc::ptr_eq(
+        ready.client.volume_turns(),
+        detach.volume_turns()
+    ));
+    let volume = csi_structs::ExternalVolumeId::new("vol-1").expect("id");
+    let _turn = ready.client.volume_turns().take(&volume).await;
+    assert_eq!(detach.volume_turns().busy(), 1);
+}

@@ -32,7 +32,9 @@ pub fn plugin_failure(e: &csi_client::Error) -> PluginFailure {
     match e.kind().failure() {
         Failure::Status(code) => PluginFailure::Status(GrpcCode::from(code)),
         Failure::InvalidResponse => PluginFailure::UnusableAnswer,
-        Failure::AttemptDeadline | Failure::CallDeadline => PluginFailure::Deadline,
+        Failure::AttemptDeadline | Failure::CallDeadline | Failure::VolumeBusy => {
+            PluginFailure::Deadline
+        }
         Failure::ConnectionLost | Failure::NotConnected | Failure::BadEndpoint => {
             PluginFailure::Unreachable
         }
