@@ -44,7 +44,9 @@ impl Error {
             Error::Release(e) => e.class(),
             Error::Load(_) | Error::Backoff(_) => ErrorClass::Fatal,
             Error::Store(e) => match e {
-                StoreError::Conflict { .. } | StoreError::Interrupted { .. } => ErrorClass::Retry,
+                StoreError::Conflict { .. }
+                | StoreError::Interrupted { .. }
+                | StoreError::TimedOut { .. } => ErrorClass::Retry,
                 StoreError::LoadInterrupted
                 | StoreError::Redb { .. }
                 | StoreError::Unavailable { .. } => ErrorClass::Retry,

@@ -326,3 +326,93 @@ async fn claims_and_releases_fail_fast_while_the_disk_is_full_and_work_again_aft
     stored.sort();
     assert_eq!(stored, ["fresh/b", "held/a"]);
 }
+
+/// A store that never answers while `stalled` is set (a disk that hangs), over a memory store.
+#[derive(Debug)]
+struct Stalling {
+    inner: csi_claims::store::MemoryStore,
+    stalled: Arc<AtomicBool>,
+}
+
+impl Stalling {
+    async fn stall_while_set(&self) {
+        while self.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for Stalling {
+    async fn load_all(&self) -> Result<Vec<csi_claims::store::Stored>, StoreError> {
+        self.stall_while_set().await;
+        self.inner.load_all().await
+    }
+
+    async fn load(
+        &self,
+        volume: &VolumeId,
+    ) -> Result<Option<csi_claims::store::Stored>, StoreError> {
+        self.stall_while_set().await;
+        self.inner.load(volume).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<csi_claims::store::Version>,
+        record: Option<&csi_claims::VolumeRecord>,
+    ) -> Result<Option<csi_claims::store::Version>, StoreError> {
+        self.stall_while_set().await;
+        self.inner.compare_and_swap(volume, expected, record).await
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_hangs_fails_claims_after_the_store_timeout_and_they_work_once_it_answers() {
+    let stalled = Arc::new(AtomicBool::new(false));
+    let store = Stalling {
+        inner: csi_claims::store::MemoryStore::new(),
+        stalled: Arc::clone(&stalled),
+    };
+    let plugin = Plugin::new();
+    let (claims, _driver) = ClaimsDriver::start(
+        Arc::new(store),
+        Arc::new(FakeNode(Arc::clone(&plugin))),
+        Arc::new(FakeController(plugin)),
+        DriverConfig {
+            store_timeout: Duration::from_millis(50),
+            ..DriverConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let v = info("v", "p", ControllerRequirement::Required);
+    let writer = |w: &str| request(&v, w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter);
+
+    stalled.store(true, Ordering::SeqCst);
+    let err = guard(claims.claim(&v, writer("a"))).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(
+        matches!(err, DriverError::NotStored { what: "claim", .. })
+            && err.to_string().contains("did not answer within 50ms"),
+        "{err}"
+    );
+    assert!(
+        claims.store_failure().is_some(),
+        "the driver knows the store fails"
+    );
+
+    // The store answers again: the write that was cut off may have happened; the volume is
+    // read again, and a claim works.
+    stalled.store(false, Ordering::SeqCst);
+    let claimed = until(|| {
+        let claims = claims.clone();
+        let request = writer("a");
+        let v = v.clone();
+        async move { claims.claim(&v, request).await.ok() }
+    })
+    .await;
+    assert_eq!(claimed.workload().as_str(), "a");
+    assert_eq!(claims.store_failure(), None);
+}

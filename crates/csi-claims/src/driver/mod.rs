@@ -39,7 +39,7 @@ use crate::detach::{DetachError, DetachRpc, NodeDetachRequest};
 use crate::error::error_chain;
 use crate::machine::{Action, Event, MachineConfig, PersistRequest, ReleaseMachine, ReloadRequest};
 use crate::store::{Change, Changes, ClaimStore, StoreError};
-use csi_structs::ErrorClass;
+use csi_structs::{ErrorClass, VolumeId};
 
 use handle::Waiters;
 
@@ -54,6 +54,11 @@ pub struct DriverConfig {
     /// A backstop deadline for each detacher call; an expired call counts as
     /// [`ErrorClass::Uncertain`] and is retried. Default: 5 minutes.
     pub call_timeout: Duration,
+    /// The longest a claim store read or write may take (a stalled disk, a store that never
+    /// answers). Past it the call counts as [`StoreError::TimedOut`]: its outcome is unknown,
+    /// so the volume's record is read again before the next write, and whoever waits for it
+    /// is answered with the store's failure instead of waiting on. Default: 10 seconds.
+    pub store_timeout: Duration,
     /// How many events a slow [`ClaimsHandle::subscribe`] receiver may lag behind. Default 1024.
     pub event_capacity: usize,
     /// How long, after the start, the release steps of a volume wait for its plugin to be
@@ -61,6 +66,10 @@ pub struct DriverConfig {
     /// (see [`ReleaseMachine::await_plugins`]): an agent that restarts resumes its releases
     /// once it has found its plugins again, not before. Default zero: no wait.
     pub first_plugin_wait: Duration,
+    /// Whether controller steps wait too ([`ReleaseMachine::await_plugins`]) or node steps
+    /// only ([`ReleaseMachine::await_node_plugins`]: a member of a cluster, whose controller
+    /// steps may call another node's plugin). Default `true`.
+    pub first_plugin_wait_controllers: bool,
 }
 
 impl Default for DriverConfig {
@@ -68,8 +77,10 @@ impl Default for DriverConfig {
         Self {
             machine: MachineConfig::default(),
             call_timeout: Duration::from_secs(300),
+            store_timeout: Duration::from_secs(10),
             event_capacity: 1024,
             first_plugin_wait: Duration::ZERO,
+            first_plugin_wait_controllers: true,
         }
     }
 }
@@ -169,7 +180,12 @@ impl ClaimsDriver {
             machine.follow_store_changes();
         }
         if !config.first_plugin_wait.is_zero() {
-            machine.await_plugins(now() + config.first_plugin_wait);
+            let until = now() + config.first_plugin_wait;
+            if config.first_plugin_wait_controllers {
+                machine.await_plugins(until);
+            } else {
+                machine.await_node_plugins(until);
+            }
         }
         for stored in records {
             let volume = stored.record.info().id.clone();
@@ -196,6 +212,7 @@ impl ClaimsDriver {
             node,
             controller,
             call_timeout: config.call_timeout,
+            store_timeout: config.store_timeout,
         };
         let task = tokio::spawn(runner.run(stopped, changes));
         Ok((
@@ -238,6 +255,7 @@ struct Runner<S: ?Sized, N: ?Sized, C: ?Sized> {
     node: Arc<N>,
     controller: Arc<C>,
     call_timeout: Duration,
+    store_timeout: Duration,
 }
 
 impl<S, N, C> Runner<S, N, C>
@@ -347,11 +365,11 @@ where
         match action {
             Action::Persist(request) => {
                 let store = Arc::clone(&self.store);
-                calls.spawn(persist(shared, store, request));
+                calls.spawn(persist(shared, store, request, self.store_timeout));
             }
             Action::Reload(request) => {
                 let store = Arc::clone(&self.store);
-                calls.spawn(reload(shared, store, request));
+                calls.spawn(reload(shared, store, request, self.store_timeout));
             }
             Action::NodeDetach(request) => {
                 let node = Arc::clone(&self.node);
@@ -414,6 +432,7 @@ async fn persist<S: ClaimStore + ?Sized>(
     shared: Arc<Shared>,
     store: Arc<S>,
     request: PersistRequest,
+    limit: Duration,
 ) {
     let PersistRequest {
         ticket,
@@ -422,14 +441,12 @@ async fn persist<S: ClaimStore + ?Sized>(
         record,
     } = request;
     let key = volume.clone();
-    // Its own task, so a store that panics answers "interrupted" instead of never.
-    let result = tokio::spawn(async move {
+    let result = bounded_store(volume, limit, async move {
         store
             .compare_and_swap(&key, expected, record.as_deref())
             .await
     })
-    .await
-    .unwrap_or(Err(StoreError::Interrupted { volume }));
+    .await;
     let mut state = shared.lock();
     state.note_store(&result);
     state.machine.persisted(ticket, result, now());
@@ -441,17 +458,35 @@ async fn reload<S: ClaimStore + ?Sized>(
     shared: Arc<Shared>,
     store: Arc<S>,
     request: ReloadRequest,
+    limit: Duration,
 ) {
     let ReloadRequest { ticket, volume } = request;
     let key = volume.clone();
-    let result = tokio::spawn(async move { store.load(&key).await })
-        .await
-        .unwrap_or(Err(StoreError::Interrupted { volume }));
+    let result = bounded_store(volume, limit, async move { store.load(&key).await }).await;
     let mut state = shared.lock();
     state.note_store(&result);
     state.machine.reloaded(ticket, result, now());
     drop(state);
     shared.wake.notify_one();
+}
+
+/// Runs a store call in its own task, so that a store that panics answers "interrupted"
+/// instead of never, and gives up waiting for it after `limit` ("timed out": its outcome is
+/// unknown). The call itself goes on to its end in the background; the volume's record is
+/// read again before the next write.
+async fn bounded_store<T: Send + 'static>(
+    volume: VolumeId,
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, tokio::spawn(call)).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(StoreError::Interrupted { volume }),
+        Err(_) => Err(StoreError::TimedOut {
+            volume,
+            after: limit,
+        }),
+    }
 }
 
 /// `NodeUnpublishVolume`, then `NodeUnstageVolume` when asked; "already done" counts as done.

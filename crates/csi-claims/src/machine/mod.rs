@@ -355,6 +355,8 @@ pub struct ReleaseMachine {
     /// Until when release steps wait for their plugin to be reported available (after a
     /// start, before the plugins are fingerprinted), and the plugins reported so far.
     awaiting_plugins: Option<(Instant, HashSet<PluginId>)>,
+    /// Whether controller steps wait too (not when their plugin may be another node's).
+    awaiting_controllers: bool,
     rng: JitterRng,
     next_ticket: u64,
 }
@@ -369,6 +371,7 @@ impl ReleaseMachine {
             retired: HashMap::new(),
             store_down: HashSet::new(),
             awaiting_plugins: None,
+            awaiting_controllers: false,
             config,
             volumes: HashMap::new(),
             ready: VecDeque::new(),
@@ -645,6 +648,15 @@ impl ReleaseMachine {
     /// [`poll_timeout`](Self::poll_timeout)) every release goes on, available or not.
     pub fn await_plugins(&mut self, until: Instant) {
         self.awaiting_plugins = Some((until, HashSet::new()));
+        self.awaiting_controllers = true;
+    }
+
+    /// As [`await_plugins`](Self::await_plugins), for node steps only: controller steps go
+    /// at once. For a member of a cluster, whose node steps call its own plugins (reported
+    /// as it finds them) while a controller step may call another node's.
+    pub fn await_node_plugins(&mut self, until: Instant) {
+        self.awaiting_plugins = Some((until, HashSet::new()));
+        self.awaiting_controllers = false;
     }
 
     /// The plugin became available (on `node`, or anywhere when `None`): volumes served by it
@@ -1481,10 +1493,13 @@ impl ReleaseMachine {
         let deferred = entry.step_retry.failed_for.as_ref();
         let step = next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs);
         // After a start, no plugin call before the plugin is known to be there again.
-        if matches!(
-            step,
-            Step::NodeDetach { .. } | Step::ControllerDetach { .. }
-        ) && let Some((_, available)) = &self.awaiting_plugins
+        let waits = match step {
+            Step::NodeDetach { .. } => true,
+            Step::ControllerDetach { .. } => self.awaiting_controllers,
+            _ => false,
+        };
+        if waits
+            && let Some((_, available)) = &self.awaiting_plugins
             && !available.contains(&entry.record.info.plugin)
         {
             return None;

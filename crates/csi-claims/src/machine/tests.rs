@@ -1599,3 +1599,54 @@ fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
     // The same read again tells nothing new.
     assert_eq!(h.m.resync(stored.version, vec![stored], h.now), 0);
 }
+
+/// A machine started again on a store whose release is past its node step: the controller
+/// step comes next.
+fn restarted_at_the_controller_step() -> Harness {
+    let mut first = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    first
+        .claim(
+            &v,
+            request(
+                "v",
+                "a",
+                "n1",
+                ClaimMode::Write,
+                AccessMode::SingleNodeWriter,
+            ),
+        )
+        .unwrap();
+    first.release("v", "a");
+    first.answer_node(Ok(()));
+    assert_eq!(first.controller_calls.len(), 1, "at the controller step");
+    let mut h = Harness::new();
+    h.store = first.store;
+    let stored = h.store.load_now(&vid("v")).unwrap();
+    h.m.load(stored).unwrap();
+    h
+}
+
+#[test]
+fn a_cluster_member_waits_for_its_node_plugins_only() {
+    // Waiting for node plugins only: the controller step goes at once.
+    let mut h = restarted_at_the_controller_step();
+    h.m.await_node_plugins(h.now + Duration::from_secs(5));
+    h.pump();
+    assert_eq!(h.controller_calls.len(), 1, "not held back");
+
+    // Waiting for every plugin: it is held until its plugin is back.
+    let mut h = restarted_at_the_controller_step();
+    h.m.await_plugins(h.now + Duration::from_secs(5));
+    h.pump();
+    assert!(h.controller_calls.is_empty(), "held back");
+
+    // A node step waits either way.
+    let mut h = restarted_with_a_release();
+    h.m.await_node_plugins(h.now + Duration::from_secs(5));
+    h.pump();
+    assert!(h.node_calls.is_empty(), "the node plugin is not back yet");
+    h.m.plugin_available(&PluginId::new("plug").unwrap(), Some(&nid("n1")), h.now);
+    h.pump();
+    assert_eq!(h.node_calls.len(), 1);
+}

@@ -164,6 +164,19 @@ pub enum StoreError {
         /// The volume.
         volume: VolumeId,
     },
+    /// The store call did not answer within the driver's
+    /// [`store_timeout`](crate::driver::DriverConfig::store_timeout) (a stalled disk, a store
+    /// that never answers): whether a write happened is unknown, so the writer reloads before
+    /// writing again.
+    #[error(
+        "claim store call for volume {volume} did not answer within {after:?}; its outcome is unknown"
+    )]
+    TimedOut {
+        /// The volume.
+        volume: VolumeId,
+        /// How long it was given.
+        after: std::time::Duration,
+    },
     /// Reading every record at startup did not finish (its task panicked or was cancelled).
     #[error("loading every claim record did not finish")]
     LoadInterrupted,
@@ -248,6 +261,7 @@ impl StoreError {
                 | StoreError::Unavailable { .. }
                 | StoreError::Etcd { .. }
                 | StoreError::Interrupted { .. }
+                | StoreError::TimedOut { .. }
                 | StoreError::LoadInterrupted
         )
     }

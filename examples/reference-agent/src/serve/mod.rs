@@ -260,6 +260,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         },
         call_timeout: config.call_timeout.saturating_mul(2),
         first_plugin_wait: stores.first_plugin_wait,
+        first_plugin_wait_controllers: stores.first_plugin_wait_controllers,
         ..DriverConfig::default()
     };
     let (claims, driver) = ClaimsDriver::start(
@@ -465,6 +466,8 @@ struct Stores {
     duties: Duties,
     /// How long resumed releases wait for their plugin's first fingerprint.
     first_plugin_wait: Duration,
+    /// Whether controller steps wait too, or node steps only.
+    first_plugin_wait_controllers: bool,
     /// What `serve` logs at the start.
     description: String,
     #[cfg(feature = "etcd")]
@@ -489,6 +492,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 duties: Duties::ALL,
                 // Every plugin a release needs is on this node: found by the first scan.
                 first_plugin_wait: FIRST_FINGERPRINT_WAIT,
+                first_plugin_wait_controllers: true,
                 description,
                 #[cfg(feature = "etcd")]
                 etcd: None,
@@ -504,9 +508,11 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 forgetting: None,
                 // The node steps of this node's claims; the controller duty when elected.
                 duties: Duties::node(config.node_id.clone(), false),
-                // A controller may be another member's, which this agent never fingerprints:
-                // no wait.
-                first_plugin_wait: Duration::ZERO,
+                // This node's steps call its own plugins, found by the first scan; a
+                // controller may be another member's, which this agent never fingerprints:
+                // controller steps do not wait.
+                first_plugin_wait: FIRST_FINGERPRINT_WAIT,
+                first_plugin_wait_controllers: false,
                 description: format!("{} prefix {}", settings.display(), settings.prefix),
                 etcd: Some((store, settings.clone())),
             })
