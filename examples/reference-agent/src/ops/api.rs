@@ -135,6 +135,7 @@ pub struct PluginView {
 
 /// Register an existing volume.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct RegisterVolume {
     /// The orchestrator's volume id.
     pub id: String,
@@ -163,6 +164,7 @@ pub struct RegisterVolume {
 
 /// Create a volume through a controller of the plugin, then register it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     /// The orchestrator's volume id (also the name sent to the plugin).
     pub id: String,
@@ -193,6 +195,7 @@ pub struct CreateVolume {
 
 /// Grow a volume (`POST /v1/volumes/{id}/expand`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct ExpandVolume {
     /// The capacity wanted, in bytes (not below the current one).
     pub capacity_bytes: i64,
@@ -214,6 +217,7 @@ pub struct ExpandView {
 
 /// Release every claim of a volume on one node (`POST /v1/volumes/{id}/detach`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct DetachVolume {
     /// The orchestrator node whose claims are released.
     pub node: String,
@@ -240,6 +244,7 @@ pub struct DetachView {
 /// Drop a volume from the agent (`POST /v1/volumes/{id}/deregister`); the plugin is not
 /// called.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct DeregisterVolume {
     /// Drop it even with claims, which are forgotten, not released.
     #[serde(default)]
@@ -276,6 +281,7 @@ pub struct ExternalVolumeView {
 
 /// Cut a snapshot of a volume (`POST /v1/volumes/{id}/snapshots`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSnapshot {
     /// The snapshot's name (the plugin's idempotency key: the same name again answers the
     /// same snapshot).
@@ -313,6 +319,7 @@ pub struct SnapshotDeleted {
 
 /// Claim a volume for a workload on this agent's node, and publish it there.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct ClaimVolume {
     /// The workload.
     pub workload: String,
@@ -322,6 +329,7 @@ pub struct ClaimVolume {
 
 /// Release a workload's claim.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct ReleaseVolume {
     /// The workload.
     pub workload: String,
