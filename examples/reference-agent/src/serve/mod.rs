@@ -130,7 +130,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    runtime.block_on(serve(config))
+    runtime.block_on(serve_until(config, wait_for_signal()))
 }
 
 fn data_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
@@ -175,7 +175,19 @@ async fn bind(key: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpList
         .map_err(|source| ServeError::Bind { key, addr, source })
 }
 
-async fn serve(config: AgentConfig) -> Result<(), ServeError> {
+/// Serves `config` on the current tokio runtime until `stop` completes (`run` passes SIGTERM
+/// or SIGINT), then stops as on a signal: requests in flight finish, the release driver
+/// checkpoints and stops. An error from `stop` ends the agent the same way and is returned.
+/// Logs go to whatever `tracing` subscriber is set; `run` sets one on stderr.
+///
+/// # Errors
+///
+/// A [`ServeError`] before the agent is up (configuration, data directory, ports, stores),
+/// or `stop`'s.
+pub async fn serve_until(
+    config: AgentConfig,
+    stop: impl Future<Output = Result<(), ServeError>>,
+) -> Result<(), ServeError> {
     let data = config.data_dir.clone();
     std::fs::create_dir_all(&data).map_err(data_err(&data))?;
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
@@ -401,7 +413,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
         "csi-agent serving"
     );
 
-    wait_for_signal().await?;
+    let stopped = stop.await;
     tracing::info!("stop signal received; finishing requests, checkpointing and stopping");
     let _ = stop_tx.send(true);
     // Control requests in flight (a claim being published, say) finish first, with the
@@ -430,7 +442,7 @@ async fn serve(config: AgentConfig) -> Result<(), ServeError> {
     }
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
-    Ok(())
+    stopped
 }
 
 /// csi-node's volume manager as the agent keeps it: paths under `<data_dir>/node`
