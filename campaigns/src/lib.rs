@@ -17,10 +17,12 @@
 //! |---|---|
 //! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
 //! | [`config`] | a hostile operator of the reference agent's configuration |
+//! | [`api`] | a hostile operator of the reference agent's control API |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
 
+pub mod api;
 pub mod config;
 pub mod logs;
 pub mod panics;
@@ -54,6 +56,11 @@ pub const CAMPAIGNS: &[Campaign] = &[
         name: config::NAME,
         covers: config::COVERS,
         run: config::run,
+    },
+    Campaign {
+        name: api::NAME,
+        covers: api::COVERS,
+        run: api::run,
     },
 ];
 
