@@ -332,8 +332,8 @@ mod tests {
         let unknown = parse_body::<api::ExpandVolume>(br#"{"capacity_bytes":1,"force_":true}"#)
             .expect_err("a misspelt field");
         assert!(unknown.contains("`force_`"), "{unknown}");
-        let missing = parse_body::<api::ClaimVolume>(br#"{"mode":"read"}"#)
-            .expect_err("a missing field");
+        let missing =
+            parse_body::<api::ClaimVolume>(br#"{"mode":"read"}"#).expect_err("a missing field");
         assert!(missing.contains("`workload`"), "{missing}");
         let broken = parse_body::<api::ClaimVolume>(br#"{"workload":"w","mode":"read"} x"#)
             .expect_err("trailing bytes");
