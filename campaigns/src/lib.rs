@@ -17,10 +17,12 @@
 //! |---|---|
 //! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
 //! | [`config`] | a hostile operator of the reference agent's configuration |
+//! | [`client`] | a hostile plugin under csi-client |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
 
+pub mod client;
 pub mod config;
 pub mod logs;
 pub mod panics;
@@ -55,7 +57,20 @@ pub const CAMPAIGNS: &[Campaign] = &[
         covers: config::COVERS,
         run: config::run,
     },
+    Campaign {
+        name: client::NAME,
+        covers: client::COVERS,
+        run: client::run,
+    },
 ];
+
+/// The runtime a campaign runs its cases on: two worker threads, timers and I/O.
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
 
 /// What a run asks of every campaign in it.
 #[derive(Clone, Debug)]

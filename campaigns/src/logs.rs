@@ -36,7 +36,7 @@ pub fn capture() {
         let writer = buffer.clone();
         let _already_set = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "csi_rpc_shim=trace,csi_structs=trace,csi_agent=trace,csi_campaigns=trace",
+                "csi_rpc_shim=trace,csi_structs=trace,csi_agent=trace,csi_client=trace,csi_campaigns=trace",
             ))
             .with_ansi(false)
             .with_writer(move || Capture(writer.clone()))
