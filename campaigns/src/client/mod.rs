@@ -220,11 +220,10 @@ impl Reply {
             | Reply::NoTrailers => Expect::Undecodable,
             Reply::Http(code) => Expect::NotGrpc(*code),
             Reply::Oversized { .. } => Expect::TooLarge,
-            // tonic reads a well-framed answer whatever its content type, and takes the
-            // first message of a unary answer.
-            Reply::WrongContentType(_) | Reply::TwoMessages => {
-                Expect::AnyOf(vec![content.clone(), Expect::Undecodable])
-            }
+            // tonic reads a well-framed answer whatever its content type.
+            Reply::WrongContentType(_) => Expect::AnyOf(vec![content.clone(), Expect::Undecodable]),
+            // Which of the two would be the plugin's answer? Neither.
+            Reply::TwoMessages => Expect::Undecodable,
             Reply::HugeStatusMessage(n) => Expect::AnyOf(vec![
                 Expect::Status(tonic::Code::Unavailable, "m".repeat(*n)),
                 Expect::Lost,
