@@ -408,8 +408,9 @@ fn create_table_unguarded(name: &str, db: &Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn split(key: &str, value: &[u8]) -> Result<Stored, StoreError> {
+fn split(store: &str, key: &str, value: &[u8]) -> Result<Stored, StoreError> {
     let decode_err = |source| StoreError::Decode {
+        store: store.to_owned(),
         key: key.to_owned(),
         source,
     };
@@ -499,7 +500,7 @@ impl RedbStore {
             .map_err(|e| self.err("iterate the table")(e.into()))?
         {
             let (k, v) = item.map_err(|e| self.err("read an entry")(e.into()))?;
-            out.push(split(k.value(), v.value())?);
+            out.push(split(&self.inner.name, k.value(), v.value())?);
         }
         Ok(out)
     }
@@ -518,7 +519,9 @@ impl RedbStore {
         let value = table
             .get(volume.as_str())
             .map_err(|e| self.err("read an entry")(e.into()))?;
-        value.map(|v| split(volume.as_str(), v.value())).transpose()
+        value
+            .map(|v| split(&self.inner.name, volume.as_str(), v.value()))
+            .transpose()
     }
 
     fn swap_blocking(
