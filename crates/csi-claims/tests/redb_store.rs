@@ -171,6 +171,9 @@ async fn undecodable_records_are_reported_with_their_key() {
         matches!(&err, StoreError::Decode { key, .. } if key == "bad"),
         "{err:?}"
     );
+    // Found by the crash campaign: the error named the key but not the file it is in.
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
 }
 
 /// A store file with `n` raw records (volumes `v0`, `v1`, ...) in the older format.
