@@ -18,12 +18,14 @@
 //! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
 //! | [`config`] | a hostile operator of the reference agent's configuration |
 //! | [`client`] | a hostile plugin under csi-client |
+//! | [`crash`] | a process killed mid-write, and damaged files, against the durable stores and state files |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
 
 pub mod client;
 pub mod config;
+pub mod crash;
 pub mod logs;
 pub mod panics;
 pub mod report;
@@ -61,6 +63,11 @@ pub const CAMPAIGNS: &[Campaign] = &[
         name: client::NAME,
         covers: client::COVERS,
         run: client::run,
+    },
+    Campaign {
+        name: crash::NAME,
+        covers: crash::COVERS,
+        run: crash::run,
     },
 ];
 
