@@ -511,6 +511,38 @@ mod tests {
     }
 
     #[test]
+    fn a_hundred_thousand_violations_keep_a_hundred_and_a_short_text() {
+        // Found by the client campaign: a listing of 100,000 entries without a volume gave a
+        // 5.6 MB error text, one line per entry.
+        let mut page = ValidationErrors::new();
+        for i in 0..100_000 {
+            page.push(
+                FieldPath::named("entries").index(i).field("volume"),
+                Problem::Missing,
+            );
+        }
+        assert_eq!(page.len(), 100_000);
+        assert_eq!(page.violations().len(), MAX_VIOLATIONS);
+        assert_eq!(page.omitted(), 100_000 - MAX_VIOLATIONS);
+        let mut all = ValidationErrors::new();
+        all.push(FieldPath::named("next_token"), Problem::Missing);
+        all.extend_under(&FieldPath::named("page"), page);
+        assert_eq!(all.len(), 100_001, "every violation is counted");
+        assert_eq!(all.violations().len(), MAX_VIOLATIONS);
+        let text = all.to_string();
+        assert!(text.len() < 16 << 10, "{} bytes", text.len());
+        assert!(
+            text.starts_with("100001 validation errors: next_token is required"),
+            "{text}"
+        );
+        assert!(
+            text.contains("page.entries[0].volume is required"),
+            "{text}"
+        );
+        assert!(text.ends_with("; and 99901 more"), "{text}");
+    }
+
+    #[test]
     fn display_lists_every_violation() {
         let mut errs = ValidationErrors::new();
         errs.push(FieldPath::named("a"), Problem::Missing);
