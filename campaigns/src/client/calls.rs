@@ -550,14 +550,19 @@ fn listing(hostile: bool, rng: &mut Rng) -> Content {
             )
         }
         Some(2) => {
+            // One entry without a volume, or a whole page of them (two bytes each on the
+            // wire, one violation each).
             let page = rng.index(pages_n);
-            pages[page].entries.push(pb::list_volumes_response::Entry {
-                volume: None,
-                status: None,
-            });
+            let n = rng.pick(&[1usize, 1, 100_000]);
+            pages[page]
+                .entries
+                .extend((0..n).map(|_| pb::list_volumes_response::Entry {
+                    volume: None,
+                    status: None,
+                }));
             (
                 Expect::Invalid("entries["),
-                "a listed entry without a volume",
+                "listed entries without a volume",
             )
         }
         Some(3) => {

@@ -6,7 +6,7 @@
 //! lenient), controller publish, `list_all_volumes` (every page), node stage, publish and
 //! info. The plugin answers with valid messages holding out-of-range or contradictory values
 //! (negative sizes, empty and oversized ids, unknown enum numbers, `confirmed` with other
-//! capabilities, 100,000 entries on a page, a `next_token` that repeats or is too long,
+//! capabilities, 100,000 entries on a page (valid, or all without a volume), a `next_token` that repeats or is too long,
 //! ABORTED on a later page), or with what no gRPC server sends: undecodable bytes, a message
 //! over the decode limit (real, or a length prefix that lies), an HTTP error page, another
 //! content type, trailers without a status, no trailers, a compressed flag without an
@@ -23,7 +23,8 @@
 //! limit that was set), and the class the kind has for the RPC (an answer we could not use,
 //! our deadline and a lost connection are uncertain on a mutation and retryable on a read,
 //! never fatal); no secret of a request in an error or a log line; no control character of
-//! the plugin's text unescaped in an error's text.
+//! the plugin's text unescaped in an error's text; an error's text at most 64 KiB, whatever
+//! the answer held (a page of 100,000 entries without a volume breaks 100,000 rules).
 //!
 //! Memory is bounded by the decoding limits: csi-client decodes at most
 //! [`MAX_ANSWER_BYTES`](csi_client::MAX_ANSWER_BYTES) (4 MiB) per message, and a listing
@@ -69,6 +70,7 @@ const COUNTERS: &[&str] = &[
     "wrong_class",
     "leaked_secrets",
     "unescaped_text",
+    "oversized_text",
 ];
 
 /// Added to a call's total deadline before it counts as a hang: a generous bound for a
@@ -77,6 +79,9 @@ const SLACK: Duration = Duration::from_secs(10);
 
 /// The deadlines of a call that should end quickly: far above any answer's time.
 const RELAXED: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(20));
+
+/// The longest error text the campaign accepts (bytes); plugin texts are capped well below.
+const MAX_ERROR_TEXT: usize = 64 << 10;
 
 /// How many hang cases run at once at the end.
 const HANG_BATCH: usize = 64;
@@ -660,6 +665,17 @@ fn judge(report: &mut Report, verbose: bool, index: u64, case: &Case, ended: End
         fail(
             "unescaped_text",
             "the error's text holds a control character".into(),
+        );
+    }
+    // The plugin's answers are at most 4 MiB, but an error's text goes to logs and to
+    // people: it must stay readable whatever the answer held.
+    if text.len() > MAX_ERROR_TEXT {
+        fail(
+            "oversized_text",
+            format!(
+                "the error's text is {} bytes, over {MAX_ERROR_TEXT}",
+                text.len()
+            ),
         );
     }
 }
