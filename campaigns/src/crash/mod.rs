@@ -289,14 +289,16 @@ impl Judge<'_> {
 }
 
 /// Checks what a restart found in one store against the state after the acknowledged
-/// operations (`before`) and after the one in flight (`after`, when there was one).
+/// operations (`before`) and after the one in flight (`after`, when there was one). Returns
+/// whether the store holds the in-flight operation's change (for the trace).
 fn check_kill<T: PartialEq + fmt::Debug>(
     judge: &mut Judge<'_>,
     store: &str,
     found: Result<T, String>,
     before: &T,
     after: Option<&T>,
-) {
+) -> bool {
+    let landed = matches!((&found, after), (Ok(f), Some(a)) if f == a && f != before);
     match found {
         Err(e) if e.starts_with("DUPLICATE") => judge.fail("done_twice", format!("{store}: {e}")),
         Err(e) => judge.fail(
@@ -315,6 +317,7 @@ fn check_kill<T: PartialEq + fmt::Debug>(
             );
         }
     }
+    landed
 }
 
 /// A directory of its own for a case's stores, removed when dropped.
@@ -350,6 +353,18 @@ async fn run_kill(
         }
     };
     let acked = killed.acked.min(case.ops.len());
+    plan.trace(
+        index,
+        format_args!(
+            "killed with {acked} of {} operations acknowledged{}",
+            case.ops.len(),
+            if acked < case.ops.len() {
+                " (one in flight)"
+            } else {
+                ""
+            }
+        ),
+    );
     if acked < after {
         judge.fail(
             "child_failures",
@@ -359,27 +374,40 @@ async fn run_kill(
     }
     let before = Model::after(&case.ops, acked);
     let next = (acked < case.ops.len()).then(|| Model::after(&case.ops, acked + 1));
-    check_kill(
+    let mut landed = Vec::new();
+    if check_kill(
         judge,
         "the claim store",
         stores::read_claims(&paths.claims).await,
         &before.claims,
         next.as_ref().map(|m| &m.claims),
-    );
-    check_kill(
+    ) {
+        landed.push("claims.redb");
+    }
+    if check_kill(
         judge,
         "usage.json",
         stores::read_usage(&paths.usage),
         &before.claims,
         next.as_ref().map(|m| &m.claims),
-    );
-    check_kill(
+    ) {
+        landed.push("usage.json");
+    }
+    if check_kill(
         judge,
         "volumes.json",
         stores::read_book(&paths.dir),
         &before.book,
         next.as_ref().map(|m| &m.book),
-    );
+    ) {
+        landed.push("volumes.json");
+    }
+    if !landed.is_empty() {
+        plan.trace(
+            index,
+            format_args!("the operation in flight reached {}", landed.join(", ")),
+        );
+    }
     Ok(())
 }
 
