@@ -18,12 +18,16 @@
 //! | [`shim`] | a hostile peer of csi-rpc-shim's agent server |
 //! | [`config`] | a hostile operator of the reference agent's configuration |
 //! | [`api`] | a hostile operator of the reference agent's control API |
+//! | [`client`] | a hostile plugin under csi-client |
+//! | [`crash`] | a process killed mid-write, and damaged files, against the durable stores and state files |
 //!
 //! A campaign is a function from a [`Plan`] to a [`Report`]; adding one is adding a module
 //! and a line to [`CAMPAIGNS`].
 
 pub mod api;
+pub mod client;
 pub mod config;
+pub mod crash;
 pub mod logs;
 pub mod panics;
 pub mod report;
@@ -62,7 +66,25 @@ pub const CAMPAIGNS: &[Campaign] = &[
         covers: api::COVERS,
         run: api::run,
     },
+    Campaign {
+        name: client::NAME,
+        covers: client::COVERS,
+        run: client::run,
+    },
+    Campaign {
+        name: crash::NAME,
+        covers: crash::COVERS,
+        run: crash::run,
+    },
 ];
+
+/// The runtime a campaign runs its cases on: two worker threads, timers and I/O.
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
 
 /// What a run asks of every campaign in it.
 #[derive(Clone, Debug)]

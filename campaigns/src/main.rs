@@ -58,6 +58,10 @@ fn parse_budget(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // The crash campaign runs its stores' writers in a child: this binary, so asked.
+    if let Some(code) = csi_campaigns::crash::child_main() {
+        return code;
+    }
     let cli = Cli::parse();
     if cli.list {
         for c in CAMPAIGNS {

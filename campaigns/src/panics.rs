@@ -36,6 +36,14 @@ pub fn count() -> u64 {
     PANICS.load(Ordering::SeqCst)
 }
 
+/// Counts a `panics` violation of case `index` for every panic since the count was
+/// `before`.
+pub fn note(report: &mut crate::Report, index: u64, before: u64) {
+    for _ in before..count() {
+        report.violation("panics", index, "a panic (location printed above)");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,8 @@ use csi_campaigns::{CAMPAIGNS, RunOptions, run_all};
 #[test]
 #[ignore = "CI's campaign step: cargo test --workspace --test campaigns -- --ignored --nocapture"]
 fn every_campaign_on_seed_1_keeps_every_property() {
+    // The crash campaign's children are the campaign binary, not this test.
+    csi_campaigns::crash::set_child_program(env!("CARGO_BIN_EXE_csi-campaign"));
     let options = RunOptions {
         seed: 1,
         cases: 2000,

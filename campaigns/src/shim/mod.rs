@@ -682,11 +682,7 @@ pub fn run(plan: &Plan) -> Report {
     let mut report = Report::new(NAME, plan, COUNTERS);
     panics::install_hook();
     logs::capture();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             report.violation("refused_wrongly", 0, format!("cannot start a runtime: {e}"));
@@ -768,12 +764,12 @@ async fn campaign(plan: &Plan, report: &mut Report) {
                 continue;
             }
         }
-        note_panics(report, index, panics_before);
+        panics::note(report, index, panics_before);
         report.case_done();
     }
     let panics_before = panics::count();
     let ran = odd::run_slow(&world, &slow, report).await;
-    note_panics(report, last, panics_before);
+    panics::note(report, last, panics_before);
     for _ in 0..ran {
         report.case_done();
     }
@@ -784,10 +780,4 @@ async fn campaign(plan: &Plan, report: &mut Report) {
         what: "liveness probe after the campaign".into(),
     };
     run_call(&world, &mut None, &probe(), &mut judge).await;
-}
-
-fn note_panics(report: &mut Report, index: u64, before: u64) {
-    for _ in before..panics::count() {
-        report.violation("panics", index, "a panic (location printed above)");
-    }
 }

@@ -171,4 +171,116 @@ async fn undecodable_records_are_reported_with_their_key() {
         matches!(&err, StoreError::Decode { key, .. } if key == "bad"),
         "{err:?}"
     );
+    // Found by the crash campaign: the error named the key but not the file it is in.
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
+}
+
+/// A store file with `n` raw records (volumes `v0`, `v1`, ...) in the older format.
+fn file_with_records(path: &std::path::Path, n: usize) {
+    let db = Database::create(path).unwrap();
+    let table: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.volumes");
+    for i in 0..n {
+        let volume = format!("v{i}");
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(table).unwrap();
+            let mut value = 1u64.to_be_bytes().to_vec();
+            value.extend_from_slice(&older_record(&volume));
+            t.insert(volume.as_str(), value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_emptied_store_file_is_refused_naming_it_not_started_over() {
+    // Found by the crash campaign: redb takes an empty file for a new database, so a claim
+    // store whose file lost its content opened with no claims, silently.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    file_with_records(&path, 2);
+    assert_eq!(
+        RedbStore::open(&path)
+            .unwrap()
+            .load_all()
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    std::fs::write(&path, b"").unwrap();
+    let Err(err) = RedbStore::open(&path) else {
+        panic!("an empty file is refused");
+    };
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(e) = source {
+        text.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("empty"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        0,
+        "the file is left as it was found"
+    );
+}
+
+#[tokio::test]
+async fn a_new_store_file_is_created_whole_under_another_name_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let store = RedbStore::open(&path).unwrap();
+    assert!(store.load_all().await.unwrap().is_empty());
+    drop(store);
+    assert!(std::fs::metadata(&path).unwrap().len() > 0);
+    assert!(
+        !dir.path().join("claims.redb.new").exists(),
+        "no leftover of the creation"
+    );
+    // And it opens again as the (empty) store it is.
+    assert!(
+        RedbStore::open(&path)
+            .unwrap()
+            .load_all()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_store_file_is_an_error_naming_it_not_a_panic() {
+    // Found by the crash campaign: redb panics on some damaged files (an `unreachable!` on a
+    // page it cannot read) instead of reporting them corrupted, and the panic went through
+    // RedbStore::open to its caller. Zeroing each 4 KiB page after the first in turn hits
+    // such pages.
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.redb");
+    file_with_records(&good, 5);
+    let bytes = std::fs::read(&good).unwrap();
+    let mut refused = 0;
+    for (i, start) in (4096..bytes.len()).step_by(4096).enumerate() {
+        let path = dir.path().join(format!("damaged-{i}.redb"));
+        let mut damaged = bytes.clone();
+        let end = (start + 4096).min(damaged.len());
+        damaged[start..end].fill(0);
+        std::fs::write(&path, &damaged).unwrap();
+        match RedbStore::open(&path) {
+            Ok(store) => {
+                // Damage where redb keeps nothing it needs changes nothing.
+                let _ = store.load_all().await;
+            }
+            Err(err) => {
+                refused += 1;
+                let text = err.to_string();
+                assert!(text.contains(&path.display().to_string()), "{text}");
+            }
+        }
+    }
+    assert!(refused > 0, "some damage is refused");
 }

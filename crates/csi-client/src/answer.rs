@@ -49,6 +49,8 @@ struct Seen {
     grpc_status: Option<SentStatus>,
     /// The largest length prefix of a message in the answer.
     largest_message: Option<u64>,
+    /// How many message prefixes the answer held.
+    messages: u64,
 }
 
 /// One attempt's record of its answer, shared between the attempt loop and the link through
@@ -102,6 +104,22 @@ impl AnswerWatch {
         self.headers(response.headers_mut());
         let watch = self.clone();
         response.map(|inner| tonic::body::Body::new(Watched::new(inner, watch)))
+    }
+
+    /// The answer of a unary call that tonic read as success, when it held more than one
+    /// message: tonic takes the first and drops the others, but such an answer contradicts
+    /// itself (which message is the plugin's?), so it is unusable. Call once the whole answer
+    /// was read (tonic reads a unary answer to its trailers before returning it).
+    pub(crate) fn extra_messages(&self) -> Option<ErrorKind> {
+        let seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (seen.messages > 1).then(|| {
+            ErrorKind::InvalidResponse(ResponseError::Undecodable {
+                detail: format!(
+                    "the answer of a unary call holds {} messages, not one",
+                    seen.messages
+                ),
+            })
+        })
     }
 
     /// What a status without a transport source (one the plugin sent, or tonic's own
@@ -193,6 +211,7 @@ impl<B> Watched<B> {
                 let length = u64::from(u32::from_be_bytes([a, b, c, d]));
                 self.watch.update(|seen| {
                     seen.largest_message = Some(seen.largest_message.unwrap_or(0).max(length));
+                    seen.messages += 1;
                 });
                 self.skip = length;
                 self.prefix_len = 0;
@@ -313,9 +332,18 @@ mod tests {
         body.data(&[0, 3, b'a']);
         body.data(&[b'b', b'c', 0, 0]);
         assert_eq!(watch.0.lock().unwrap().largest_message, Some(3));
+        assert!(watch.extra_messages().is_none(), "one message so far");
         body.data(&[1, 0x11, 0x70]);
         assert_eq!(watch.0.lock().unwrap().largest_message, Some(70_000));
         assert_eq!(body.skip, 70_000);
+        assert!(
+            matches!(
+                watch.extra_messages(),
+                Some(ErrorKind::InvalidResponse(ResponseError::Undecodable { ref detail }))
+                    if detail.contains("2 messages")
+            ),
+            "a second message"
+        );
 
         // Text is not framing: its first byte is no compression flag, and nothing after it
         // reads as a length.

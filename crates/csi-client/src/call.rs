@@ -327,6 +327,7 @@ impl Caller {
                 Elapsed::new(DeadlineScope::Attempt, policy.attempt_deadline)
             };
             let kind = match outcome {
+                Ok(Ok(_)) if !streaming && let Some(kind) = answer.extra_messages() => kind,
                 Ok(Ok(response)) => match convert(response.into_inner()) {
                     Ok(out) => {
                         self.observe_attempt(rpc, attempt, elapsed, Outcome::Ok);

@@ -91,7 +91,7 @@ pub enum ResponseError {
     },
     /// The answer could not be decoded: bytes that are not a gRPC message or not the
     /// expected protobuf message, a missing message or status, a `grpc-status` that is not a
-    /// number.
+    /// number, more than one message in the answer of a unary call.
     #[error("undecodable answer: {}", escaped(detail))]
     Undecodable {
         /// What could not be read, in the decoder's words.

@@ -325,27 +325,56 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The most violations a [`ValidationErrors`] keeps; further ones are only counted.
+///
+/// A value from outside (a plugin's answer, say) can break one rule per element of a list:
+/// a listing of two-byte entries within the 4 MiB decode limit holds two million of them.
+/// Kept whole, their violations would take hundreds of megabytes and their text megabytes
+/// per log line; the first hundred say what is wrong.
+pub const MAX_VIOLATIONS: usize = 100;
+
 /// Every rule a value broke, collected in one pass.
 ///
 /// An `Err(ValidationErrors)` returned by this crate always holds at least one
-/// [`Violation`]. `Display` lists all of them.
+/// [`Violation`]. It keeps the first [`MAX_VIOLATIONS`] and counts the rest
+/// ([`omitted`](Self::omitted)); `Display` lists the kept ones and says how many more there
+/// were.
+///
+/// ```
+/// use csi_structs::validation::MAX_VIOLATIONS;
+/// use csi_structs::{FieldPath, Problem, ValidationErrors};
+///
+/// let mut errs = ValidationErrors::new();
+/// for i in 0..MAX_VIOLATIONS + 5 {
+///     errs.push(FieldPath::named("entries").index(i), Problem::Missing);
+/// }
+/// assert_eq!(errs.len(), MAX_VIOLATIONS + 5);
+/// assert_eq!(errs.violations().len(), MAX_VIOLATIONS);
+/// assert_eq!(errs.omitted(), 5);
+/// assert!(errs.to_string().ends_with("; and 5 more"));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, thiserror::Error)]
-#[error("{}", DisplayList(&self.violations))]
+#[error("{}", DisplayList(self))]
 pub struct ValidationErrors {
     violations: Vec<Violation>,
+    /// Violations recorded beyond [`MAX_VIOLATIONS`]: counted, not kept.
+    omitted: usize,
 }
 
-struct DisplayList<'a>(&'a [Violation]);
+struct DisplayList<'a>(&'a ValidationErrors);
 
 impl fmt::Display for DisplayList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0.len();
         write!(f, "{n} validation error{}: ", if n == 1 { "" } else { "s" })?;
-        for (i, v) in self.0.iter().enumerate() {
+        for (i, v) in self.0.violations.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
             }
             write!(f, "{v}")?;
+        }
+        if self.0.omitted > 0 {
+            write!(f, "; and {} more", self.0.omitted)?;
         }
         Ok(())
     }
@@ -356,26 +385,41 @@ impl ValidationErrors {
     pub const fn new() -> Self {
         Self {
             violations: Vec::new(),
+            omitted: 0,
+        }
+    }
+
+    /// Keeps `violation`, or counts it once [`MAX_VIOLATIONS`] are kept.
+    fn keep(&mut self, violation: Violation) {
+        if self.violations.len() < MAX_VIOLATIONS {
+            self.violations.push(violation);
+        } else {
+            self.omitted = self.omitted.saturating_add(1);
         }
     }
 
     /// Records a violation.
     pub fn push(&mut self, field: FieldPath, problem: Problem) {
-        self.violations.push(Violation { field, problem });
+        self.keep(Violation { field, problem });
     }
 
     /// Records every violation of `other`.
     pub fn extend(&mut self, other: ValidationErrors) {
-        self.violations.extend(other.violations);
+        for v in other.violations {
+            self.keep(v);
+        }
+        self.omitted = self.omitted.saturating_add(other.omitted);
     }
 
     /// Records every violation of `other`, with `prefix` put in front of each field path.
     pub fn extend_under(&mut self, prefix: &FieldPath, other: ValidationErrors) {
-        self.violations
-            .extend(other.violations.into_iter().map(|v| Violation {
+        for v in other.violations {
+            self.keep(Violation {
                 field: v.field.under(prefix),
                 problem: v.problem,
-            }));
+            });
+        }
+        self.omitted = self.omitted.saturating_add(other.omitted);
     }
 
     /// The same violations with `prefix` put in front of each field path.
@@ -391,17 +435,22 @@ impl ValidationErrors {
         self.violations.is_empty()
     }
 
-    /// How many violations were recorded.
+    /// How many violations were recorded, those kept and those only counted.
     pub fn len(&self) -> usize {
-        self.violations.len()
+        self.violations.len().saturating_add(self.omitted)
     }
 
-    /// The violations, in the order they were found.
+    /// How many violations were recorded beyond the [`MAX_VIOLATIONS`] kept.
+    pub fn omitted(&self) -> usize {
+        self.omitted
+    }
+
+    /// The violations kept (the first [`MAX_VIOLATIONS`]), in the order they were found.
     pub fn violations(&self) -> &[Violation] {
         &self.violations
     }
 
-    /// The violations, by value.
+    /// The violations kept, by value.
     pub fn into_violations(self) -> Vec<Violation> {
         self.violations
     }
@@ -423,6 +472,7 @@ impl ValidationErrors {
     pub fn single(field: FieldPath, problem: Problem) -> Self {
         Self {
             violations: vec![Violation { field, problem }],
+            omitted: 0,
         }
     }
 }
@@ -458,6 +508,38 @@ mod tests {
         assert_eq!(k.to_string(), "parameters[\"zone\"]");
         let nested = FieldPath::named("fs_type").under(&FieldPath::named("mount"));
         assert_eq!(nested.to_string(), "mount.fs_type");
+    }
+
+    #[test]
+    fn a_hundred_thousand_violations_keep_a_hundred_and_a_short_text() {
+        // Found by the client campaign: a listing of 100,000 entries without a volume gave a
+        // 5.6 MB error text, one line per entry.
+        let mut page = ValidationErrors::new();
+        for i in 0..100_000 {
+            page.push(
+                FieldPath::named("entries").index(i).field("volume"),
+                Problem::Missing,
+            );
+        }
+        assert_eq!(page.len(), 100_000);
+        assert_eq!(page.violations().len(), MAX_VIOLATIONS);
+        assert_eq!(page.omitted(), 100_000 - MAX_VIOLATIONS);
+        let mut all = ValidationErrors::new();
+        all.push(FieldPath::named("next_token"), Problem::Missing);
+        all.extend_under(&FieldPath::named("page"), page);
+        assert_eq!(all.len(), 100_001, "every violation is counted");
+        assert_eq!(all.violations().len(), MAX_VIOLATIONS);
+        let text = all.to_string();
+        assert!(text.len() < 16 << 10, "{} bytes", text.len());
+        assert!(
+            text.starts_with("100001 validation errors: next_token is required"),
+            "{text}"
+        );
+        assert!(
+            text.contains("page.entries[0].volume is required"),
+            "{text}"
+        );
+        assert!(text.ends_with("; and 99901 more"), "{text}");
     }
 
     #[test]

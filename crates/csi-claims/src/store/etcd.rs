@@ -334,6 +334,7 @@ impl EtcdStore {
     fn decode(&self, kv: &KeyValue) -> Result<Stored, StoreError> {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
         let decode_err = |source| StoreError::Decode {
+            store: format!("etcd at {}", self.inner.endpoints),
             key: key.clone(),
             source,
         };

@@ -140,8 +140,10 @@ pub enum StoreError {
         record: VolumeId,
     },
     /// A stored record could not be read.
-    #[error("stored claims of volume key {key:?} cannot be read")]
+    #[error("claim store {store}: stored claims of volume key {key:?} cannot be read")]
     Decode {
+        /// Which store: `redb` and its file, or `etcd at` its endpoints.
+        store: String,
         /// The raw key it is stored under.
         key: String,
         /// Why.

@@ -114,14 +114,20 @@ impl RedbStore {
     /// Opens the database at `path`, creating it (and its table) if needed. After an I/O
     /// error the file is opened again the same way (see the type's docs).
     ///
+    /// A new database is created under another name (`<path>.new`) and renamed into place, so
+    /// a crash while creating it never leaves an empty file at `path`. An empty file there is
+    /// therefore a store that lost its content, and is refused: redb would start it over with
+    /// no claims, and every claim it held would be forgotten without a word.
+    ///
     /// # Errors
     ///
     /// [`StoreError::Redb`] naming the file when it cannot be opened or created (for example
-    /// because another process has it open).
+    /// because another process has it open), when it is empty, or when it is damaged (also
+    /// when redb panics reading it, as it does on some damaged files).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path: PathBuf = path.as_ref().to_path_buf();
         let name = format!("redb {}", path.display());
-        Self::with_opener(name, move || Database::create(&path))
+        Self::with_opener(name, move || open_file(&path))
     }
 
     /// Opens the database with `open`, and again with it after an I/O error (see the type's
@@ -148,7 +154,7 @@ impl RedbStore {
         open: impl Fn() -> Result<Database, redb::DatabaseError> + Send + Sync + 'static,
     ) -> Result<Self, StoreError> {
         let name = name.into();
-        let db = open().map_err(|e| StoreError::Redb {
+        let db = guarded(&open).map_err(|e| StoreError::Redb {
             store: name.clone(),
             operation: "open the database",
             source: Box::new(e.into()),
@@ -254,7 +260,7 @@ impl RedbStore {
         // Opened outside the lock: a repair on open may take a while, and other calls are
         // refused at once meanwhile.
         let opened = match &self.inner.open {
-            Some(open) => match open() {
+            Some(open) => match guarded(open) {
                 Ok(db) => create_table(&self.inner.name, &db)
                     .map(|()| db)
                     .map_err(|e| crate::error::error_chain(&e)),
@@ -321,7 +327,71 @@ impl RedbStore {
     }
 }
 
+/// What redb says when it panicked reading a file.
+const PANICKED: &str = "redb panicked reading the file: it is damaged";
+
+/// Runs `open`, answering a panic inside redb (it panics on some damaged files instead of
+/// reporting them corrupted) as a corrupted database.
+fn guarded(
+    open: impl FnOnce() -> Result<Database, redb::DatabaseError>,
+) -> Result<Database, redb::DatabaseError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
+        Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+            PANICKED.to_owned(),
+        )))
+    })
+}
+
+/// Opens the database file at `path` for [`RedbStore::open`]: refuses an empty file, and
+/// creates a missing one under another name before renaming it into place.
+fn open_file(path: &Path) -> Result<Database, redb::DatabaseError> {
+    use redb::{DatabaseError, StorageError};
+    let io = |e| DatabaseError::Storage(StorageError::Io(e));
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() == 0 => Err(DatabaseError::Storage(StorageError::Corrupted(
+            "the file is empty: this store never leaves an empty file, so the claims it held \
+             were lost; it is not started over with none (move the file away to start a new \
+             store)"
+                .to_owned(),
+        ))),
+        Ok(_) => Database::create(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut fresh = path.as_os_str().to_owned();
+            fresh.push(".new");
+            let fresh = PathBuf::from(fresh);
+            match std::fs::remove_file(&fresh) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
+            drop(Database::create(&fresh)?);
+            std::fs::rename(&fresh, path).map_err(io)?;
+            // The rename itself survives a power loss once the directory is synced.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io)?;
+            }
+            Database::create(path)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
 fn create_table(name: &str, db: &Database) -> Result<(), StoreError> {
+    // redb may panic on a damaged file here too.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        create_table_unguarded(name, db)
+    }))
+    .unwrap_or_else(|_| {
+        Err(StoreError::Redb {
+            store: name.to_owned(),
+            operation: "create the table",
+            source: Box::new(redb::Error::Corrupted(PANICKED.to_owned())),
+        })
+    })
+}
+
+fn create_table_unguarded(name: &str, db: &Database) -> Result<(), StoreError> {
     let err = |operation: &'static str| {
         move |e: redb::Error| StoreError::Redb {
             store: name.to_owned(),
@@ -338,8 +408,9 @@ fn create_table(name: &str, db: &Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn split(key: &str, value: &[u8]) -> Result<Stored, StoreError> {
+fn split(store: &str, key: &str, value: &[u8]) -> Result<Stored, StoreError> {
     let decode_err = |source| StoreError::Decode {
+        store: store.to_owned(),
         key: key.to_owned(),
         source,
     };
@@ -429,7 +500,7 @@ impl RedbStore {
             .map_err(|e| self.err("iterate the table")(e.into()))?
         {
             let (k, v) = item.map_err(|e| self.err("read an entry")(e.into()))?;
-            out.push(split(k.value(), v.value())?);
+            out.push(split(&self.inner.name, k.value(), v.value())?);
         }
         Ok(out)
     }
@@ -448,7 +519,9 @@ impl RedbStore {
         let value = table
             .get(volume.as_str())
             .map_err(|e| self.err("read an entry")(e.into()))?;
-        value.map(|v| split(volume.as_str(), v.value())).transpose()
+        value
+            .map(|v| split(&self.inner.name, volume.as_str(), v.value()))
+            .transpose()
     }
 
     fn swap_blocking(

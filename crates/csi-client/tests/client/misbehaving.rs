@@ -29,6 +29,8 @@ enum Bad {
     HttpError(u16),
     /// One well-framed message of this many bytes, then `grpc-status: 0`.
     Message(Vec<u8>),
+    /// These well-framed messages one after the other, then `grpc-status: 0`.
+    Messages(Vec<Vec<u8>>),
     /// A body that is not gRPC framing at all, then `grpc-status: 0`.
     Garbage,
     /// A trailers-only answer with these headers.
@@ -60,6 +62,15 @@ fn ok_trailers() -> Frame<Bytes> {
     Frame::trailers(trailers)
 }
 
+/// `message` as one gRPC frame: not compressed, its length, its bytes.
+fn framed(message: &[u8]) -> Bytes {
+    let length = u32::try_from(message.len()).expect("test invariant: under 4 GiB");
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&length.to_be_bytes());
+    framed.extend_from_slice(message);
+    Bytes::from(framed)
+}
+
 fn answer(bad: &Bad) -> Response<Scripted> {
     let grpc = |frames: Vec<Frame<Bytes>>| {
         Response::builder()
@@ -76,12 +87,11 @@ fn answer(bad: &Bad) -> Response<Scripted> {
                 vec![Frame::data(Bytes::from_static(b"internal server error"))].into(),
             ))
             .expect("test invariant: a valid status"),
-        Bad::Message(message) => {
-            let length = u32::try_from(message.len()).expect("test invariant: under 4 GiB");
-            let mut framed = vec![0u8];
-            framed.extend_from_slice(&length.to_be_bytes());
-            framed.extend_from_slice(message);
-            grpc(vec![Frame::data(Bytes::from(framed)), ok_trailers()])
+        Bad::Message(message) => grpc(vec![Frame::data(framed(message)), ok_trailers()]),
+        Bad::Messages(messages) => {
+            let mut frames: Vec<_> = messages.iter().map(|m| Frame::data(framed(m))).collect();
+            frames.push(ok_trailers());
+            grpc(frames)
         }
         Bad::Garbage => grpc(vec![
             Frame::data(Bytes::from_static(b"hello, this is not gRPC")),
@@ -292,6 +302,19 @@ async fn bytes_that_are_not_grpc_are_undecodable() {
         Bad::TrailersOnly(vec![("grpc-status", "x1")]),
         |e| matches!(e, ResponseError::Undecodable { detail } if detail.contains("grpc-status")),
         &["not a decimal number"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_unary_answer_with_two_messages_is_undecodable() {
+    // Found by the client campaign: tonic took the first message and dropped the second, so
+    // an answer that contradicts itself passed as success. Both messages here are valid
+    // (empty) messages of any answer type; the client must not pick one.
+    refused(
+        Bad::Messages(vec![Vec::new(), Vec::new()]),
+        |e| matches!(e, ResponseError::Undecodable { detail } if detail.contains("2 messages")),
+        &["undecodable answer", "holds 2 messages"],
     )
     .await;
 }
