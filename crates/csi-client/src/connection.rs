@@ -315,8 +315,10 @@ impl Connection {
         &self.inner.endpoint
     }
 
-    /// How many times a socket was dialled so far (initial dial, every wait-loop try, and
-    /// reconnects). Useful for diagnostics and tests; not a health signal.
+    /// How many times a socket was dialled so far (initial dial, every wait-loop try,
+    /// reconnects, and the extra connections a busy client opens: up to one per core, at most
+    /// four, once 16 requests are in flight on each). Useful for diagnostics and tests; not a
+    /// health signal.
     pub fn dial_attempts(&self) -> u64 {
         self.inner.dials.load(Ordering::Relaxed)
     }

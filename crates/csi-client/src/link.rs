@@ -11,6 +11,13 @@
 //! loop in `call.rs`, and merely *announced* to the plugin as `grpc-timeout`. Dropping the
 //! answer's future (a deadline, a cancelled call) resets the stream.
 //!
+//! Under load the link spreads requests over a few connections: once every open connection
+//! has [`GROW_AT`] requests in flight, another is dialled in the background (up to
+//! [`MAX_CONNECTIONS`], never more than the machine's cores), and each request goes to the
+//! connection with the fewest in flight. One connection's task reads and writes for all of
+//! its streams, so with one connection the whole client's HTTP/2 work was one task's, on one
+//! core; a quiet client (an orchestrator's health loop, a test) keeps one connection.
+//!
 //! When the connection is gone (the plugin exited, or restarted and recreated its socket) the
 //! next request finds it closed, and the link dials again — one dial, however many callers
 //! notice at once. A request that provably never reached the socket — the connection failed
@@ -54,6 +61,12 @@ const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 const MAX_HEADER_LIST: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
 
+/// Most HTTP/2 connections one link keeps to its plugin.
+const MAX_CONNECTIONS: usize = 4;
+
+/// Requests in flight on every open connection before the link opens another.
+const GROW_AT: usize = 16;
+
 /// A self-healing HTTP/2 connection to one plugin, usable as a `tower::Service`. Cheap to
 /// clone; every clone shares the connection.
 #[derive(Clone, Debug)]
@@ -65,11 +78,53 @@ pub(crate) struct Link {
 struct Shared {
     target: Arc<DialTarget>,
     authority: Authority,
+    /// The connections: the first always dialled, the others only under load.
+    slots: Box<[Slot]>,
+}
+
+/// One place for a connection.
+#[derive(Debug)]
+struct Slot {
     /// The connection in use, numbered so a caller that saw one die does not tear down the
-    /// one another caller has just dialled.
-    current: Mutex<Current>,
+    /// one another caller has just dialled; `None` until first needed (never for the first).
+    current: Mutex<Option<Current>>,
     /// Held while dialling, so concurrent callers make one dial.
     redial: tokio::sync::Mutex<()>,
+    /// A background dial for this slot is under way.
+    growing: AtomicBool,
+}
+
+impl Slot {
+    fn new(current: Option<Current>) -> Slot {
+        Slot {
+            current: Mutex::new(current),
+            redial: tokio::sync::Mutex::new(()),
+            growing: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn get(&self) -> Option<Current> {
+        self.lock().clone()
+    }
+}
+
+/// How many connections a link may keep: [`MAX_CONNECTIONS`], at most one per core, at least
+/// one.
+fn pool_size() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, MAX_CONNECTIONS)
+}
+
+/// The slots of a link whose first connection is `first`.
+fn slots(first: Current) -> Box<[Slot]> {
+    std::iter::once(Slot::new(Some(first)))
+        .chain((1..pool_size()).map(|_| Slot::new(None)))
+        .collect()
 }
 
 #[derive(Clone, Debug)]
@@ -145,12 +200,11 @@ impl Link {
             shared: Arc::new(Shared {
                 authority: authority(target.endpoint()),
                 target,
-                current: Mutex::new(Current {
+                slots: slots(Current {
                     generation: 0,
                     sender,
                     state,
                 }),
-                redial: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -167,7 +221,9 @@ impl Link {
         // A CSI request is one message (no RPC streams requests): tonic's body holds it
         // already encoded, and it goes out with the headers in one write.
         let data = body.collect().await?.to_bytes();
-        let mut current = self.shared.current();
+        let Some((slot, mut current)) = self.pick() else {
+            return Err(self.shared.closed_unsent());
+        };
         let mut redialled = false;
         loop {
             if current.state.is_closed() {
@@ -178,7 +234,7 @@ impl Link {
                 }
                 current = self
                     .shared
-                    .redial(current.generation, handover.as_ref())
+                    .redial(slot, current.generation, handover.as_ref())
                     .await?;
                 redialled = true;
             }
@@ -201,7 +257,7 @@ impl Link {
                 Err(Failed::Unsent) if !redialled => {
                     current = self
                         .shared
-                        .redial(current.generation, handover.as_ref())
+                        .redial(slot, current.generation, handover.as_ref())
                         .await?;
                     redialled = true;
                 }
@@ -209,6 +265,65 @@ impl Link {
                 Err(Failed::Sent(error)) => return Err(Box::new(error)),
             }
         }
+    }
+}
+
+impl Link {
+    /// The open connection with the fewest requests in flight (and its slot); when even that
+    /// one has [`GROW_AT`], another connection is dialled in the background for later
+    /// requests. With every connection closed, the first, for the caller to dial again.
+    fn pick(&self) -> Option<(usize, Current)> {
+        let mut best: Option<(usize, usize)> = None;
+        let mut vacant = None;
+        for (index, slot) in self.shared.slots.iter().enumerate() {
+            match slot.lock().as_ref() {
+                Some(current) if !current.state.is_closed() => {
+                    let load = current.state.in_flight.load(Ordering::Relaxed);
+                    if best.is_none_or(|(_, least)| load < least) {
+                        best = Some((index, load));
+                    }
+                }
+                _ if index > 0 => {
+                    vacant.get_or_insert(index);
+                }
+                _ => {}
+            }
+        }
+        let (index, load) = best.unwrap_or((0, 0));
+        if load >= GROW_AT
+            && let Some(vacant) = vacant
+        {
+            self.grow(vacant);
+        }
+        // The first slot always holds a connection, so this is `None` only for a slot
+        // emptied since it was looked at.
+        Some((index, self.shared.slots[index].get()?))
+    }
+
+    /// Dials a connection into slot `index` in the background, unless one is under way.
+    fn grow(&self, index: usize) {
+        let shared = Arc::clone(&self.shared);
+        if shared.slots[index].growing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            let slot = &shared.slots[index];
+            match handshake(&shared.target).await {
+                Ok((sender, state)) => {
+                    let mut current = slot.lock();
+                    let generation = current.as_ref().map_or(0, |c| c.generation + 1);
+                    *current = Some(Current {
+                        generation,
+                        sender,
+                        state,
+                    });
+                }
+                Err(error) => {
+                    tracing::debug!(endpoint = %shared.target.endpoint(), %error, "extra plugin connection not dialled");
+                }
+            }
+            slot.growing.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -327,32 +442,34 @@ impl Shared {
         )))
     }
 
-    fn current(&self) -> Current {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// A live connection other than generation `dead`: the one another caller dialled
-    /// meanwhile, or a new one.
-    async fn redial(&self, dead: u64, handover: Option<&Handover>) -> Result<Current, DialFailure> {
+    /// A live connection in slot `index` other than generation `dead`: the one another
+    /// caller dialled meanwhile, or a new one.
+    async fn redial(
+        &self,
+        index: usize,
+        dead: u64,
+        handover: Option<&Handover>,
+    ) -> Result<Current, DialFailure> {
         if let Some(handover) = handover {
             handover.waiting();
         }
-        let _dialling = self.redial.lock().await;
-        let current = self.current();
-        if current.generation != dead && !current.state.is_closed() {
-            return Ok(current);
-        }
+        let slot = &self.slots[index];
+        let _dialling = slot.redial.lock().await;
+        let generation = match slot.get() {
+            Some(current) if current.generation != dead && !current.state.is_closed() => {
+                return Ok(current);
+            }
+            Some(current) => current.generation + 1,
+            None => dead + 1,
+        };
         tracing::debug!(endpoint = %self.target.endpoint(), "plugin connection closed, dialling again");
         let (sender, state) = handshake(&self.target).await?;
         let fresh = Current {
-            generation: current.generation + 1,
+            generation,
             sender,
             state,
         };
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = fresh.clone();
+        *slot.lock() = Some(fresh.clone());
         Ok(fresh)
     }
 
@@ -576,8 +693,7 @@ mod tests {
             shared: Arc::new(Shared {
                 authority: authority(target.endpoint()),
                 target,
-                current: Mutex::new(current),
-                redial: tokio::sync::Mutex::new(()),
+                slots: slots(current),
             }),
         }
     }
@@ -645,9 +761,74 @@ mod tests {
         // before taking it, hands it back, and the link sends it on a fresh dial.
         identity.probe(request).await.unwrap();
         assert_eq!(dials.load(Ordering::Relaxed), 1, "one new dial");
-        assert_eq!(link.shared.current().generation, 1);
+        assert_eq!(link.shared.slots[0].get().map(|c| c.generation), Some(1));
         assert!(!handover.is_waiting(), "handed to the new connection");
         assert_eq!(plugin.calls().count(csi_proto::Rpc::Probe), 1);
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_quiet_link_keeps_one_connection_and_a_busy_one_opens_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let plugin = csi_testkit::MockPlugin::builder().build().unwrap();
+        let server = plugin.serve_unix(&path).await.unwrap();
+        let dials = Arc::new(AtomicU64::new(0));
+        let target = Arc::new(DialTarget::new(
+            Endpoint::unix(&path).unwrap(),
+            ConnectOptions::DEFAULT,
+            Arc::clone(&dials),
+        ));
+        let link = Link::connect(target).await.unwrap();
+        let identity = IdentityClient::new(PluginChannel::plain(link.clone()));
+        for _ in 0..50 {
+            identity.clone().probe(ProbeRequest {}).await.unwrap();
+        }
+        assert_eq!(
+            dials.load(Ordering::Relaxed),
+            1,
+            "one caller at a time: one connection"
+        );
+
+        // Every Probe now hangs until released, so the callers pile up in flight.
+        plugin
+            .faults()
+            .on(csi_proto::Rpc::Probe)
+            .forever(csi_testkit::FaultStep::Hang)
+            .install();
+        let callers: Vec<_> = (0..2 * GROW_AT)
+            .map(|_| {
+                let mut identity = identity.clone();
+                tokio::spawn(async move { identity.probe(ProbeRequest {}).await })
+            })
+            .collect();
+        let want = pool_size().min(2) as u64;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while dials.load(Ordering::Relaxed) < want
+                || plugin.calls().count(csi_proto::Rpc::Probe) < 50 + 2 * GROW_AT
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("hang guard: the callers reached the plugin");
+        plugin.faults().release_hung();
+        for caller in callers {
+            let _ = caller.await;
+        }
+        assert_eq!(
+            dials.load(Ordering::Relaxed),
+            want,
+            "with {} calls in flight a second connection (where there are two cores)",
+            2 * GROW_AT
+        );
+        let open = link
+            .shared
+            .slots
+            .iter()
+            .filter(|slot| slot.get().is_some())
+            .count();
+        assert_eq!(open as u64, want);
         server.shutdown().await.unwrap();
     }
 }
