@@ -167,6 +167,11 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub peer_concurrent_calls: u64,
 
+    /// `--compare-peer`: threads the mock plugin serves on (its `--threads`; 1 is its
+    /// default).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub peer_mock_threads: u16,
+
     /// `--compare-peer`: csi-client connections opened to each server at the end to measure
     /// memory per connection (0: skip).
     #[arg(long, value_name = "K", default_value_t = 200)]
@@ -417,6 +422,13 @@ impl Cli {
                 "must be 1..=100000000",
             ));
         }
+        if !(1..=64).contains(&self.peer_mock_threads) {
+            return Err(bad(
+                "peer-mock-threads",
+                self.peer_mock_threads,
+                "must be 1..=64",
+            ));
+        }
         if self.peer_conns > MAX_CONNECTIONS {
             return Err(bad("peer-conns", self.peer_conns, "must be 0..=50000"));
         }
@@ -428,6 +440,7 @@ impl Cli {
             concurrent_calls: self.peer_concurrent_calls,
             callers: self.peer_callers,
             connections: self.peer_conns,
+            mock_threads: self.peer_mock_threads,
             warmup: self.warmup,
         }))
     }
@@ -538,6 +551,18 @@ mod tests {
                 "goserver",
             ),
             (&["--compare-peer", "--mock"][..], "compare-peer"),
+            (
+                &[
+                    "--compare-peer",
+                    "--gobench",
+                    present,
+                    "--goserver",
+                    present,
+                    "--peer-mock-threads",
+                    "0",
+                ][..],
+                "peer-mock-threads",
+            ),
             (
                 &[
                     "--compare-peer",

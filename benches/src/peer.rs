@@ -75,6 +75,8 @@ pub struct PeerSpec {
     pub callers: u32,
     /// Connections opened to each server for the memory lines (`--peer-conns`; 0: none).
     pub connections: u32,
+    /// Threads the mock plugin serves on (`--peer-mock-threads`).
+    pub mock_threads: u16,
     /// csi-client's unmeasured calls before the run (`--warmup`).
     pub warmup: u64,
 }
@@ -227,6 +229,8 @@ pub struct PeerComparison {
     pub memory: Vec<(PeerServer, ConnMemory)>,
     /// The 1-minute load average before and after.
     pub load: (Option<f64>, Option<f64>),
+    /// Threads the mock plugin served on.
+    pub mock_threads: u16,
 }
 
 impl PeerComparison {
@@ -279,9 +283,10 @@ impl PeerComparison {
         }
         let load = |l: Option<f64>| l.map_or("unknown".to_owned(), |l| format!("{l:.2}"));
         out.push(format!(
-            "peer_load loadavg_1m_before={} loadavg_1m_after={} rounds={ROUNDS}",
+            "peer_load loadavg_1m_before={} loadavg_1m_after={} rounds={ROUNDS} mock_threads={}",
             load(self.load.0),
-            load(self.load.1)
+            load(self.load.1),
+            self.mock_threads
         ));
         out
     }
@@ -297,7 +302,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(which: PeerServer, program: &Path) -> Result<Server, BenchError> {
+    fn start(which: PeerServer, program: &Path, threads: u16) -> Result<Server, BenchError> {
         let dir = socket_dir("a --compare-peer server's socket")?;
         let path = dir.path().join("csi.sock");
         let mut command = Command::new(program);
@@ -307,7 +312,9 @@ impl Server {
                 .arg("--endpoint")
                 .arg(format!("unix://{}", path.display()))
                 .arg("--call-log-limit")
-                .arg(MOCK_CALL_LOG_LIMIT.to_string()),
+                .arg(MOCK_CALL_LOG_LIMIT.to_string())
+                .arg("--threads")
+                .arg(threads.to_string()),
         };
         let role = which.name();
         let mut child = command
@@ -478,8 +485,8 @@ pub fn run_compare_peer(
     let mock_program = mock_plugin_path(spec.mock_plugin.as_deref(), exe)?;
     let load_before = cpu::load_average();
     let servers = [
-        Server::start(PeerServer::Mock, &mock_program)?,
-        Server::start(PeerServer::GoServer, &spec.goserver)?,
+        Server::start(PeerServer::Mock, &mock_program, spec.mock_threads)?,
+        Server::start(PeerServer::GoServer, &spec.goserver, 0)?,
     ];
     let result = measure_all(rt, spec, &servers);
     let load_after = cpu::load_average();
@@ -491,6 +498,7 @@ pub fn run_compare_peer(
         lines,
         memory,
         load: (load_before, load_after),
+        mock_threads: spec.mock_threads,
     })
 }
 
@@ -695,6 +703,7 @@ mod tests {
             ],
             memory: Vec::new(),
             load: (Some(1.0), None),
+            mock_threads: 1,
         };
         let ratios = comparison.ratios();
         let what: Vec<_> = ratios.iter().map(|r| r.what).collect();
@@ -718,7 +727,7 @@ mod tests {
         assert!(printed[8].contains("p50_ratio=0.70") && printed[8].contains("p50_met=yes"));
         assert_eq!(
             printed[11],
-            "peer_load loadavg_1m_before=1.00 loadavg_1m_after=unknown rounds=10"
+            "peer_load loadavg_1m_before=1.00 loadavg_1m_after=unknown rounds=10 mock_threads=1"
         );
     }
 
