@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Parser};
 
 use crate::error::BenchError;
+use crate::peer::PeerSpec;
 use crate::rpc::BenchRpc;
 use crate::target::TargetSpec;
 
@@ -32,7 +33,7 @@ pub const MAX_AGENTS: u32 = 16;
 #[command(group(ArgGroup::new("target").args(["endpoint", "mock"])))]
 #[command(group(ArgGroup::new("mode").args([
     "baseline", "compare", "conn_memory", "claims_memory", "claims_release", "claims_etcd",
-    "shim_hop", "baseline_child", "serve_mock", "etcd_memory_child",
+    "shim_hop", "compare_peer", "baseline_child", "serve_mock", "etcd_memory_child",
 ])))]
 pub struct Cli {
     /// The plugin's endpoint, `unix:///path/to/csi.sock`.
@@ -137,6 +138,45 @@ pub struct Cli {
     #[arg(long)]
     pub shim_hop: bool,
 
+    /// Measure Probe beside grpc-go in one interleaved run: grpc-go (`--gobench`) and
+    /// csi-client, each against the csi-testkit mock plugin (`--mock-plugin`) and a minimal
+    /// grpc-go plugin (`--goserver`), sequentially (`-n` calls) and with `--peer-callers`
+    /// callers (`--peer-concurrent-calls` calls); prints every line, CPU time per call on both
+    /// sides, memory per connection and the ratios against the targets.
+    #[arg(long)]
+    pub compare_peer: bool,
+
+    /// `--compare-peer`: the grpc-go Probe client (`gobench -endpoint PATH -rpc probe -n N -c C`).
+    #[arg(long, value_name = "PATH")]
+    pub gobench: Option<PathBuf>,
+
+    /// `--compare-peer`: the minimal grpc-go plugin (`goserver -endpoint PATH`).
+    #[arg(long, value_name = "PATH")]
+    pub goserver: Option<PathBuf>,
+
+    /// `--compare-peer`: the csi-testkit mock plugin binary (default: `csi-mock-plugin` next
+    /// to csi-bench).
+    #[arg(long, value_name = "PATH")]
+    pub mock_plugin: Option<PathBuf>,
+
+    /// `--compare-peer`: callers of the concurrent lines.
+    #[arg(long, value_name = "C", default_value_t = 32)]
+    pub peer_callers: u32,
+
+    /// `--compare-peer`: calls of each concurrent line.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub peer_concurrent_calls: u64,
+
+    /// `--compare-peer`: threads the mock plugin serves on (its `--threads`; 1 is its
+    /// default).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub peer_mock_threads: u16,
+
+    /// `--compare-peer`: csi-client connections opened to each server at the end to measure
+    /// memory per connection (0: skip).
+    #[arg(long, value_name = "K", default_value_t = 200)]
+    pub peer_conns: u32,
+
     /// Internal: be the ping-pong peer on this socket.
     #[arg(long, hide = true, value_name = "PATH")]
     pub baseline_child: Option<PathBuf>,
@@ -187,6 +227,8 @@ pub enum Mode {
     ClaimsMemory(u32),
     /// One agent-to-agent hop against a direct call.
     ShimHop,
+    /// csi-client and the mock plugin beside grpc-go.
+    ComparePeer(PeerSpec),
     /// Releasing claims through the driver against the mock.
     ClaimsRelease(u32),
     /// Claims, memory and releases through etcd.
@@ -315,6 +357,9 @@ impl Cli {
         if self.shim_hop {
             return Ok(Mode::ShimHop);
         }
+        if self.compare_peer {
+            return self.compare_peer_mode();
+        }
         if self.compare {
             return Ok(Mode::Compare(self.target("--compare")?));
         }
@@ -344,6 +389,60 @@ impl Cli {
             return Ok(Mode::ClaimsRelease(claims));
         }
         Ok(Mode::Load(self.target("a load run")?))
+    }
+
+    fn compare_peer_mode(&self) -> Result<Mode, BenchError> {
+        if self.endpoint.is_some() || self.mock {
+            return Err(bad(
+                "compare-peer",
+                "",
+                "takes no --endpoint or --mock: it starts both servers itself",
+            ));
+        }
+        let program = |flag: &'static str, given: &Option<PathBuf>| match given {
+            None => Err(bad(
+                flag,
+                "(not given)",
+                "--compare-peer needs it: build the grpc-go peers as benches/README.md says",
+            )),
+            Some(path) if !path.is_file() => Err(bad(
+                flag,
+                path.display(),
+                "no such file: build the grpc-go peers as benches/README.md says",
+            )),
+            Some(path) => Ok(path.clone()),
+        };
+        if !(1..=MAX_CALLERS).contains(&self.peer_callers) || self.peer_callers == 1 {
+            return Err(bad("peer-callers", self.peer_callers, "must be 2..=10000"));
+        }
+        if !(1..=MAX_CALLS).contains(&self.peer_concurrent_calls) {
+            return Err(bad(
+                "peer-concurrent-calls",
+                self.peer_concurrent_calls,
+                "must be 1..=100000000",
+            ));
+        }
+        if !(1..=64).contains(&self.peer_mock_threads) {
+            return Err(bad(
+                "peer-mock-threads",
+                self.peer_mock_threads,
+                "must be 1..=64",
+            ));
+        }
+        if self.peer_conns > MAX_CONNECTIONS {
+            return Err(bad("peer-conns", self.peer_conns, "must be 0..=50000"));
+        }
+        Ok(Mode::ComparePeer(PeerSpec {
+            gobench: program("gobench", &self.gobench)?,
+            goserver: program("goserver", &self.goserver)?,
+            mock_plugin: self.mock_plugin.clone(),
+            sequential_calls: self.n,
+            concurrent_calls: self.peer_concurrent_calls,
+            callers: self.peer_callers,
+            connections: self.peer_conns,
+            mock_threads: self.peer_mock_threads,
+            warmup: self.warmup,
+        }))
     }
 
     fn claims_etcd_mode(&self, claims: u32) -> Result<Mode, BenchError> {
@@ -430,6 +529,80 @@ mod tests {
         ));
         assert!(parse(&["--baseline", "--compare"]).is_err());
         assert!(parse(&["--mock", "--endpoint", "unix:///x.sock"]).is_err());
+    }
+
+    #[test]
+    fn compare_peer_names_the_missing_program() {
+        let dir = tempfile::tempdir().expect("test invariant: temp dirs can be made");
+        let present = dir.path().join("peer");
+        std::fs::write(&present, b"").expect("test invariant: temp files can be written");
+        let present = present.to_str().expect("test invariant: utf-8 temp path");
+        let absent = dir.path().join("absent");
+        let absent = absent.to_str().expect("test invariant: utf-8 temp path");
+        for (args, flag) in [
+            (&["--compare-peer"][..], "gobench"),
+            (&["--compare-peer", "--gobench", present][..], "goserver"),
+            (
+                &["--compare-peer", "--gobench", absent, "--goserver", present][..],
+                "gobench",
+            ),
+            (
+                &["--compare-peer", "--gobench", present, "--goserver", absent][..],
+                "goserver",
+            ),
+            (&["--compare-peer", "--mock"][..], "compare-peer"),
+            (
+                &[
+                    "--compare-peer",
+                    "--gobench",
+                    present,
+                    "--goserver",
+                    present,
+                    "--peer-mock-threads",
+                    "0",
+                ][..],
+                "peer-mock-threads",
+            ),
+            (
+                &[
+                    "--compare-peer",
+                    "--gobench",
+                    present,
+                    "--goserver",
+                    present,
+                    "--peer-callers",
+                    "1",
+                ][..],
+                "peer-callers",
+            ),
+        ] {
+            match parse(args) {
+                Err(e @ BenchError::BadFlag { flag: f, .. }) => {
+                    assert_eq!(f, flag, "{args:?}");
+                    assert!(e.to_string().starts_with(&format!("--{flag} ")), "{e}");
+                }
+                other => panic!("{args:?}: expected a bad --{flag}, got {other:?}"),
+            }
+        }
+        match parse(&[
+            "--compare-peer",
+            "--gobench",
+            present,
+            "--goserver",
+            present,
+            "-n",
+            "30",
+        ]) {
+            Ok(Mode::ComparePeer(spec)) => {
+                assert_eq!(spec.sequential_calls, 30);
+                assert_eq!(
+                    (spec.callers, spec.concurrent_calls, spec.connections),
+                    (32, 100_000, 200)
+                );
+                assert_eq!(spec.mock_plugin, None);
+            }
+            other => panic!("expected a --compare-peer run, got {other:?}"),
+        }
     }
 
     #[test]

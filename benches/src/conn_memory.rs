@@ -120,7 +120,7 @@ pub fn run_conn_memory(
     }
 }
 
-async fn measure(
+pub(crate) async fn measure(
     endpoint: Endpoint,
     connections: u32,
     server: Option<u32>,

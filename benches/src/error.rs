@@ -320,4 +320,21 @@ pub enum BenchError {
     /// The HTTP/2 handshake of the bare hyper connection failed.
     #[error("compare: the hyper-h2 client's HTTP/2 handshake failed")]
     H2Handshake(#[source] hyper::Error),
+    /// A peer program of `--compare-peer` (gobench, goserver, the mock plugin) failed or
+    /// printed something that is not a result line.
+    #[error("compare-peer: {program} {detail}")]
+    Peer {
+        /// The program's path.
+        program: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// `/proc/<pid>/stat` could not be read or parsed (Linux only).
+    #[error("cannot read CPU time from {path}: {detail}")]
+    Stat {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
 }

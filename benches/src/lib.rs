@@ -33,7 +33,8 @@
 //!   [`compare`]: the floor and Probe, interleaved;
 //!   [`child`]: the re-executed child processes; [`memory`]: resident memory from `/proc`;
 //!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks;
-//!   [`shim_hop`]: the cost of one agent-to-agent hop.
+//!   [`shim_hop`]: the cost of one agent-to-agent hop; [`peer`]: csi-client and the mock
+//!   beside grpc-go (`--compare-peer`), with [`cpu`]: CPU time from `/proc`.
 //! - With the `etcd` feature: `claims_etcd`, claims, memory and releases through etcd
 //!   (`--claims-etcd`), and `etcd_process`, the `etcd` it starts when given no endpoints.
 
@@ -45,12 +46,14 @@ pub mod claims_etcd;
 pub mod cli;
 pub mod compare;
 pub mod conn_memory;
+pub mod cpu;
 pub mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd_process;
 pub mod hyper_h2;
 pub mod load;
 pub mod memory;
+pub mod peer;
 pub mod raw;
 pub mod report;
 pub mod rpc;
@@ -100,6 +103,10 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             Ok(vec![
                 conn_memory::run_conn_memory(&rt, &spec, k, exe)?.to_string(),
             ])
+        }
+        Mode::ComparePeer(spec) => {
+            let rt = runtime()?;
+            Ok(peer::run_compare_peer(&rt, &spec, exe)?.printed())
         }
         Mode::ShimHop => {
             let rt = runtime()?;

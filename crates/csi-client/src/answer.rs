@@ -20,9 +20,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Bytes;
 use tonic::Code;
 
 use crate::error::{ErrorKind, MAX_ANSWER_BYTES, ResponseError};
@@ -95,10 +95,14 @@ impl AnswerWatch {
 
     /// Wraps `response` so its status, headers, messages and trailers are recorded as they
     /// pass to tonic.
-    pub(crate) fn watch(
+    pub(crate) fn watch<B>(
         &self,
-        mut response: http::Response<hyper::body::Incoming>,
-    ) -> http::Response<tonic::body::Body> {
+        mut response: http::Response<B>,
+    ) -> http::Response<tonic::body::Body>
+    where
+        B: Body<Data = Bytes> + Unpin + Send + 'static,
+        B::Error: Into<tower::BoxError>,
+    {
         let status = response.status().as_u16();
         self.update(|seen| seen.http_status = Some(status));
         self.headers(response.headers_mut());

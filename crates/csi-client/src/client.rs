@@ -1,4 +1,5 @@
-//! [`CsiClient`]: one plugin endpoint, one connection, every service client.
+//! [`CsiClient`]: one plugin endpoint, one connection (a few under load), every service
+//! client.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,8 @@ use crate::snapshot_metadata::SnapshotMetadataClient;
 use crate::turns::VolumeTurns;
 
 /// A client of one CSI plugin: hands out the per-service clients, all sharing one lazily
-/// dialled connection, one policy table, one retry budget and one observer. Cheap to clone.
+/// dialled connection (more under load: up to one per core, at most four), one policy table,
+/// one retry budget and one observer. Cheap to clone.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {

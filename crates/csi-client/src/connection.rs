@@ -3,7 +3,7 @@
 //! A [`Connection`] stores the endpoint and dials nothing until the first call. The first call
 //! (however many tasks make it at once) performs exactly one dial; everybody else waits for that
 //! dial. The dial waits, with bounded exponential backoff, for a socket the plugin has not
-//! created yet. Once connected, the link (hyper's HTTP/2 client on our socket, the crate's
+//! created yet. Once connected, the link (the h2 crate's HTTP/2 client on our socket, the crate's
 //! `link` module) is shared by every service client; when the plugin restarts and recreates
 //! its socket, the link dials again on the next call through the same waiting dial, and a
 //! request the old connection never took is sent on the new one. The client's tower layers, if
@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::OnceCell;
 
@@ -238,11 +237,11 @@ pub struct HandshakeError {
     endpoint: String,
     // Shared, so the error can be taken out of a failed call's source chain.
     #[source]
-    source: Arc<hyper::Error>,
+    source: Arc<h2::Error>,
 }
 
 impl HandshakeError {
-    pub(crate) fn new(endpoint: &Endpoint, source: hyper::Error) -> HandshakeError {
+    pub(crate) fn new(endpoint: &Endpoint, source: h2::Error) -> HandshakeError {
         HandshakeError {
             endpoint: endpoint.to_string(),
             source: Arc::new(source),
@@ -316,8 +315,10 @@ impl Connection {
         &self.inner.endpoint
     }
 
-    /// How many times a socket was dialled so far (initial dial, every wait-loop try, and
-    /// reconnects). Useful for diagnostics and tests; not a health signal.
+    /// How many times a socket was dialled so far (initial dial, every wait-loop try,
+    /// reconnects, and the extra connections a busy client opens: up to one per core, at most
+    /// four, once 16 requests are in flight on each). Useful for diagnostics and tests; not a
+    /// health signal.
     pub fn dial_attempts(&self) -> u64 {
         self.inner.dials.load(Ordering::Relaxed)
     }
@@ -422,12 +423,12 @@ impl DialTarget {
     /// Dials, waiting with backoff while the socket is missing or refuses connections (a
     /// plugin that is starting, or restarting and recreating its socket). A fault no wait
     /// can fix ([`EndpointFault`]) ends the dial at once.
-    pub(crate) async fn open(&self) -> Result<TokioIo<EitherStream>, ConnectError> {
+    pub(crate) async fn open(&self) -> Result<EitherStream, ConnectError> {
         let start = tokio::time::Instant::now();
         let mut pause = self.options.initial_backoff;
         loop {
             match self.open_once().await {
-                Ok(stream) => return Ok(TokioIo::new(EitherStream(stream))),
+                Ok(stream) => return Ok(EitherStream(stream)),
                 Err(err) => {
                     let waited = start.elapsed();
                     if let Some(fault) = self.fault(&err).await {
@@ -462,6 +463,14 @@ impl DialTarget {
 
 /// A unix or tcp stream behind one type, so one connector serves both endpoint kinds.
 pub(crate) struct EitherStream(Stream);
+
+impl EitherStream {
+    /// A unix stream made elsewhere (a socket pair in tests).
+    #[cfg(test)]
+    pub(crate) fn unix(stream: UnixStream) -> EitherStream {
+        EitherStream(Stream::Unix(stream))
+    }
+}
 
 impl tokio::io::AsyncRead for EitherStream {
     fn poll_read(

@@ -20,8 +20,10 @@
 //!   uncertain on a mutation and retryable on a read. A status number gRPC does not define
 //!   keeps its number.
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
-//!   plugin has not created yet, reconnects when the plugin restarts (a request the closed
-//!   connection never took goes out on the new one), and sends `:authority localhost`.
+//!   plugin has not created yet, reconnects when the plugin restarts (a request that never
+//!   reached the closed connection's socket goes out on the new one), and sends
+//!   `:authority localhost`. Under load (16 requests in flight on each connection) it opens
+//!   more, up to one per core and at most four.
 //! - **One call in flight per volume**, as the spec asks of the orchestrator: each attempt of
 //!   an RPC about a volume waits for that volume's turn ([`VolumeTurns`]), in the order
 //!   callers asked and within the call's budget, instead of drawing `ABORTED` from the plugin

@@ -128,8 +128,17 @@ impl CallLog {
     }
 
     fn find(&mut self, seq: u64) -> Option<&mut CallRecord> {
-        // Records are in seq order, so a binary search finds the slot.
-        let index = self.records.binary_search_by_key(&seq, |r| r.seq).ok()?;
+        // Records are numbered one after the other (evictions take the oldest, a clear or a
+        // drain takes them all), so a call's record sits `seq - first` places in: one look
+        // instead of a binary search, whose steps over a 10,000-record log each missed the
+        // cache (6 % of the mock's time under load, twice per call).
+        let first = self.records.front()?.seq;
+        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
+        let index = match self.records.get(index) {
+            Some(record) if record.seq == seq => index,
+            // Not expected; stay correct if the numbering ever has a gap.
+            _ => self.records.binary_search_by_key(&seq, |r| r.seq).ok()?,
+        };
         self.records.get_mut(index)
     }
 
@@ -513,6 +522,43 @@ mod tests {
                 received: 3
             }
         );
+    }
+
+    #[test]
+    fn outcomes_reach_their_own_record_after_evictions_and_drains() {
+        let mut log = CallLog::new(Some(3));
+        for _ in 0..5 {
+            log.push(Rpc::Probe, None, None, String::new());
+        }
+        // Seqs 2, 3 and 4 are kept; 0 is gone and 7 never was.
+        log.finish(3, Outcome::Ok);
+        log.finish(0, Outcome::Abandoned);
+        log.finish(7, Outcome::Abandoned);
+        let outcomes: Vec<_> = log
+            .snapshot()
+            .records()
+            .iter()
+            .map(|r| (r.seq, r.outcome.clone()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                (2, Outcome::InFlight),
+                (3, Outcome::Ok),
+                (4, Outcome::InFlight)
+            ]
+        );
+        log.drain();
+        let seq = log.push(Rpc::Probe, None, None, String::new());
+        log.set_volume(seq, "vol-1".to_owned());
+        log.finish(seq, Outcome::Ok);
+        let list = log.snapshot();
+        let record = &list.records()[0];
+        assert_eq!(
+            (record.seq, record.volume_id.as_deref()),
+            (5, Some("vol-1"))
+        );
+        assert_eq!(record.outcome, Outcome::Ok);
     }
 
     #[test]
