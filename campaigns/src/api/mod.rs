@@ -2,7 +2,7 @@
 //!
 //! One agent runs in-process for the whole campaign (`csi_agent::serve::serve_until`, on a
 //! temporary data directory, with csi-testkit's mock plugin in its plugin directory). Each
-//! case sends one generated request ([`model`]) on a connection of its own: a route with path
+//! case sends one generated request (module `model`) on a connection of its own: a route with path
 //! ids that are valid, hostile but valid, or not ids at all, and for the routes that take one
 //! a JSON body whose fields are valid or broken one at a time (a wrong JSON type, a missing
 //! required field, an unknown field, a value the rules refuse), or a body that is not the

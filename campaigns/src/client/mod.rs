@@ -1,6 +1,6 @@
 //! Campaign `client`: a hostile plugin under csi-client.
 //!
-//! Every case starts a raw HTTP/2 server on a unix socket of its own ([`plugin`]) and a
+//! Every case starts a raw HTTP/2 server on a unix socket of its own (module `plugin`) and a
 //! [`CsiClient`] of it, and makes one typed call: probe, plugin info and capabilities,
 //! create and delete volume, validate capabilities (the `confirmed` comparison, strict and
 //! lenient), controller publish, `list_all_volumes` (every page), node stage, publish and
@@ -27,8 +27,10 @@
 //! the answer held (a page of 100,000 entries without a volume breaks 100,000 rules).
 //!
 //! Memory is bounded by the decoding limits: csi-client decodes at most
-//! [`MAX_ANSWER_BYTES`](csi_client::MAX_ANSWER_BYTES) (4 MiB) per message, and a listing
-//! at most [`MAX_PAGES`](csi_client::paging::MAX_PAGES) pages of that; the hostile plugin
+//! [`csi_client::MAX_ANSWER_BYTES`] (4 MiB) per message, and a listing
+//! at most [`MAX_LISTED_BYTES`](csi_client::paging::MAX_LISTED_BYTES) (256 MiB) of pages as
+//! encoded and [`MAX_LISTED_ENTRIES`](csi_client::paging::MAX_LISTED_ENTRIES) (a million)
+//! entries (a million over four pages is the largest listing sent here); the hostile plugin
 //! reads requests of at most the client's own size and its HTTP/2 header lists are capped at
 //! 1 MiB.
 

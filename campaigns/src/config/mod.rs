@@ -3,7 +3,7 @@
 //!
 //! Each case is a generated configuration given through flags (the values clap hands over,
 //! from a flag or from its `CSI_AGENT_*` variable alike; some cases go through clap's own
-//! parsing of `--key=value` arguments) and a TOML file ([`model`]), or a hostile file: unknown
+//! parsing of `--key=value` arguments) and a TOML file (module `model`), or a hostile file: unknown
 //! or misspelt keys, wrong types, duplicate keys, broken syntax, bytes that are not UTF-8, deep
 //! nesting, a missing file or a directory.
 //!

@@ -3,7 +3,7 @@
 //! A case is a generated sequence of operations (register a volume in the agent's book,
 //! claim it for a workload and record the publication in the node's usage file, release a
 //! claim to the end and forget the publication, remove a volume without claims; see
-//! [`stores`]), written to csi-claims' [`RedbStore`](csi_claims::RedbStore) through its
+//! module `stores`), written to csi-claims' [`RedbStore`](csi_claims::RedbStore) through its
 //! claims driver, csi-node's `usage.json` ([`save_json`](csi_node::state::save_json)) and the
 //! reference agent's `volumes.json`, in a temporary directory of its own. Two kinds:
 //!

@@ -1,6 +1,6 @@
 //! Campaign `shim`: a hostile peer against csi-rpc-shim's agent server.
 //!
-//! Two agents run in the process over loopback TCP, each with [`CountingPlugins`]: `b`, under
+//! Two agents run in the process over loopback TCP, each with `CountingPlugins`: `b`, under
 //! test, and `c`, which `b` relays to. A raw HTTP/2 client sends `b` generated calls of every
 //! RPC of the agent protocol, with good, forged, borrowed, stale and garbled credentials, odd
 //! hop counts and timeouts, and field values that are ordinary, hostile but valid, or invalid;

@@ -136,6 +136,22 @@ pub enum ResponseError {
         /// The page limit.
         limit: u32,
     },
+    /// A listing's pages held more entries than
+    /// [`MAX_LISTED_ENTRIES`](crate::paging::MAX_LISTED_ENTRIES), or more bytes than
+    /// [`MAX_LISTED_BYTES`](crate::paging::MAX_LISTED_BYTES), in all.
+    #[error(
+        "the listing went past {entries} entries or {bytes} bytes in all (limits {max_entries} entries, {max_bytes} bytes)"
+    )]
+    ListingTooLarge {
+        /// Entries gathered when it was refused.
+        entries: usize,
+        /// Bytes of the pages (as encoded) gathered when it was refused.
+        bytes: usize,
+        /// The entry limit.
+        max_entries: usize,
+        /// The byte limit.
+        max_bytes: usize,
+    },
     /// A FIXED_LENGTH stream carried ranges of different sizes.
     #[error(
         "FIXED_LENGTH stream has a range of {size_bytes} bytes after ranges of {expected} bytes"

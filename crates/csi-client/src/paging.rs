@@ -5,7 +5,10 @@
 //! one call under the RPC's policy (deadline, retries), so a transient failure on page 40 is
 //! retried as page 40, not from the start. Two plugin bugs would otherwise make a listing run
 //! forever, and both become invalid responses: a `next_token` that repeats one the listing
-//! already followed, and more than [`MAX_PAGES`] pages.
+//! already followed, and more than [`MAX_PAGES`] pages. A listing is also refused once its
+//! pages hold more than [`MAX_LISTED_ENTRIES`] entries or [`MAX_LISTED_BYTES`] bytes in all,
+//! so that what one listing keeps in memory is bounded whatever the plugin sends: at most
+//! 256 MiB of pages as encoded, and a million entries.
 //!
 //! ABORTED on a later page means the plugin no longer accepts the token it handed out (the
 //! list changed under it); the spec's answer is to list again from an empty `starting_token`.
@@ -27,13 +30,19 @@ use crate::validate::CsiRequest;
 /// (100,000 pages of the default page size is far beyond any real plugin's listing).
 pub const MAX_PAGES: u32 = 100_000;
 
+/// Most entries one listing gathers (far beyond any real cluster's volumes or snapshots).
+pub const MAX_LISTED_ENTRIES: usize = 1_000_000;
+
+/// Most bytes, as encoded on the wire, of all the pages of one listing.
+pub const MAX_LISTED_BYTES: usize = 256 << 20;
+
 /// Most times a listing starts over after ABORTED on a later page.
 pub const MAX_RESTARTS: u32 = 3;
 
 /// A list request and its answer: where the token goes and what a page holds.
 pub(crate) trait Paged: CsiRequest {
     /// What the answer is.
-    type Response;
+    type Response: prost::Message;
     /// One entry of a page.
     type Entry;
 
@@ -72,8 +81,29 @@ paged! {
 /// Calls `page` from `request`'s starting token until a page ends the listing, and returns
 /// every entry in order. At most `max_pages` pages per pass.
 pub(crate) async fn every_page<Req, F, Fut>(
+    request: Req,
+    max_pages: u32,
+    page: F,
+) -> Result<Vec<Req::Entry>, Error>
+where
+    Req: Paged,
+    F: FnMut(Req) -> Fut,
+    Fut: Future<Output = Result<Req::Response, Error>>,
+{
+    every_page_within(
+        request,
+        max_pages,
+        (MAX_LISTED_ENTRIES, MAX_LISTED_BYTES),
+        page,
+    )
+    .await
+}
+
+/// [`every_page`] with the entry and byte limits given.
+async fn every_page_within<Req, F, Fut>(
     mut request: Req,
     max_pages: u32,
+    (max_entries, max_bytes): (usize, usize),
     mut page: F,
 ) -> Result<Vec<Req::Entry>, Error>
 where
@@ -86,6 +116,7 @@ where
     let mut entries = Vec::new();
     let mut followed = HashSet::new();
     let mut pages = 0;
+    let mut bytes = 0usize;
     loop {
         pages += 1;
         let response = match page(request.clone()).await {
@@ -105,17 +136,25 @@ where
                 entries.clear();
                 followed.clear();
                 pages = 0;
+                bytes = 0;
                 request.starting_token().clear();
                 continue;
             }
             Err(e) => return Err(e),
         };
+        bytes = bytes.saturating_add(prost::Message::encoded_len(&response));
         let (mut more, next) = Req::split(response);
         entries.append(&mut more);
-        if next.is_empty() {
+        let broken = if entries.len() > max_entries || bytes > max_bytes {
+            Some(ResponseError::ListingTooLarge {
+                entries: entries.len(),
+                bytes,
+                max_entries,
+                max_bytes,
+            })
+        } else if next.is_empty() {
             return Ok(entries);
-        }
-        let broken = if !followed.insert(next.clone()) {
+        } else if !followed.insert(next.clone()) {
             Some(ResponseError::RepeatedToken { page: pages })
         } else if pages >= max_pages {
             Some(ResponseError::TooManyPages { limit: max_pages })
@@ -181,6 +220,69 @@ mod tests {
                 .collect()
         });
         (result, asked)
+    }
+
+    /// Lists `pages` pages of `per_page` entries each under the given entry and byte limits.
+    async fn list_within(
+        pages: usize,
+        per_page: usize,
+        limits: (usize, usize),
+    ) -> Result<Vec<pb::list_volumes_response::Entry>, Error> {
+        every_page_within(
+            pb::ListVolumesRequest::default(),
+            MAX_PAGES,
+            limits,
+            |req| {
+                let at: usize = req.starting_token.parse().unwrap_or(0);
+                let page = pb::ListVolumesResponse {
+                    entries: (0..per_page)
+                        .map(|i| volume(&format!("v{at}-{i}")))
+                        .collect(),
+                    next_token: if at + 1 < pages {
+                        (at + 1).to_string()
+                    } else {
+                        String::new()
+                    },
+                };
+                async move { Ok(page) }
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_listing_is_refused_past_its_entries_or_bytes() {
+        // Within both limits: every entry.
+        let all = list_within(3, 10, (30, 1 << 20)).await.expect("within");
+        assert_eq!(all.len(), 30);
+        // One entry too many, on the last page.
+        let err = list_within(3, 10, (29, 1 << 20))
+            .await
+            .expect_err("entries");
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::InvalidResponse(ResponseError::ListingTooLarge {
+                    entries: 30,
+                    max_entries: 29,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.class(), ErrorClass::Retry, "a read: retry");
+        // Past the bytes, whatever the count: an entry of `v0-0` is 8 bytes encoded.
+        let err = list_within(100, 1, (usize::MAX, 100))
+            .await
+            .expect_err("bytes");
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::InvalidResponse(ResponseError::ListingTooLarge { max_bytes: 100, bytes, .. })
+                    if *bytes > 100 && *bytes < 120
+            ),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]

@@ -74,7 +74,7 @@ struct Queue {
 
 impl Changes {
     /// A new queue: the sender for a store's watch, the receiver for its reader (usually a
-    /// [`ClaimsDriver`](crate::ClaimsDriver)).
+    /// [`ClaimsDriver`](crate::driver::ClaimsDriver)).
     pub fn channel() -> (ChangeSender, Changes) {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),

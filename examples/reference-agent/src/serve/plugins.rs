@@ -1,6 +1,6 @@
 //! The agent's plugins: csi-node's [`PluginManager`] fed by a [`DirWatcher`] over the plugin
 //! directory (`<plugin-id>.sock` sockets), with the agent's clients (the `call_timeout` cap
-//! and the metrics layers) and an observer ([`Links`]) that logs each transition, feeds the
+//! and the metrics layers) and an observer (`Links`) that logs each transition, feeds the
 //! shim's [`Registry`] and wakes stuck releases when a plugin is healthy again.
 
 use std::collections::BTreeMap;
