@@ -1481,6 +1481,12 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
 
 /// A machine restarted on a store that holds one release (node step to do) of plugin `plug`.
 fn restarted_with_a_release() -> Harness {
+    restarted_during_a_release(false)
+}
+
+/// A machine started again on a store with a release under way: at its node step, or past it
+/// (`node_done`: the controller step comes next).
+fn restarted_during_a_release(node_done: bool) -> Harness {
     let mut first = Harness::new();
     let v = info("v", ControllerRequirement::Required);
     first
@@ -1501,6 +1507,10 @@ fn restarted_with_a_release() -> Harness {
         1,
         "the first machine starts the step"
     );
+    if node_done {
+        first.answer_node(Ok(()));
+        assert_eq!(first.controller_calls.len(), 1, "at the controller step");
+    }
     let mut h = Harness::new();
     h.store = first.store;
     let stored = h.store.load_now(&vid("v")).unwrap();
@@ -1600,43 +1610,16 @@ fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
     assert_eq!(h.m.resync(stored.version, vec![stored], h.now), 0);
 }
 
-/// A machine started again on a store whose release is past its node step: the controller
-/// step comes next.
-fn restarted_at_the_controller_step() -> Harness {
-    let mut first = Harness::new();
-    let v = info("v", ControllerRequirement::Required);
-    first
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
-    first.release("v", "a");
-    first.answer_node(Ok(()));
-    assert_eq!(first.controller_calls.len(), 1, "at the controller step");
-    let mut h = Harness::new();
-    h.store = first.store;
-    let stored = h.store.load_now(&vid("v")).unwrap();
-    h.m.load(stored).unwrap();
-    h
-}
-
 #[test]
 fn a_cluster_member_waits_for_its_node_plugins_only() {
     // Waiting for node plugins only: the controller step goes at once.
-    let mut h = restarted_at_the_controller_step();
+    let mut h = restarted_during_a_release(true);
     h.m.await_node_plugins(h.now + Duration::from_secs(5));
     h.pump();
     assert_eq!(h.controller_calls.len(), 1, "not held back");
 
     // Waiting for every plugin: it is held until its plugin is back.
-    let mut h = restarted_at_the_controller_step();
+    let mut h = restarted_during_a_release(true);
     h.m.await_plugins(h.now + Duration::from_secs(5));
     h.pump();
     assert!(h.controller_calls.is_empty(), "held back");
