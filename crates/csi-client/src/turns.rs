@@ -33,8 +33,16 @@ use tokio::sync::{Mutex as TurnLock, OwnedMutexGuard};
 /// The volumes with a call in flight, and who waits for each.
 #[derive(Debug, Default)]
 pub struct VolumeTurns {
-    /// A lock per volume with a holder or a waiter; removed when the last one leaves.
-    volumes: Mutex<HashMap<ExternalVolumeId, Arc<TurnLock<()>>>>,
+    /// A lock per volume with a holder or a waiter, and how many they are; removed when the
+    /// last one leaves.
+    volumes: Mutex<HashMap<ExternalVolumeId, Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    lock: Arc<TurnLock<()>>,
+    /// The holder and the waiters.
+    users: usize,
 }
 
 impl VolumeTurns {
@@ -52,82 +60,70 @@ impl VolumeTurns {
     /// Callers of one volume get it in the order they asked. Cancel-safe: dropping the
     /// future gives up the place in line.
     pub async fn take(self: &Arc<Self>, volume: &ExternalVolumeId) -> Turn {
-        let lock = self
-            .map()
-            .entry(volume.clone())
-            .or_insert_with(|| Arc::new(TurnLock::new(())))
-            .clone();
-        // Until the turn comes, `waiting` takes the entry away again if this future is
-        // dropped and nobody else wants the volume.
-        let mut waiting = Waiting {
-            turns: self,
-            volume,
-            lock: Some(lock.clone()),
+        let lock = {
+            let mut map = self.map();
+            let entry = map.entry(volume.clone()).or_insert_with(|| Entry {
+                lock: Arc::new(TurnLock::new(())),
+                users: 0,
+            });
+            entry.users += 1;
+            Arc::clone(&entry.lock)
         };
-        let guard = lock.lock_owned().await;
-        // The turn came: the guard keeps the entry from now on.
-        waiting.lock = None;
-        Turn {
+        // From here on this caller counts as a user of the entry until it leaves: as a
+        // `Turn` once the turn came, or through `place` if this future is dropped before.
+        let place = Place {
             turns: Arc::clone(self),
             volume: volume.clone(),
-            guard: Some(guard),
+        };
+        let guard = lock.lock_owned().await;
+        Turn {
+            _guard: guard,
+            place,
         }
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ExternalVolumeId, Arc<TurnLock<()>>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ExternalVolumeId, Entry>> {
         self.volumes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Drops `volume`'s entry when `lock` (the caller's handle) and the map's are the only
-    /// ones left: nobody holds or waits for the turn.
-    fn leave(&self, volume: &ExternalVolumeId, lock: Arc<TurnLock<()>>) {
+    /// One user of `volume` left; the entry goes with the last.
+    fn leave(&self, volume: &ExternalVolumeId) {
         let mut map = self.map();
-        if Arc::strong_count(&lock) == 2
-            && map.get(volume).is_some_and(|kept| Arc::ptr_eq(kept, &lock))
-        {
-            map.remove(volume);
+        if let Some(entry) = map.get_mut(volume) {
+            entry.users = entry.users.saturating_sub(1);
+            if entry.users == 0 {
+                map.remove(volume);
+            }
         }
-        drop(lock);
     }
 }
 
-/// A place in line that was given up before the turn came.
-struct Waiting<'a> {
-    turns: &'a VolumeTurns,
-    volume: &'a ExternalVolumeId,
-    lock: Option<Arc<TurnLock<()>>>,
+/// A user of a volume's entry (waiting or holding); leaves when dropped.
+#[derive(Debug)]
+struct Place {
+    turns: Arc<VolumeTurns>,
+    volume: ExternalVolumeId,
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for Place {
     fn drop(&mut self) {
-        if let Some(lock) = self.lock.take() {
-            self.turns.leave(self.volume, lock);
-        }
+        self.turns.leave(&self.volume);
     }
 }
 
 /// One volume's turn; the next caller of the volume goes when it is dropped.
 #[derive(Debug)]
 pub struct Turn {
-    turns: Arc<VolumeTurns>,
-    volume: ExternalVolumeId,
-    guard: Option<OwnedMutexGuard<()>>,
+    // Fields drop in order: the lock goes to the next waiter first, then this caller leaves
+    // the entry (which goes with its last user).
+    _guard: OwnedMutexGuard<()>,
+    place: Place,
 }
 
 impl Turn {
     /// The volume whose turn this is.
     pub fn volume(&self) -> &ExternalVolumeId {
-        &self.volume
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if let Some(guard) = self.guard.take() {
-            let lock = OwnedMutexGuard::mutex(&guard).clone();
-            drop(guard);
-            self.turns.leave(&self.volume, lock);
-        }
+        &self.place.volume
     }
 }
 
@@ -223,6 +219,28 @@ mod tests {
         assert_eq!(turns.busy(), 1);
         drop(stays);
         assert_eq!(turns.busy(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_cancelled_once_its_turn_came_leaves_nothing_behind() {
+        let turns = Arc::new(VolumeTurns::new());
+        let first = turns.take(&vol("a")).await;
+        let waiter = tokio::spawn({
+            let turns = turns.clone();
+            async move {
+                let _turn = turns.take(&vol("a")).await;
+                std::future::pending::<()>().await;
+            }
+        });
+        // Let the waiter queue, then hand it the turn and cancel it before it runs again.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(turns.busy(), 0);
+        // The volume's turn is free again.
+        let again = tokio::time::timeout(Duration::from_secs(5), turns.take(&vol("a"))).await;
+        assert!(again.is_ok());
     }
 
     #[test]
