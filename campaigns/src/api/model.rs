@@ -3,9 +3,11 @@
 //!
 //! Which values are refused follows the agent's documented rules, decided here from the value
 //! itself with csi-structs' constructors (ids: non-empty, at most 128 bytes, no control
-//! characters where the type forbids them), the access modes and attachments the API lists,
-//! `read`/`write` claim modes and capacities that are not negative. A wrong JSON type, a
-//! missing required field and an unknown field are always refused.
+//! characters where the type forbids them; volume and workload ids also name directories, so
+//! not `.`, `..` or with `/` or NUL), the access modes and attachments the API lists,
+//! `read`/`write` claim modes, capacities that are not negative and expansions above 0. A
+//! wrong JSON type, a missing required field and an unknown field are always refused. Some
+//! valid fields are refused together by a rule (`Case::refusable`).
 
 use serde_json::{Map, Value, json};
 
@@ -72,8 +74,9 @@ impl Body {
         }
     }
 
-    /// Adds `name` with a value from `make` (told whether it may break it); a required field
-    /// is sometimes left out, an optional one sometimes given a wrong JSON type.
+    /// Adds `name` with a value from `make` (told whether it may break it). When this field
+    /// is the one broken, a required field is sometimes left out, and any field sometimes
+    /// given a value of the wrong JSON type; an optional field is often left out anyway.
     fn field(
         &mut self,
         rng: &mut Rng,
@@ -353,27 +356,7 @@ pub(crate) fn case(rng: &mut Rng) -> Case {
                 Kind::Str,
                 id_field(&["ext-1", "ext-2"], external_ok),
             );
-            body.field(
-                rng,
-                "plugin",
-                true,
-                Kind::Str,
-                id_field(&["mock"], plugin_ok),
-            );
-            body.field(
-                rng,
-                "access_mode",
-                true,
-                Kind::Str,
-                choice(ACCESS_MODES, BAD_ACCESS_MODES),
-            );
-            body.field(
-                rng,
-                "attachment",
-                true,
-                Kind::Str,
-                choice(&["mount", "block"], &["floppy", ""]),
-            );
+            volume_fields(&mut body, rng);
             body.field(rng, "controller_publish", false, Kind::Bool, boolean);
             body.field(rng, "context", false, Kind::Map, string_map);
             body.field(rng, "secrets", false, Kind::Map, secrets);
@@ -394,28 +377,8 @@ pub(crate) fn case(rng: &mut Rng) -> Case {
         }
         6 => {
             body.field(rng, "id", true, Kind::Str, id_field(VOLUMES, volume_ok));
-            body.field(
-                rng,
-                "plugin",
-                true,
-                Kind::Str,
-                id_field(&["mock"], plugin_ok),
-            );
+            volume_fields(&mut body, rng);
             body.field(rng, "capacity_bytes", true, Kind::Int, capacity);
-            body.field(
-                rng,
-                "access_mode",
-                true,
-                Kind::Str,
-                choice(ACCESS_MODES, BAD_ACCESS_MODES),
-            );
-            body.field(
-                rng,
-                "attachment",
-                true,
-                Kind::Str,
-                choice(&["mount", "block"], &["floppy", ""]),
-            );
             body.field(rng, "parameters", false, Kind::Map, string_map);
             body.field(rng, "secrets", false, Kind::Map, secrets);
             c.creates = body
@@ -552,6 +515,32 @@ pub(crate) fn case(rng: &mut Rng) -> Case {
         }
     }
     c
+}
+
+/// The fields a register and a create both take: the plugin, the access mode and the
+/// attachment.
+fn volume_fields(body: &mut Body, rng: &mut Rng) {
+    body.field(
+        rng,
+        "plugin",
+        true,
+        Kind::Str,
+        id_field(&["mock"], plugin_ok),
+    );
+    body.field(
+        rng,
+        "access_mode",
+        true,
+        Kind::Str,
+        choice(ACCESS_MODES, BAD_ACCESS_MODES),
+    );
+    body.field(
+        rng,
+        "attachment",
+        true,
+        Kind::Str,
+        choice(&["mount", "block"], &["floppy", ""]),
+    );
 }
 
 fn plugin_path(rng: &mut Rng) -> String {
