@@ -401,16 +401,13 @@ fn one(agent: &Agent, case: &Case, report: &mut Report, index: u64) {
     }
 }
 
-/// A path whose ids cannot be decoded or are too long for any id: a refusal of the request
-/// may be about the path rather than the body.
+/// A path with an id that cannot be decoded, is too long for any id or cannot name a
+/// directory: a refusal of the request may be about the path rather than the body.
 fn path_is_broken(path: &str) -> bool {
-    path.contains("//")
-        || path.ends_with('/')
-        || path.split('/').any(|segment| {
-            segment.len() > 128
-                || csi_agent::ops::api::decode_segment(segment)
-                    .is_none_or(|s| s.contains(['/', '\0']) || s == "." || s == "..")
-        })
+    path.split('/').skip(1).any(|segment| {
+        segment.len() > 128
+            || csi_agent::ops::api::decode_segment(segment).is_none_or(|s| !model::segment_ok(&s))
+    })
 }
 
 fn check_nothing_written(

@@ -256,7 +256,7 @@ const WORKLOADS: &[&str] = &["web-1", "web-2", "job"];
 
 /// Whether the agent can use `v` as a directory name (volume and workload ids name the
 /// staging and publish directories): not empty, `.` or `..`, without `/` or NUL.
-fn segment_ok(v: &str) -> bool {
+pub(crate) fn segment_ok(v: &str) -> bool {
     !v.is_empty() && v != "." && v != ".." && !v.contains(['/', '\0'])
 }
 fn volume_ok(v: &str) -> bool {
