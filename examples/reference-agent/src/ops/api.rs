@@ -26,7 +26,10 @@
 //! | `GET /peer/v1/plugins` | | [`PeerPlugins`] (for other agents; cluster token) |
 //! | `GET /metrics` | | Prometheus text (no token) |
 //!
-//! Errors answer a non-2xx status with an [`ApiError`]. Secrets go one way only: in, with
+//! Errors answer a non-2xx status with an [`ApiError`]. A body that is not the JSON object
+//! asked for is refused with 400 `bad_request` naming the field at fault: a value of the
+//! wrong type, a missing field, or a field the request does not have (a misspelt name is
+//! refused, never ignored). Secrets go one way only: in, with
 //! [`RegisterVolume`] and [`CreateVolume`]; no answer, error or log line carries a value.
 
 use std::collections::BTreeMap;
