@@ -22,7 +22,7 @@ use crate::snapshot_metadata::SnapshotMetadataClient;
 use crate::turns::VolumeTurns;
 
 /// A client of one CSI plugin: hands out the per-service clients, all sharing one lazily
-/// dialled connection (more under load: up to one per core, at most four), one policy table,
+/// dialled connection (more under load, at most four), one policy table,
 /// one retry budget and one observer. Cheap to clone.
 ///
 /// ```no_run

@@ -316,8 +316,8 @@ impl Connection {
     }
 
     /// How many times a socket was dialled so far (initial dial, every wait-loop try,
-    /// reconnects, and the extra connections a busy client opens: up to one per core, at most
-    /// four, once 16 requests are in flight on each). Useful for diagnostics and tests; not a
+    /// reconnects, and the extra connections a busy client opens: at most four, once 8
+    /// requests are in flight on each). Useful for diagnostics and tests; not a
     /// health signal.
     pub fn dial_attempts(&self) -> u64 {
         self.inner.dials.load(Ordering::Relaxed)

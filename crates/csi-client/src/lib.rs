@@ -22,8 +22,8 @@
 //! - **One lazily dialled connection** per plugin ([`Connection`]) that waits for a socket the
 //!   plugin has not created yet, reconnects when the plugin restarts (a request that never
 //!   reached the closed connection's socket goes out on the new one), and sends
-//!   `:authority localhost`. Under load (16 requests in flight on each connection) it opens
-//!   more, up to one per core and at most four.
+//!   `:authority localhost`. Under load (8 requests in flight on each connection) it opens
+//!   more, at most four, and the requests of concurrent callers go out in shared writes.
 //! - **One call in flight per volume**, as the spec asks of the orchestrator: each attempt of
 //!   an RPC about a volume waits for that volume's turn ([`VolumeTurns`]), in the order
 //!   callers asked and within the call's budget, instead of drawing `ABORTED` from the plugin
