@@ -4,11 +4,21 @@
 //! A file that cannot be written (a full disk, say) is an error for whoever wanted the change,
 //! at once. It is logged once when its writes start failing and once when one succeeds again,
 //! not once per attempt, and [`failing`] lists the files failing now, for a status page.
+//!
+//! A write that *hangs* (a stalled disk, an NFS server gone away) is given up after
+//! [`WRITE_TIMEOUT`]: each write runs on a thread of its own, and the caller waits for it at
+//! most that long ([`StateFileError::TimedOut`]). A write given up on may still land later, so
+//! its outcome is unknown, as with any store call that timed out. Until that thread ends,
+//! every further write of the same file fails at once ([`StateFileError::Stalled`]) rather than
+//! queue behind it: a later write finishing first and then being overwritten by the stale
+//! one would lose a change. The caller's in-memory state is the truth to write next time; the
+//! files are whole snapshots, so the next write that goes through repairs what a late one left.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, mpsc};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -42,6 +52,23 @@ pub enum StateFileError {
         key: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// The write did not finish in time (a stalled disk): the caller stopped waiting, and
+    /// whether the new content lands later is unknown.
+    #[error("state file {path}: the write did not finish within {}s (stalled disk?); it may still land", after.as_secs_f64())]
+    TimedOut {
+        /// The file.
+        path: PathBuf,
+        /// How long the caller waited.
+        after: Duration,
+    },
+    /// An earlier write of the file, given up on, has still not finished: nothing was written.
+    #[error("state file {path}: an earlier write has not finished after {}s (stalled disk?); nothing was written", since.as_secs())]
+    Stalled {
+        /// The file.
+        path: PathBuf,
+        /// How long ago the unfinished write started.
+        since: Duration,
     },
     /// The file is in a format this version does not read (written by a newer one).
     #[error("state file {path} has format {found}; this version reads formats {supported}")]
@@ -88,36 +115,84 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateFil
         })
 }
 
-/// The state files whose last write failed, with the error: one entry per file, from its
-/// first failed write to its next good one. Process-wide, as the files are.
-static FAILING: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+/// How long a caller waits for one state-file write before it is told the write failed.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What this process knows of its state files' writes. Process-wide, as the files are.
+struct Files {
+    /// The files whose last write failed, with the error: one entry per file, from its first
+    /// failed write to its next good one.
+    failing: BTreeMap<PathBuf, String>,
+    /// The files with a write under way, and when it started.
+    writing: BTreeMap<PathBuf, Instant>,
+}
+
+static FILES: Mutex<Files> = Mutex::new(Files {
+    failing: BTreeMap::new(),
+    writing: BTreeMap::new(),
+});
+
+fn files() -> std::sync::MutexGuard<'static, Files> {
+    FILES.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The state files this process failed to write at their last attempt, with why, by path.
 /// Empty while every write succeeds.
 pub fn failing() -> Vec<(PathBuf, String)> {
-    FAILING
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+    files()
+        .failing
         .iter()
         .map(|(path, error)| (path.clone(), error.clone()))
         .collect()
 }
 
-/// Remembers how the write of `path` ended; logs when the file starts failing and when it is
-/// written again.
-fn note(path: &Path, result: &Result<(), StateFileError>) {
-    let mut failing = FAILING.lock().unwrap_or_else(PoisonError::into_inner);
-    match result {
-        Err(e) => {
-            if failing.insert(path.to_owned(), e.to_string()).is_none() {
-                tracing::error!(file = %path.display(), error = %e,
-                    "state file cannot be written; what changes it fails at once until it can");
+impl Files {
+    /// Remembers how the write of `path` ended; logs when the file starts failing and when
+    /// it is written again.
+    fn note(&mut self, path: &Path, result: &Result<(), StateFileError>) {
+        match result {
+            Err(e) => {
+                if self
+                    .failing
+                    .insert(path.to_owned(), e.to_string())
+                    .is_none()
+                {
+                    tracing::error!(file = %path.display(), error = %e,
+                        "state file cannot be written; what changes it fails at once until it can");
+                }
+            }
+            Ok(()) => {
+                if self.failing.remove(path).is_some() {
+                    tracing::info!(file = %path.display(), "state file written again");
+                }
             }
         }
-        Ok(()) => {
-            if failing.remove(path).is_some() {
-                tracing::info!(file = %path.display(), "state file written again");
-            }
+    }
+}
+
+/// A write under way: ends it in [`Files::writing`] however its thread ends.
+struct Writing {
+    path: PathBuf,
+    started: Instant,
+}
+
+impl Writing {
+    /// Ends the write with `result` (under one lock, so a caller that gave up on it sees
+    /// either the write under way or its outcome, never neither).
+    fn end(self, result: &Result<(), StateFileError>) {
+        let mut files = files();
+        files.note(&self.path, result);
+        files.writing.remove(&self.path);
+    }
+}
+
+impl Drop for Writing {
+    /// Frees the file for the next write if [`Writing::end`] did not (the thread panicked, or
+    /// could not be started). A later write's mark is left alone.
+    fn drop(&mut self) {
+        let mut files = files();
+        if files.writing.get(&self.path) == Some(&self.started) {
+            files.writing.remove(&self.path);
         }
     }
 }
@@ -143,16 +218,86 @@ pub fn save_json_private<T: Serialize>(path: &Path, value: &T) -> Result<(), Sta
 }
 
 fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), StateFileError> {
-    let result = write_json(path, value, mode);
-    note(path, &result);
-    result
+    save_within(path, value, mode, WRITE_TIMEOUT)
 }
 
-fn write_json<T: Serialize>(
+/// [`save`] with the caller waiting at most `timeout` for the write.
+fn save_within<T: Serialize>(
     path: &Path,
     value: &T,
     mode: Option<u32>,
+    timeout: Duration,
 ) -> Result<(), StateFileError> {
+    let bytes = match serde_json::to_vec_pretty(value) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let result = Err(StateFileError::Damaged {
+                path: path.to_owned(),
+                detail: e.to_string(),
+            });
+            files().note(path, &result);
+            return result;
+        }
+    };
+    let writing = {
+        let mut files = files();
+        if let Some(started) = files.writing.get(path) {
+            let result = Err(StateFileError::Stalled {
+                path: path.to_owned(),
+                since: started.elapsed(),
+            });
+            files.note(path, &result);
+            return result;
+        }
+        let started = Instant::now();
+        files.writing.insert(path.to_owned(), started);
+        Writing {
+            path: path.to_owned(),
+            started,
+        }
+    };
+    let (done, answer) = mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("csi-state-write".into())
+        .spawn(move || {
+            let result = write_bytes(&writing.path, &bytes, mode);
+            writing.end(&result);
+            // The caller may have stopped waiting.
+            let _ = done.send(result);
+        });
+    if let Err(source) = spawned {
+        // No thread for the write (the process is at its limit): the closure, and with it the
+        // `Writing` mark, was dropped.
+        let result = Err(StateFileError::Io {
+            path: path.to_owned(),
+            source,
+        });
+        files().note(path, &result);
+        return result;
+    }
+    match answer.recv_timeout(timeout) {
+        Ok(result) => result,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let result = Err(StateFileError::TimedOut {
+                path: path.to_owned(),
+                after: timeout,
+            });
+            let mut files = files();
+            // Unless the write ended meanwhile (and said how), the file is failing now.
+            if files.writing.contains_key(path) {
+                files.note(path, &result);
+            }
+            result
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(StateFileError::Io {
+            path: path.to_owned(),
+            source: std::io::Error::other("the writing thread ended without an answer"),
+        }),
+    }
+}
+
+/// Writes `bytes` to `path`: a temporary file beside it, `fsync`, `rename`.
+fn write_bytes(path: &Path, bytes: &[u8], mode: Option<u32>) -> Result<(), StateFileError> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let io = |source| StateFileError::Io {
         path: path.to_owned(),
@@ -161,10 +306,6 @@ fn write_json<T: Serialize>(
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let bytes = serde_json::to_vec_pretty(value).map_err(|e| StateFileError::Damaged {
-        path: path.to_owned(),
-        detail: e.to_string(),
-    })?;
     let tmp = path.with_extension("json.tmp");
     {
         let mut options = std::fs::OpenOptions::new();
@@ -178,7 +319,7 @@ fn write_json<T: Serialize>(
             f.set_permissions(std::fs::Permissions::from_mode(mode))
                 .map_err(io)?;
         }
-        f.write_all(&bytes).map_err(io)?;
+        f.write_all(bytes).map_err(io)?;
         f.sync_all().map_err(io)?;
     }
     std::fs::rename(&tmp, path).map_err(io)
@@ -251,5 +392,60 @@ mod tests {
         std::fs::remove_dir(&blocker).expect("rm");
         save_json(&p, &3u32).expect("written again");
         assert!(failing_here(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_write_that_hangs_is_given_up_and_refuses_the_next_ones_until_it_ends() {
+        use std::io::Read as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("usage.json");
+        save_json(&p, &1u32).expect("write");
+        // A FIFO where the temporary file goes: opening it for writing blocks until a reader
+        // comes, as a write to a stalled disk blocks until the disk answers.
+        let tmp = p.with_extension("json.tmp");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .expect("test invariant: mkfifo runs");
+        assert!(
+            made.success(),
+            "test invariant: mkfifo made {}",
+            tmp.display()
+        );
+
+        let err = save_within(&p, &2u32, None, Duration::from_millis(200)).expect_err("hangs");
+        assert!(matches!(err, StateFileError::TimedOut { .. }), "{err}");
+        assert!(err.to_string().contains("usage.json"), "{err}");
+        assert_eq!(failing_here(dir.path()).len(), 1);
+        // The stuck write is still under way: the next one is refused at once, not queued.
+        let err = save_within(&p, &3u32, None, Duration::from_secs(3600)).expect_err("stalled");
+        assert!(matches!(err, StateFileError::Stalled { .. }), "{err}");
+        assert!(err.to_string().contains("usage.json"), "{err}");
+        assert_eq!(
+            load_json::<u32>(&p).expect("read"),
+            Some(1),
+            "old content kept"
+        );
+
+        // The "disk" answers: the stuck write goes on (and fails, a FIFO cannot be synced).
+        let mut fifo = std::fs::File::open(&tmp).expect("open the FIFO");
+        let mut taken = Vec::new();
+        fifo.read_to_end(&mut taken).expect("read the FIFO");
+        assert_eq!(
+            taken, b"2",
+            "the stuck write carried the value it was given"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while files().writing.contains_key(&p) {
+            assert!(
+                Instant::now() < deadline,
+                "hang guard: the stuck write ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::remove_file(&tmp).expect("rm FIFO");
+        save_json(&p, &4u32).expect("written again");
+        assert!(failing_here(dir.path()).is_empty());
+        assert_eq!(load_json::<u32>(&p).expect("read"), Some(4));
     }
 }

@@ -3,6 +3,11 @@
 //! and removing it is the space coming back. The requests that need the file must be answered
 //! at once as the agent's failure (HTTP 503, kind `local_io`), never as the plugin's, and the
 //! agent must work again by itself.
+//!
+//! A disk that stalls instead (a FIFO in the temporary file's place, which blocks the write
+//! until the test reads it): the request is answered 503 once the write is given up, the next
+//! write of the file is refused at once while the stuck one is under way, and nothing the
+//! agent did not acknowledge ends up in the file.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -222,4 +227,107 @@ async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_a
     };
     assert_eq!(count("state file cannot be written"), 2, "{log}");
     assert_eq!(count("state file written again"), 2, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_write_that_hangs_is_given_up_and_the_agent_recovers_when_the_disk_answers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = MockPlugin::builder()
+        .volume("ext-1", 1 << 20)
+        .volume("ext-2", 1 << 20)
+        .build()
+        .expect("mock with pre-provisioned volumes");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    let register = |id: &str, external: &str| RegisterVolume {
+        id: id.into(),
+        external_id: external.into(),
+        plugin: "mock".into(),
+        access_mode: "single-node-writer".into(),
+        attachment: "mount".into(),
+        controller_publish: None,
+        context: Default::default(),
+        secrets: Default::default(),
+        accessible_topology: Vec::new(),
+    };
+
+    // A FIFO where the book's temporary file goes: opening it for writing blocks until a
+    // reader comes, as a write to a stalled disk blocks until the disk answers.
+    let book = data.join("volumes.json");
+    let tmp = book.with_extension("json.tmp");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&tmp)
+        .status()
+        .expect("test invariant: mkfifo runs");
+    assert!(
+        made.success(),
+        "test invariant: mkfifo made {}",
+        tmp.display()
+    );
+
+    // The write is given up (after csi-node's WRITE_TIMEOUT): 503, ours, naming the file.
+    let refused = api::<_, VolumeView>(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes",
+        Some(&register("v1", "ext-1")),
+    )
+    .await
+    .expect_err("the write of volumes.json hangs");
+    assert_local(&refused, "volumes.json");
+    assert!(refused.1.error.contains("did not finish"), "{refused:?}");
+    // While the stuck write is under way, the next one is refused without touching the file.
+    let refused = api::<_, VolumeView>(
+        &data,
+        hyper::Method::POST,
+        "/v1/volumes",
+        Some(&register("v2", "ext-2")),
+    )
+    .await
+    .expect_err("an earlier write has not finished");
+    assert_local(&refused, "volumes.json");
+    assert!(
+        refused.1.error.contains("earlier write has not finished"),
+        "{refused:?}"
+    );
+
+    // The disk answers: the stuck write goes on (and fails: a FIFO cannot be synced).
+    let reader = tmp.clone();
+    let taken = tokio::task::spawn_blocking(move || std::fs::read(reader))
+        .await
+        .expect("the reader ran")
+        .expect("the FIFO reads");
+    assert!(
+        String::from_utf8_lossy(&taken).contains("ext-1"),
+        "the stuck write carried the first registration"
+    );
+    std::fs::remove_file(&tmp).expect("rm FIFO");
+    let registered = eventually("registering works again", async || {
+        api::<_, VolumeView>(
+            &data,
+            hyper::Method::POST,
+            "/v1/volumes",
+            Some(&register("v2", "ext-2")),
+        )
+        .await
+        .ok()
+    })
+    .await;
+    assert_eq!(registered.id, "v2");
+    let status: StatusView = json(&data, &["status"]).await;
+    assert!(status.failing_files.is_empty(), "{status:?}");
+    // Only what was acknowledged is in the book: v2, not the v1 given up on.
+    let stored = std::fs::read_to_string(&book).expect("volumes.json");
+    assert!(
+        stored.contains("ext-2") && !stored.contains("ext-1"),
+        "{stored}"
+    );
+    assert_eq!(agent.terminate(), Some(0));
 }
