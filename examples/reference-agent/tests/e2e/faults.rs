@@ -16,7 +16,7 @@ use csi_agent::ops::api::{
     AgentInfo, ApiError, ClaimVolume, CreateVolume, RegisterVolume, StatusView, VolumeView,
 };
 use csi_agent::ops::client::{self, ClientError};
-use csi_testkit::MockPlugin;
+use csi_testkit::{MockPlugin, MockServer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -38,6 +38,67 @@ async fn api<B: Serialize, T: DeserializeOwned>(
         Ok(answer) => Ok(answer),
         Err(ClientError::Api { status, error }) => Err((status, error)),
         Err(other) => panic!("{path}: {other}"),
+    }
+}
+
+/// An agent serving one mock plugin that holds the pre-provisioned volumes `external_ids`
+/// (1 MiB each), with the plugin fingerprinted: ready to take requests about its volumes.
+struct Setup {
+    data: std::path::PathBuf,
+    mock: MockPlugin,
+    agent: Serve,
+    _server: MockServer,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(external_ids: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let data = dir.path().join("data");
+    let mock = external_ids
+        .iter()
+        .fold(MockPlugin::builder(), |builder, id| {
+            builder.volume(*id, 1 << 20)
+        })
+        .build()
+        .expect("mock with pre-provisioned volumes");
+    let server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    eventually("the plugin is fingerprinted", async || {
+        let status: StatusView = json(&data, &["status"]).await;
+        status
+            .plugins
+            .iter()
+            .any(|p| p.id == "mock" && p.fingerprints >= 1)
+            .then_some(())
+    })
+    .await;
+    Setup {
+        data,
+        mock,
+        agent,
+        _server: server,
+        _dir: dir,
+    }
+}
+
+/// Registering the plugin's volume `external_id` as `id`.
+fn register(id: &str, external_id: &str) -> RegisterVolume {
+    RegisterVolume {
+        id: id.into(),
+        external_id: external_id.into(),
+        plugin: "mock".into(),
+        access_mode: "single-node-writer".into(),
+        attachment: "mount".into(),
+        controller_publish: None,
+        context: Default::default(),
+        secrets: Default::default(),
+        accessible_topology: Vec::new(),
     }
 }
 
@@ -70,29 +131,14 @@ fn assert_local(answer: &(u16, ApiError), file: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_and_recovers() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugin dir");
-    let data = dir.path().join("data");
-    let mock = MockPlugin::builder()
-        .volume("ext-2", 1 << 20)
-        .build()
-        .expect("mock with one pre-provisioned volume");
-    let _server = mock
-        .serve_unix(plugins.join("mock.sock"))
-        .await
-        .expect("mock serves");
-    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
-    agent.ready().await;
-    eventually("the plugin is fingerprinted", async || {
-        let status: StatusView = json(&data, &["status"]).await;
-        status
-            .plugins
-            .iter()
-            .any(|p| p.id == "mock" && p.fingerprints >= 1)
-            .then_some(())
-    })
-    .await;
+    // Bound by name (not `..`), so the plugin and the directory live to the test's end.
+    let Setup {
+        data,
+        mock,
+        mut agent,
+        _server,
+        _dir,
+    } = setup(&["ext-2"]).await;
     let create = CreateVolume {
         id: "v1".into(),
         plugin: "mock".into(),
@@ -116,17 +162,7 @@ async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_a
     // The volume book cannot be written: registering fails at once, naming volumes.json.
     let book = data.join("volumes.json");
     block(&book, true);
-    let register = RegisterVolume {
-        id: "v2".into(),
-        external_id: "ext-2".into(),
-        plugin: "mock".into(),
-        access_mode: "single-node-writer".into(),
-        attachment: "mount".into(),
-        controller_publish: None,
-        context: Default::default(),
-        secrets: Default::default(),
-        accessible_topology: Vec::new(),
-    };
+    let register = register("v2", "ext-2");
     let refused = api::<_, VolumeView>(&data, hyper::Method::POST, "/v1/volumes", Some(&register))
         .await
         .expect_err("volumes.json cannot be written");
@@ -231,32 +267,13 @@ async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_file_write_that_hangs_is_given_up_and_the_agent_recovers_when_the_disk_answers() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugin dir");
-    let data = dir.path().join("data");
-    let mock = MockPlugin::builder()
-        .volume("ext-1", 1 << 20)
-        .volume("ext-2", 1 << 20)
-        .build()
-        .expect("mock with pre-provisioned volumes");
-    let _server = mock
-        .serve_unix(plugins.join("mock.sock"))
-        .await
-        .expect("mock serves");
-    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
-    agent.ready().await;
-    let register = |id: &str, external: &str| RegisterVolume {
-        id: id.into(),
-        external_id: external.into(),
-        plugin: "mock".into(),
-        access_mode: "single-node-writer".into(),
-        attachment: "mount".into(),
-        controller_publish: None,
-        context: Default::default(),
-        secrets: Default::default(),
-        accessible_topology: Vec::new(),
-    };
+    let Setup {
+        data,
+        mut agent,
+        _server,
+        _dir,
+        ..
+    } = setup(&["ext-1", "ext-2"]).await;
 
     // A FIFO where the book's temporary file goes: opening it for writing blocks until a
     // reader comes, as a write to a stalled disk blocks until the disk answers.
