@@ -197,11 +197,13 @@ impl Drop for Writing {
     }
 }
 
-/// Writes `value` to `path` atomically.
+/// Writes `value` to `path` atomically, waiting at most [`WRITE_TIMEOUT`] for the disk.
 ///
 /// # Errors
 ///
-/// [`StateFileError::Io`] naming the file.
+/// [`StateFileError::Io`] naming the file; [`StateFileError::TimedOut`] when the write did
+/// not finish in time (it may still land); [`StateFileError::Stalled`] when an earlier write
+/// of the file has not finished (nothing was written).
 pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
     save(path, value, None)
 }
@@ -212,7 +214,7 @@ pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileEr
 ///
 /// # Errors
 ///
-/// [`StateFileError::Io`].
+/// As [`save_json`].
 pub fn save_json_private<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
     save(path, value, Some(0o600))
 }
@@ -278,6 +280,10 @@ fn save_within<T: Serialize>(
     match answer.recv_timeout(timeout) {
         Ok(result) => result,
         Err(mpsc::RecvTimeoutError::Timeout) => {
+            // The write may have ended just now: its own answer beats a guess.
+            if let Ok(result) = answer.try_recv() {
+                return result;
+            }
             let result = Err(StateFileError::TimedOut {
                 path: path.to_owned(),
                 after: timeout,
