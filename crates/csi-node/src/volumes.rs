@@ -32,7 +32,7 @@
 //!   ([`VolumeManager::subscribe`]).
 //!
 //! The manager reaches plugins through [`NodePlugins`], which the
-//! [`PluginManager`](crate::plugins::PluginManager) implements; node detach calls use the
+//! [`PluginManager`] implements; node detach calls use the
 //! plugin's detach client (a short socket wait and one attempt, see
 //! [`NodeDetachPolicy`](crate::detach::NodeDetachPolicy)).
 //!
