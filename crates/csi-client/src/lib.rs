@@ -23,7 +23,7 @@
 //!   plugin has not created yet, reconnects when the plugin restarts (a request that never
 //!   reached the closed connection's socket goes out on the new one), and sends
 //!   `:authority localhost`. Under load (8 requests in flight on each connection) it opens
-//!   more, at most four, and the requests of concurrent callers go out in shared writes.
+//!   more, at most four.
 //! - **One call in flight per volume**, as the spec asks of the orchestrator: each attempt of
 //!   an RPC about a volume waits for that volume's turn ([`VolumeTurns`]), in the order
 //!   callers asked and within the call's budget, instead of drawing `ABORTED` from the plugin

@@ -20,10 +20,6 @@
 //! tied to our cores, since it is mostly the plugin's parallelism it buys. A quiet client (an
 //! orchestrator's health loop, a test) keeps one connection.
 //!
-//! While other requests are in flight, the connection's task lets the other ready tasks run
-//! once before it reads and writes the socket (see [`Batched`]), so that the requests of
-//! concurrent callers go out in one write rather than one write each.
-//!
 //! When the connection is gone (the plugin exited, or restarted and recreated its socket) the
 //! next request finds it closed, and the link dials again — one dial, however many callers
 //! notice at once. A request that provably never reached the socket — the connection failed
@@ -605,19 +601,14 @@ async fn start(
 /// Drives the connection until it ends; with `keep_alive`, pings the plugin every interval
 /// while requests are in flight, and ends the connection when a ping goes unanswered.
 async fn drive(
-    connection: h2::client::Connection<Counted, Bytes>,
+    mut connection: h2::client::Connection<Counted, Bytes>,
     keep_alive: Option<Duration>,
     state: &ConnState,
 ) -> Result<(), BoxError> {
-    let mut connection = Batched {
-        connection,
-        state,
-        deferred: false,
-    };
     let Some(interval) = keep_alive else {
         return Ok(connection.await?);
     };
-    let Some(mut pings) = connection.connection.ping_pong() else {
+    let Some(mut pings) = connection.ping_pong() else {
         return Ok(connection.await?);
     };
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -642,38 +633,6 @@ async fn drive(
                 Err(_) => return Err("keep-alive ping unanswered".into()),
             },
         }
-    }
-}
-
-/// A connection whose task, while other requests are in flight on it, lets every other ready
-/// task run once before it reads and writes the socket.
-///
-/// Each request a caller queues wakes the connection's task, and tokio runs a task woken by the
-/// running one next (its "LIFO slot"): without this, under concurrent callers the task wrote
-/// the socket once per request, and the plugin read it once per request. Deferred one turn,
-/// the task finds the requests of every caller that ran meanwhile queued and writes them in one
-/// go (and reads every answer that arrived meanwhile). A lone request is not deferred: a
-/// sequential caller pays nothing.
-struct Batched<'a, F> {
-    /// The connection's future (generic so the rule can be tested without a socket).
-    connection: F,
-    state: &'a ConnState,
-    /// The last poll was deferred: this one goes through.
-    deferred: bool,
-}
-
-impl<F: Future + Unpin> Future for Batched<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        if !this.deferred && this.state.in_flight.load(Ordering::Relaxed) > 1 {
-            this.deferred = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        this.deferred = false;
-        Pin::new(&mut this.connection).poll(cx)
     }
 }
 
@@ -721,57 +680,6 @@ mod tests {
             sender,
             state,
         }
-    }
-
-    /// A waker that counts its wake-ups.
-    struct Counting(AtomicU64);
-
-    impl std::task::Wake for Counting {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    #[test]
-    fn a_busy_connection_lets_other_tasks_run_once_before_each_poll_and_a_quiet_one_does_not() {
-        let state = ConnState::default();
-        let polled = AtomicU64::new(0);
-        let inner = std::future::poll_fn(|_| {
-            polled.fetch_add(1, Ordering::Relaxed);
-            Poll::<()>::Pending
-        });
-        let mut batched = Batched {
-            connection: inner,
-            state: &state,
-            deferred: false,
-        };
-        let wakes = Arc::new(Counting(AtomicU64::new(0)));
-        let waker = std::task::Waker::from(Arc::clone(&wakes));
-        let mut cx = Context::from_waker(&waker);
-        let mut poll = |batched: &mut Batched<'_, _>| {
-            assert!(Pin::new(batched).poll(&mut cx).is_pending());
-            (
-                polled.load(Ordering::Relaxed),
-                wakes.0.load(Ordering::Relaxed),
-            )
-        };
-
-        // One request (or none) in flight: the connection is polled at once, every time.
-        state.in_flight.store(1, Ordering::Relaxed);
-        assert_eq!(poll(&mut batched), (1, 0));
-        assert_eq!(poll(&mut batched), (2, 0));
-
-        // Several: the first poll only wakes the task again (to the back of the queue), the
-        // next one goes through, and so on in turn.
-        state.in_flight.store(5, Ordering::Relaxed);
-        assert_eq!(poll(&mut batched), (2, 1));
-        assert_eq!(poll(&mut batched), (3, 1));
-        assert_eq!(poll(&mut batched), (3, 2));
-        assert_eq!(poll(&mut batched), (4, 2));
-
-        // Quiet again: no more deferral.
-        state.in_flight.store(0, Ordering::Relaxed);
-        assert_eq!(poll(&mut batched), (5, 2));
     }
 
     fn link_with(target: Arc<DialTarget>, current: Current) -> Link {
