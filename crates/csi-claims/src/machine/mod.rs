@@ -882,24 +882,12 @@ impl ReleaseMachine {
                 entry.durable_rev = rev;
                 entry.unrecorded.retain(|(r, _, _)| *r > rev);
                 entry.store_retry.succeeded();
-                let mut kept = Vec::new();
-                for waiter in entry.waiters.drain(..) {
-                    if waiter.rev <= rev {
-                        self.events.push_back(waiter.event(&volume));
-                    } else {
-                        kept.push(waiter);
-                    }
+                for waiter in entry.waiters.extract_if(.., |w| w.rev <= rev) {
+                    self.events.push_back(waiter.event(&volume));
                 }
-                entry.waiters = kept;
-                let mut kept = Vec::new();
-                for (r, claim) in entry.frees.drain(..) {
-                    if r <= rev {
-                        self.events.push_back(Event::Freed(claim));
-                    } else {
-                        kept.push((r, claim));
-                    }
+                for (_, claim) in entry.frees.extract_if(.., |(r, _)| *r <= rev) {
+                    self.events.push_back(Event::Freed(claim));
                 }
-                entry.frees = kept;
             }
             Err(e) if e.is_conflict() => {
                 entry.reload = Reload::Wanted;
@@ -909,19 +897,17 @@ impl ReleaseMachine {
                 // volume is read again (releases asked for are asked for again), after a
                 // backoff so that a release that cannot be written does not spin.
                 let reason = error_chain(&e);
-                let mut kept = Vec::new();
-                for waiter in entry.waiters.drain(..) {
-                    if waiter.what == WaitFor::Claim && waiter.rev > entry.durable_rev {
-                        self.events.push_back(Event::ClaimRefused {
-                            volume: volume.clone(),
-                            workload: waiter.workload,
-                            reason: reason.clone(),
-                        });
-                    } else {
-                        kept.push(waiter);
-                    }
+                let durable = entry.durable_rev;
+                let refused = entry
+                    .waiters
+                    .extract_if(.., |w| w.what == WaitFor::Claim && w.rev > durable);
+                for waiter in refused {
+                    self.events.push_back(Event::ClaimRefused {
+                        volume: volume.clone(),
+                        workload: waiter.workload,
+                        reason: reason.clone(),
+                    });
                 }
-                entry.waiters = kept;
                 self.read_again_later(&volume, reason, now);
             }
             Err(e) => {

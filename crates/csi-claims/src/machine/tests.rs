@@ -52,6 +52,28 @@ fn request(
     }
 }
 
+/// A single-node writer's claim of `volume` for `workload` on `node`.
+fn write_claim(volume: &str, workload: &str, node: &str) -> ClaimRequest {
+    request(
+        volume,
+        workload,
+        node,
+        ClaimMode::Write,
+        AccessMode::SingleNodeWriter,
+    )
+}
+
+/// A multi-node reader's claim of `volume` for `workload` on `node`.
+fn read_claim(volume: &str, workload: &str, node: &str) -> ClaimRequest {
+    request(
+        volume,
+        workload,
+        node,
+        ClaimMode::Read,
+        AccessMode::MultiNodeReaderOnly,
+    )
+}
+
 /// A hand-driven machine: persists and reloads are applied at once, detach calls are
 /// collected for the test to answer.
 struct Harness {
@@ -197,19 +219,7 @@ fn err(rpc: DetachRpc, class: ErrorClass) -> Result<(), DetachError> {
 fn a_claim_is_durable_only_after_its_write() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    let a =
-        h.m.claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-            h.now,
-        )
-        .unwrap();
+    let a = h.m.claim(&v, write_claim("v", "a", "n1"), h.now).unwrap();
     assert!(!a.durable);
     assert!(h.events.is_empty());
     h.pump();
@@ -222,18 +232,7 @@ fn a_claim_is_durable_only_after_its_write() {
     );
     assert_eq!(h.stored_states("v"), ["taken"]);
     // Claiming again with the same terms is idempotent and already durable.
-    let again = h
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    let again = h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     assert!(again.durable);
     assert_eq!(h.store.load_now(&vid("v")).unwrap().version, Version::FIRST);
 }
@@ -242,17 +241,7 @@ fn a_claim_is_durable_only_after_its_write() {
 fn release_runs_node_then_controller_then_free_with_a_checkpoint_between_each() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     // Releasing is written before any call.
     assert_eq!(h.stored_states("v"), ["releasing"]);
@@ -307,17 +296,7 @@ fn release_runs_node_then_controller_then_free_with_a_checkpoint_between_each() 
 fn no_call_is_made_while_a_change_is_not_durable() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.m.release(&vid("v"), &wid("a"), h.now).unwrap();
     let Some(Action::Persist(p)) = h.m.poll_action() else {
         panic!("the release must be written first");
@@ -345,30 +324,9 @@ fn no_call_is_made_while_a_change_is_not_durable() {
 fn capacity_comes_back_only_when_freed() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::NotRequired);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
-    let denied = h
-        .claim(
-            &v,
-            request(
-                "v",
-                "b",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap_err();
+    let denied = h.claim(&v, write_claim("v", "b", "n1")).unwrap_err();
     let ClaimError::Denied(d) = denied else {
         panic!("expected a denial, got {denied:?}");
     };
@@ -377,34 +335,14 @@ fn capacity_comes_back_only_when_freed() {
     assert_eq!(d.holders.0[0].state, "releasing");
     h.answer_node(Ok(()));
     assert_eq!(h.freed(), ["a"]);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "b",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "b", "n1")).unwrap();
 }
 
 #[test]
 fn missing_node_plugin_fails_the_step_and_requeues_with_backoff() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
     assert_eq!(h.stored_states("v"), ["releasing"], "never skipped");
@@ -446,17 +384,7 @@ fn missing_node_plugin_fails_the_step_and_requeues_with_backoff() {
 fn already_done_counts_as_success() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, read_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     assert!(h.node_calls[0].read_only);
     h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::AlreadyDone));
@@ -469,17 +397,7 @@ fn already_done_counts_as_success() {
 fn fatal_errors_retry_at_the_cap() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     h.answer_node(Ok(()));
     h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
@@ -494,17 +412,7 @@ fn fatal_errors_retry_at_the_cap() {
 fn a_gone_node_is_recorded_before_its_node_step_is_skipped() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.m.node_gone(&nid("n1"), h.now);
     h.pump();
     assert!(h.node_calls.is_empty(), "no call to a gone node");
@@ -522,18 +430,7 @@ fn a_gone_node_is_recorded_before_its_node_step_is_skipped() {
     };
     assert_eq!(claim.state().node_step(), Some(NodeStep::SkippedNodeGone));
     // Nothing can be claimed on a gone node.
-    let e = h
-        .claim(
-            &v,
-            request(
-                "v",
-                "b",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap_err();
+    let e = h.claim(&v, write_claim("v", "b", "n1")).unwrap_err();
     assert!(matches!(e, ClaimError::NodeGone { .. }));
 }
 
@@ -541,17 +438,7 @@ fn a_gone_node_is_recorded_before_its_node_step_is_skipped() {
 fn unreachable_is_not_gone_a_failing_node_step_never_skips() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     for _ in 0..6 {
         h.answer_node(err(DetachRpc::NodeUnstage, ErrorClass::Retry));
@@ -599,17 +486,7 @@ fn controller_step_is_skipped_while_another_claim_uses_the_node() {
 fn controller_step_is_skipped_when_the_plugin_needs_none() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::NotRequired);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     h.answer_node(Ok(()));
     assert!(h.controller_calls.is_empty());
@@ -702,17 +579,7 @@ fn a_claim_cannot_race_an_unstage_on_the_same_node() {
 fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, read_claim("v", "a", "n1")).unwrap();
     // Another writer replaces the record behind the machine's back.
     let mut other = h.store.load_now(&vid("v")).unwrap();
     other.record.claims[0].workload = wid("z");
@@ -720,17 +587,7 @@ fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
         .compare_and_swap_now(&vid("v"), Some(other.version), Some(&other.record))
         .unwrap();
     h.events.clear();
-    h.claim(
-        &v,
-        request(
-            "v",
-            "b",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, read_claim("v", "b", "n1")).unwrap();
     assert_eq!(
         h.events,
         [Event::ClaimLost {
@@ -751,10 +608,9 @@ fn a_stale_writer_reloads_and_loses_its_unwritten_claim() {
 fn a_write_whose_outcome_is_unknown_is_settled_by_reading_the_volume_at_once() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    let writer = |w: &str| request("v", w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter);
     // The store fails the write but reads fine: the claim is not there, so it is lost.
     h.fail_next_persist = true;
-    h.claim(&v, writer("a")).unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     assert!(
         matches!(&h.events[..], [Event::ClaimLost { .. }]),
         "{:?}",
@@ -763,7 +619,7 @@ fn a_write_whose_outcome_is_unknown_is_settled_by_reading_the_volume_at_once() {
     assert!(h.m.stuck().is_empty(), "the read settled it");
     // The store wrote it, then failed (say, while syncing): the read finds it durable.
     h.events.clear();
-    h.m.claim(&v, writer("b"), h.now).unwrap();
+    h.m.claim(&v, write_claim("v", "b", "n1"), h.now).unwrap();
     let Some(Action::Persist(write)) = h.m.poll_action() else {
         panic!("a write is asked for");
     };
@@ -784,18 +640,9 @@ fn a_write_whose_outcome_is_unknown_is_settled_by_reading_the_volume_at_once() {
 fn a_store_that_is_down_answers_at_once_and_the_volume_is_read_again_later() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    let reader = |w: &str| {
-        request(
-            "v",
-            w,
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        )
-    };
     h.fail_next_persist = true;
     h.reads_fail = true;
-    let a = h.claim(&v, reader("a")).unwrap();
+    let a = h.claim(&v, read_claim("v", "a", "n1")).unwrap();
     assert!(!a.durable);
     // The waiter hears at once, with the store's error; the claim is not shown as held.
     assert!(
@@ -814,7 +661,9 @@ fn a_store_that_is_down_answers_at_once_and_the_volume_is_read_again_later() {
         "the volume shows as stuck on the store"
     );
     // Meanwhile the volume refuses claims and releases at once, naming the store's error.
-    let refused = h.m.claim(&v, reader("b"), h.now).unwrap_err();
+    let refused =
+        h.m.claim(&v, read_claim("v", "b", "n1"), h.now)
+            .unwrap_err();
     assert!(
         matches!(&refused, ClaimError::StoreUnavailable { reason, .. }
             if reason.contains("did not finish")),
@@ -828,7 +677,7 @@ fn a_store_that_is_down_answers_at_once_and_the_volume_is_read_again_later() {
     assert!(h.m.is_reloading(&vid("v")));
     // The store works again: the next attempt reads the volume, and claims are accepted.
     h.reads_fail = false;
-    assert!(h.m.claim(&v, reader("b"), h.now).is_err());
+    assert!(h.m.claim(&v, read_claim("v", "b", "n1"), h.now).is_err());
     h.pump();
     assert!(!h.m.is_reloading(&vid("v")));
     assert!(h.m.stuck().is_empty(), "{:?}", h.m.stuck());
@@ -837,7 +686,7 @@ fn a_store_that_is_down_answers_at_once_and_the_volume_is_read_again_later() {
         "nothing was stored meanwhile"
     );
     h.events.clear();
-    h.claim(&v, reader("b")).unwrap();
+    h.claim(&v, read_claim("v", "b", "n1")).unwrap();
     assert!(matches!(&h.events[..], [Event::ClaimDurable { .. }]));
     assert_eq!(h.stored_states("v"), ["taken"]);
 }
@@ -848,17 +697,7 @@ fn without_new_calls_a_failed_volume_is_read_again_after_its_backoff() {
     let v = info("v", ControllerRequirement::Required);
     h.fail_next_persist = true;
     h.reads_fail = true;
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     assert!(h.m.is_reloading(&vid("v")));
     h.reads_fail = false;
     h.advance(Duration::from_millis(999));
@@ -875,30 +714,10 @@ fn the_store_answering_for_one_volume_ends_the_wait_of_the_others() {
     let w = info("w", ControllerRequirement::Required);
     h.fail_next_persist = true;
     h.reads_fail = true;
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     assert!(h.m.is_reloading(&vid("v")));
     h.reads_fail = false;
-    h.claim(
-        &w,
-        request(
-            "w",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&w, write_claim("w", "a", "n1")).unwrap();
     assert!(
         !h.m.is_reloading(&vid("v")),
         "read again as soon as the store answered for w"
@@ -909,13 +728,7 @@ fn the_store_answering_for_one_volume_ends_the_wait_of_the_others() {
 fn a_claim_that_did_reach_a_failing_store_comes_back_when_read_again() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    let a = request(
-        "v",
-        "a",
-        "n1",
-        ClaimMode::Write,
-        AccessMode::SingleNodeWriter,
-    );
+    let a = write_claim("v", "a", "n1");
     h.m.claim(&v, a.clone(), h.now).unwrap();
     let Some(Action::Persist(write)) = h.m.poll_action() else {
         panic!("a write is asked for");
@@ -944,17 +757,7 @@ fn a_claim_that_did_reach_a_failing_store_comes_back_when_read_again() {
 fn a_release_whose_write_fails_while_the_store_is_down_is_answered_at_once() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.events.clear();
     h.fail_next_persist = true;
     h.reads_fail = true;
@@ -986,18 +789,7 @@ fn a_release_whose_write_fails_while_the_store_is_down_is_answered_at_once() {
 fn a_claim_is_not_shown_before_its_write_returns() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.m.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-        h.now,
-    )
-    .unwrap();
+    h.m.claim(&v, write_claim("v", "a", "n1"), h.now).unwrap();
     assert_eq!(h.m.record(&vid("v")).unwrap().claims().len(), 1);
     assert!(h.m.stored_record(&vid("v")).unwrap().claims().is_empty());
     h.pump();
@@ -1037,24 +829,8 @@ fn an_older_record_is_rewritten_in_the_current_format_at_once() {
 fn attachment_mode_of_a_claimed_volume_cannot_change() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-    )
-    .unwrap();
-    let mut req = request(
-        "v",
-        "b",
-        "n2",
-        ClaimMode::Read,
-        AccessMode::MultiNodeReaderOnly,
-    );
+    h.claim(&v, read_claim("v", "a", "n1")).unwrap();
+    let mut req = read_claim("v", "b", "n2");
     req.attachment = AccessTypeKind::Block;
     let ClaimError::Denied(d) = h.claim(&v, req).unwrap_err() else {
         panic!("denial expected");
@@ -1076,46 +852,18 @@ fn attachment_mode_of_a_claimed_volume_cannot_change() {
 fn volume_identity_is_checked() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, read_claim("v", "a", "n1")).unwrap();
     let mut other = v.clone();
     other.plugin = PluginId::new("other").unwrap();
     assert!(matches!(
-        h.claim(
-            &other,
-            request(
-                "v",
-                "b",
-                "n1",
-                ClaimMode::Read,
-                AccessMode::MultiNodeReaderOnly
-            )
-        ),
+        h.claim(&other, read_claim("v", "b", "n1")),
         Err(ClaimError::VolumeInfoMismatch {
             field: "plugin",
             ..
         })
     ));
     assert!(matches!(
-        h.claim(
-            &v,
-            request(
-                "w",
-                "b",
-                "n1",
-                ClaimMode::Read,
-                AccessMode::MultiNodeReaderOnly
-            )
-        ),
+        h.claim(&v, read_claim("w", "b", "n1")),
         Err(ClaimError::VolumeMismatch { .. })
     ));
     assert!(matches!(
@@ -1128,17 +876,7 @@ fn volume_identity_is_checked() {
 fn node_returned_wakes_a_backing_off_volume() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::Retry));
     assert!(h.node_calls.is_empty());
@@ -1198,18 +936,7 @@ fn duties_split_node_steps_by_node_and_controller_steps_by_duty() {
     let v = info("v", ControllerRequirement::Required);
     // The agent of n2 does not perform n1's node step.
     let mut other = node_only("n2", true);
-    other
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    other.claim(&v, write_claim("v", "a", "n1")).unwrap();
     other.release("v", "a");
     assert!(
         other.node_calls.is_empty(),
@@ -1218,17 +945,7 @@ fn duties_split_node_steps_by_node_and_controller_steps_by_duty() {
 
     // The agent of n1 performs its node step, then waits for the controller duty.
     let mut h = node_only("n1", false);
-    h.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
     h.release("v", "a");
     let node = h.node_calls.pop().expect("own node step");
     h.m.node_detached(node.ticket, Ok(()), h.now);
@@ -1247,18 +964,7 @@ fn duties_split_node_steps_by_node_and_controller_steps_by_duty() {
 fn another_writers_claim_seen_by_the_watch_is_counted_before_any_write() {
     let v = info("v", ControllerRequirement::Required);
     let mut writer = Harness::new();
-    writer
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    writer.claim(&v, write_claim("v", "a", "n1")).unwrap();
     let stored = writer.store.load_now(&vid("v")).unwrap();
 
     let mut h = Harness::new();
@@ -1269,18 +975,7 @@ fn another_writers_claim_seen_by_the_watch_is_counted_before_any_write() {
         h.now,
     );
     h.pump();
-    let denied = h
-        .claim(
-            &v,
-            request(
-                "v",
-                "b",
-                "n2",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap_err();
+    let denied = h.claim(&v, write_claim("v", "b", "n2")).unwrap_err();
     assert!(matches!(denied, ClaimError::Denied(_)), "{denied:?}");
     assert!(h.writes.is_empty(), "refused before any write");
     // The writer's release, seen by the watch, frees the capacity: and waiters hear of it.
@@ -1291,35 +986,15 @@ fn another_writers_claim_seen_by_the_watch_is_counted_before_any_write() {
     h.m.observed(&vid("v"), gone, None, h.now);
     h.pump();
     assert_eq!(h.freed(), ["a"], "a claim freed elsewhere is announced");
-    h.claim(
-        &v,
-        request(
-            "v",
-            "b",
-            "n2",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .expect("free again");
+    h.claim(&v, write_claim("v", "b", "n2"))
+        .expect("free again");
 }
 
 #[test]
 fn a_change_seen_during_a_write_is_read_again_after_it_and_an_echo_is_not() {
     let v = info("v", ControllerRequirement::Required);
     let mut h = Harness::new();
-    h.m.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Read,
-            AccessMode::MultiNodeReaderOnly,
-        ),
-        h.now,
-    )
-    .unwrap();
+    h.m.claim(&v, read_claim("v", "a", "n1"), h.now).unwrap();
     let Some(Action::Persist(p)) = h.m.poll_action() else {
         panic!("a write");
     };
@@ -1361,18 +1036,7 @@ fn a_change_seen_during_a_write_is_read_again_after_it_and_an_echo_is_not() {
 fn a_claim_the_store_can_never_hold_is_refused_and_dropped() {
     let v = info("v", ControllerRequirement::Required);
     let mut h = Harness::new();
-    h.m.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-        h.now,
-    )
-    .unwrap();
+    h.m.claim(&v, write_claim("v", "a", "n1"), h.now).unwrap();
     let Some(Action::Persist(p)) = h.m.poll_action() else {
         panic!("a write");
     };
@@ -1397,17 +1061,8 @@ fn a_claim_the_store_can_never_hold_is_refused_and_dropped() {
     h.m.handle_timeout(h.now);
     h.pump();
     assert!(h.m.record(&vid("v")).is_none_or(|r| r.claims().is_empty()));
-    h.claim(
-        &v,
-        request(
-            "v",
-            "b",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .expect("the refused claim holds no capacity");
+    h.claim(&v, write_claim("v", "b", "n1"))
+        .expect("the refused claim holds no capacity");
 }
 
 #[test]
@@ -1417,18 +1072,7 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
     h.m.follow_store_changes();
     // Every write, as a watch would bring it back later: (version, record).
     let mut echoes = Vec::new();
-    h.m.claim(
-        &v,
-        request(
-            "v",
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-        h.now,
-    )
-    .unwrap();
+    h.m.claim(&v, write_claim("v", "a", "n1"), h.now).unwrap();
     h.m.release(&vid("v"), &wid("a"), h.now).unwrap();
     loop {
         match h.m.poll_action() {
@@ -1457,18 +1101,7 @@ fn late_echoes_of_a_volume_the_machine_deleted_do_not_bring_it_back() {
     let delete = Version::from_u64(100).unwrap();
     h.m.observed(&vid("v"), delete, None, h.now);
     let mut theirs = Harness::new();
-    theirs
-        .claim(
-            &v,
-            request(
-                "v",
-                "b",
-                "n2",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    theirs.claim(&v, write_claim("v", "b", "n2")).unwrap();
     let record = theirs.store.load_now(&vid("v")).unwrap().record;
     h.m.observed(
         &vid("v"),
@@ -1489,18 +1122,7 @@ fn restarted_with_a_release() -> Harness {
 fn restarted_during_a_release(node_done: bool) -> Harness {
     let mut first = Harness::new();
     let v = info("v", ControllerRequirement::Required);
-    first
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    first.claim(&v, write_claim("v", "a", "n1")).unwrap();
     first.release("v", "a");
     assert_eq!(
         first.node_calls.len(),
@@ -1529,17 +1151,7 @@ fn after_a_start_release_steps_wait_for_their_plugin() {
     );
     // Claims and writes go on meanwhile.
     let w = info("w", ControllerRequirement::Required);
-    h.claim(
-        &w,
-        request(
-            "w",
-            "b",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    )
-    .unwrap();
+    h.claim(&w, write_claim("w", "b", "n1")).unwrap();
     assert!(matches!(h.events.last(), Some(Event::ClaimDurable { .. })));
     h.m.plugin_available(&PluginId::new("other").unwrap(), None, h.now);
     h.pump();
@@ -1578,18 +1190,7 @@ fn the_wait_for_a_plugin_after_a_start_is_bounded() {
 fn a_reread_takes_over_what_the_watch_never_brought_and_counts_it() {
     let v = info("v", ControllerRequirement::Required);
     let mut writer = Harness::new();
-    writer
-        .claim(
-            &v,
-            request(
-                "v",
-                "a",
-                "n1",
-                ClaimMode::Write,
-                AccessMode::SingleNodeWriter,
-            ),
-        )
-        .unwrap();
+    writer.claim(&v, write_claim("v", "a", "n1")).unwrap();
     writer.release("v", "a");
     let node_step = writer.answer_node(Ok(()));
     assert_eq!(node_step.workload, wid("a"));
