@@ -18,7 +18,7 @@ use csi_claims::{
     NodeStep,
 };
 use csi_structs::{AccessMode, ErrorClass, PluginId, VolumeId, WorkloadId};
-use support::{FakeController, FakeNode, Plugin, info, request};
+use support::{FakeController, FakeNode, Plugin, info, request, write_claim};
 
 fn config(initial: Duration, max: Duration) -> DriverConfig {
     DriverConfig {
@@ -57,18 +57,9 @@ async fn release_calls_unpublish_unstage_then_controller_then_frees() {
     let (claims, driver) = start(&plugin, DriverConfig::default()).await;
     let v = info("v", "p", ControllerRequirement::Required);
     let mut events = claims.subscribe();
-    let claim = guard(claims.claim(
-        &v,
-        request(
-            &v,
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    ))
-    .await
-    .unwrap();
+    let claim = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
     assert_eq!(claim.state(), &ClaimState::Taken);
     assert!(matches!(
         events.recv().await.unwrap(),
@@ -114,18 +105,9 @@ async fn missing_node_plugin_is_retried_with_backoff_until_it_returns() {
     )
     .await;
     let v = info("v", "p", ControllerRequirement::Required);
-    let a = guard(claims.claim(
-        &v,
-        request(
-            &v,
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    ))
-    .await
-    .unwrap();
+    let a = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
     let started = tokio::time::Instant::now();
     let freed = guard(claims.release_and_wait(&v.id, a.workload()))
         .await
@@ -158,18 +140,9 @@ async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
     let hour = Duration::from_secs(3600);
     let (claims, driver) = start(&plugin, config(hour, hour)).await;
     let v = info("v", "p", ControllerRequirement::Required);
-    let a = guard(claims.claim(
-        &v,
-        request(
-            &v,
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    ))
-    .await
-    .unwrap();
+    let a = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
     claims.release(&v.id, a.workload()).await.unwrap();
     // Wait (bounded) until the controller call has failed.
     let mut status = None;
@@ -221,18 +194,9 @@ async fn a_bounded_wait_for_a_release_ends_with_where_it_stands() {
     )
     .await;
     let v = info("v", "p", ControllerRequirement::Required);
-    let a = guard(claims.claim(
-        &v,
-        request(
-            &v,
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    ))
-    .await
-    .unwrap();
+    let a = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let err = guard(claims.release_and_wait_until(&v.id, a.workload(), deadline))
         .await
@@ -280,18 +244,9 @@ async fn controller_calls_per_plugin_are_bounded() {
         let mut waits = Vec::new();
         for i in 0..6 {
             let v = info(&format!("v{i}"), "p", ControllerRequirement::Required);
-            let a = guard(claims.claim(
-                &v,
-                request(
-                    &v,
-                    "w",
-                    "n1",
-                    ClaimMode::Write,
-                    AccessMode::SingleNodeWriter,
-                ),
-            ))
-            .await
-            .unwrap();
+            let a = guard(claims.claim(&v, write_claim(&v, "w", "n1")))
+                .await
+                .unwrap();
             let claims = claims.clone();
             let workload = a.workload().clone();
             waits.push(tokio::spawn(async move {
@@ -391,18 +346,9 @@ async fn a_call_that_never_answers_is_cut_off_and_retried() {
     cfg.call_timeout = Duration::from_secs(30);
     let (claims, driver) = start(&plugin, cfg).await;
     let v = info("v", "p", ControllerRequirement::NotRequired);
-    let a = guard(claims.claim(
-        &v,
-        request(
-            &v,
-            "a",
-            "n1",
-            ClaimMode::Write,
-            AccessMode::SingleNodeWriter,
-        ),
-    ))
-    .await
-    .unwrap();
+    let a = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
     let started = tokio::time::Instant::now();
     let freed = guard(claims.release_and_wait(&v.id, a.workload()))
         .await

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, DriverError};
 use csi_claims::store::{ClaimStore, RedbStore, StoreError};
-use csi_claims::{ClaimError, ClaimMode, ControllerRequirement};
-use csi_structs::{AccessMode, VolumeId, WorkloadId};
+use csi_claims::{ClaimError, ControllerRequirement};
+use csi_structs::{VolumeId, WorkloadId};
 use redb::StorageBackend;
 use redb::backends::FileBackend;
-use support::{FakeController, FakeNode, Plugin, info, request};
+use support::{FakeController, FakeNode, Plugin, info, write_claim};
 
 /// A file backend that fails writes, syncs and growth while `full` is set, like a disk with
 /// no space left; it counts the calls that reach it.
@@ -159,13 +159,7 @@ async fn a_full_disk_fails_every_call_at_once_naming_the_file_and_the_store_reco
     let v = info("v1", "p", ControllerRequirement::Required);
     // A record as the machine makes it.
     let mut machine = csi_claims::ReleaseMachine::new(csi_claims::MachineConfig::default());
-    let claim = request(
-        &v,
-        "w",
-        "n1",
-        ClaimMode::Write,
-        AccessMode::SingleNodeWriter,
-    );
+    let claim = write_claim(&v, "w", "n1");
     machine.claim(&v, claim, std::time::Instant::now()).unwrap();
     let Some(csi_claims::Action::Persist(write)) = machine.poll_action() else {
         panic!("a write is asked for");
@@ -242,9 +236,7 @@ async fn claims_and_releases_fail_fast_while_the_disk_is_full_and_work_again_aft
     let file = path.display().to_string();
     let (claims, driver) = start(store).await;
     let held = info("held", "p", ControllerRequirement::Required);
-    let writer = |v: &csi_claims::VolumeInfo, w: &str| {
-        request(v, w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter)
-    };
+    let writer = |v: &csi_claims::VolumeInfo, w: &str| write_claim(v, w, "n1");
     guard(claims.claim(&held, writer(&held, "a")))
         .await
         .unwrap();
@@ -388,7 +380,7 @@ async fn a_store_that_hangs_fails_claims_after_the_store_timeout_and_they_work_o
     .await
     .unwrap();
     let v = info("v", "p", ControllerRequirement::Required);
-    let writer = |w: &str| request(&v, w, "n1", ClaimMode::Write, AccessMode::SingleNodeWriter);
+    let writer = |w: &str| write_claim(&v, w, "n1");
 
     stalled.store(true, Ordering::SeqCst);
     let err = guard(claims.claim(&v, writer("a"))).await.unwrap_err();

@@ -45,6 +45,17 @@ pub fn request(
     }
 }
 
+/// A single-node writer's claim of `info`'s volume for `workload` on `node`.
+pub fn write_claim(info: &VolumeInfo, workload: &str, node: &str) -> ClaimRequest {
+    request(
+        info,
+        workload,
+        node,
+        ClaimMode::Write,
+        AccessMode::SingleNodeWriter,
+    )
+}
+
 /// One call as the fake plugin saw it, with its answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {
