@@ -48,6 +48,18 @@ fn endpoint(server: &MockServer) -> String {
     format!("unix://{}", path.display())
 }
 
+/// `csi-agent demo` against the plugin at `endpoint`, keeping its state in `data`.
+async fn run_demo(endpoint: &str, data: &Path) -> Run {
+    csi_agent(&[
+        "demo",
+        "--plugin-endpoint",
+        endpoint,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .await
+}
+
 /// Entries left in a directory (recursively counted at the top level).
 fn entries(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir) {
@@ -93,14 +105,7 @@ async fn demo_adapts_to_a_plugin_without_staging_or_controller_publish() {
         .unwrap();
     let server = serve(plugin, tmp.path()).await;
     let endpoint = endpoint(&server);
-    let run = csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await;
+    let run = run_demo(&endpoint, &data).await;
     assert_eq!(run.code, Some(0), "{}", run.dump());
     server
         .calls()
@@ -261,14 +266,7 @@ async fn demo_cannot_create_on_a_node_only_plugin_without_a_volume_id() {
     let server = serve(plugin, tmp.path()).await;
     let endpoint = endpoint(&server);
     let data = tmp.path().join("data");
-    let run = csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await;
+    let run = run_demo(&endpoint, &data).await;
     assert_eq!(run.code, Some(1), "{}", run.dump());
     assert!(run.stderr.contains("--volume-id"), "{}", run.dump());
     assert!(
@@ -310,14 +308,7 @@ async fn a_failing_publish_names_the_step_and_what_was_left_behind() {
         .on(Rpc::NodePublishVolume)
         .fail(Code::InvalidArgument, "scripted: target refused");
     let endpoint = endpoint(&server);
-    let run = csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await;
+    let run = run_demo(&endpoint, &data).await;
     assert_eq!(run.code, Some(1), "{}", run.dump());
     assert!(
         run.stderr
@@ -371,14 +362,7 @@ async fn unstage_failing_twice_with_unavailable_is_retried_to_success() {
         .on(Rpc::NodeUnstageVolume)
         .fail_times(2, Code::Unavailable, "scripted: busy");
     let endpoint = endpoint(&server);
-    let run = csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await;
+    let run = run_demo(&endpoint, &data).await;
     assert_eq!(run.code, Some(0), "{}", run.dump());
     let unstages = server.calls().of(Rpc::NodeUnstageVolume);
     assert_eq!(unstages.len(), 3, "{unstages:#?}");
@@ -398,14 +382,7 @@ async fn a_release_call_that_keeps_failing_stops_the_demo_and_lists_the_claim() 
         "scripted: refused",
     );
     let endpoint = endpoint(&server);
-    let run = csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await;
+    let run = run_demo(&endpoint, &data).await;
     assert_eq!(run.code, Some(1), "{}", run.dump());
     assert!(
         run.stderr
@@ -511,14 +488,7 @@ async fn an_uncertain_create_that_cannot_be_undone_is_named_among_the_leftovers(
 /// Runs the demo against `server`'s plugin with its data under `data`.
 async fn demo_against(server: &MockServer, data: &Path) -> Run {
     let endpoint = endpoint(server);
-    csi_agent(&[
-        "demo",
-        "--plugin-endpoint",
-        &endpoint,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ])
-    .await
+    run_demo(&endpoint, data).await
 }
 
 /// What the demo lists after "left behind".
