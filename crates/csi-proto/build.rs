@@ -72,6 +72,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(grpc)
         .build_server(grpc)
         .build_transport(false)
+        // tonic's codec with smaller first buffers: see src/codec.rs.
+        .codec_path("crate::codec::CsiCodec")
         .skip_debug(skip)
         .compile_fds(compiler.file_descriptor_set())?;
 

@@ -239,3 +239,33 @@ async fn modify_get_restore_clone_and_health() {
     );
     assert_eq!(status.code(), Code::Aborted);
 }
+
+#[tokio::test]
+async fn an_answer_many_times_the_codecs_first_buffer_arrives_whole() {
+    // The generated code's buffers start at csi_proto::codec::BUFFER_SIZE and grow with the
+    // message: a listing of 300 volumes is many times that, in both directions' codecs.
+    let count = 300;
+    let builder = (0..count).fold(MockPlugin::builder(), |builder, i| {
+        builder.volume(format!("volume-with-a-long-name-{i:04}"), 1 << 20)
+    });
+    let h = start(builder).await;
+    let page = h
+        .controller()
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .expect("one page of every volume")
+        .into_inner();
+    assert!(
+        prost::Message::encoded_len(&page) > 8 * csi_proto::codec::BUFFER_SIZE,
+        "the answer is larger than the first buffer"
+    );
+    let mut ids: Vec<_> = page
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone()))
+        .collect();
+    ids.sort();
+    assert_eq!(ids.len(), count);
+    assert_eq!(ids[0], "volume-with-a-long-name-0000");
+    assert_eq!(ids[count - 1], "volume-with-a-long-name-0299");
+}
