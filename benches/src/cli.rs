@@ -56,8 +56,8 @@ pub struct Cli {
     #[arg(short = 'c', long = "callers", default_value_t = 1)]
     pub c: u32,
 
-    /// The tokio runtime the load and `--compare` runs drive the plugin from (and the in-process
-    /// mock runs on): one worker per core, or everything on one thread.
+    /// The tokio runtime the load, `--compare` and `--compare-peer` runs drive the plugin from
+    /// (and the in-process mock runs on): one worker per core, or everything on one thread.
     #[arg(long, value_enum, default_value_t = RuntimeFlavor::MultiThread)]
     pub runtime: RuntimeFlavor,
 
@@ -442,6 +442,7 @@ impl Cli {
             connections: self.peer_conns,
             mock_threads: self.peer_mock_threads,
             warmup: self.warmup,
+            runtime: self.runtime,
         }))
     }
 
@@ -592,9 +593,12 @@ mod tests {
             present,
             "-n",
             "30",
+            "--runtime",
+            "current-thread",
         ]) {
             Ok(Mode::ComparePeer(spec)) => {
                 assert_eq!(spec.sequential_calls, 30);
+                assert_eq!(spec.runtime, RuntimeFlavor::CurrentThread);
                 assert_eq!(
                     (spec.callers, spec.concurrent_calls, spec.connections),
                     (32, 100_000, 200)

@@ -105,7 +105,7 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             ])
         }
         Mode::ComparePeer(spec) => {
-            let rt = runtime()?;
+            let rt = runtime_of(spec.runtime)?;
             Ok(peer::run_compare_peer(&rt, &spec, exe)?.printed())
         }
         Mode::ShimHop => {

@@ -35,6 +35,7 @@ use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
 use crate::child;
+use crate::cli::RuntimeFlavor;
 use crate::conn_memory::{self, ConnMemory};
 use crate::cpu::{self, ticks_to_duration};
 use crate::error::BenchError;
@@ -79,6 +80,8 @@ pub struct PeerSpec {
     pub mock_threads: u16,
     /// csi-client's unmeasured calls before the run (`--warmup`).
     pub warmup: u64,
+    /// The runtime csi-client runs on (`--runtime`).
+    pub runtime: RuntimeFlavor,
 }
 
 /// Which client a line drives.
@@ -231,6 +234,8 @@ pub struct PeerComparison {
     pub load: (Option<f64>, Option<f64>),
     /// Threads the mock plugin served on.
     pub mock_threads: u16,
+    /// The runtime csi-client ran on.
+    pub runtime: RuntimeFlavor,
 }
 
 impl PeerComparison {
@@ -283,10 +288,12 @@ impl PeerComparison {
         }
         let load = |l: Option<f64>| l.map_or("unknown".to_owned(), |l| format!("{l:.2}"));
         out.push(format!(
-            "peer_load loadavg_1m_before={} loadavg_1m_after={} rounds={ROUNDS} mock_threads={}",
+            "peer_load loadavg_1m_before={} loadavg_1m_after={} rounds={ROUNDS} mock_threads={} \
+             runtime={}",
             load(self.load.0),
             load(self.load.1),
-            self.mock_threads
+            self.mock_threads,
+            self.runtime.as_str()
         ));
         out
     }
@@ -499,6 +506,7 @@ pub fn run_compare_peer(
         memory,
         load: (load_before, load_after),
         mock_threads: spec.mock_threads,
+        runtime: spec.runtime,
     })
 }
 
@@ -704,6 +712,7 @@ mod tests {
             memory: Vec::new(),
             load: (Some(1.0), None),
             mock_threads: 1,
+            runtime: RuntimeFlavor::CurrentThread,
         };
         let ratios = comparison.ratios();
         let what: Vec<_> = ratios.iter().map(|r| r.what).collect();
@@ -727,7 +736,8 @@ mod tests {
         assert!(printed[8].contains("p50_ratio=0.70") && printed[8].contains("p50_met=yes"));
         assert_eq!(
             printed[11],
-            "peer_load loadavg_1m_before=1.00 loadavg_1m_after=unknown rounds=10 mock_threads=1"
+            "peer_load loadavg_1m_before=1.00 loadavg_1m_after=unknown rounds=10 mock_threads=1 \
+             runtime=current-thread"
         );
     }
 
