@@ -52,19 +52,18 @@
 //! # Choosing a runtime
 //!
 //! The client works on either tokio runtime. On a node with few cores, where the plugins
-//! share the cores with the orchestrator, the choice shows under load. Measured on two cores
-//! against a plugin on the same machine, Probe at 1 to 32 concurrent callers:
+//! share the cores with the orchestrator, a **current-thread** runtime is the faster one under
+//! load. Measured on two cores against a plugin on the same machine, Probe from 1 to 32
+//! concurrent callers, it moved as many calls per second as the multi-thread runtime or more
+//! at every point (about 1.5 times as many at 4–32 callers against the csi-testkit mock), and
+//! spent about 30 % less CPU per call at 32 callers. The multi-thread runtime's second worker
+//! competes with the plugin for the cores, and most requests go out in a system call of their
+//! own (0.84 writes per call at 32 callers, against 0.13 on one thread).
 //!
-//! - A **current-thread** runtime spent about 30 % less CPU per call at 32 callers, and moved
-//!   about 40 % more calls per second than the multi-thread one against a fast plugin (the
-//!   csi-testkit mock), about 9 % more against grpc-go's (medians of ten runs each). The multi-thread runtime's second
-//!   worker competes with the plugin for the cores, and most requests go out in a system call
-//!   of their own (0.84 writes per call, against 0.13 on one thread).
-//! - The **multi-thread** runtime did up to 1.6 times better with 4–8 callers on the fast
-//!   plugin: its callers' requests go out one by one while the plugin answers the earlier
-//!   ones, where one thread sends them in a batch and then waits for the whole batch.
-//!   Against grpc-go's plugin the current-thread runtime was as fast or faster at each number
-//!   of callers measured (1, 4, 8, 16, 32).
+//! On a current-thread runtime each connection's task reads a few answers per turn (a quarter
+//! of the requests in flight) rather than all the socket holds, so the callers they wake send
+//! again while the rest are read: without that, one thread sends a batch and then waits for all
+//! of it, and at 4–8 callers the runtime did half as well as the multi-thread one.
 //!
 //! The figures are in the repository's `benches/README.md`.
 //!

@@ -20,6 +20,9 @@
 //! tied to our cores, since it is mostly the plugin's parallelism it buys. A quiet client (an
 //! orchestrator's health loop, a test) keeps one connection.
 //!
+//! On a current-thread runtime a connection's task reads a few answers per turn rather than
+//! all the socket holds ([`pace`]), so the callers they wake send again while the rest are read.
+//!
 //! When the connection is gone (the plugin exited, or restarted and recreated its socket) the
 //! next request finds it closed, and the link dials again — one dial, however many callers
 //! notice at once. A request that provably never reached the socket — the connection failed
@@ -31,6 +34,7 @@
 
 use std::future::Future;
 use std::io;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,6 +42,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use csi_proto::pace::{Pace, PacedIo};
 use http::header::{HeaderValue, USER_AGENT};
 use http::uri::{Authority, Scheme, Uri};
 use http_body::{Frame, SizeHint};
@@ -69,6 +74,11 @@ const MAX_CONNECTIONS: usize = 4;
 /// Requests in flight on every open connection before the link opens another.
 const GROW_AT: usize = 8;
 
+/// On a current-thread runtime, each turn of a connection's task reads the answers to this
+/// share of the link's requests in flight (see [`pace`]). Of 4, 8 and 16, 4 served 32 callers
+/// best, and the three did about as well with fewer.
+const ANSWERS_PER_TURN_DIVISOR: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+
 /// A self-healing HTTP/2 connection to one plugin, usable as a `tower::Service`. Cheap to
 /// clone; every clone shares the connection.
 #[derive(Clone, Debug)]
@@ -79,6 +89,8 @@ pub(crate) struct Link {
 #[derive(Debug)]
 struct Shared {
     target: Arc<DialTarget>,
+    /// Requests in flight on all the link's connections.
+    in_flight: Arc<AtomicUsize>,
     authority: Authority,
     /// The connections: the first always dialled, the others only under load.
     slots: Box<[Slot]>,
@@ -131,6 +143,8 @@ struct Current {
 /// What the link knows of one connection, shared with its task and its socket.
 #[derive(Debug, Default)]
 struct ConnState {
+    /// Requests in flight on all the link's connections (the link's count, shared).
+    link_in_flight: Arc<AtomicUsize>,
     /// The connection's task has ended: the connection is gone.
     closed: AtomicBool,
     /// Bytes written to the socket so far: a request queued when this read `n` and failed
@@ -189,9 +203,11 @@ enum Failed {
 impl Link {
     /// Dials `target` (waiting for its socket as its options say) and sets up HTTP/2.
     pub(crate) async fn connect(target: Arc<DialTarget>) -> Result<Link, DialFailure> {
-        let (sender, state) = handshake(&target).await?;
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (sender, state) = handshake(&target, &in_flight).await?;
         Ok(Link {
             shared: Arc::new(Shared {
+                in_flight,
                 authority: authority(target.endpoint()),
                 target,
                 slots: slots(Current {
@@ -302,7 +318,7 @@ impl Link {
         }
         tokio::spawn(async move {
             let slot = &shared.slots[index];
-            match handshake(&shared.target).await {
+            match handshake(&shared.target, &shared.in_flight).await {
                 Ok((sender, state)) => {
                     let mut current = slot.lock();
                     let generation = current.as_ref().map_or(0, |c| c.generation + 1);
@@ -328,6 +344,7 @@ struct InFlight(Arc<ConnState>);
 impl InFlight {
     fn new(state: &Arc<ConnState>) -> InFlight {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
+        state.link_in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(Arc::clone(state))
     }
 }
@@ -335,6 +352,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.link_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -457,7 +475,7 @@ impl Shared {
             None => dead + 1,
         };
         tracing::debug!(endpoint = %self.target.endpoint(), "plugin connection closed, dialling again");
-        let (sender, state) = handshake(&self.target).await?;
+        let (sender, state) = handshake(&self.target, &self.in_flight).await?;
         let fresh = Current {
             generation,
             sender,
@@ -560,9 +578,10 @@ impl AsyncWrite for Counted {
 /// until the plugin closes it, a keep-alive ping goes unanswered, or every sender is dropped.
 async fn handshake(
     target: &DialTarget,
+    link_in_flight: &Arc<AtomicUsize>,
 ) -> Result<(h2::client::SendRequest<Bytes>, Arc<ConnState>), DialFailure> {
     let io = target.open().await.map_err(DialFailure::Connect)?;
-    let (sender, state) = start(io, target.options().keep_alive)
+    let (sender, state) = start(io, target.options().keep_alive, link_in_flight)
         .await
         .map_err(|source| DialFailure::Handshake(HandshakeError::new(target.endpoint(), source)))?;
     tracing::debug!(endpoint = %target.endpoint(), "connected to plugin");
@@ -573,12 +592,19 @@ async fn handshake(
 async fn start(
     io: EitherStream,
     keep_alive: Option<Duration>,
+    link_in_flight: &Arc<AtomicUsize>,
 ) -> Result<(h2::client::SendRequest<Bytes>, Arc<ConnState>), h2::Error> {
-    let state = Arc::new(ConnState::default());
-    let io = Counted {
-        io,
-        state: Arc::clone(&state),
-    };
+    let state = Arc::new(ConnState {
+        link_in_flight: Arc::clone(link_in_flight),
+        ..ConnState::default()
+    });
+    let io = PacedIo::client(
+        Counted {
+            io,
+            state: Arc::clone(&state),
+        },
+        pace(link_in_flight),
+    );
     let (sender, connection) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
@@ -598,10 +624,29 @@ async fn start(
     Ok((sender, state))
 }
 
+/// How the connection's answers are read. On a current-thread runtime, a quarter of the
+/// link's requests in flight per turn (at least one), so that the callers the first answers
+/// wake send their next requests while the rest are still being read. Every task shares the
+/// one thread there, so reading all the answers first would hold those requests back until
+/// the whole batch is handled, and the plugin would wait for them (measured on two cores
+/// against the csi-testkit mock: about 2.5 times the calls per second at 4 callers, the same
+/// at 32). On a multi-thread runtime, where callers already run beside the connection's task,
+/// pacing cost up to half the calls per second at 4–8 callers, so the answers are read as
+/// they come.
+fn pace(link_in_flight: &Arc<AtomicUsize>) -> Pace {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => Pace::InFlight {
+            in_flight: Arc::clone(link_in_flight),
+            divisor: ANSWERS_PER_TURN_DIVISOR,
+        },
+        _ => Pace::Off,
+    }
+}
+
 /// Drives the connection until it ends; with `keep_alive`, pings the plugin every interval
 /// while requests are in flight, and ends the connection when a ping goes unanswered.
 async fn drive(
-    mut connection: h2::client::Connection<Counted, Bytes>,
+    mut connection: h2::client::Connection<PacedIo<Counted>, Bytes>,
     keep_alive: Option<Duration>,
     state: &ConnState,
 ) -> Result<(), BoxError> {
@@ -671,7 +716,7 @@ mod tests {
     async fn doomed() -> Current {
         let (ours, theirs) = tokio::net::UnixStream::pair().expect("test invariant: socket pairs");
         let io = EitherStream::unix(ours);
-        let (sender, state) = start(io, None)
+        let (sender, state) = start(io, None, &Arc::default())
             .await
             .expect("test invariant: the preface fits the socket buffer");
         drop(theirs);
@@ -686,6 +731,7 @@ mod tests {
         Link {
             shared: Arc::new(Shared {
                 authority: authority(target.endpoint()),
+                in_flight: Arc::clone(&current.state.link_in_flight),
                 target,
                 slots: slots(current),
             }),

@@ -5,7 +5,8 @@
 //! `proto/csi.proto` (package `csi.v1`, spec v1.13.0 plus the v1.12 volume-condition elements
 //! that v1.13 reserved, so health reports from older plugins still decode).
 //!
-//! It is not a domain model: no validation, no conversions, no I/O. Upper crates speak
+//! It is not a domain model: no validation, no conversions, and no I/O beyond [`pace`], a
+//! wrapper that reads an HTTP/2 connection a few messages at a time. Upper crates speak
 //! `csi-structs` types and keep these at the edge. The tonic stubs sit behind the default `grpc`
 //! feature; `default-features = false` gives the messages alone, with no gRPC runtime in the
 //! dependency tree (that is how `csi-structs` uses this crate).
@@ -52,6 +53,8 @@ pub mod v1 {
 
 #[cfg(feature = "grpc")]
 pub mod codec;
+#[cfg(feature = "grpc")]
+pub mod pace;
 
 include!(concat!(env!("OUT_DIR"), "/secret_debug.rs"));
 include!(concat!(env!("OUT_DIR"), "/rpcs.rs"));

@@ -19,7 +19,7 @@ use crate::faults::Faults;
 use crate::plugin::MockPlugin;
 use crate::transport::killable::KillableIo;
 use crate::transport::memory::{self, Acceptor};
-use crate::transport::paced::PacedIo;
+use crate::transport::paced;
 use crate::transport::unix::{self, SocketId};
 
 /// How long [`MockServer::shutdown`] waits for open calls and connections to finish.
@@ -128,7 +128,7 @@ impl MockPlugin {
                 *socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
                 tokio::spawn(async move {
                     let incoming = UnixListenerStream::new(listener)
-                        .map(|r| r.map(|s| KillableIo::new(PacedIo::new(s))));
+                        .map(|r| r.map(|s| KillableIo::new(paced(s))));
                     let result = serve(plugin, incoming, stop_rx).await;
                     unix::remove_own(&path, id);
                     result
@@ -145,7 +145,7 @@ impl MockPlugin {
                     let (listener, id) = unix::bind(&path)?;
                     *socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
                     let incoming = UnixListenerStream::new(listener)
-                        .map(|r| r.map(|s| KillableIo::new(PacedIo::new(s))));
+                        .map(|r| r.map(|s| KillableIo::new(paced(s))));
                     let result = serve(plugin, incoming, stop_rx).await;
                     unix::remove_own(&path, id);
                     result
@@ -173,7 +173,7 @@ impl MockPlugin {
         let plugin = self.clone();
         let task = tokio::spawn(async move {
             let incoming = UnboundedReceiverStream::new(accepted)
-                .map(|io| Ok::<_, std::io::Error>(KillableIo::new(PacedIo::new(io))));
+                .map(|io| Ok::<_, std::io::Error>(KillableIo::new(paced(io))));
             serve(plugin, incoming, stop_rx).await
         });
         let server = MockServer {
