@@ -55,8 +55,9 @@
 //! share the cores with the orchestrator, a **current-thread** runtime is the faster one under
 //! load. Measured on two cores against a plugin on the same machine, Probe from 1 to 32
 //! concurrent callers, it moved as many calls per second as the multi-thread runtime or more
-//! at every point (about 1.5 times as many at 4–32 callers against the csi-testkit mock), and
-//! spent about 30 % less CPU per call at 32 callers. The multi-thread runtime's second worker
+//! at every point (the same at one caller; 1.4–1.8 times as many at 4–32 callers against the
+//! csi-testkit mock, up to 1.5 times against a grpc-go plugin), and spent about 30 % less CPU
+//! per call at 32 callers. The multi-thread runtime's second worker
 //! competes with the plugin for the cores, and most requests go out in a system call of their
 //! own (0.84 writes per call at 32 callers, against 0.13 on one thread).
 //!
