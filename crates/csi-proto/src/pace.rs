@@ -17,6 +17,7 @@
 //! The mock plugin reads its connections this way, and csi-client its connections on a
 //! current-thread runtime.
 
+use std::fmt;
 use std::io;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
@@ -77,7 +78,7 @@ struct Frames {
     header: [u8; FRAME_HEADER_LEN],
     /// Bytes of `header` arrived so far.
     have: usize,
-    /// The current frame ends a stream: a request is complete with its last byte.
+    /// The current frame ends a stream: a message is complete with its last byte.
     ends_stream: bool,
 }
 
@@ -91,8 +92,8 @@ impl Frames {
         }
     }
 
-    /// Follows `bytes` until the end of the `limit`-th request completed in them. Returns how
-    /// many bytes that is (all of them when fewer requests complete) and how many requests
+    /// Follows `bytes` until the end of the `limit`-th message completed in them. Returns how
+    /// many bytes that is (all of them when fewer messages complete) and how many messages
     /// completed.
     fn advance(&mut self, bytes: &[u8], limit: usize) -> (usize, usize) {
         let mut at = 0;
@@ -127,7 +128,6 @@ impl Frames {
 /// (see the module docs). Writes pass straight through.
 ///
 /// It must be read inside a tokio runtime: ending a turn spawns a small task.
-#[derive(Debug)]
 pub struct PacedIo<T> {
     inner: T,
     pace: Pace,
@@ -136,10 +136,23 @@ pub struct PacedIo<T> {
     /// How much of `held` was handed over.
     held_from: usize,
     frames: Frames,
-    /// Requests completed in this turn.
+    /// Messages completed in this turn.
     handed: usize,
     /// Set when a turn ends; cleared by a task queued behind the ones the turn started.
     waiting: Arc<AtomicBool>,
+}
+
+/// Shows the pace and how much is held back, never the bytes: they may carry a request's
+/// secrets.
+impl<T: fmt::Debug> fmt::Debug for PacedIo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PacedIo")
+            .field("inner", &self.inner)
+            .field("pace", &self.pace)
+            .field("held_bytes", &(self.held.len() - self.held_from))
+            .field("handed", &self.handed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<T> PacedIo<T> {
@@ -407,6 +420,18 @@ mod tests {
         let (received, ended) = one_turn(&mut io).await;
         assert_eq!(received, sent);
         assert!(ended);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn debug_shows_how_much_is_held_never_the_bytes() {
+        let mut sent = connection(10, 0);
+        sent.extend(frame(DATA, END_STREAM, 99, b"password=hunter2"));
+        let mut io = PacedIo::server(holding(&sent).await, fixed(PER_TURN));
+        let (_, _) = one_turn(&mut io).await;
+        let printed = format!("{io:?}");
+        assert!(printed.contains("held_bytes"), "{printed}");
+        assert!(!printed.contains("104, 117, 110"), "{printed}"); // "hun"
+        assert!(!printed.contains("hunter2"), "{printed}");
     }
 
     #[test]
