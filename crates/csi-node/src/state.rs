@@ -7,7 +7,9 @@
 //!
 //! A write that *hangs* (a stalled disk, an NFS server gone away) is given up after
 //! [`WRITE_TIMEOUT`]: each write runs on a thread of its own, and the caller waits for it at
-//! most that long ([`StateFileError::TimedOut`]). A write given up on may still land later, so
+//! most that long ([`StateFileError::TimedOut`]); on a worker of tokio's multi-thread runtime
+//! it waits through `block_in_place`, so the worker's other tasks move on to another thread
+//! meanwhile. A write given up on may still land later, so
 //! its outcome is unknown, as with any store call that timed out. Until that thread ends,
 //! every further write of the same file fails at once ([`StateFileError::Stalled`]) rather than
 //! queue behind it: a later write finishing first and then being overwritten by the stale
@@ -223,6 +225,23 @@ fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), S
     save_within(path, value, mode, WRITE_TIMEOUT)
 }
 
+/// Runs `wait` (a blocking wait of up to [`WRITE_TIMEOUT`]) so that it holds up no other
+/// task. The writers are called from async code (the agent's handlers, the volume manager):
+/// on a worker of tokio's multi-thread runtime the wait goes through `block_in_place`, which
+/// hands the worker's queued tasks to another thread first. Without it a stalled disk held a
+/// worker for the whole timeout, and a task stuck behind it (a plugin connection's, once)
+/// could not run: a health probe then timed out and the plugin was taken for unhealthy. A
+/// current-thread runtime cannot lend its thread, and a plain thread has nothing to lend, so
+/// there the wait runs as it is.
+fn wait_off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 /// [`save`] with the caller waiting at most `timeout` for the write.
 fn save_within<T: Serialize>(
     path: &Path,
@@ -277,7 +296,7 @@ fn save_within<T: Serialize>(
         files().note(path, &result);
         return result;
     }
-    match answer.recv_timeout(timeout) {
+    match wait_off_the_runtime(|| answer.recv_timeout(timeout)) {
         Ok(result) => result,
         Err(mpsc::RecvTimeoutError::Timeout) => {
             // The write may have ended just now: its own answer beats a guess.
@@ -453,5 +472,63 @@ mod tests {
         save_json(&p, &4u32).expect("written again");
         assert!(failing_here(dir.path()).is_empty());
         assert_eq!(load_json::<u32>(&p).expect("read"), Some(4));
+    }
+
+    #[test]
+    fn a_hanging_write_on_a_runtime_worker_lets_the_other_tasks_run() {
+        use std::io::Read as _;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("book.json");
+        let tmp = p.with_extension("json.tmp");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .expect("test invariant: mkfifo runs");
+        assert!(
+            made.success(),
+            "test invariant: mkfifo made {}",
+            tmp.display()
+        );
+
+        // One worker: without handing its tasks on, the other task could run only after the
+        // write is given up.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .expect("test invariant: a runtime");
+        let ran = Arc::new(AtomicBool::new(false));
+        let (err, ran_meanwhile) = runtime.block_on({
+            let ran = Arc::clone(&ran);
+            let p = p.clone();
+            async move {
+                tokio::spawn(async move {
+                    let other = tokio::spawn(async move { ran.store(true, Ordering::SeqCst) });
+                    let err = save_within(&p, &1u32, None, Duration::from_secs(2))
+                        .expect_err("the write hangs");
+                    let ran_meanwhile = other.is_finished();
+                    (err, ran_meanwhile)
+                })
+                .await
+                .expect("the writer task")
+            }
+        });
+        assert!(matches!(err, StateFileError::TimedOut { .. }), "{err}");
+        assert!(ran_meanwhile, "the other task waited for the stalled write");
+
+        // Let the stuck write end, so no thread outlives the test's files.
+        let mut fifo = std::fs::File::open(&tmp).expect("open the FIFO");
+        let mut taken = Vec::new();
+        fifo.read_to_end(&mut taken).expect("read the FIFO");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while files().writing.contains_key(&p) {
+            assert!(
+                Instant::now() < deadline,
+                "hang guard: the stuck write ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::remove_file(&tmp).expect("rm FIFO");
     }
 }
