@@ -419,14 +419,9 @@ mod tests {
         assert!(failing_here(dir.path()).is_empty());
     }
 
-    #[test]
-    fn a_write_that_hangs_is_given_up_and_refuses_the_next_ones_until_it_ends() {
-        use std::io::Read as _;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let p = dir.path().join("usage.json");
-        save_json(&p, &1u32).expect("write");
-        // A FIFO where the temporary file goes: opening it for writing blocks until a reader
-        // comes, as a write to a stalled disk blocks until the disk answers.
+    /// Puts a FIFO where `p`'s temporary file goes: opening it for writing blocks until a
+    /// reader comes, as a write to a stalled disk blocks until the disk answers.
+    fn stall(p: &Path) {
         let tmp = p.with_extension("json.tmp");
         let made = std::process::Command::new("mkfifo")
             .arg(&tmp)
@@ -437,6 +432,36 @@ mod tests {
             "test invariant: mkfifo made {}",
             tmp.display()
         );
+    }
+
+    /// The "disk" answers: reads what the stuck write of `p` wrote, waits for the write to
+    /// end, and removes the FIFO.
+    fn unstall(p: &Path) -> Vec<u8> {
+        use std::io::Read as _;
+        let tmp = p.with_extension("json.tmp");
+        let mut taken = Vec::new();
+        std::fs::File::open(&tmp)
+            .expect("open the FIFO")
+            .read_to_end(&mut taken)
+            .expect("read the FIFO");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while files().writing.contains_key(p) {
+            assert!(
+                Instant::now() < deadline,
+                "hang guard: the stuck write ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::remove_file(&tmp).expect("rm FIFO");
+        taken
+    }
+
+    #[test]
+    fn a_write_that_hangs_is_given_up_and_refuses_the_next_ones_until_it_ends() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("usage.json");
+        save_json(&p, &1u32).expect("write");
+        stall(&p);
 
         let err = save_within(&p, &2u32, None, Duration::from_millis(200)).expect_err("hangs");
         assert!(matches!(err, StateFileError::TimedOut { .. }), "{err}");
@@ -453,22 +478,11 @@ mod tests {
         );
 
         // The "disk" answers: the stuck write goes on (and fails, a FIFO cannot be synced).
-        let mut fifo = std::fs::File::open(&tmp).expect("open the FIFO");
-        let mut taken = Vec::new();
-        fifo.read_to_end(&mut taken).expect("read the FIFO");
         assert_eq!(
-            taken, b"2",
+            unstall(&p),
+            b"2",
             "the stuck write carried the value it was given"
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while files().writing.contains_key(&p) {
-            assert!(
-                Instant::now() < deadline,
-                "hang guard: the stuck write ended"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::fs::remove_file(&tmp).expect("rm FIFO");
         save_json(&p, &4u32).expect("written again");
         assert!(failing_here(dir.path()).is_empty());
         assert_eq!(load_json::<u32>(&p).expect("read"), Some(4));
@@ -476,21 +490,9 @@ mod tests {
 
     #[test]
     fn a_hanging_write_on_a_runtime_worker_lets_the_other_tasks_run() {
-        use std::io::Read as _;
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
         let dir = tempfile::tempdir().expect("temp dir");
         let p = dir.path().join("book.json");
-        let tmp = p.with_extension("json.tmp");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&tmp)
-            .status()
-            .expect("test invariant: mkfifo runs");
-        assert!(
-            made.success(),
-            "test invariant: mkfifo made {}",
-            tmp.display()
-        );
+        stall(&p);
 
         // One worker: without handing its tasks on, the other task could run only after the
         // write is given up.
@@ -498,13 +500,11 @@ mod tests {
             .worker_threads(1)
             .build()
             .expect("test invariant: a runtime");
-        let ran = Arc::new(AtomicBool::new(false));
         let (err, ran_meanwhile) = runtime.block_on({
-            let ran = Arc::clone(&ran);
             let p = p.clone();
             async move {
                 tokio::spawn(async move {
-                    let other = tokio::spawn(async move { ran.store(true, Ordering::SeqCst) });
+                    let other = tokio::spawn(async {});
                     let err = save_within(&p, &1u32, None, Duration::from_secs(2))
                         .expect_err("the write hangs");
                     let ran_meanwhile = other.is_finished();
@@ -518,17 +518,6 @@ mod tests {
         assert!(ran_meanwhile, "the other task waited for the stalled write");
 
         // Let the stuck write end, so no thread outlives the test's files.
-        let mut fifo = std::fs::File::open(&tmp).expect("open the FIFO");
-        let mut taken = Vec::new();
-        fifo.read_to_end(&mut taken).expect("read the FIFO");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while files().writing.contains_key(&p) {
-            assert!(
-                Instant::now() < deadline,
-                "hang guard: the stuck write ended"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::fs::remove_file(&tmp).expect("rm FIFO");
+        unstall(&p);
     }
 }
