@@ -9,8 +9,8 @@
 //! [`WRITE_TIMEOUT`]: each write runs on a thread of its own, and the caller waits for it at
 //! most that long ([`StateFileError::TimedOut`]); on a worker of tokio's multi-thread runtime
 //! it waits through `block_in_place`, so the worker's other tasks move on to another thread
-//! meanwhile. A write given up on may still land later, so
-//! its outcome is unknown, as with any store call that timed out. Until that thread ends,
+//! meanwhile. A write given up on may still land later, so its outcome is unknown, as with any
+//! store call that timed out. Until that thread ends,
 //! every further write of the same file fails at once ([`StateFileError::Stalled`]) rather than
 //! queue behind it: a later write finishing first and then being overwritten by the stale
 //! one would lose a change. The caller's in-memory state is the truth to write next time; the
@@ -229,10 +229,10 @@ fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), S
 /// task. The writers are called from async code (the agent's handlers, the volume manager):
 /// on a worker of tokio's multi-thread runtime the wait goes through `block_in_place`, which
 /// hands the worker's queued tasks to another thread first. Without it a stalled disk held a
-/// worker for the whole timeout, and a task stuck behind it (a plugin connection's, once)
-/// could not run: a health probe then timed out and the plugin was taken for unhealthy. A
-/// current-thread runtime cannot lend its thread, and a plain thread has nothing to lend, so
-/// there the wait runs as it is.
+/// worker for the whole timeout, and a task stuck behind it could not run (most likely a
+/// plugin connection's, in one CI run: a health probe timed out and the plugin was taken for
+/// unhealthy). A current-thread runtime cannot lend its thread, and a plain thread has
+/// nothing to lend, so there the wait runs as it is.
 fn wait_off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
