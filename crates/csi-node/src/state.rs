@@ -148,6 +148,17 @@ pub fn failing() -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// The state files with a write under way in this process, with how long it has been going,
+/// by path. A write that outlasts [`WRITE_TIMEOUT`] stays here until the disk answers: a health
+/// check can tell a slow disk from a stuck one before any caller gives up.
+pub fn writes_under_way() -> Vec<(PathBuf, Duration)> {
+    files()
+        .writing
+        .iter()
+        .map(|(path, started)| (path.clone(), started.elapsed()))
+        .collect()
+}
+
 impl Files {
     /// Remembers how the write of `path` ended; logs when the file starts failing and when
     /// it is written again.
@@ -467,6 +478,15 @@ mod tests {
         assert!(matches!(err, StateFileError::TimedOut { .. }), "{err}");
         assert!(err.to_string().contains("usage.json"), "{err}");
         assert_eq!(failing_here(dir.path()).len(), 1);
+        let under_way: Vec<_> = writes_under_way()
+            .into_iter()
+            .filter(|(path, _)| path == &p)
+            .collect();
+        assert_eq!(under_way.len(), 1, "the given-up write is still under way");
+        assert!(
+            under_way[0].1 >= Duration::from_millis(200),
+            "{under_way:?}"
+        );
         // The stuck write is still under way: the next one is refused at once, not queued.
         let err = save_within(&p, &3u32, None, Duration::from_secs(3600)).expect_err("stalled");
         assert!(matches!(err, StateFileError::Stalled { .. }), "{err}");
@@ -483,6 +503,7 @@ mod tests {
             b"2",
             "the stuck write carried the value it was given"
         );
+        assert!(writes_under_way().iter().all(|(path, _)| path != &p));
         save_json(&p, &4u32).expect("written again");
         assert!(failing_here(dir.path()).is_empty());
         assert_eq!(load_json::<u32>(&p).expect("read"), Some(4));

@@ -143,7 +143,12 @@ pub struct Book {
 enum Backend {
     File {
         path: PathBuf,
+        /// The entries as last written. Locked only to copy or replace the map, never across
+        /// a write: a reader does not wait on the disk.
         entries: Mutex<BTreeMap<VolumeId, BookEntry>>,
+        /// Held by one change at a time, across its write (up to the state files' write
+        /// timeout on a stalled disk); waited for asynchronously.
+        writer: tokio::sync::Mutex<()>,
     },
     #[cfg(feature = "etcd")]
     Cluster(super::cluster::ClusterBook),
@@ -170,7 +175,11 @@ impl Book {
         let list: Vec<BookEntry> = load_json(&path)?.unwrap_or_default();
         let entries = Mutex::new(list.into_iter().map(|e| (e.id.clone(), e)).collect());
         Ok(Self {
-            backend: Backend::File { path, entries },
+            backend: Backend::File {
+                path,
+                entries,
+                writer: tokio::sync::Mutex::new(()),
+            },
         })
     }
 
@@ -186,6 +195,26 @@ impl Book {
         entries: &Mutex<BTreeMap<VolumeId, BookEntry>>,
     ) -> std::sync::MutexGuard<'_, BTreeMap<VolumeId, BookEntry>> {
         entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One change of the file-backed book: `change` edits a copy of the entries and says
+    /// whether it changed anything; a changed copy is written, and only then replaces the
+    /// entries. Changes take turns on `writer`; readers keep seeing the last written entries
+    /// meanwhile.
+    async fn change_file<R>(
+        path: &Path,
+        entries: &Mutex<BTreeMap<VolumeId, BookEntry>>,
+        writer: &tokio::sync::Mutex<()>,
+        change: impl FnOnce(&mut BTreeMap<VolumeId, BookEntry>) -> (R, bool),
+    ) -> Result<R, BookError> {
+        let _turn = writer.lock().await;
+        let mut next = Self::lock(entries).clone();
+        let (answer, changed) = change(&mut next);
+        if changed {
+            save_json_private(path, &next.values().collect::<Vec<_>>())?;
+            *Self::lock(entries) = next;
+        }
+        Ok(answer)
     }
 
     /// One volume.
@@ -213,16 +242,19 @@ impl Book {
     /// When the change cannot be written (nothing changes).
     pub async fn insert(&self, entry: BookEntry) -> Result<bool, BookError> {
         match &self.backend {
-            Backend::File { path, entries } => {
-                let mut map = Self::lock(entries);
-                if map.contains_key(&entry.id) {
-                    return Ok(false);
-                }
-                let mut next = map.clone();
-                next.insert(entry.id.clone(), entry);
-                save_json_private(path, &next.values().collect::<Vec<_>>())?;
-                *map = next;
-                Ok(true)
+            Backend::File {
+                path,
+                entries,
+                writer,
+            } => {
+                Self::change_file(path, entries, writer, |map| {
+                    let free = !map.contains_key(&entry.id);
+                    if free {
+                        map.insert(entry.id.clone(), entry);
+                    }
+                    (free, free)
+                })
+                .await
             }
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.insert(&entry).await,
@@ -236,15 +268,17 @@ impl Book {
     /// When the change cannot be written, or (cluster mode) the store holds claims of it.
     pub async fn remove(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File { path, entries } => {
-                let mut map = Self::lock(entries);
-                let mut next = map.clone();
-                let removed = next.remove(id);
-                if removed.is_some() {
-                    save_json_private(path, &next.values().collect::<Vec<_>>())?;
-                    *map = next;
-                }
-                Ok(removed)
+            Backend::File {
+                path,
+                entries,
+                writer,
+            } => {
+                Self::change_file(path, entries, writer, |map| {
+                    let removed = map.remove(id);
+                    let changed = removed.is_some();
+                    (removed, changed)
+                })
+                .await
             }
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.remove(id).await,
@@ -263,18 +297,20 @@ impl Book {
         change: impl Fn(&mut BookEntry),
     ) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File { path, entries } => {
-                let mut map = Self::lock(entries);
-                let Some(mut entry) = map.get(id).cloned() else {
-                    return Ok(None);
-                };
-                change(&mut entry);
-                entry.id = id.clone();
-                let mut next = map.clone();
-                next.insert(id.clone(), entry.clone());
-                save_json_private(path, &next.values().collect::<Vec<_>>())?;
-                *map = next;
-                Ok(Some(entry))
+            Backend::File {
+                path,
+                entries,
+                writer,
+            } => {
+                Self::change_file(path, entries, writer, |map| {
+                    let Some(entry) = map.get_mut(id) else {
+                        return (None, false);
+                    };
+                    change(entry);
+                    entry.id = id.clone();
+                    (Some(entry.clone()), true)
+                })
+                .await
             }
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.update(id, change).await,
@@ -305,22 +341,20 @@ impl Book {
     /// be written.
     pub async fn mark_deleting(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File { path, entries } => {
-                let mut map = Self::lock(entries);
-                let Some(entry) = map.get(id).cloned() else {
-                    return Ok(None);
-                };
-                let mut next = map.clone();
-                next.insert(
-                    id.clone(),
-                    BookEntry {
-                        deleting: true,
-                        ..entry.clone()
-                    },
-                );
-                save_json_private(path, &next.values().collect::<Vec<_>>())?;
-                *map = next;
-                Ok(Some(entry))
+            Backend::File {
+                path,
+                entries,
+                writer,
+            } => {
+                Self::change_file(path, entries, writer, |map| {
+                    let Some(entry) = map.get_mut(id) else {
+                        return (None, false);
+                    };
+                    let before = entry.clone();
+                    entry.deleting = true;
+                    (Some(before), true)
+                })
+                .await
             }
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.mark_deleting(id).await,
@@ -338,6 +372,114 @@ impl Book {
             Backend::File { .. } => Ok(self.get(id)),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.confirm(id).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn entry(id: &str) -> BookEntry {
+        BookEntry {
+            id: VolumeId::new(id).expect("test invariant: a valid id"),
+            external_id: ExternalVolumeId::new(format!("ext-{id}"))
+                .expect("test invariant: a valid id"),
+            plugin: PluginId::new("mock").expect("test invariant: a valid id"),
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment: AccessTypeKind::Mount,
+            controller_publish: false,
+            created: false,
+            capacity_bytes: None,
+            context: BTreeMap::new(),
+            deleting: false,
+            secrets: VolumeSecrets::default(),
+            accessible_topology: Vec::new(),
+            node_expansion: None,
+        }
+    }
+
+    /// Waits (at most a minute) until a write of `path` is under way in this process.
+    fn wait_for_write_of(path: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !csi_node::state::writes_under_way()
+            .iter()
+            .any(|(p, _)| p == path)
+        {
+            assert!(Instant::now() < deadline, "hang guard: the write started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_do_not_wait_for_a_stalled_write_and_see_the_last_written_entries() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let book = std::sync::Arc::new(Book::open(dir.path()).expect("open"));
+        assert!(book.insert(entry("a")).await.expect("write"));
+
+        // The disk stops answering: the next write's temporary file is a FIFO nobody reads.
+        let path = dir.path().join("volumes.json");
+        let tmp = path.with_extension("json.tmp");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .expect("test invariant: mkfifo runs");
+        assert!(made.success(), "test invariant: mkfifo made the FIFO");
+        let insert = tokio::spawn({
+            let book = book.clone();
+            async move { book.insert(entry("b")).await }
+        });
+        tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || wait_for_write_of(&path)
+        })
+        .await
+        .expect("the waiting task");
+
+        // Had the readers waited for the write, they would have answered only once it was
+        // given up (after the state files' write timeout).
+        let id_a = VolumeId::new("a").expect("test invariant: a valid id");
+        let id_b = VolumeId::new("b").expect("test invariant: a valid id");
+        assert_eq!(book.get(&id_a), Some(entry("a")));
+        assert_eq!(book.get(&id_b), None, "not written yet");
+        assert_eq!(book.list(), vec![entry("a")]);
+
+        // The disk answers: the write goes on and fails (a FIFO cannot be synced) rather than
+        // having been given up, unless this machine froze for the whole write timeout. The
+        // book keeps what was last written, and the next change is written whole.
+        tokio::task::spawn_blocking(move || {
+            use std::io::Read as _;
+            let mut taken = Vec::new();
+            std::fs::File::open(&tmp)
+                .expect("open the FIFO")
+                .read_to_end(&mut taken)
+                .expect("read the FIFO");
+            std::fs::remove_file(&tmp).expect("rm FIFO");
+        })
+        .await
+        .expect("the disk task");
+        let outcome = insert.await.expect("the insert task");
+        assert!(
+            matches!(outcome, Err(BookError::State(StateFileError::Io { .. }))),
+            "the insert was given up while the readers waited: {outcome:?}"
+        );
+        assert_eq!(book.list(), vec![entry("a")]);
+        wait_for_no_write_of(&path);
+        assert!(book.insert(entry("b")).await.expect("write"));
+        let reopened = Book::open(dir.path()).expect("reopen");
+        assert_eq!(reopened.list(), vec![entry("a"), entry("b")]);
+    }
+
+    /// Waits (at most a minute) until no write of `path` is under way in this process.
+    fn wait_for_no_write_of(path: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while csi_node::state::writes_under_way()
+            .iter()
+            .any(|(p, _)| p == path)
+        {
+            assert!(Instant::now() < deadline, "hang guard: the write ended");
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
