@@ -556,6 +556,7 @@ async fn campaign(plan: &Plan, report: &mut Report) {
                 // naming the file instead. A panic it contains so is no violation; one that
                 // reaches its caller is.
                 contained = true;
+                let _scope = panics::Contained::open();
                 let caught =
                     std::panic::AssertUnwindSafe(run_damage(&mut case, target, how, &mut judge));
                 let ran = futures_catch(caught).await;
