@@ -193,16 +193,16 @@ struct Args {
     /// system whose ids carry the start time, so they never repeat those of an earlier run.
     #[arg(long, value_name = "PATH")]
     state_file: Option<std::path::PathBuf>,
-    /// Answer RPC with a gRPC error (repeatable): RPC=CODE[:after=N][:times=M][:volume=ID],
-    /// e.g. NodeUnpublishVolume=UNAVAILABLE:times=3. Without times, every call after the
+    /// Answer RPC with a gRPC error (repeatable): `RPC=CODE[:after=N][:times=M][:volume=ID]`,
+    /// e.g. `NodeUnpublishVolume=UNAVAILABLE:times=3`. Without times, every call after the
     /// first N.
     #[arg(long = "fault", value_name = "SPEC", value_parser = FaultSpec::parse_fault)]
     faults: Vec<FaultSpec>,
-    /// Delay RPC, then serve it (repeatable): RPC=DURATION[:after=N][:times=M][:volume=ID],
+    /// Delay RPC, then serve it (repeatable): `RPC=DURATION[:after=N][:times=M][:volume=ID]`,
     /// DURATION like 500ms, 2s or 1m.
     #[arg(long = "delay", value_name = "SPEC", value_parser = FaultSpec::parse_delay)]
     delays: Vec<FaultSpec>,
-    /// Never answer RPC (repeatable): RPC[:after=N][:times=M][:volume=ID].
+    /// Never answer RPC (repeatable): `RPC[:after=N][:times=M][:volume=ID]`.
     #[arg(long = "hang", value_name = "SPEC", value_parser = FaultSpec::parse_hang)]
     hangs: Vec<FaultSpec>,
     /// Serve a control socket, unix:///absolute/path.sock: one command per line (fault,
