@@ -141,17 +141,63 @@ pub struct Book {
 
 #[derive(Debug)]
 enum Backend {
-    File {
-        path: PathBuf,
-        /// The entries as last written. Locked only to copy or replace the map, never across
-        /// a write: a reader does not wait on the disk.
-        entries: Mutex<BTreeMap<VolumeId, BookEntry>>,
-        /// Held by one change at a time, across its write (up to the state files' write
-        /// timeout on a stalled disk); waited for asynchronously.
-        writer: tokio::sync::Mutex<()>,
-    },
+    File(FileBook),
     #[cfg(feature = "etcd")]
     Cluster(super::cluster::ClusterBook),
+}
+
+/// The book on this node, in `volumes.json`.
+#[derive(Debug)]
+struct FileBook {
+    path: PathBuf,
+    /// The entries as last written. Locked only to copy or replace the map, never across a
+    /// write: a reader does not wait on the disk.
+    entries: Mutex<BTreeMap<VolumeId, BookEntry>>,
+    /// Held by one change at a time, across its write (up to the state files' write timeout
+    /// on a stalled disk); waited for asynchronously.
+    writer: tokio::sync::Mutex<()>,
+}
+
+impl FileBook {
+    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<VolumeId, BookEntry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One change: `change` edits a copy of the entries and says whether it changed anything;
+    /// a changed copy is written, and only then replaces the entries. Changes take turns;
+    /// readers keep seeing the last written entries meanwhile.
+    async fn change<R>(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<VolumeId, BookEntry>) -> (R, bool),
+    ) -> Result<R, BookError> {
+        let _turn = self.writer.lock().await;
+        let mut next = self.entries().clone();
+        let (answer, changed) = change(&mut next);
+        if changed {
+            save_json_private(&self.path, &next.values().collect::<Vec<_>>())?;
+            *self.entries() = next;
+        }
+        Ok(answer)
+    }
+
+    /// Changes the entry of `id` (its id stays): the entry before and after, `None` when the
+    /// volume is not registered.
+    async fn change_entry(
+        &self,
+        id: &VolumeId,
+        change: impl FnOnce(&mut BookEntry),
+    ) -> Result<Option<(BookEntry, BookEntry)>, BookError> {
+        self.change(|map| {
+            let Some(entry) = map.get_mut(id) else {
+                return (None, false);
+            };
+            let before = entry.clone();
+            change(entry);
+            entry.id = id.clone();
+            (Some((before, entry.clone())), true)
+        })
+        .await
+    }
 }
 
 impl Book {
@@ -175,11 +221,11 @@ impl Book {
         let list: Vec<BookEntry> = load_json(&path)?.unwrap_or_default();
         let entries = Mutex::new(list.into_iter().map(|e| (e.id.clone(), e)).collect());
         Ok(Self {
-            backend: Backend::File {
+            backend: Backend::File(FileBook {
                 path,
                 entries,
                 writer: tokio::sync::Mutex::new(()),
-            },
+            }),
         })
     }
 
@@ -191,36 +237,10 @@ impl Book {
         }
     }
 
-    fn lock(
-        entries: &Mutex<BTreeMap<VolumeId, BookEntry>>,
-    ) -> std::sync::MutexGuard<'_, BTreeMap<VolumeId, BookEntry>> {
-        entries.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// One change of the file-backed book: `change` edits a copy of the entries and says
-    /// whether it changed anything; a changed copy is written, and only then replaces the
-    /// entries. Changes take turns on `writer`; readers keep seeing the last written entries
-    /// meanwhile.
-    async fn change_file<R>(
-        path: &Path,
-        entries: &Mutex<BTreeMap<VolumeId, BookEntry>>,
-        writer: &tokio::sync::Mutex<()>,
-        change: impl FnOnce(&mut BTreeMap<VolumeId, BookEntry>) -> (R, bool),
-    ) -> Result<R, BookError> {
-        let _turn = writer.lock().await;
-        let mut next = Self::lock(entries).clone();
-        let (answer, changed) = change(&mut next);
-        if changed {
-            save_json_private(path, &next.values().collect::<Vec<_>>())?;
-            *Self::lock(entries) = next;
-        }
-        Ok(answer)
-    }
-
     /// One volume.
     pub fn get(&self, id: &VolumeId) -> Option<BookEntry> {
         match &self.backend {
-            Backend::File { entries, .. } => Self::lock(entries).get(id).cloned(),
+            Backend::File(file) => file.entries().get(id).cloned(),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.get(id),
         }
@@ -229,7 +249,7 @@ impl Book {
     /// Every volume, by id.
     pub fn list(&self) -> Vec<BookEntry> {
         match &self.backend {
-            Backend::File { entries, .. } => Self::lock(entries).values().cloned().collect(),
+            Backend::File(file) => file.entries().values().cloned().collect(),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.list(),
         }
@@ -242,12 +262,8 @@ impl Book {
     /// When the change cannot be written (nothing changes).
     pub async fn insert(&self, entry: BookEntry) -> Result<bool, BookError> {
         match &self.backend {
-            Backend::File {
-                path,
-                entries,
-                writer,
-            } => {
-                Self::change_file(path, entries, writer, |map| {
+            Backend::File(file) => {
+                file.change(|map| {
                     let free = !map.contains_key(&entry.id);
                     if free {
                         map.insert(entry.id.clone(), entry);
@@ -268,12 +284,8 @@ impl Book {
     /// When the change cannot be written, or (cluster mode) the store holds claims of it.
     pub async fn remove(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File {
-                path,
-                entries,
-                writer,
-            } => {
-                Self::change_file(path, entries, writer, |map| {
+            Backend::File(file) => {
+                file.change(|map| {
                     let removed = map.remove(id);
                     let changed = removed.is_some();
                     (removed, changed)
@@ -297,21 +309,7 @@ impl Book {
         change: impl Fn(&mut BookEntry),
     ) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File {
-                path,
-                entries,
-                writer,
-            } => {
-                Self::change_file(path, entries, writer, |map| {
-                    let Some(entry) = map.get_mut(id) else {
-                        return (None, false);
-                    };
-                    change(entry);
-                    entry.id = id.clone();
-                    (Some(entry.clone()), true)
-                })
-                .await
-            }
+            Backend::File(file) => Ok(file.change_entry(id, change).await?.map(|(_, after)| after)),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.update(id, change).await,
         }
@@ -326,7 +324,7 @@ impl Book {
     /// When the change cannot be written (nothing changes).
     pub async fn forget(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File { .. } => self.remove(id).await,
+            Backend::File(_) => self.remove(id).await,
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.remove_forced(id).await,
         }
@@ -341,21 +339,10 @@ impl Book {
     /// be written.
     pub async fn mark_deleting(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File {
-                path,
-                entries,
-                writer,
-            } => {
-                Self::change_file(path, entries, writer, |map| {
-                    let Some(entry) = map.get_mut(id) else {
-                        return (None, false);
-                    };
-                    let before = entry.clone();
-                    entry.deleting = true;
-                    (Some(before), true)
-                })
-                .await
-            }
+            Backend::File(file) => Ok(file
+                .change_entry(id, |entry| entry.deleting = true)
+                .await?
+                .map(|(before, _)| before)),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.mark_deleting(id).await,
         }
@@ -369,7 +356,7 @@ impl Book {
     /// When the cluster store cannot be read.
     pub async fn confirm(&self, id: &VolumeId) -> Result<Option<BookEntry>, BookError> {
         match &self.backend {
-            Backend::File { .. } => Ok(self.get(id)),
+            Backend::File(_) => Ok(self.get(id)),
             #[cfg(feature = "etcd")]
             Backend::Cluster(book) => book.confirm(id).await,
         }
