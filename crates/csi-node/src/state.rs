@@ -364,6 +364,7 @@ fn write_bytes(path: &Path, bytes: &[u8], mode: Option<u32>) -> Result<(), State
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_testkit::disk::StalledFile;
 
     #[test]
     fn round_trip_missing_and_damaged() {
@@ -430,31 +431,14 @@ mod tests {
         assert!(failing_here(dir.path()).is_empty());
     }
 
-    /// Puts a FIFO where `p`'s temporary file goes: opening it for writing blocks until a
-    /// reader comes, as a write to a stalled disk blocks until the disk answers.
-    fn stall(p: &Path) {
-        let tmp = p.with_extension("json.tmp");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&tmp)
-            .status()
-            .expect("test invariant: mkfifo runs");
-        assert!(
-            made.success(),
-            "test invariant: mkfifo made {}",
-            tmp.display()
-        );
+    /// Stalls the next write of `p`: a FIFO where its temporary file goes.
+    fn stall(p: &Path) -> StalledFile {
+        StalledFile::at(&p.with_extension("json.tmp")).expect("test invariant: a FIFO")
     }
 
-    /// The "disk" answers: reads what the stuck write of `p` wrote, waits for the write to
-    /// end, and removes the FIFO.
-    fn unstall(p: &Path) -> Vec<u8> {
-        use std::io::Read as _;
-        let tmp = p.with_extension("json.tmp");
-        let mut taken = Vec::new();
-        std::fs::File::open(&tmp)
-            .expect("open the FIFO")
-            .read_to_end(&mut taken)
-            .expect("read the FIFO");
+    /// The "disk" answers: what the stuck write of `p` wrote, once that write has ended.
+    fn unstall(stalled: StalledFile, p: &Path) -> Vec<u8> {
+        let taken = stalled.answer().expect("the FIFO reads");
         let deadline = Instant::now() + Duration::from_secs(30);
         while files().writing.contains_key(p) {
             assert!(
@@ -463,7 +447,6 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        std::fs::remove_file(&tmp).expect("rm FIFO");
         taken
     }
 
@@ -472,7 +455,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let p = dir.path().join("usage.json");
         save_json(&p, &1u32).expect("write");
-        stall(&p);
+        let stalled = stall(&p);
 
         let err = save_within(&p, &2u32, None, Duration::from_millis(200)).expect_err("hangs");
         assert!(matches!(err, StateFileError::TimedOut { .. }), "{err}");
@@ -499,7 +482,7 @@ mod tests {
 
         // The "disk" answers: the stuck write goes on (and fails, a FIFO cannot be synced).
         assert_eq!(
-            unstall(&p),
+            unstall(stalled, &p),
             b"2",
             "the stuck write carried the value it was given"
         );
@@ -513,7 +496,7 @@ mod tests {
     fn a_hanging_write_on_a_runtime_worker_lets_the_other_tasks_run() {
         let dir = tempfile::tempdir().expect("temp dir");
         let p = dir.path().join("book.json");
-        stall(&p);
+        let stalled = stall(&p);
 
         // One worker: without handing its tasks on, the other task could run only after the
         // write is given up.
@@ -539,6 +522,6 @@ mod tests {
         assert!(ran_meanwhile, "the other task waited for the stalled write");
 
         // Let the stuck write end, so no thread outlives the test's files.
-        unstall(&p);
+        unstall(stalled, &p);
     }
 }

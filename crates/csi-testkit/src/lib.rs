@@ -55,6 +55,8 @@
 //!   [`fault_spec`]: the same written as text (`csi-mock-plugin --fault`);
 //!   [`control`]: a control socket to change faults and read the call log at run time.
 //! - [`calls`]: the call log ([`Calls`], [`CallRecord`], [`CallList`]).
+//! - [`disk`]: [`disk::StalledFile`], a disk that stops answering for the code under test's
+//!   own files (a FIFO where it will write).
 //! - [`server`]: [`MockServer`], started by [`MockPlugin::serve_unix`] or
 //!   [`MockPlugin::serve_in_memory`]; [`transport`]: client connectors.
 //! - `state`, `services`, `dispatch`, `validate`, `metadata`: the model, the five services,
@@ -65,6 +67,7 @@ pub mod capabilities;
 pub mod config;
 pub mod conformance;
 pub mod control;
+pub mod disk;
 mod dispatch;
 pub mod endpoint;
 pub mod error;

@@ -366,6 +366,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_testkit::disk::StalledFile;
     use std::time::{Duration, Instant};
 
     fn entry(id: &str) -> BookEntry {
@@ -407,12 +408,7 @@ mod tests {
 
         // The disk stops answering: the next write's temporary file is a FIFO nobody reads.
         let path = dir.path().join("volumes.json");
-        let tmp = path.with_extension("json.tmp");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&tmp)
-            .status()
-            .expect("test invariant: mkfifo runs");
-        assert!(made.success(), "test invariant: mkfifo made the FIFO");
+        let stalled = StalledFile::at(&path.with_extension("json.tmp")).expect("a FIFO");
         let insert = tokio::spawn({
             let book = book.clone();
             async move { book.insert(entry("b")).await }
@@ -435,17 +431,10 @@ mod tests {
         // The disk answers: the write goes on and fails (a FIFO cannot be synced) rather than
         // having been given up, unless this machine froze for the whole write timeout. The
         // book keeps what was last written, and the next change is written whole.
-        tokio::task::spawn_blocking(move || {
-            use std::io::Read as _;
-            let mut taken = Vec::new();
-            std::fs::File::open(&tmp)
-                .expect("open the FIFO")
-                .read_to_end(&mut taken)
-                .expect("read the FIFO");
-            std::fs::remove_file(&tmp).expect("rm FIFO");
-        })
-        .await
-        .expect("the disk task");
+        tokio::task::spawn_blocking(move || stalled.answer())
+            .await
+            .expect("the disk task")
+            .expect("the FIFO reads");
         let outcome = insert.await.expect("the insert task");
         assert!(
             matches!(outcome, Err(BookError::State(StateFileError::Io { .. }))),

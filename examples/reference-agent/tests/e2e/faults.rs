@@ -16,6 +16,7 @@ use csi_agent::ops::api::{
     AgentInfo, ApiError, ClaimVolume, CreateVolume, RegisterVolume, StatusView, VolumeView,
 };
 use csi_agent::ops::client::{self, ClientError};
+use csi_testkit::disk::StalledFile;
 use csi_testkit::{MockPlugin, MockServer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -278,16 +279,7 @@ async fn a_state_file_write_that_hangs_is_given_up_and_the_agent_recovers_when_t
     // A FIFO where the book's temporary file goes: opening it for writing blocks until a
     // reader comes, as a write to a stalled disk blocks until the disk answers.
     let book = data.join("volumes.json");
-    let tmp = book.with_extension("json.tmp");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&tmp)
-        .status()
-        .expect("test invariant: mkfifo runs");
-    assert!(
-        made.success(),
-        "test invariant: mkfifo made {}",
-        tmp.display()
-    );
+    let stalled = StalledFile::at(&book.with_extension("json.tmp")).expect("a FIFO");
 
     // The write is given up (after csi-node's WRITE_TIMEOUT): 503, ours, naming the file.
     let refused = api::<_, VolumeView>(
@@ -316,8 +308,7 @@ async fn a_state_file_write_that_hangs_is_given_up_and_the_agent_recovers_when_t
     );
 
     // The disk answers: the stuck write goes on (and fails: a FIFO cannot be synced).
-    let reader = tmp.clone();
-    let taken = tokio::task::spawn_blocking(move || std::fs::read(reader))
+    let taken = tokio::task::spawn_blocking(move || stalled.answer())
         .await
         .expect("the reader ran")
         .expect("the FIFO reads");
@@ -325,7 +316,6 @@ async fn a_state_file_write_that_hangs_is_given_up_and_the_agent_recovers_when_t
         String::from_utf8_lossy(&taken).contains("ext-1"),
         "the stuck write carried the first registration"
     );
-    std::fs::remove_file(&tmp).expect("rm FIFO");
     let registered = eventually("registering works again", async || {
         api::<_, VolumeView>(
             &data,
