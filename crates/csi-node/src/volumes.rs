@@ -257,7 +257,10 @@ struct Inner {
     layout: Layout,
     file: PathBuf,
     plugins: Arc<dyn NodePlugins>,
+    /// The usage records as last written.
     usage: Mutex<UsageFile>,
+    /// Held by one change of the records at a time, across its write.
+    writer: tokio::sync::Mutex<()>,
     ops: Ops,
     events: broadcast::Sender<VolumeEvent>,
 }
@@ -306,6 +309,7 @@ impl VolumeManager {
                 file,
                 plugins,
                 usage: Mutex::new(usage),
+                writer: tokio::sync::Mutex::new(()),
                 ops: Ops::default(),
                 events,
             }),
@@ -324,38 +328,40 @@ impl VolumeManager {
     }
 
     /// Changes the records and writes them before returning; when the write fails nothing
-    /// changed.
-    fn change<T>(
+    /// changed. Changes take turns (on `writer`, across the write); the records' own lock is
+    /// held only to copy or replace them, so a reader never waits on the disk.
+    async fn change<T>(
         &self,
         volume: &VolumeId,
         f: impl FnOnce(&mut BTreeMap<String, VolumeEntry>) -> T,
     ) -> Result<T, VolumeError> {
-        let mut usage = self
-            .inner
-            .usage
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut next = UsageFile {
-            version: usage.version,
-            volumes: usage.volumes.clone(),
+        let _turn = self.inner.writer.lock().await;
+        let mut next = {
+            let usage = self.usage();
+            UsageFile {
+                version: usage.version,
+                volumes: usage.volumes.clone(),
+            }
         };
         let out = f(&mut next.volumes);
         save_json(&self.inner.file, &next).map_err(|source| VolumeError::Usage {
             volume: volume.clone(),
             source: Arc::new(source),
         })?;
-        *usage = next;
+        *self.usage() = next;
         Ok(out)
     }
 
-    fn entry(&self, key: &str) -> Option<VolumeEntry> {
+    /// The records as last written (locked briefly: never across a write).
+    fn usage(&self) -> std::sync::MutexGuard<'_, UsageFile> {
         self.inner
             .usage
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .volumes
-            .get(key)
-            .cloned()
+    }
+
+    fn entry(&self, key: &str) -> Option<VolumeEntry> {
+        self.usage().volumes.get(key).cloned()
     }
 
     fn emit(&self, event: VolumeEvent) {
@@ -403,48 +409,51 @@ impl VolumeManager {
         // path; later ones (another workload, read or write) join it and use the path recorded
         // there, which is where the volume is staged. The user is recorded before anything
         // is staged or published.
-        let (staging, stage_state, target, was_published) = self.change(&req.volume, |vols| {
-            let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
-                plugin: req.plugin.to_string(),
-                volume: req.volume.to_string(),
-                external_id: req.external_id.to_string(),
-                staging: None,
-                stage: None,
-                users: BTreeMap::new(),
-                legacy_stagings: Vec::new(),
-                publish_context: None,
-            });
-            if entry.publish_context.is_none() {
-                entry.publish_context = Some(req.publish_context.clone());
-            }
-            if stages && entry.staging.is_none() {
-                entry.staging = Some(staging_path.clone());
-            }
-            let was_published = entry
-                .users
-                .get(req.workload.as_str())
-                .is_some_and(|u| u.publish == StepState::Done);
-            let user = entry
-                .users
-                .entry(req.workload.to_string())
-                .or_insert_with(|| UserEntry {
-                    target: target.clone(),
-                    publish: StepState::Started,
+        let (staging, stage_state, target, was_published) = self
+            .change(&req.volume, |vols| {
+                let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
+                    plugin: req.plugin.to_string(),
+                    volume: req.volume.to_string(),
+                    external_id: req.external_id.to_string(),
+                    staging: None,
+                    stage: None,
+                    users: BTreeMap::new(),
+                    legacy_stagings: Vec::new(),
+                    publish_context: None,
                 });
-            (
-                entry.staging.clone().filter(|_| stages),
-                entry.stage,
-                user.target.clone(),
-                was_published,
-            )
-        })?;
+                if entry.publish_context.is_none() {
+                    entry.publish_context = Some(req.publish_context.clone());
+                }
+                if stages && entry.staging.is_none() {
+                    entry.staging = Some(staging_path.clone());
+                }
+                let was_published = entry
+                    .users
+                    .get(req.workload.as_str())
+                    .is_some_and(|u| u.publish == StepState::Done);
+                let user = entry
+                    .users
+                    .entry(req.workload.to_string())
+                    .or_insert_with(|| UserEntry {
+                        target: target.clone(),
+                        publish: StepState::Started,
+                    });
+                (
+                    entry.staging.clone().filter(|_| stages),
+                    entry.stage,
+                    user.target.clone(),
+                    was_published,
+                )
+            })
+            .await?;
         let mounted = async {
             if let Some(staging) = &staging
                 && stage_state != Some(StepState::Done)
             {
                 let staging_text = layout.for_plugin(staging)?;
                 self.create_dir(staging, &req.volume)?;
-                self.set_stage(&req.volume, &key, StepState::Started)?;
+                self.set_stage(&req.volume, &key, StepState::Started)
+                    .await?;
                 let secrets = req.secrets.for_use(SecretsUse::NodeStage);
                 let result = plugin
                     .client
@@ -458,7 +467,8 @@ impl VolumeManager {
                         secrets: &secrets,
                     })
                     .await;
-                self.set_stage(&req.volume, &key, step_state(&result))?;
+                self.set_stage(&req.volume, &key, step_state(&result))
+                    .await?;
                 result.map_err(|e| call("NodeStageVolume", e))?;
             }
             if let Some(parent) = target.parent() {
@@ -491,7 +501,8 @@ impl VolumeManager {
                 {
                     u.publish = state;
                 }
-            })?;
+            })
+            .await?;
             result.map_err(|e| call("NodePublishVolume", e))?;
             Ok(target)
         }
@@ -540,12 +551,18 @@ impl VolumeManager {
         }
     }
 
-    fn set_stage(&self, volume: &VolumeId, key: &str, state: StepState) -> Result<(), VolumeError> {
+    async fn set_stage(
+        &self,
+        volume: &VolumeId,
+        key: &str,
+        state: StepState,
+    ) -> Result<(), VolumeError> {
         self.change(volume, |v| {
             if let Some(e) = v.get_mut(key) {
                 e.stage = Some(state);
             }
         })
+        .await
     }
 
     fn create_dir(&self, path: &Path, volume: &VolumeId) -> Result<(), VolumeError> {
@@ -625,7 +642,8 @@ impl VolumeManager {
                 if let Some(e) = v.get_mut(&key) {
                     e.users.remove(req.workload.as_str());
                 }
-            })?;
+            })
+            .await?;
         }
         let unstaged = self.unstage_if_unused(&key, req).await?;
         Ok(Unmounted {
@@ -656,7 +674,8 @@ impl VolumeManager {
                 if let Some(e) = v.get_mut(key) {
                     e.legacy_stagings.retain(|l| l.path != legacy.path);
                 }
-            })?;
+            })
+            .await?;
         }
         if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
             self.unstage(req, staging).await?;
@@ -666,7 +685,8 @@ impl VolumeManager {
             if v.get(key).is_some_and(|e| e.users.is_empty()) {
                 v.remove(key);
             }
-        })?;
+        })
+        .await?;
         Ok(unstaged)
     }
 
@@ -832,11 +852,7 @@ impl VolumeManager {
 
     /// Where `workload` has `volume` published here (host path), if it does.
     pub fn published(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<PathBuf> {
-        let usage = self
-            .inner
-            .usage
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let usage = self.usage();
         usage
             .volumes
             .values()
@@ -846,11 +862,7 @@ impl VolumeManager {
 
     /// Every usage record: one per volume (and plugin) staged or published here.
     pub fn records(&self) -> Vec<VolumeEntry> {
-        let usage = self
-            .inner
-            .usage
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let usage = self.usage();
         usage.volumes.values().cloned().collect()
     }
 

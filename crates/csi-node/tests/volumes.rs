@@ -20,6 +20,7 @@ use csi_structs::{
     AccessMode, CapacityRange, ExternalVolumeId, MountOptions, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, VolumeSecrets, WorkloadId,
 };
+use csi_testkit::disk::StalledFile;
 use csi_testkit::{FaultStep, MockPlugin};
 use support::{GUARD, Plugin, mock_plugin};
 
@@ -833,4 +834,88 @@ async fn a_failed_mount_undoes_what_it_may_have_done() {
         .expect_err("uncertain");
     assert_eq!(count(Rpc::NodeUnpublishVolume), unpublishes);
     assert_eq!(node.mock.published().len(), 1);
+}
+
+/// Whether a write of `file` is under way in this process; waits (at most a minute, off the
+/// runtime) until that is `under_way`.
+async fn until_write_of(file: &Path, under_way: bool) {
+    let file = file.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while csi_node::state::writes_under_way()
+            .iter()
+            .any(|(p, _)| *p == file)
+            != under_way
+        {
+            assert!(std::time::Instant::now() < deadline, "hang guard: {file:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .await
+    .expect("the waiting task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_of_the_usage_records_do_not_wait_for_a_stalled_write() {
+    let node = node().await;
+    let volumes = node.manager();
+    let db = node.volume("db").await;
+    let logs = node.volume("logs").await;
+    volumes
+        .mount(&node.mount(&db, "w1"))
+        .await
+        .expect("w1 mounted");
+
+    // The disk stops answering as logs' mount records its user.
+    let file = node.dir.path().join("node").join("usage.json");
+    let stalled = StalledFile::at(&file.with_extension("json.tmp")).expect("a FIFO");
+    let mount = tokio::spawn({
+        let volumes = volumes.clone();
+        let request = node.mount(&logs, "w2");
+        async move { volumes.mount(&request).await }
+    });
+    until_write_of(&file, true).await;
+
+    // Had the readers waited for the write, they would have answered only once it was given
+    // up (after the state files' write timeout).
+    let records = volumes.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].volume, "db");
+    let w1 = WorkloadId::new("w1").expect("id");
+    let w2 = WorkloadId::new("w2").expect("id");
+    assert!(volumes.published(&db.0, &w1).is_some());
+    assert!(volumes.published(&logs.0, &w2).is_none());
+    assert!(volumes.publish_context(&node.id, &db.0).is_some());
+
+    // The disk answers: the write fails (a FIFO cannot be synced) rather than having been
+    // given up, unless this machine froze for the whole write timeout. Nothing was staged.
+    tokio::task::spawn_blocking(move || stalled.answer())
+        .await
+        .expect("the disk task")
+        .expect("the FIFO reads");
+    let err = mount
+        .await
+        .expect("the mount task")
+        .expect_err("the user could not be recorded");
+    assert!(
+        matches!(&err, VolumeError::Usage { source, .. } if matches!(**source, StateFileError::Io { .. })),
+        "the write was given up while the readers waited: {err:?}"
+    );
+    assert!(
+        node.mock
+            .calls()
+            .all()
+            .iter()
+            .all(|c| c.rpc != Rpc::NodeStageVolume
+                || c.volume_id.as_deref() != Some(logs.1.as_str())),
+        "logs was staged without its record"
+    );
+
+    // The disk works again: so does the mount.
+    until_write_of(&file, false).await;
+    volumes
+        .mount(&node.mount(&logs, "w2"))
+        .await
+        .expect("w2 mounted");
+    assert_eq!(volumes.records().len(), 2);
 }

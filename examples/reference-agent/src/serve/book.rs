@@ -388,14 +388,16 @@ mod tests {
         }
     }
 
-    /// Waits (at most a minute) until a write of `path` is under way in this process.
-    fn wait_for_write_of(path: &Path) {
+    /// Waits (at most a minute) until whether a write of `path` is under way in this process
+    /// is `under_way`.
+    fn until_write_of(path: &Path, under_way: bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !csi_node::state::writes_under_way()
+        while csi_node::state::writes_under_way()
             .iter()
             .any(|(p, _)| p == path)
+            != under_way
         {
-            assert!(Instant::now() < deadline, "hang guard: the write started");
+            assert!(Instant::now() < deadline, "hang guard: {path:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -415,7 +417,7 @@ mod tests {
         });
         tokio::task::spawn_blocking({
             let path = path.clone();
-            move || wait_for_write_of(&path)
+            move || until_write_of(&path, true)
         })
         .await
         .expect("the waiting task");
@@ -441,21 +443,9 @@ mod tests {
             "the insert was given up while the readers waited: {outcome:?}"
         );
         assert_eq!(book.list(), vec![entry("a")]);
-        wait_for_no_write_of(&path);
+        until_write_of(&path, false);
         assert!(book.insert(entry("b")).await.expect("write"));
         let reopened = Book::open(dir.path()).expect("reopen");
         assert_eq!(reopened.list(), vec![entry("a"), entry("b")]);
-    }
-
-    /// Waits (at most a minute) until no write of `path` is under way in this process.
-    fn wait_for_no_write_of(path: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while csi_node::state::writes_under_way()
-            .iter()
-            .any(|(p, _)| p == path)
-        {
-            assert!(Instant::now() < deadline, "hang guard: the write ended");
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }
