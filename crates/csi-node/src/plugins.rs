@@ -194,6 +194,7 @@ impl PluginManagerBuilder {
                     current: BTreeMap::new(),
                     fingerprints: BTreeMap::new(),
                 }),
+                writer: Mutex::new(()),
                 events: Events::new(self.observers, self.event_capacity),
                 changed: watch::Sender::new(0),
             }),
@@ -237,7 +238,11 @@ struct Inner {
     config: PluginManagerConfig,
     customize: Option<ClientCustomizer>,
     state_file: Option<PathBuf>,
+    /// Locked only to read or change the registrations, never across a write of the state
+    /// file: a reader does not wait on the disk.
     state: Mutex<State>,
+    /// Held by one registration or deregistration at a time, across its write.
+    writer: Mutex<()>,
     events: Events,
     /// Bumped after every change, for [`PluginManager::wait_for`].
     changed: watch::Sender<u64>,
@@ -246,6 +251,15 @@ struct Inner {
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The turn to change the registrations kept in the state file. It may be held for as
+    /// long as a stalled write (the state files' write timeout): on a runtime worker the wait
+    /// hands the worker's other tasks on, as the write itself does.
+    fn writer_turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        crate::state::wait_off_the_runtime(|| {
+            self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+        })
     }
 
     /// Changes the entry of `registration`, if it is still its plugin's current one, then
@@ -375,8 +389,17 @@ impl PluginManager {
         source: Source,
     ) -> Result<RegistrationId, StateFileError> {
         let registration = {
-            let mut state = self.inner.lock();
-            let registration = RegistrationId(state.next);
+            let _turn = self.inner.writer_turn();
+            let (registration, others) = {
+                let state = self.inner.lock();
+                let others: Vec<Kept> = state
+                    .current
+                    .values()
+                    .filter(|e| e.kept.plugin != plugin)
+                    .map(|e| e.kept.clone())
+                    .collect();
+                (RegistrationId(state.next), others)
+            };
             let kept = Kept {
                 plugin: plugin.clone(),
                 registration,
@@ -385,13 +408,9 @@ impl PluginManager {
             };
             // Written before anything changes: on failure the old registration stays.
             if let Some(path) = &self.inner.state_file {
-                let others = state.current.values().map(|e| &e.kept);
-                stored::save(
-                    path,
-                    registration.0 + 1,
-                    others.filter(|k| k.plugin != plugin).chain([&kept]),
-                )?;
+                stored::save(path, registration.0 + 1, others.iter().chain([&kept]))?;
             }
+            let mut state = self.inner.lock();
             state.next = registration.0 + 1;
             self.insert(&mut state, kept);
             registration
@@ -463,25 +482,38 @@ impl PluginManager {
     /// [`StateFileError`] when the state file cannot be written; nothing changed then.
     pub fn deregister(&self, registration: RegistrationId) -> Result<bool, StateFileError> {
         let gone = {
-            let mut state = self.inner.lock();
-            let Some(plugin) = state
-                .current
-                .iter()
-                .find(|(_, e)| e.kept.registration == registration)
-                .map(|(p, _)| p.clone())
-            else {
-                return Ok(false);
+            let _turn = self.inner.writer_turn();
+            let (plugin, next, rest) = {
+                let state = self.inner.lock();
+                let Some(plugin) = state
+                    .current
+                    .iter()
+                    .find(|(_, e)| e.kept.registration == registration)
+                    .map(|(p, _)| p.clone())
+                else {
+                    return Ok(false);
+                };
+                let rest: Vec<Kept> = state
+                    .current
+                    .values()
+                    .filter(|e| e.kept.plugin != plugin)
+                    .map(|e| e.kept.clone())
+                    .collect();
+                (plugin, state.next, rest)
             };
             if let Some(path) = &self.inner.state_file {
-                let rest = state.current.values().map(|e| &e.kept);
-                stored::save(path, state.next, rest.filter(|k| k.plugin != plugin))?;
+                stored::save(path, next, rest.iter())?;
             }
+            let mut state = self.inner.lock();
+            // Gone already only if the manager was shut down meanwhile (no events then).
             let entry = state.current.remove(&plugin);
-            self.inner.events.push(PluginEvent::Gone {
-                plugin,
-                registration,
-                why: GoneReason::Deregistered,
-            });
+            if entry.is_some() {
+                self.inner.events.push(PluginEvent::Gone {
+                    plugin,
+                    registration,
+                    why: GoneReason::Deregistered,
+                });
+            }
             entry
         };
         // The task is aborted outside the lock.

@@ -244,7 +244,7 @@ fn save<T: Serialize>(path: &Path, value: &T, mode: Option<u32>) -> Result<(), S
 /// plugin connection's, in one CI run: a health probe timed out and the plugin was taken for
 /// unhealthy). A current-thread runtime cannot lend its thread, and a plain thread has
 /// nothing to lend, so there the wait runs as it is.
-fn wait_off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
+pub(crate) fn wait_off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(wait)

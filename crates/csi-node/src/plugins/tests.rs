@@ -313,3 +313,72 @@ async fn a_plugins_two_clients_share_its_volumes_turns() {
     let _turn = ready.client.volume_turns().take(&volume).await;
     assert_eq!(detach.volume_turns().busy(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_do_not_wait_for_a_stalled_write_of_the_registrations() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_a, _sa) = mock(dir.path(), "a.sock", "a.csi.example", "1").await;
+    let file = dir.path().join("plugins.json");
+    let p = PluginId::new("p").expect("id");
+    let q = PluginId::new("q").expect("id");
+    let manager = PluginManager::builder(fast())
+        .state_file(&file)
+        .start()
+        .expect("starts");
+    manager
+        .register(p.clone(), endpoint(dir.path(), "a.sock"))
+        .expect("registered");
+    manager.wait_for(&p, guard()).await.expect("ready");
+
+    // The disk stops answering as q registers.
+    let stalled =
+        csi_testkit::disk::StalledFile::at(&file.with_extension("json.tmp")).expect("a FIFO");
+    let registering = tokio::task::spawn_blocking({
+        let manager = manager.clone();
+        let (q, endpoint) = (q.clone(), endpoint(dir.path(), "a.sock"));
+        move || manager.register(q, endpoint)
+    });
+    let under_way = tokio::task::spawn_blocking({
+        let file = file.clone();
+        move || {
+            let deadline = std::time::Instant::now() + GUARD;
+            while !crate::state::writes_under_way()
+                .iter()
+                .any(|(path, _)| *path == file)
+            {
+                assert!(std::time::Instant::now() < deadline, "hang guard");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    });
+    under_way.await.expect("the waiting task");
+
+    // Had the readers waited for the write, they would have answered only once it was given
+    // up (after the state files' write timeout).
+    assert!(manager.get(&p).is_some());
+    assert!(manager.status(&q).is_none());
+    let listed: Vec<_> = manager.list().into_iter().map(|s| s.plugin).collect();
+    assert_eq!(listed, std::slice::from_ref(&p));
+
+    // The disk answers: the write fails (a FIFO cannot be synced) rather than having been
+    // given up, unless this machine froze for the whole write timeout; nothing changed.
+    tokio::task::spawn_blocking(move || stalled.answer())
+        .await
+        .expect("the disk task")
+        .expect("the FIFO reads");
+    let err = registering
+        .await
+        .expect("the registering task")
+        .expect_err("the write failed");
+    assert!(
+        matches!(err, StateFileError::Io { .. }),
+        "the write was given up while the readers waited: {err}"
+    );
+    assert!(manager.status(&q).is_none());
+    let restarted = PluginManager::builder(fast())
+        .state_file(&file)
+        .start()
+        .expect("restarts");
+    assert!(restarted.status(&p).is_some());
+    assert!(restarted.status(&q).is_none());
+}
