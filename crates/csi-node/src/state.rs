@@ -15,6 +15,12 @@
 //! queue behind it: a later write finishing first and then being overwritten by the stale
 //! one would lose a change. The caller's in-memory state is the truth to write next time; the
 //! files are whole snapshots, so the next write that goes through repairs what a late one left.
+//! [`writes_under_way`] lists the writes in progress with their age.
+//!
+//! The plugin manager and the volume manager keep what they last wrote in memory and hold
+//! that memory's lock only to copy or replace it: their changes take turns on a lock of their
+//! own, held across the write, so a reader (a status page, a lookup before a call) never waits
+//! on the disk.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
