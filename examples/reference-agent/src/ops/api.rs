@@ -82,6 +82,10 @@ pub struct AgentInfo {
     pub pid: u32,
 }
 
+/// The longest [`ApiError::error`] the agent sends, in bytes: a longer message (one quoting a
+/// long path or id, say) is cut and says how long it was.
+pub const MAX_ERROR_BYTES: usize = 2048;
+
 /// An error answer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ApiError {
@@ -92,7 +96,7 @@ pub struct ApiError {
     /// known to be healthy), `invalid_request` or `agent`. The agent's own failures are
     /// `store` (the claim store) and `local_io` (a file under its data directory).
     pub kind: String,
-    /// What went wrong, for people.
+    /// What went wrong, for people; at most [`MAX_ERROR_BYTES`].
     pub error: String,
     /// The error class when a plugin call failed (`retry`, `fatal`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,10 +54,26 @@ fn error(status: u16, kind: &str, message: String, class: Option<&str>) -> Answe
         status,
         &api::ApiError {
             kind: kind.to_owned(),
-            error: message,
+            error: bounded(message),
             class: class.map(str::to_owned),
         },
     )
+}
+
+/// `message`, cut to at most [`api::MAX_ERROR_BYTES`] on a character boundary and saying how
+/// long it was. A message may quote what the caller sent (a path, an id), which has no limit.
+fn bounded(mut message: String) -> String {
+    if message.len() <= api::MAX_ERROR_BYTES {
+        return message;
+    }
+    let suffix = format!("… ({} bytes in all)", message.len());
+    let mut cut = api::MAX_ERROR_BYTES - suffix.len();
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message.truncate(cut);
+    message.push_str(&suffix);
+    message
 }
 
 fn agent_error(e: &AgentError) -> Answer {
@@ -341,6 +357,30 @@ mod tests {
         let ok: api::ClaimVolume =
             parse_body(br#"{"workload":"w","mode":"read"}"#).expect("a good body");
         assert_eq!(ok.workload, "w");
+    }
+
+    /// Found by campaign `api` (seed 10): `GET /v1/plugins/<2,114 bytes>` quoted the whole id.
+    #[test]
+    fn an_error_message_is_cut_to_the_limit_saying_how_long_it_was() {
+        let short = "no plugin \"p\"".to_owned();
+        assert_eq!(bounded(short.clone()), short);
+        let exact = "x".repeat(api::MAX_ERROR_BYTES);
+        assert_eq!(bounded(exact.clone()), exact);
+
+        for filler in ["v", "é", "🦀"] {
+            let long = format!("no plugin {:?}", filler.repeat(3000));
+            let total = long.len();
+            let cut = bounded(long.clone());
+            assert!(cut.len() <= api::MAX_ERROR_BYTES, "{} bytes", cut.len());
+            assert!(cut.ends_with(&format!("({total} bytes in all)")), "{cut}");
+            let kept = cut.split("… (").next().expect("a prefix");
+            assert!(long.starts_with(kept), "a prefix of the message is kept");
+            assert!(
+                kept.len() > api::MAX_ERROR_BYTES - 40,
+                "{} bytes kept",
+                kept.len()
+            );
+        }
     }
 
     #[test]
