@@ -42,6 +42,10 @@ type Opener = dyn Fn() -> Result<Database, redb::DatabaseError> + Send + Sync;
 /// works again without a restart. A write that failed may or may not have been committed:
 /// read the record again before relying on it (the claim driver does).
 ///
+/// redb panics on some damaged files instead of reporting them, on open and on a read. The
+/// store catches that panic and answers it as a damaged file ([`StoreError::Redb`] naming it),
+/// and closes the database the same way.
+///
 /// ```
 /// use csi_claims::store::{ClaimStore, RedbStore};
 ///
@@ -108,6 +112,12 @@ fn reopen_delay(attempts: u32) -> Duration {
 /// Whether redb latched an I/O failure: the database must be closed and opened again.
 fn is_io_failure(e: &redb::Error) -> bool {
     matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
+}
+
+/// Whether `e` is [`RedbStore::with_database`]'s answer to a panic inside redb: the database
+/// is closed too, since a panic may have left its state in memory half changed.
+fn is_panic(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Corrupted(reason) if reason == PANICKED)
 }
 
 impl RedbStore {
@@ -295,23 +305,37 @@ impl RedbStore {
         }
     }
 
-    /// Runs `call` on the open database; an I/O failure closes it (see the type's docs).
+    /// Runs `call` on the open database; an I/O failure closes it (see the type's docs), and
+    /// so does a panic inside redb, which some damaged files cause on a read as well as on
+    /// open: it is answered as a damaged file, naming it.
     fn with_database<T>(
         &self,
         call: impl FnOnce(&Database) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let db = self.database_now()?;
-        let result = call(&db);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(&db)))
+            .unwrap_or_else(|_| {
+                Err(StoreError::Redb {
+                    store: self.inner.name.clone(),
+                    operation: "read or write the file",
+                    source: Box::new(redb::Error::Corrupted(PANICKED.to_owned())),
+                })
+            });
         if let Err(StoreError::Redb { source, .. }) = &result
-            && is_io_failure(source)
+            && (is_io_failure(source) || is_panic(source))
         {
             let mut health = self.inner.health();
             if let Health::Open(current) = &*health
                 && Arc::ptr_eq(current, &db)
             {
-                let reason = format!("closed after an I/O error: {source}");
+                let what = if is_panic(source) {
+                    "a damaged file"
+                } else {
+                    "an I/O error"
+                };
+                let reason = format!("closed after {what}: {source}");
                 tracing::warn!(store = %self.inner.name, error = %source,
-                    "claim store closed after an I/O error; every call fails at once until \
+                    "claim store closed after {what}; every call fails at once until \
                      it is opened again (first attempt in {} ms, then with backoff)",
                     REOPEN_FIRST_DELAY.as_millis());
                 *health = Health::Closed {
@@ -583,5 +607,30 @@ mod tests {
         assert_eq!(reopen_delay(1), REOPEN_FIRST_DELAY * 2);
         assert_eq!(reopen_delay(3), REOPEN_FIRST_DELAY * 8);
         assert_eq!(reopen_delay(40), REOPEN_MAX_DELAY);
+    }
+
+    /// Found by the crash campaign (seed 10, case 1414, release build): redb panicked while
+    /// iterating a damaged table, after the file had opened, and the load ended as "did not
+    /// finish" without naming the file.
+    #[tokio::test]
+    async fn a_panic_inside_redb_on_a_read_names_the_file_and_closes_the_store() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("claims.redb");
+        let store = RedbStore::open(&path).expect("opens");
+        let err = store
+            .with_database(|_| -> Result<(), StoreError> { panic!("as redb does on damage") })
+            .expect_err("a panic is an error");
+        let text = crate::error::error_chain(&err);
+        assert!(text.contains("claims.redb"), "{text}");
+        assert!(text.contains("damaged"), "{text}");
+        assert!(err.is_unavailable() && !err.is_permanent(), "{text}");
+        // Closed: the next call is refused at once, naming the file and why, until the wait
+        // before opening it again is over; then it opens again (the file is whole).
+        let refused = store.load_all().await.expect_err("closed");
+        let text = refused.to_string();
+        assert!(text.contains("claims.redb"), "{text}");
+        assert!(text.contains("closed after a damaged file"), "{text}");
+        tokio::time::sleep(REOPEN_FIRST_DELAY * 2).await;
+        assert_eq!(store.load_all().await.expect("opened again").len(), 0);
     }
 }
