@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
@@ -89,9 +90,9 @@ fn reply<T: Serialize>(r: Result<T, AgentError>) -> Answer {
 }
 
 /// Whether the request presents `expected` as its bearer token, compared in constant time.
-fn token_matches(req: &Request<Incoming>, expected: &str) -> bool {
-    let presented = req
-        .headers()
+fn token_matches(head: &Parts, expected: &str) -> bool {
+    let presented = head
+        .headers
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -99,8 +100,20 @@ fn token_matches(req: &Request<Incoming>, expected: &str) -> bool {
     csi_rpc_shim::auth::constant_time_eq(presented.as_bytes(), expected.as_bytes())
 }
 
-async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Answer> {
-    let bytes = Limited::new(req.into_body(), MAX_BODY_BYTES)
+/// The request's body, read once: by the route that takes one, else drained after the answer
+/// is made (see [`route`]).
+type Unread = Option<Incoming>;
+
+async fn body<T: DeserializeOwned>(unread: &mut Unread) -> Result<T, Answer> {
+    let Some(incoming) = unread.take() else {
+        return Err(error(
+            500,
+            "agent",
+            "the request body was read twice".into(),
+            None,
+        ));
+    };
+    let bytes = Limited::new(incoming, MAX_BODY_BYTES)
         .collect()
         .await
         .map_err(|e| {
@@ -133,9 +146,26 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
+/// Answers `req`. A body no route read (the request was refused first: a broken path, a
+/// wrong token, no such route) is read and dropped before the answer goes: a connection
+/// closed with unread bytes is reset, and the reset can take the answer with it, so the
+/// client would see its write fail instead of being told why. At most [`MAX_BODY_BYTES`] are
+/// read so, for at most [`HEADER_TIMEOUT`].
 async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -> Answer {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    let (head, incoming) = req.into_parts();
+    let mut unread = Some(incoming);
+    let answer = answer(&agent, &access, &head, &mut unread).await;
+    if let Some(incoming) = unread {
+        let drained = Limited::new(incoming, MAX_BODY_BYTES).collect();
+        // A body over the limit, or one that stops coming, is left: the connection closes.
+        let _ = tokio::time::timeout(HEADER_TIMEOUT, drained).await;
+    }
+    answer
+}
+
+async fn answer(agent: &Arc<Agent>, access: &Access, head: &Parts, unread: &mut Unread) -> Answer {
+    let method = head.method.clone();
+    let path = head.uri.path().to_owned();
     let Some(decoded) = path
         .trim_matches('/')
         .split('/')
@@ -160,7 +190,7 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
         let allowed = access
             .cluster_token
             .as_deref()
-            .is_some_and(|t| token_matches(&req, t));
+            .is_some_and(|t| token_matches(head, t));
         if !allowed {
             return error(
                 401,
@@ -180,7 +210,7 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
         }
         return error(404, "not_found", format!("no route {method} {path}"), None);
     }
-    if !token_matches(&req, &access.control_token) {
+    if !token_matches(head, &access.control_token) {
         return error(
             401,
             "unauthorized",
@@ -199,45 +229,45 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
         }
         (Method::GET, ["v1", "volumes"]) => json(200, &agent.volumes()),
         (Method::GET, ["v1", "volumes", id]) => reply(agent.volume(id)),
-        (Method::POST, ["v1", "volumes"]) => match body(req).await {
+        (Method::POST, ["v1", "volumes"]) => match body(unread).await {
             Ok(r) => reply(agent.register(r).await),
             Err(a) => a,
         },
-        (Method::POST, ["v1", "volumes", "create"]) => match body(req).await {
+        (Method::POST, ["v1", "volumes", "create"]) => match body(unread).await {
             Ok(r) => reply(agent.create(r).await),
             Err(a) => a,
         },
         (Method::POST, ["v1", "volumes", id, "claim"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.claim(&id, r).await),
                 Err(a) => a,
             }
         }
         (Method::POST, ["v1", "volumes", id, "release"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.release(&id, r).await),
                 Err(a) => a,
             }
         }
         (Method::POST, ["v1", "volumes", id, "expand"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.expand(&id, r).await),
                 Err(a) => a,
             }
         }
         (Method::POST, ["v1", "volumes", id, "detach"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.detach(&id, r).await),
                 Err(a) => a,
             }
         }
         (Method::POST, ["v1", "volumes", id, "deregister"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.deregister(&id, r).await),
                 Err(a) => a,
             }
@@ -246,7 +276,7 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
         (Method::GET, ["v1", "plugins", id, "volumes"]) => reply(agent.list_external(id).await),
         (Method::POST, ["v1", "volumes", id, "snapshots"]) => {
             let id = (*id).to_owned();
-            match body(req).await {
+            match body(unread).await {
                 Ok(r) => reply(agent.create_snapshot(&id, r).await),
                 Err(a) => a,
             }

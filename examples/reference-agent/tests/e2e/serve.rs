@@ -530,23 +530,34 @@ pub(crate) fn metrics(data: &Path) -> String {
     raw_get(data, "/metrics", None)
 }
 
-/// A plain HTTP `GET` of `path` on the agent's control address, with an optional bearer token.
-pub(crate) fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
-    use std::io::{Read as _, Write as _};
+/// A connection to the agent's control address, and the head of a request to it (`method`,
+/// `path`, the host and the bearer token if any) up to its own header lines.
+fn control_request(
+    data: &Path,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (std::net::TcpStream, String) {
     let info: csi_agent::ops::api::AgentInfo =
         serde_json::from_slice(&std::fs::read(data.join("agent.json")).expect("agent.json exists"))
             .expect("agent.json is valid");
-    let mut s = std::net::TcpStream::connect(&info.http).expect("the agent listens");
+    let s = std::net::TcpStream::connect(&info.http).expect("the agent listens");
     s.set_read_timeout(Some(GUARD)).expect("timeout set");
     let auth = token
         .map(|t| format!("authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: {}\r\n{auth}connection: close\r\n\r\n",
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {}\r\n{auth}connection: close\r\n",
         info.http
-    )
-    .expect("request sent");
+    );
+    (s, head)
+}
+
+/// A plain HTTP `GET` of `path` on the agent's control address, with an optional bearer token.
+pub(crate) fn raw_get(data: &Path, path: &str, token: Option<&str>) -> String {
+    use std::io::{Read as _, Write as _};
+    let (mut s, head) = control_request(data, "GET", path, token);
+    write!(s, "{head}\r\n").expect("request sent");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("answer read");
     out
@@ -1252,4 +1263,66 @@ async fn an_uncertain_create_is_undone_before_the_answer() {
     let v: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
     assert_eq!(mock.volumes().len(), 1);
     assert_eq!(v.id, "v1");
+}
+
+/// A `POST` of `body_len` bytes to `path` on the agent's control address, the body sent in two
+/// halves with a pause between: the answer as read, or why the exchange failed.
+fn raw_post_in_two_parts(
+    data: &Path,
+    path: &str,
+    token: Option<&str>,
+    body_len: usize,
+) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let (mut s, head) = control_request(data, "POST", path, token);
+    write!(
+        s,
+        "{head}content-type: application/json\r\ncontent-length: {body_len}\r\n\r\n"
+    )
+    .map_err(|e| format!("headers: {e}"))?;
+    // More than the agent reads with the headers: unread bytes wait in its socket.
+    let first = body_len / 2;
+    s.write_all(&vec![b' '; first])
+        .map_err(|e| format!("first part: {e}"))?;
+    // Time for an agent that answers without reading the body to answer and close.
+    std::thread::sleep(Duration::from_millis(200));
+    s.write_all(&vec![b' '; body_len - first])
+        .map_err(|e| format!("second part: {e}"))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("answer: {e}"))?;
+    Ok(out)
+}
+
+/// Found by campaign `api` (seeds 10 and 12): a request refused before its body was read (a
+/// broken percent escape in the path) got no answer. The agent closed the connection with the
+/// body unread, which resets it, and the client's write of the rest of its body failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_its_body_is_read_still_gets_its_answer() {
+    let mock = MockPlugin::builder().build().expect("mock");
+    let one = one_agent(&mock).await;
+    let token = std::fs::read_to_string(one.data.join("control.token")).expect("token written");
+    let token = token.trim().to_owned();
+    for (path, token, status) in [
+        ("/v1/volumes/%zz/claim", Some(token.clone()), "400"),
+        ("/v1/volumes/v1/claim", None, "401"),
+        ("/v1/nowhere", Some(token.clone()), "404"),
+    ] {
+        let data = one.data.clone();
+        let answer = tokio::task::spawn_blocking(move || {
+            raw_post_in_two_parts(
+                &data,
+                path,
+                token.as_deref(),
+                csi_agent::serve::http::MAX_BODY_BYTES,
+            )
+        })
+        .await
+        .expect("the client thread");
+        let answer = answer.unwrap_or_else(|e| panic!("POST {path}: no answer: {e}"));
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "POST {path}: {answer}"
+        );
+    }
 }
