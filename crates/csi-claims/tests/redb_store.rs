@@ -3,7 +3,7 @@
 use csi_claims::store::{ClaimStore, Format, RedbStore, StoreError, Version};
 use csi_claims::{Action, ControllerRequirement, MachineConfig, ReleaseMachine};
 use csi_structs::{AccessMode, AccessTypeKind, VolumeId};
-use redb::{Database, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition};
 
 fn older_record(volume: &str) -> Vec<u8> {
     format!(
@@ -258,7 +258,8 @@ async fn a_damaged_store_file_is_an_error_naming_it_not_a_panic() {
     // Found by the crash campaign: redb panics on some damaged files (an `unreachable!` on a
     // page it cannot read) instead of reporting them corrupted, and the panic went through
     // RedbStore::open to its caller. Zeroing each 4 KiB page after the first in turn hits
-    // such pages.
+    // such pages. Found later (seed 14, release build): a zeroed page may also read as an
+    // empty tree, so the store must hold every record or refuse, never hold fewer.
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.redb");
     file_with_records(&good, 5);
@@ -271,10 +272,15 @@ async fn a_damaged_store_file_is_an_error_naming_it_not_a_panic() {
         damaged[start..end].fill(0);
         std::fs::write(&path, &damaged).unwrap();
         match RedbStore::open(&path) {
-            Ok(store) => {
+            Ok(store) => match store.load_all().await {
                 // Damage where redb keeps nothing it needs changes nothing.
-                let _ = store.load_all().await;
-            }
+                Ok(records) => assert_eq!(records.len(), 5, "page {i}: records lost silently"),
+                Err(err) => {
+                    refused += 1;
+                    let text = err.to_string();
+                    assert!(text.contains(&path.display().to_string()), "{text}");
+                }
+            },
             Err(err) => {
                 refused += 1;
                 let text = err.to_string();
@@ -283,4 +289,28 @@ async fn a_damaged_store_file_is_an_error_naming_it_not_a_panic() {
         }
     }
     assert!(refused > 0, "some damage is refused");
+}
+
+#[tokio::test]
+async fn a_store_file_without_its_table_is_refused_naming_it_not_started_over() {
+    // Found by the crash campaign (seed 14, release build): zeros over a few bytes of the file
+    // made redb read its list of tables as empty, and the store created its table again: it
+    // opened with no claims and no error. Every file the store creates has the table from the
+    // start, so one without it is damaged.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    drop(Database::create(&path).unwrap());
+    let err = RedbStore::open(&path).expect_err("no table: damaged");
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(
+        format!("{err:?}").contains("claims table is missing"),
+        "{err:?}"
+    );
+    // A new file gets its table before it takes its name.
+    let fresh = dir.path().join("fresh.redb");
+    drop(RedbStore::open(&fresh).unwrap());
+    let db = Database::create(&fresh).unwrap();
+    let table: TableDefinition<&str, &[u8]> = TableDefinition::new("csi_claims.volumes");
+    assert!(db.begin_read().unwrap().open_table(table).is_ok());
 }

@@ -367,7 +367,15 @@ fn guarded(
 }
 
 /// Opens the database file at `path` for [`RedbStore::open`]: refuses an empty file, and
-/// creates a missing one under another name before renaming it into place.
+/// creates a missing one, with its table, under another name before renaming it into place.
+///
+/// An existing file must hold the table: every file this store creates has it from the start.
+/// Damage may make redb read the file's list of tables as empty, and creating the table then
+/// would start the store over with no claims and no error.
+///
+/// redb's integrity check on open is not used: where the newest commit fails it, redb repairs
+/// the file by going back to the commit before, which would lose an acknowledged write
+/// without a word, where a plain read of a damaged page is an error.
 fn open_file(path: &Path) -> Result<Database, redb::DatabaseError> {
     use redb::{DatabaseError, StorageError};
     let io = |e| DatabaseError::Storage(StorageError::Io(e));
@@ -378,7 +386,18 @@ fn open_file(path: &Path) -> Result<Database, redb::DatabaseError> {
              store)"
                 .to_owned(),
         ))),
-        Ok(_) => Database::create(path),
+        Ok(_) => {
+            let db = Database::create(path)?;
+            if !has_table(&db).map_err(database_error)? {
+                return Err(DatabaseError::Storage(StorageError::Corrupted(
+                    "the claims table is missing: this store creates it with the file, so the \
+                     file is damaged; it is not started over with no claims (move the file \
+                     away to start a new store)"
+                        .to_owned(),
+                )));
+            }
+            Ok(db)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut fresh = path.as_os_str().to_owned();
             fresh.push(".new");
@@ -387,7 +406,15 @@ fn open_file(path: &Path) -> Result<Database, redb::DatabaseError> {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
                 _ => {}
             }
-            drop(Database::create(&fresh)?);
+            let db = Database::create(&fresh)?;
+            let with_table = || -> Result<(), redb::Error> {
+                let txn = db.begin_write()?;
+                txn.open_table(VOLUMES)?;
+                txn.commit()?;
+                Ok(())
+            };
+            with_table().map_err(database_error)?;
+            drop(db);
             std::fs::rename(&fresh, path).map_err(io)?;
             // The rename itself survives a power loss once the directory is synced.
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -398,6 +425,26 @@ fn open_file(path: &Path) -> Result<Database, redb::DatabaseError> {
             Database::create(path)
         }
         Err(e) => Err(io(e)),
+    }
+}
+
+/// `e` as an error of opening the file (which is what the caller of [`open_file`] gets).
+fn database_error(e: redb::Error) -> redb::DatabaseError {
+    use redb::{DatabaseError, StorageError};
+    match e {
+        redb::Error::Io(io) => DatabaseError::Storage(StorageError::Io(io)),
+        redb::Error::Corrupted(reason) => DatabaseError::Storage(StorageError::Corrupted(reason)),
+        other => DatabaseError::Storage(StorageError::Io(std::io::Error::other(other.to_string()))),
+    }
+}
+
+/// Whether the claims table exists in `db`.
+fn has_table(db: &Database) -> Result<bool, redb::Error> {
+    let txn = db.begin_read()?;
+    match txn.open_table(VOLUMES) {
+        Ok(_) => Ok(true),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
