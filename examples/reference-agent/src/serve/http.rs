@@ -156,11 +156,23 @@ async fn route(agent: Arc<Agent>, access: Arc<Access>, req: Request<Incoming>) -
     let mut unread = Some(incoming);
     let answer = answer(&agent, &access, &head, &mut unread).await;
     if let Some(incoming) = unread {
-        let drained = Limited::new(incoming, MAX_BODY_BYTES).collect();
         // A body over the limit, or one that stops coming, is left: the connection closes.
-        let _ = tokio::time::timeout(HEADER_TIMEOUT, drained).await;
+        let _ = tokio::time::timeout(HEADER_TIMEOUT, drain(incoming)).await;
     }
     answer
+}
+
+/// Reads and drops a body, a frame at a time, until its end or [`MAX_BODY_BYTES`].
+async fn drain(mut incoming: Incoming) {
+    let mut left = MAX_BODY_BYTES;
+    while let Some(Ok(frame)) = incoming.frame().await {
+        if let Ok(data) = frame.into_data() {
+            match left.checked_sub(data.len()) {
+                Some(rest) => left = rest,
+                None => return,
+            }
+        }
+    }
 }
 
 async fn answer(agent: &Arc<Agent>, access: &Access, head: &Parts, unread: &mut Unread) -> Answer {
