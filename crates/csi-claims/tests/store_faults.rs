@@ -20,17 +20,23 @@ use redb::backends::FileBackend;
 use support::{FakeController, FakeNode, Plugin, info, write_claim};
 
 /// A file backend that fails writes, syncs and growth while `full` is set, like a disk with
-/// no space left; it counts the calls that reach it.
+/// no space left; it counts the calls that reach it. While `panics` is set, those calls panic
+/// instead, as redb does on some damaged files.
 #[derive(Debug)]
 struct FullDisk {
     file: FileBackend,
     full: Arc<AtomicBool>,
+    panics: Arc<AtomicBool>,
     calls: Arc<AtomicU64>,
 }
 
 impl FullDisk {
     fn check(&self) -> io::Result<()> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        assert!(
+            !self.panics.load(Ordering::SeqCst),
+            "a write to the file panics"
+        );
         if self.full.load(Ordering::SeqCst) {
             // ENOSPC, as the kernel answers a write to a full file system.
             Err(io::Error::from_raw_os_error(28))
@@ -100,12 +106,18 @@ impl StorageBackend for FullDisk {
     }
 }
 
-/// A redb store on `path` whose disk is full while the returned flag is set; the counter
-/// counts the backend calls.
-fn store_on_full_disk(path: &Path) -> (RedbStore, Arc<AtomicBool>, Arc<AtomicU64>) {
-    let full = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicU64::new(0));
-    let (f, c, p) = (Arc::clone(&full), Arc::clone(&calls), path.to_path_buf());
+/// The switches and the call counter of a [`FullDisk`].
+#[derive(Clone, Default)]
+struct Disk {
+    full: Arc<AtomicBool>,
+    panics: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+}
+
+/// A redb store on `path` on a [`FullDisk`], with its switches.
+fn store_on_full_disk(path: &Path) -> (RedbStore, Disk) {
+    let disk = Disk::default();
+    let (d, p) = (disk.clone(), path.to_path_buf());
     let store = RedbStore::with_opener(format!("redb {}", path.display()), move || {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -116,13 +128,14 @@ fn store_on_full_disk(path: &Path) -> (RedbStore, Arc<AtomicBool>, Arc<AtomicU64
             .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
         let backend = FullDisk {
             file: FileBackend::new(file)?,
-            full: Arc::clone(&f),
-            calls: Arc::clone(&c),
+            full: Arc::clone(&d.full),
+            panics: Arc::clone(&d.panics),
+            calls: Arc::clone(&d.calls),
         };
         redb::Builder::new().create_with_backend(backend)
     })
     .unwrap();
-    (store, full, calls)
+    (store, disk)
 }
 
 /// Hang guard only: every answer below is expected at once.
@@ -154,7 +167,8 @@ fn vid(s: &str) -> VolumeId {
 async fn a_full_disk_fails_every_call_at_once_naming_the_file_and_the_store_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("claims.redb");
-    let (store, full, calls) = store_on_full_disk(&path);
+    let (store, disk) = store_on_full_disk(&path);
+    let Disk { full, calls, .. } = disk;
     let file = path.display().to_string();
     let v = info("v1", "p", ControllerRequirement::Required);
     // A record as the machine makes it.
@@ -232,7 +246,8 @@ async fn start(store: RedbStore) -> (ClaimsHandle, ClaimsDriver) {
 async fn claims_and_releases_fail_fast_while_the_disk_is_full_and_work_again_after() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("claims.redb");
-    let (store, full, _) = store_on_full_disk(&path);
+    let (store, disk) = store_on_full_disk(&path);
+    let full = disk.full;
     let file = path.display().to_string();
     let (claims, driver) = start(store).await;
     let held = info("held", "p", ControllerRequirement::Required);
@@ -407,4 +422,22 @@ async fn a_store_that_hangs_fails_claims_after_the_store_timeout_and_they_work_o
     .await;
     assert_eq!(claimed.workload().as_str(), "a");
     assert_eq!(claims.store_failure(), None);
+}
+
+#[tokio::test]
+async fn a_panic_of_redb_s_when_the_store_closes_its_file_stays_inside_the_store() {
+    // Found by the crash campaign (seed 24, release build): redb opened a damaged file, then
+    // panicked in the write it makes when the database closes, and the panic reached whoever
+    // dropped the store.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let (store, disk) = store_on_full_disk(&path);
+    assert!(guard(store.load_all()).await.unwrap().is_empty());
+    disk.panics.store(true, Ordering::SeqCst);
+    let before = disk.calls.load(Ordering::SeqCst);
+    drop(store);
+    assert!(
+        disk.calls.load(Ordering::SeqCst) > before,
+        "closing wrote to the file (and so panicked)"
+    );
 }

@@ -198,7 +198,9 @@ impl RedbStore {
         })
     }
 
-    /// The database, while it is open (`None` while it is closed after an I/O error).
+    /// The database, while it is open (`None` while it is closed after an I/O error). The
+    /// store contains a panic of redb's when it closes the database; a handle that outlives
+    /// the store closes it where the handle is dropped, without that guard.
     pub fn database(&self) -> Option<Arc<Database>> {
         match &*self.inner.health() {
             Health::Open(db) => Some(Arc::clone(db)),
@@ -346,8 +348,36 @@ impl RedbStore {
             }
         }
         // Dropping the last handle (here, once no other call uses it) closes the database.
-        drop(db);
+        close(&self.inner.name, db);
         result
+    }
+}
+
+/// Drops a handle of the database. Dropping the last one closes it, which writes to the file,
+/// and redb may panic doing so on a damaged file: the panic is contained here.
+fn close(store: &str, db: Arc<Database>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db))).is_err() {
+        tracing::warn!(
+            store,
+            "redb panicked closing the claim store's file: it is damaged"
+        );
+    }
+}
+
+impl Drop for Inner {
+    /// Closes the database (when no call holds it), containing a panic of redb's.
+    fn drop(&mut self) {
+        let health = std::mem::replace(
+            self.health
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+            Health::Reopening {
+                reason: "the store was dropped".to_owned(),
+            },
+        );
+        if let Health::Open(db) = health {
+            close(&self.name, db);
+        }
     }
 }
 
