@@ -234,6 +234,17 @@ struct State {
     fingerprints: BTreeMap<PluginId, u64>,
 }
 
+impl State {
+    /// The registrations as the state file keeps them, but `plugin`'s.
+    fn kept_except(&self, plugin: &PluginId) -> Vec<Kept> {
+        self.current
+            .values()
+            .filter(|e| e.kept.plugin != *plugin)
+            .map(|e| e.kept.clone())
+            .collect()
+    }
+}
+
 struct Inner {
     config: PluginManagerConfig,
     customize: Option<ClientCustomizer>,
@@ -392,13 +403,7 @@ impl PluginManager {
             let _turn = self.inner.writer_turn();
             let (registration, others) = {
                 let state = self.inner.lock();
-                let others: Vec<Kept> = state
-                    .current
-                    .values()
-                    .filter(|e| e.kept.plugin != plugin)
-                    .map(|e| e.kept.clone())
-                    .collect();
-                (RegistrationId(state.next), others)
+                (RegistrationId(state.next), state.kept_except(&plugin))
             };
             let kept = Kept {
                 plugin: plugin.clone(),
@@ -493,12 +498,7 @@ impl PluginManager {
                 else {
                     return Ok(false);
                 };
-                let rest: Vec<Kept> = state
-                    .current
-                    .values()
-                    .filter(|e| e.kept.plugin != plugin)
-                    .map(|e| e.kept.clone())
-                    .collect();
+                let rest = state.kept_except(&plugin);
                 (plugin, state.next, rest)
             };
             if let Some(path) = &self.inner.state_file {
