@@ -378,6 +378,11 @@ impl PluginManager {
     /// Registers an instance of `plugin` listening at `endpoint`; it replaces the plugin's
     /// current registration, if any. Returns the new registration's number.
     ///
+    /// With a state file, the registration is written before this returns: it may wait for
+    /// the disk (at most [`WRITE_TIMEOUT`](crate::state::WRITE_TIMEOUT)) and for a
+    /// registration or deregistration whose write is under way. Readers ([`get`](Self::get),
+    /// [`list`](Self::list), [`status`](Self::status)) never wait for either.
+    ///
     /// # Errors
     ///
     /// [`StateFileError`] when the state file cannot be written; nothing changed then.
