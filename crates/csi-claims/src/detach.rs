@@ -13,6 +13,7 @@ use csi_structs::{
 };
 
 use crate::machine::Ticket;
+use crate::store::Version;
 
 /// Which CSI call of the release pipeline failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,4 +124,8 @@ pub struct ControllerDetachRequest {
     pub plugin_node: PluginNodeId,
     /// The workload whose claim is being released.
     pub workload: WorkloadId,
+    /// The version of the volume's record this step was decided on. A driver that fences its
+    /// controller steps ([`crate::duty`]) has the store confirm that it still holds this
+    /// version before the call leaves.
+    pub decided_on: Option<Version>,
 }

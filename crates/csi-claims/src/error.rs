@@ -51,6 +51,8 @@ impl Error {
                 | StoreError::Redb { .. }
                 | StoreError::Unavailable { .. } => ErrorClass::Retry,
                 StoreError::Etcd { .. } => ErrorClass::Retry,
+                // Another agent holds the duty now: it performs the step.
+                StoreError::Fenced { .. } => ErrorClass::RetryElsewhere,
                 StoreError::WrongKey { .. }
                 | StoreError::TooLarge { .. }
                 | StoreError::Decode { .. }

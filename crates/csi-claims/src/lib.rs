@@ -22,6 +22,9 @@
 //!   agents, with a watch and an election for the controller-side release steps.
 //! - [`error`]: [`Error`], every error of the crate with its
 //!   [`ErrorClass`](csi_structs::ErrorClass).
+//! - [`duty`]: the controller duty of agents sharing a store, as its holder knows it: a
+//!   fence the store compares and a local deadline, so that an agent paused past its lease
+//!   never starts a controller-side step.
 //! - [`driver`]: a thin tokio loop that performs the machine's actions through the
 //!   [`NodeDetacher`](driver::NodeDetacher) and [`ControllerDetacher`](driver::ControllerDetacher)
 //!   traits and the store.
@@ -98,6 +101,7 @@ pub mod accounting;
 pub mod backoff;
 pub mod detach;
 pub mod driver;
+pub mod duty;
 pub mod error;
 pub mod machine;
 pub mod model;

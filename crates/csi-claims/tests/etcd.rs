@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use csi_claims::driver::{
     ClaimsDriver, ClaimsHandle, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
 };
+use csi_claims::duty::DutyTiming;
 use csi_claims::store::{Change, Changes, ClaimStore, EtcdStore, EtcdStoreConfig, StoreError};
 use csi_claims::{
     ClaimError, ClaimMode, ClaimRequest, ClaimState, ControllerDetachRequest,
@@ -433,7 +434,7 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
     let etcd = Etcd::start(1);
     let store_a = etcd.store("/takeover").await;
     let store_b = EtcdStore::connect(etcd.config("/takeover")).await.unwrap();
-    let ttl = Duration::from_secs(2);
+    let ttl = DutyTiming::new(Duration::from_secs(2)).unwrap();
     let a = agent(&store_a, "n0", false).await;
     let election_a = store_a.elect_controller_duty("n0", ttl, a.claims.clone());
     eventually("n0 takes the duty", async || a.claims.controller_duty()).await;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use csi_structs::{NodeId, PluginId, VolumeId, WorkloadId};
 use tokio::sync::{broadcast, oneshot};
 
-use super::{Shared, now};
+use super::{DutyState, Shared, now};
+use crate::duty::Duty;
 use crate::machine::{
     ClaimError, Event, ReleaseError, ReleaseMachine, ReleaseStarted, VolumeStatus,
 };
@@ -455,11 +456,77 @@ impl ClaimsHandle {
         self.shared.wake.notify_one();
     }
 
-    /// Starts or stops performing controller-side release steps; see
-    /// [`ReleaseMachine::set_controller_duty`].
+    /// Starts or stops performing controller-side release steps without a fence (see
+    /// [`ReleaseMachine::set_controller_duty`]): for one agent, or a duty handed out by other
+    /// means than a [`Duty`]. Turning it off also ends a fenced duty held
+    /// ([`drop_controller_duty`](Self::drop_controller_duty)); turning it on replaces one.
     pub fn set_controller_duty(&self, on: bool) {
-        self.shared.lock().machine.set_controller_duty(on, now());
+        let mut state = self.shared.lock();
+        if on {
+            if let DutyState::Held(duty) = &state.duty {
+                duty.lapse();
+            }
+            state.duty = DutyState::Unfenced;
+        } else if let DutyState::Held(duty) = &state.duty {
+            duty.lapse();
+            state.duty = DutyState::Dropped;
+        }
+        state.machine.set_controller_duty(on, now());
+        drop(state);
         self.shared.wake.notify_one();
+    }
+
+    /// Starts performing controller-side release steps under `duty` (an election won): each
+    /// step checks the duty's local deadline before it starts and after every wait, and the
+    /// store compares its fence (see [`crate::duty`]). Every volume is looked at again, and
+    /// each step is confirmed against the record the store holds before it is taken.
+    pub fn hold_controller_duty(&self, duty: Duty) {
+        let mut state = self.shared.lock();
+        if let DutyState::Held(old) = &state.duty
+            && !old.same_as(&duty)
+        {
+            old.lapse();
+        }
+        state.duty = DutyState::Held(duty);
+        state.machine.set_controller_duty(true, now());
+        drop(state);
+        self.shared.wake.notify_one();
+    }
+
+    /// The holder of `duty` confirmed its lease again (and extended the duty's deadline): if
+    /// a step had found the duty lapsed, controller-side steps start again.
+    pub fn controller_duty_confirmed(&self, duty: &Duty) {
+        let mut state = self.shared.lock();
+        let held = matches!(&state.duty, DutyState::Held(d) if d.same_as(duty));
+        if held && duty.holds(now()) && !state.machine.controller_duty() {
+            tracing::info!(holder = duty.holder(), fence = %duty.fence(),
+                "controller duty confirmed again");
+            state.machine.set_controller_duty(true, now());
+            drop(state);
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Stops performing controller-side release steps under a fenced duty (an election lost or
+    /// given up): the duty lapses, so steps about to start do not, and controller-side writes
+    /// are refused until another duty is held. Calls already sent are not recalled.
+    pub fn drop_controller_duty(&self) {
+        let mut state = self.shared.lock();
+        if let DutyState::Held(duty) = &state.duty {
+            duty.lapse();
+        }
+        state.duty = DutyState::Dropped;
+        state.machine.set_controller_duty(false, now());
+        drop(state);
+        self.shared.wake.notify_one();
+    }
+
+    /// The fenced duty this driver holds, if any (lapsed or not: see [`Duty::holds`]).
+    pub fn duty(&self) -> Option<Duty> {
+        match &self.shared.lock().duty {
+            DutyState::Held(duty) => Some(duty.clone()),
+            DutyState::Unfenced | DutyState::Dropped => None,
+        }
     }
 
     /// Whether this driver performs controller-side release steps now.

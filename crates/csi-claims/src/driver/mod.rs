@@ -35,9 +35,12 @@ use tokio::task::{JoinHandle, JoinSet};
 pub use detacher::{ControllerDetacher, NodeDetacher};
 pub use handle::{ClaimsHandle, DriverError};
 
-use crate::detach::{DetachError, DetachRpc, NodeDetachRequest};
+use crate::detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
+use crate::duty::Duty;
 use crate::error::error_chain;
-use crate::machine::{Action, Event, MachineConfig, PersistRequest, ReleaseMachine, ReloadRequest};
+use crate::machine::{
+    Action, Event, MachineConfig, NotStarted, PersistRequest, ReleaseMachine, ReloadRequest,
+};
 use crate::store::{Change, Changes, ClaimStore, StoreError};
 use csi_structs::{ErrorClass, VolumeId};
 
@@ -95,6 +98,56 @@ pub(crate) struct State {
     pub(crate) store_watch: Option<String>,
     /// Why the store fails, from its first failed call until one succeeds.
     pub(crate) store_failure: Option<String>,
+    /// How this driver holds the controller duty.
+    pub(crate) duty: DutyState,
+}
+
+/// How a driver holds the controller duty (see [`crate::duty`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) enum DutyState {
+    /// Without a fence: on or off as [`ClaimsHandle::set_controller_duty`] says (one agent,
+    /// or a duty handed out by other means).
+    #[default]
+    Unfenced,
+    /// Under a fenced duty: each controller-side step checks it before it starts.
+    Held(Duty),
+    /// A fenced duty was held and is not any more: controller-side steps are refused.
+    Dropped,
+}
+
+/// Whether a controller-side step may start now.
+enum Gate {
+    /// No fence: go.
+    Open,
+    /// Go, under this duty (the store compares its fence).
+    Fenced(Duty),
+    /// Do not: this agent does not hold the duty; why.
+    Closed(String),
+}
+
+impl Shared {
+    /// The gate for a controller-side step starting now: checked after every wait, immediately
+    /// before the step.
+    fn gate(&self) -> Gate {
+        let state = self.lock();
+        match &state.duty {
+            DutyState::Unfenced => Gate::Open,
+            DutyState::Held(duty) if duty.holds(now()) => Gate::Fenced(duty.clone()),
+            DutyState::Held(duty) => {
+                if state.machine.controller_duty() {
+                    tracing::warn!(holder = duty.holder(), fence = %duty.fence(),
+                        "controller duty lapsed: its local deadline passed without a confirmed \
+                         keep-alive; no controller-side step starts until it is confirmed again");
+                }
+                Gate::Closed(format!(
+                    "the local deadline of the controller duty ({}) passed without a confirmed \
+                     keep-alive",
+                    duty.fence()
+                ))
+            }
+            DutyState::Dropped => Gate::Closed("this agent gave up the controller duty".into()),
+        }
+    }
 }
 
 impl State {
@@ -201,6 +254,7 @@ impl ClaimsDriver {
                 stopped: false,
                 store_watch: None,
                 store_failure: None,
+                duty: DutyState::Unfenced,
             }),
             wake: Notify::new(),
             events,
@@ -391,24 +445,40 @@ where
             }
             Action::ControllerDetach(request) => {
                 let controller = Arc::clone(&self.controller);
-                let limit = self.call_timeout;
+                let store = Arc::clone(&self.store);
+                let limits = (self.call_timeout, self.store_timeout);
                 calls.spawn(async move {
                     tracing::debug!(volume = %request.volume, plugin = %request.plugin,
                         plugin_node = %request.plugin_node, "controller detach");
-                    let result = bounded(
-                        DetachRpc::ControllerUnpublish,
-                        limit,
-                        controller.controller_unpublish(&request),
-                    )
-                    .await;
-                    if let Err(e) = &result {
-                        tracing::warn!(volume = %request.volume, plugin = %request.plugin,
-                            workload = %request.workload, error = %e, "controller detach failed");
+                    let outcome =
+                        controller_step(&shared, store, &*controller, &request, limits).await;
+                    match &outcome {
+                        Ok(Err(e)) => {
+                            tracing::warn!(volume = %request.volume, plugin = %request.plugin,
+                                workload = %request.workload, error = %e,
+                                "controller detach failed");
+                        }
+                        Err(why) => {
+                            tracing::info!(volume = %request.volume, plugin = %request.plugin,
+                                workload = %request.workload, why = %why,
+                                "controller detach not started");
+                        }
+                        Ok(Ok(())) => {}
                     }
-                    shared
-                        .lock()
-                        .machine
-                        .controller_detached(request.ticket, result, now());
+                    let mut state = shared.lock();
+                    match outcome {
+                        Ok(result) => {
+                            state
+                                .machine
+                                .controller_detached(request.ticket, result, now());
+                        }
+                        Err(why) => {
+                            state
+                                .machine
+                                .controller_not_started(request.ticket, why, now());
+                        }
+                    }
+                    drop(state);
                     shared.wake.notify_one();
                 });
             }
@@ -439,12 +509,28 @@ async fn persist<S: ClaimStore + ?Sized>(
         volume,
         expected,
         record,
+        fenced,
     } = request;
     let key = volume.clone();
+    let gate = Arc::clone(&shared);
     let result = bounded_store(volume, limit, async move {
-        store
-            .compare_and_swap(&key, expected, record.as_deref())
-            .await
+        let record = record.as_deref();
+        if !fenced {
+            return store.compare_and_swap(&key, expected, record).await;
+        }
+        // A controller-side record: checked now, after the wait for the task to run.
+        match gate.gate() {
+            Gate::Open => store.compare_and_swap(&key, expected, record).await,
+            Gate::Fenced(duty) => {
+                store
+                    .compare_and_swap_fenced(&key, expected, record, duty.fence())
+                    .await
+            }
+            Gate::Closed(detail) => Err(StoreError::Fenced {
+                volume: key,
+                detail,
+            }),
+        }
     })
     .await;
     let mut state = shared.lock();
@@ -487,6 +573,51 @@ async fn bounded_store<T: Send + 'static>(
             after: limit,
         }),
     }
+}
+
+/// The controller step of a release: under a fenced duty, the gate, then the store's
+/// confirmation that the record is the one the step was decided on and the fence holds, then
+/// the gate again, then the call. `Err` when the call was not made.
+async fn controller_step<S, C>(
+    shared: &Shared,
+    store: Arc<S>,
+    controller: &C,
+    request: &ControllerDetachRequest,
+    (call_limit, store_limit): (Duration, Duration),
+) -> Result<Result<(), DetachError>, NotStarted>
+where
+    S: ClaimStore + ?Sized,
+    C: ControllerDetacher + ?Sized,
+{
+    match shared.gate() {
+        Gate::Open => {}
+        Gate::Closed(_) => return Err(NotStarted::NotHolder),
+        Gate::Fenced(duty) => {
+            let volume = request.volume.clone();
+            let expected = request.decided_on;
+            let fence = duty.fence().clone();
+            let confirmed = bounded_store(volume.clone(), store_limit, async move {
+                store.confirm_fenced(&volume, expected, &fence).await
+            })
+            .await;
+            match confirmed {
+                Ok(()) => {}
+                Err(e) if e.is_fenced() => return Err(NotStarted::NotHolder),
+                Err(e) if e.is_conflict() => return Err(NotStarted::Stale),
+                Err(e) => return Err(NotStarted::Store(e)),
+            }
+            // The last check, after the store's answer: the call starts in the same poll.
+            if !matches!(shared.gate(), Gate::Fenced(now) if now.same_as(&duty)) {
+                return Err(NotStarted::NotHolder);
+            }
+        }
+    }
+    Ok(bounded(
+        DetachRpc::ControllerUnpublish,
+        call_limit,
+        controller.controller_unpublish(request),
+    )
+    .await)
 }
 
 /// `NodeUnpublishVolume`, then `NodeUnstageVolume` when asked; "already done" counts as done.

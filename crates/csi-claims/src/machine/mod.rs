@@ -81,7 +81,7 @@ use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 
 pub use config::{Duties, MachineConfig, NodeDuties};
 pub use error::{ClaimError, LoadError, ReleaseError};
-pub use output::{Action, Event, PersistRequest, ReloadRequest, Ticket};
+pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, Ticket};
 pub use status::{LastError, Pending, VolumeStatus};
 
 use crate::accounting::{Admission, admit};
@@ -892,6 +892,13 @@ impl ReleaseMachine {
             Err(e) if e.is_conflict() => {
                 entry.reload = Reload::Wanted;
             }
+            Err(e) if e.is_fenced() => {
+                // This agent does not hold the controller duty (any more): nothing was
+                // written, the copy may be stale, and no controller-side step starts until
+                // the duty is confirmed again.
+                entry.reload = Reload::Wanted;
+                self.controller_duty = false;
+            }
             Err(e) if e.is_permanent() => {
                 // The unwritten changes can never be written: new claims are refused, and the
                 // volume is read again (releases asked for are asked for again), after a
@@ -1176,6 +1183,46 @@ impl ReleaseMachine {
                 }
                 if changed {
                     entry.rev += 1;
+                }
+            }
+        }
+        self.queue(&volume);
+    }
+
+    /// An [`Action::ControllerDetach`] whose call was not made: see [`NotStarted`]. Frees the
+    /// plugin's controller-call slot; counts no failed attempt.
+    ///
+    /// - [`NotStarted::NotHolder`]: the duty lapsed (its local deadline passed, or the store
+    ///   refused the fence). No controller-side step starts until
+    ///   [`set_controller_duty`](Self::set_controller_duty) turns the duty on again, and the
+    ///   volume is read again before then: a holder acts only on what it read while holding.
+    /// - [`NotStarted::Stale`]: the store holds a newer record than the one the step was
+    ///   decided on; the volume is read again at once and the step decided again.
+    /// - [`NotStarted::Store`]: the store could not confirm; the volume is read again after
+    ///   its store backoff.
+    pub fn controller_not_started(&mut self, ticket: Ticket, why: NotStarted, now: Instant) {
+        let Some(Outstanding::Controller(volume, plugin)) = self.outstanding.remove(&ticket) else {
+            return;
+        };
+        self.release_slot(&plugin);
+        let Some(entry) = self.volumes.get_mut(&volume) else {
+            return;
+        };
+        if !matches!(&entry.op, Op::Controller { ticket: t, .. } if *t == ticket) {
+            return;
+        }
+        entry.op = Op::Idle;
+        match why {
+            NotStarted::NotHolder => {
+                self.controller_duty = false;
+                entry.reload = Reload::Wanted;
+            }
+            NotStarted::Stale => entry.reload = Reload::Wanted,
+            NotStarted::Store(error) => {
+                let unavailable = error.is_unavailable();
+                self.read_again_later(&volume, error_chain(&error), now);
+                if unavailable {
+                    self.store_down.insert(volume.clone());
                 }
             }
         }
@@ -1469,7 +1516,7 @@ impl ReleaseMachine {
             if !entry.store_retry.ready() {
                 return None;
             }
-            return Some(self.persist_action(volume));
+            return Some(self.persist_action(volume, false));
         }
 
         // 3. The next release step, only when everything is durable and nothing is out.
@@ -1495,7 +1542,7 @@ impl ReleaseMachine {
             Step::Record { index, to } => {
                 Arc::make_mut(&mut entry.record).claims[index].state = to;
                 entry.rev += 1;
-                Some(self.persist_action(volume))
+                Some(self.persist_action(volume, true))
             }
             Step::Free { index } => {
                 let mut claim = Arc::make_mut(&mut entry.record).claims.remove(index);
@@ -1505,7 +1552,7 @@ impl ReleaseMachine {
                 };
                 entry.rev += 1;
                 entry.frees.push((entry.rev, claim));
-                Some(self.persist_action(volume))
+                Some(self.persist_action(volume, true))
             }
             Step::NodeDetach { index, unstage } => {
                 let claim = &entry.record.claims[index];
@@ -1560,6 +1607,7 @@ impl ReleaseMachine {
                     node: claim.node.clone(),
                     plugin_node: claim.plugin_node.clone(),
                     workload: claim.workload.clone(),
+                    decided_on: entry.version,
                 };
                 let covers = entry
                     .record
@@ -1584,7 +1632,7 @@ impl ReleaseMachine {
         }
     }
 
-    fn persist_action(&mut self, volume: &VolumeId) -> Action {
+    fn persist_action(&mut self, volume: &VolumeId, fenced: bool) -> Action {
         let ticket = self.ticket();
         let entry = self
             .volumes
@@ -1598,6 +1646,7 @@ impl ReleaseMachine {
             volume: volume.clone(),
             expected: entry.version,
             record: (!entry.record.claims.is_empty()).then(|| Arc::clone(&entry.record)),
+            fenced,
         })
     }
 }

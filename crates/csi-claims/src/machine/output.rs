@@ -33,7 +33,9 @@ pub enum Action {
     /// [`ReleaseMachine::node_detached`](super::ReleaseMachine::node_detached).
     NodeDetach(NodeDetachRequest),
     /// Run the controller step of a claim; report with
-    /// [`ReleaseMachine::controller_detached`](super::ReleaseMachine::controller_detached).
+    /// [`ReleaseMachine::controller_detached`](super::ReleaseMachine::controller_detached),
+    /// or with [`ReleaseMachine::controller_not_started`](super::ReleaseMachine::controller_not_started)
+    /// when the call was not made (the duty lapsed, the record changed).
     ControllerDetach(ControllerDetachRequest),
 }
 
@@ -50,6 +52,37 @@ pub struct PersistRequest {
     /// The whole new record, or `None` to delete. Shared with the machine (which changes
     /// its copy on write), so asking for a write does not copy the record.
     pub record: Option<Arc<VolumeRecord>>,
+    /// Whether this write records a controller-side step (a skip, ready to free, a free):
+    /// under a fenced duty ([`crate::duty`]) only the duty's holder may make it
+    /// ([`ClaimStore::compare_and_swap_fenced`](crate::ClaimStore::compare_and_swap_fenced)),
+    /// and only before its deadline.
+    pub fenced: bool,
+}
+
+/// Why the driver did not make the controller call of an [`Action::ControllerDetach`]
+/// (report with
+/// [`ReleaseMachine::controller_not_started`](super::ReleaseMachine::controller_not_started)).
+#[derive(Debug)]
+pub enum NotStarted {
+    /// This agent does not hold the controller duty now: its local deadline passed, or the
+    /// store refused its fence ([`crate::duty`]).
+    NotHolder,
+    /// The store holds a newer record of the volume than the one the step was decided on.
+    Stale,
+    /// The store could not confirm the step (it failed or did not answer).
+    Store(crate::StoreError),
+}
+
+impl std::fmt::Display for NotStarted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotStarted::NotHolder => f.write_str("this agent does not hold the controller duty"),
+            NotStarted::Stale => {
+                f.write_str("the volume's record changed since the step was decided")
+            }
+            NotStarted::Store(e) => write!(f, "the store could not confirm the step: {e}"),
+        }
+    }
 }
 
 /// "Reload this volume": its record changed under the machine.

@@ -56,6 +56,7 @@ use std::time::Duration;
 use super::{
     Change, ChangeSender, Changes, ClaimStore, StoreError, Stored, Version, codec, encode_for,
 };
+use crate::duty::Fence;
 use crate::model::VolumeRecord;
 use csi_structs::VolumeId;
 use etcd_client::{
@@ -531,6 +532,65 @@ impl ClaimStore for EtcdStore {
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
+        self.swap(volume, expected, new, None).await
+    }
+
+    async fn compare_and_swap_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+        fence: &Fence,
+    ) -> Result<Option<Version>, StoreError> {
+        self.swap(volume, expected, new, Some(fence)).await
+    }
+
+    async fn confirm_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let key = self.key(volume);
+        // Read-only: etcd answers it as a linearizable read, without a write to its log. What
+        // fences the call that follows is the comparison, which a write would not make any
+        // stronger.
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, revision_of(expected)),
+                fence_compare(fence),
+            ])
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(fence.key.as_str(), None),
+            ]);
+        let response = self
+            .bounded(
+                || format!("confirm the claims of volume {volume} and the controller duty"),
+                true,
+                || {
+                    let mut kv = self.inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                },
+            )
+            .await?;
+        if response.succeeded() {
+            return Ok(());
+        }
+        Err(self.refusal(volume, expected, Some(fence), &response))
+    }
+}
+
+impl EtcdStore {
+    /// Compare-and-swap of a volume's record, comparing `fence` too when given.
+    async fn swap(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+        fence: Option<&Fence>,
+    ) -> Result<Option<Version>, StoreError> {
         let key = self.key(volume);
         let encoded = encode_for(volume, new)?;
         let limit = self.inner.config.max_value_bytes;
@@ -543,19 +603,24 @@ impl ClaimStore for EtcdStore {
                 limit,
             });
         }
-        let expected_revision = expected.map_or(0, |v| i64::try_from(v.get()).unwrap_or(i64::MAX));
         let write = match encoded {
             Some(body) => TxnOp::put(key.as_str(), body, None),
             None => TxnOp::delete(key.as_str(), None),
         };
+        let mut compares = vec![Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            revision_of(expected),
+        )];
+        let mut otherwise = vec![TxnOp::get(key.as_str(), None)];
+        if let Some(fence) = fence {
+            compares.push(fence_compare(fence));
+            otherwise.push(TxnOp::get(fence.key.as_str(), None));
+        }
         let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.as_str(),
-                CompareOp::Equal,
-                expected_revision,
-            )])
+            .when(compares)
             .and_then([write])
-            .or_else([TxnOp::get(key.as_str(), None)]);
+            .or_else(otherwise);
         let response = self
             .bounded(
                 || format!("compare and swap the claims of volume {volume}"),
@@ -581,21 +646,68 @@ impl ClaimStore for EtcdStore {
                 )),
             };
         }
-        let found = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(
-                get.kvs()
-                    .first()
-                    .and_then(|kv| u64::try_from(kv.mod_revision()).ok())
-                    .and_then(Version::from_u64),
-            ),
-            _ => None,
-        });
-        Err(StoreError::Conflict {
+        Err(self.refusal(volume, expected, fence, &response))
+    }
+
+    /// Why a transaction comparing the volume's key (and `fence`) failed: the fence first
+    /// (a deposed holder is told so, whatever its copy), then the version.
+    fn refusal(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        fence: Option<&Fence>,
+        response: &etcd_client::TxnResponse,
+    ) -> StoreError {
+        let mut gets = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            });
+        let record = gets.next();
+        let duty = gets.next();
+        if let (Some(fence), Some(duty)) = (fence, duty) {
+            let holder = duty.kvs().first();
+            if holder.is_none_or(|kv| kv.create_revision() != fence.revision) {
+                let now = holder.map_or_else(
+                    || "the key is gone".to_owned(),
+                    |kv| {
+                        format!(
+                            "it was created again at revision {} by {}",
+                            kv.create_revision(),
+                            csi_structs::untrusted::escape(&String::from_utf8_lossy(kv.value()))
+                        )
+                    },
+                );
+                return StoreError::Fenced {
+                    volume: volume.clone(),
+                    detail: format!(
+                        "this agent no longer holds the controller duty ({fence}; now {now})"
+                    ),
+                };
+            }
+        }
+        let found = record
+            .and_then(|get| get.kvs().first().map(|kv| kv.mod_revision()))
+            .and_then(|r| u64::try_from(r).ok())
+            .and_then(Version::from_u64);
+        StoreError::Conflict {
             volume: volume.clone(),
             expected,
-            found: found.flatten(),
-        })
+            found,
+        }
     }
+}
+
+/// The `mod_revision` a compare expects for `expected` (0: no key).
+fn revision_of(expected: Option<Version>) -> i64 {
+    expected.map_or(0, |v| i64::try_from(v.get()).unwrap_or(i64::MAX))
+}
+
+/// "The duty key still has the creation revision of this holder's put."
+fn fence_compare(fence: &Fence) -> Compare {
+    Compare::create_revision(fence.key.as_str(), CompareOp::Equal, fence.revision)
 }
 
 /// Feeds `tx` with every change after `revision` until the receiver is dropped; reads every

@@ -1,18 +1,28 @@
-//! One agent at a time performs the controller-side release steps: a leader key under a lease.
+//! One agent at a time performs the controller-side release steps: a leader key under a lease,
+//! held as a fenced [`Duty`].
 //!
 //! Each agent campaigns with [`EtcdStore::elect_controller_duty`]: it writes
 //! `<prefix>/leader/controller-duty` (its name as the value) under a lease of its own, only if
 //! the key does not exist (a transaction on `create_revision == 0`). The winner keeps the lease
-//! alive and performs the duty ([`ClaimsHandle::set_controller_duty`]); the others watch the
+//! alive and performs the duty ([`ClaimsHandle::hold_controller_duty`]); the others watch the
 //! key and campaign again when it is deleted, which etcd does when the winner resigns or its
 //! lease expires (a crashed or partitioned agent, within the lease's TTL).
 //!
-//! The winner gives the duty up as soon as it cannot confirm its lease (a keep-alive not
-//! answered within a third of the TTL): a paused or partitioned agent stops starting
-//! controller-side steps before another one can be elected. A step that was already under way
-//! may still finish on the old winner; those steps are idempotent calls
-//! (`ControllerUnpublishVolume`), and their checkpoints are compare-and-swap writes that fail for
-//! a writer whose copy is stale, so nothing is recorded twice.
+//! The winner holds the duty as a [`Duty`] (see [`crate::duty`] for why both checks are
+//! needed):
+//! - its **fence** is the duty key at the revision of the winner's put: every controller-side
+//!   write, and the confirmation before every controller call, compares it in the same etcd
+//!   transaction, so a deposed holder's steps are refused by etcd itself;
+//! - its **local deadline** is the time the last confirmed keep-alive was sent, plus the TTL,
+//!   minus the margin of [`DutyTiming`]. The driver checks it before each step, after every
+//!   wait; a holder paused past it wakes with no right to act until a keep-alive is confirmed
+//!   again, which etcd only does if the lease is still alive.
+//!
+//! The winner gives the duty up as soon as a keep-alive is not confirmed in time (a third of
+//! the TTL), and etcd deletes the key when the lease expires. A step already sent may still
+//! finish on the old holder; `ControllerUnpublishVolume` is idempotent, and its outcome is
+//! recorded by a compare-and-swap write that fails for a writer whose copy is stale, so
+//! nothing is recorded twice.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +35,7 @@ use tokio::task::JoinHandle;
 
 use super::etcd::EtcdStore;
 use crate::driver::ClaimsHandle;
+use crate::duty::{Duty, DutyTiming, Fence};
 
 /// The shortest lease etcd grants reliably (its minimum follows the election timeout).
 pub const MIN_DUTY_TTL: Duration = Duration::from_secs(2);
@@ -59,7 +70,7 @@ impl ControllerElection {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        self.handle.set_controller_duty(false);
+        self.handle.drop_controller_duty();
         self.store.revoke_taken_lease(&self.lease).await;
     }
 }
@@ -68,27 +79,42 @@ impl Drop for ControllerElection {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
-            self.handle.set_controller_duty(false);
+            self.handle.drop_controller_duty();
         }
     }
 }
 
 impl EtcdStore {
     /// Campaigns for the controller duty as `name` (the agent's node id, say) with a lease of
-    /// `ttl` (at least [`MIN_DUTY_TTL`]), switching `handle`'s duty on while this agent holds
-    /// it. See the [module docs](self).
+    /// `timing`'s TTL (at least [`MIN_DUTY_TTL`]), handing `handle` a fenced [`Duty`] while
+    /// this agent holds it. See the [module docs](self).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use csi_claims::duty::DutyTiming;
+    /// # use csi_claims::store::EtcdStore;
+    /// # async fn run(store: EtcdStore, claims: csi_claims::driver::ClaimsHandle) {
+    /// let timing = DutyTiming::new(Duration::from_secs(10)).expect("a 2 s margin fits");
+    /// let election = store.elect_controller_duty("node-1", timing, claims);
+    /// println!("leader: {:?}", election.leader());
+    /// # }
+    /// ```
     pub fn elect_controller_duty(
         &self,
         name: impl Into<String>,
-        ttl: Duration,
+        timing: DutyTiming,
         handle: ClaimsHandle,
     ) -> ControllerElection {
         let (tx, rx) = watch::channel(None);
         let lease = Arc::new(std::sync::Mutex::new(None));
+        // A longer TTL keeps the margin valid (under a third of the TTL).
+        let timing = DutyTiming::with_margin(timing.ttl().max(MIN_DUTY_TTL), timing.margin())
+            .unwrap_or(timing);
         let campaign = Campaign {
             store: self.clone(),
             name: name.into(),
-            ttl: ttl.max(MIN_DUTY_TTL),
+            ttl: timing.ttl(),
+            timing,
             handle: handle.clone(),
             leader: tx,
             lease: Arc::clone(&lease),
@@ -114,6 +140,7 @@ struct Campaign {
     store: EtcdStore,
     name: String,
     ttl: Duration,
+    timing: DutyTiming,
     handle: ClaimsHandle,
     leader: watch::Sender<Option<String>>,
     lease: Arc<std::sync::Mutex<Option<i64>>>,
@@ -159,6 +186,8 @@ impl Campaign {
         let limit = self.limit();
         let mut leases = self.store.client().lease_client();
         let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
+        // The lease cannot expire before the grant was sent plus its TTL.
+        let sent = crate::driver::now();
         let granted = match tokio::time::timeout(limit, leases.grant(ttl_secs, None)).await {
             Ok(Ok(g)) => g,
             _ => return Round::Failed,
@@ -194,11 +223,23 @@ impl Campaign {
         }
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
         let _ = self.leader.send(Some(self.name.clone()));
-        tracing::info!(name = %self.name, lease = id, "took the controller duty");
-        self.handle.set_controller_duty(true);
-        self.hold(id).await;
+        // The key did not exist: the transaction's revision is its creation revision.
+        let fence = Fence {
+            key,
+            revision: answer.header().map_or(0, |h| h.revision()),
+        };
+        let granted_ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
+        let duty = Duty::new(
+            self.name.clone(),
+            fence,
+            self.timing.deadline(sent, granted_ttl),
+        );
+        tracing::info!(name = %self.name, lease = id, fence = %duty.fence(),
+            "took the controller duty");
+        self.handle.hold_controller_duty(duty.clone());
+        self.hold(id, &duty).await;
         tracing::warn!(name = %self.name, "gave up the controller duty: lease not confirmed");
-        self.handle.set_controller_duty(false);
+        self.handle.drop_controller_duty();
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = None;
         // If the cluster still has the lease, free the key now rather than at its expiry.
         let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
@@ -206,8 +247,9 @@ impl Campaign {
         Round::Lost
     }
 
-    /// Keeps the lease alive until a keep-alive is not confirmed in time.
-    async fn hold(&self, id: i64) {
+    /// Keeps the lease alive until a keep-alive is not confirmed in time; each confirmed one
+    /// extends `duty`'s deadline from the moment it was sent.
+    async fn hold(&self, id: i64, duty: &Duty) {
         let limit = self.limit();
         let every = self.ttl / 3;
         let mut leases = self.store.client().lease_client();
@@ -218,13 +260,18 @@ impl Campaign {
         };
         loop {
             tokio::time::sleep(every).await;
+            let sent = crate::driver::now();
             let confirmed = tokio::time::timeout(every, async {
                 keeper.keep_alive().await.ok()?;
                 answers.message().await.ok().flatten()
             })
             .await;
             match confirmed {
-                Ok(Some(answer)) if answer.ttl() > 0 => {}
+                Ok(Some(answer)) if answer.ttl() > 0 => {
+                    let left = Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(0));
+                    duty.extend(self.timing.deadline(sent, left));
+                    self.handle.controller_duty_confirmed(duty);
+                }
                 _ => return,
             }
         }

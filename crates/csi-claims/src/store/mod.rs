@@ -55,6 +55,7 @@ pub use forgetting::Forgetting;
 pub use memory::MemoryStore;
 pub use redb_store::{REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, RedbStore};
 
+use crate::duty::Fence;
 use crate::model::VolumeRecord;
 
 /// The version of a stored record: a number that grows with every write of the volume, so a
@@ -214,6 +215,16 @@ pub enum StoreError {
         #[source]
         source: Box<redb::Error>,
     },
+    /// A controller-side write or confirmation was refused because this writer no longer holds
+    /// the controller duty: the fence it named (the duty key at its creation revision) is not
+    /// what the store holds. Nothing was written; another agent performs the duty now.
+    #[error("claim store refused a controller-side step on volume {volume}: {detail}")]
+    Fenced {
+        /// The volume.
+        volume: VolumeId,
+        /// What the store holds instead, or why the step was refused before reaching it.
+        detail: String,
+    },
     /// The store failed earlier and refuses calls until it works again (a [`RedbStore`]
     /// closed after an I/O error, until it is opened again): nothing was read or written.
     #[error("claim store {store} is unavailable: {reason}")]
@@ -235,6 +246,12 @@ impl StoreError {
         matches!(self, StoreError::Conflict { .. })
     }
 
+    /// Whether this is a [`StoreError::Fenced`]: the writer no longer holds the controller
+    /// duty.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, StoreError::Fenced { .. })
+    }
+
     /// Whether writing the same record again can never succeed (it is too large for the
     /// store, cannot be encoded, or names another volume): the change must be dropped.
     pub fn is_permanent(&self) -> bool {
@@ -248,7 +265,7 @@ impl StoreError {
     /// write whose outcome is unknown because the store failed) instead of retrying the same
     /// write.
     pub fn needs_reload(&self) -> bool {
-        self.is_conflict() || self.is_unavailable()
+        self.is_conflict() || self.is_fenced() || self.is_unavailable()
     }
 
     /// Whether the store itself failed (its disk, its database, the network to it, a call
@@ -357,6 +374,59 @@ pub trait ClaimStore: Send + Sync + 'static {
         expected: Option<Version>,
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError>;
+
+    /// [`compare_and_swap`](Self::compare_and_swap) that also requires `fence` to hold, in the
+    /// same transaction: the write of a controller-side step, which only the holder of the
+    /// controller duty may make (see [`crate::duty`]).
+    ///
+    /// The default ignores the fence: a store of one writer has nobody to fence off. A store
+    /// that several agents share must compare it.
+    ///
+    /// # Errors
+    ///
+    /// As [`compare_and_swap`](Self::compare_and_swap), and [`StoreError::Fenced`] when the
+    /// fence does not hold.
+    async fn compare_and_swap_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+        fence: &Fence,
+    ) -> Result<Option<Version>, StoreError> {
+        let _ = fence;
+        self.compare_and_swap(volume, expected, new).await
+    }
+
+    /// Confirms, in one atomic read, that `volume`'s record is still at `expected` and that
+    /// `fence` holds: what the driver asks before a controller call, so that the call is
+    /// decided on the record the store holds, by the agent that holds the duty.
+    ///
+    /// The default reads the record and compares its version (a store of one writer has
+    /// nobody to fence off). A store that several agents share must compare the fence in the
+    /// same read.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Conflict`] when the record changed, [`StoreError::Fenced`] when the fence
+    /// does not hold, or a backend failure.
+    async fn confirm_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let _ = fence;
+        let found = self.load(volume).await?.map(|s| s.version);
+        if found == expected {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict {
+                volume: volume.clone(),
+                expected,
+                found,
+            })
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -380,6 +450,27 @@ impl<S: ClaimStore + ?Sized> ClaimStore for std::sync::Arc<S> {
         new: Option<&VolumeRecord>,
     ) -> Result<Option<Version>, StoreError> {
         (**self).compare_and_swap(volume, expected, new).await
+    }
+
+    async fn compare_and_swap_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        new: Option<&VolumeRecord>,
+        fence: &Fence,
+    ) -> Result<Option<Version>, StoreError> {
+        (**self)
+            .compare_and_swap_fenced(volume, expected, new, fence)
+            .await
+    }
+
+    async fn confirm_fenced(
+        &self,
+        volume: &VolumeId,
+        expected: Option<Version>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        (**self).confirm_fenced(volume, expected, fence).await
     }
 }
 
