@@ -77,6 +77,10 @@ impl Etcd {
 #[derive(Default)]
 struct Plugin {
     hang_controller: AtomicBool,
+    /// While set, controller calls fail as retryable (counted in `controller_attempts`).
+    fail_controller: AtomicBool,
+    /// Every controller call that reached the plugin, failed or not.
+    controller_attempts: std::sync::atomic::AtomicUsize,
     controller_calls: std::sync::Mutex<Vec<(String, String)>>,
     node_calls: std::sync::Mutex<Vec<(String, String)>>,
 }
@@ -98,8 +102,16 @@ impl NodeDetacher for Plugin {
 #[async_trait]
 impl ControllerDetacher for Plugin {
     async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
-        if self.hang_controller.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
+        self.controller_attempts.fetch_add(1, Ordering::SeqCst);
+        while self.hang_controller.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.fail_controller.load(Ordering::SeqCst) {
+            return Err(DetachError::new(
+                csi_claims::DetachRpc::ControllerUnpublish,
+                ErrorClass::Retry,
+                "scripted failure",
+            ));
         }
         self.controller_calls
             .lock()
@@ -480,6 +492,92 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
     assert!(store_b.load(&v.id).await.unwrap().is_none());
     election_b.resign().await;
     assert!(!b.claims.controller_duty());
+    b.driver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_duty_key_was_taken_over_is_refused_by_etcd_whatever_its_lease_says() {
+    // The holder's lease stays alive and its keep-alives are confirmed: only the fence (the
+    // duty key's creation revision, compared in etcd's transaction) can tell it lost the duty.
+    let etcd = Etcd::start(1);
+    let store_a = etcd.store("/fenced").await;
+    let store_b = EtcdStore::connect(etcd.config("/fenced")).await.unwrap();
+    let timing = DutyTiming::new(Duration::from_secs(2)).unwrap();
+    let a = agent(&store_a, "n0", false).await;
+    let election_a = store_a.elect_controller_duty("n0", timing, a.claims.clone());
+    eventually("n0 takes the duty", async || a.claims.controller_duty()).await;
+    let duty_a = a.claims.duty().expect("n0 holds a fenced duty");
+    let b = agent(&store_b, "n1", false).await;
+    let election_b = store_b.elect_controller_duty("n1", timing, b.claims.clone());
+    eventually("n1 sees n0 lead", async || {
+        election_b.leader().as_deref() == Some("n0")
+    })
+    .await;
+
+    // n0's controller calls fail: the step waits in its backoff.
+    a.plugin.fail_controller.store(true, Ordering::SeqCst);
+    let v = info("v", ControllerRequirement::Required);
+    let w = WorkloadId::new("w").unwrap();
+    b.claims.claim(&v, writer(&v, &b.node, "w")).await.unwrap();
+    b.claims.release(&v.id, &w).await.unwrap();
+    eventually("n0 tried the controller step", async || {
+        a.plugin.controller_attempts.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // n1's call will hang, so the volume stays at the controller step while n0 retries.
+    b.plugin.hang_controller.store(true, Ordering::SeqCst);
+
+    // The duty key goes behind n0's back (an operator, a restore); n1 takes it.
+    let mut kv = store_a.client().kv_client();
+    kv.delete(duty_a.fence().key.as_str(), None).await.unwrap();
+    eventually("n1 takes the duty", async || b.claims.controller_duty()).await;
+    let attempts_at_takeover = a.plugin.controller_attempts.load(Ordering::SeqCst);
+    a.plugin.fail_controller.store(false, Ordering::SeqCst);
+    eventually("n1's controller call is in flight", async || {
+        b.plugin.controller_attempts.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+
+    // n0's next attempt is refused by etcd: its duty ends for good and it campaigns again,
+    // following n1. Its clock and lease said it still held the duty.
+    eventually(
+        "n0 learns from the fence that it lost the duty",
+        async || duty_a.until().is_none() && a.claims.duty().is_none(),
+    )
+    .await;
+    eventually("n0 follows n1", async || {
+        election_a.leader().as_deref() == Some("n1")
+    })
+    .await;
+    assert!(!a.claims.controller_duty());
+    assert_eq!(
+        a.plugin.controller_attempts.load(Ordering::SeqCst),
+        attempts_at_takeover,
+        "no controller call left n0 after the takeover"
+    );
+
+    // n1 finishes the release.
+    b.plugin.hang_controller.store(false, Ordering::SeqCst);
+    let freed = tokio::time::timeout(
+        Duration::from_secs(30),
+        b.claims.release_and_wait(&v.id, &w),
+    )
+    .await
+    .expect("n1 finishes within 30 s")
+    .unwrap();
+    assert!(matches!(freed.state(), ClaimState::Freed(_)), "{freed:?}");
+    assert!(a.plugin.controller_calls.lock().unwrap().is_empty());
+    assert_eq!(
+        b.plugin.controller_calls.lock().unwrap().as_slice(),
+        &[("v".to_owned(), "w".to_owned())]
+    );
+    assert_eq!(
+        a.plugin.controller_attempts.load(Ordering::SeqCst),
+        attempts_at_takeover
+    );
+    drop(election_a);
+    election_b.resign().await;
+    a.driver.shutdown().await;
     b.driver.shutdown().await;
 }
 

@@ -522,9 +522,13 @@ async fn persist<S: ClaimStore + ?Sized>(
         match gate.gate() {
             Gate::Open => store.compare_and_swap(&key, expected, record).await,
             Gate::Fenced(duty) => {
-                store
+                let written = store
                     .compare_and_swap_fenced(&key, expected, record, duty.fence())
-                    .await
+                    .await;
+                if written.as_ref().is_err_and(StoreError::is_fenced) {
+                    lost_to_the_store(&duty);
+                }
+                written
             }
             Gate::Closed(detail) => Err(StoreError::Fenced {
                 volume: key,
@@ -602,7 +606,10 @@ where
             .await;
             match confirmed {
                 Ok(()) => {}
-                Err(e) if e.is_fenced() => return Err(NotStarted::NotHolder),
+                Err(e) if e.is_fenced() => {
+                    lost_to_the_store(&duty);
+                    return Err(NotStarted::NotHolder);
+                }
                 Err(e) if e.is_conflict() => return Err(NotStarted::Stale),
                 Err(e) => return Err(NotStarted::Store(e)),
             }
@@ -618,6 +625,16 @@ where
         controller.controller_unpublish(request),
     )
     .await)
+}
+
+/// The store refused `duty`'s fence: another agent holds the duty (or nobody does), whatever
+/// this agent's keep-alives say. The duty ends for good; its holder campaigns again.
+fn lost_to_the_store(duty: &Duty) {
+    if duty.until().is_some() {
+        tracing::warn!(holder = duty.holder(), fence = %duty.fence(),
+            "the claim store refused the controller duty's fence: another agent holds it");
+    }
+    duty.lapse();
 }
 
 /// `NodeUnpublishVolume`, then `NodeUnstageVolume` when asked; "already done" counts as done.

@@ -260,6 +260,11 @@ impl Campaign {
         };
         loop {
             tokio::time::sleep(every).await;
+            if duty.until().is_none() {
+                // The store refused the fence (the key was deleted or taken over behind this
+                // agent's back): the lease alone is no duty.
+                return;
+            }
             let sent = crate::driver::now();
             let confirmed = tokio::time::timeout(every, async {
                 keeper.keep_alive().await.ok()?;
