@@ -462,6 +462,131 @@ async fn every_call_sees_the_previous_step_durable_in_redb() {
     assert!(store.load_all().await.unwrap().is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_the_store_file_opens_again_at_once() {
+    // Writes in flight when the driver stops: shutdown returns once they ended and the
+    // driver let go of the store, so the same file opens again (redb allows one open).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    for round in 0..5 {
+        let store = Arc::new(RedbStore::open(&path).unwrap());
+        let plugin = Plugin::new();
+        let (claims, driver) = ClaimsDriver::start(
+            store,
+            Arc::new(FakeNode(Arc::clone(&plugin))),
+            Arc::new(FakeController(Arc::clone(&plugin))),
+            DriverConfig::default(),
+        )
+        .await
+        .unwrap();
+        let mut claiming = Vec::new();
+        for i in 0..20 {
+            let (claims, v) = (
+                claims.clone(),
+                info(
+                    &format!("r{round}-v{i}"),
+                    "p",
+                    ControllerRequirement::Required,
+                ),
+            );
+            claiming.push(tokio::spawn(async move {
+                claims.claim(&v, write_claim(&v, "w", "n1")).await
+            }));
+        }
+        // Let some of the writes start, then stop in the middle of them.
+        tokio::task::yield_now().await;
+        driver.shutdown().await;
+        let reopened = RedbStore::open(&path);
+        assert!(
+            reopened.is_ok(),
+            "round {round}: {:?}",
+            reopened.err().map(|e| e.to_string())
+        );
+        for c in claiming {
+            // Durable, or answered "stopped"; never hung.
+            match c.await.unwrap() {
+                Ok(_) | Err(DriverError::Stopped) => {}
+                Err(other) => panic!("round {round}: {other}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_a_release_that_already_finished_answers_freed() {
+    let plugin = Plugin::new();
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let claim = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
+    let first = guard(claims.release_and_wait(&v.id, claim.workload()))
+        .await
+        .unwrap();
+    // Asked again after the release finished (a caller that lost the first answer):
+    // the same freed claim, and no call made again.
+    let calls = plugin.calls().len();
+    let again = guard(claims.release_and_wait(&v.id, claim.workload()))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    assert!(matches!(again.state(), ClaimState::Freed(_)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let bounded = claims
+        .release_and_wait_until(&v.id, claim.workload(), deadline)
+        .await
+        .unwrap();
+    assert_eq!(bounded, first);
+    assert_eq!(plugin.calls().len(), calls);
+    // A claim that never was is still no claim.
+    let never = claims
+        .release_and_wait(&v.id, &WorkloadId::new("never").unwrap())
+        .await;
+    assert!(
+        matches!(
+            never,
+            Err(DriverError::Release(
+                csi_claims::ReleaseError::NoSuchClaim { .. }
+            ))
+        ),
+        "{never:?}"
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_memory_of_freed_claims_is_bounded() {
+    let plugin = Plugin::new();
+    let config = DriverConfig {
+        freed_memory: 2,
+        ..DriverConfig::default()
+    };
+    let (claims, driver) = start(&plugin, config).await;
+    let mut workloads = Vec::new();
+    for i in 0..3 {
+        let v = info(&format!("v{i}"), "p", ControllerRequirement::NotRequired);
+        let claim = guard(claims.claim(&v, write_claim(&v, "w", "n1")))
+            .await
+            .unwrap();
+        guard(claims.release_and_wait(&v.id, claim.workload()))
+            .await
+            .unwrap();
+        workloads.push((v.id.clone(), claim.workload().clone()));
+    }
+    // The oldest of three is forgotten; the last two are answered.
+    let (oldest, w) = &workloads[0];
+    assert!(matches!(
+        claims.release_and_wait(oldest, w).await,
+        Err(DriverError::Release(
+            csi_claims::ReleaseError::NoSuchClaim { .. }
+        ))
+    ));
+    for (v, w) in &workloads[1..] {
+        assert!(claims.release_and_wait(v, w).await.is_ok());
+    }
+    driver.shutdown().await;
+}
+
 /// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.
 #[allow(dead_code)]
 fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {

@@ -212,6 +212,46 @@ impl Waiters {
     }
 }
 
+/// The claims freed last, newest kept: a wait that comes after its release finished is
+/// answered with the freed claim.
+#[derive(Debug)]
+pub(crate) struct Freed {
+    limit: usize,
+    order: std::collections::VecDeque<Key>,
+    claims: HashMap<Key, Claim>,
+}
+
+impl Freed {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            order: std::collections::VecDeque::new(),
+            claims: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn remember(&mut self, claim: &Claim) {
+        if self.limit == 0 {
+            return;
+        }
+        let key = (claim.volume().clone(), claim.workload().clone());
+        if self.claims.insert(key.clone(), claim.clone()).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.limit {
+            if let Some(old) = self.order.pop_front() {
+                self.claims.remove(&old);
+            }
+        }
+    }
+
+    fn get(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<Claim> {
+        self.claims
+            .get(&(volume.clone(), workload.clone()))
+            .cloned()
+    }
+}
+
 fn not_stored(what: &'static str, (volume, workload): &Key, reason: &str) -> DriverError {
     DriverError::NotStored {
         what,
@@ -361,7 +401,11 @@ impl ClaimsHandle {
     }
 
     /// Starts releasing a claim (if not already) and returns the claim once it is freed, in
-    /// state [`ClaimState::Freed`](crate::ClaimState::Freed) with how both steps ended
+    /// state [`ClaimState::Freed`](crate::ClaimState::Freed) with how both steps ended. A
+    /// claim freed before the call (its release already finished) is answered at once, as
+    /// long as it is among the last [`DriverConfig::freed_memory`](super::DriverConfig::freed_memory)
+    /// claims freed; one freed longer ago answers [`ReleaseError::NoSuchClaim`], as does a
+    /// claim that never was. Each answer says how both steps ended
     /// (`DoneElsewhere` for a step another agent sharing the store performed and this one did
     /// not see end). Waits as long as the release takes (a release is retried until it
     /// completes), and first for a reload of the volume after another agent's write.
@@ -408,7 +452,16 @@ impl ClaimsHandle {
         let started = tokio::time::Instant::now();
         let rx = {
             let mut state = self.start_release(volume).await?;
-            state.machine.release(volume, workload, now())?;
+            match state.machine.release(volume, workload, now()) {
+                Ok(_) => {}
+                // Freed already: the wait came after the release finished.
+                Err(ReleaseError::NoSuchClaim { .. })
+                    if let Some(freed) = state.freed.get(volume, workload) =>
+                {
+                    return Ok(freed);
+                }
+                Err(e) => return Err(e.into()),
+            }
             let (tx, rx) = oneshot::channel();
             state
                 .waiters

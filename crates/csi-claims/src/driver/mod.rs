@@ -73,6 +73,10 @@ pub struct DriverConfig {
     /// only ([`ReleaseMachine::await_node_plugins`]: a member of a cluster, whose controller
     /// steps may call another node's plugin). Default `true`.
     pub first_plugin_wait_controllers: bool,
+    /// How many freed claims the driver remembers, so that a wait for a release that has
+    /// already finished ([`ClaimsHandle::release_and_wait`]) answers with the freed claim
+    /// instead of "no such claim". The oldest are forgotten first. Default 4096.
+    pub freed_memory: usize,
 }
 
 impl Default for DriverConfig {
@@ -84,6 +88,7 @@ impl Default for DriverConfig {
             event_capacity: 1024,
             first_plugin_wait: Duration::ZERO,
             first_plugin_wait_controllers: true,
+            freed_memory: 4096,
         }
     }
 }
@@ -91,6 +96,8 @@ impl Default for DriverConfig {
 pub(crate) struct State {
     pub(crate) machine: ReleaseMachine,
     pub(crate) waiters: Waiters,
+    /// The claims freed last, for waits that come after the release finished.
+    pub(crate) freed: handle::Freed,
     /// Set when the loop ended (shutdown, abort or drop): calls answer
     /// [`DriverError::Stopped`] instead of waiting for a loop that will not come.
     pub(crate) stopped: bool,
@@ -251,6 +258,7 @@ impl ClaimsDriver {
             state: Mutex::new(State {
                 machine,
                 waiters: Waiters::default(),
+                freed: handle::Freed::new(config.freed_memory),
                 stopped: false,
                 store_watch: None,
                 store_failure: None,
@@ -263,6 +271,7 @@ impl ClaimsDriver {
         let runner = Runner {
             shared: Arc::clone(&shared),
             store,
+            store_calls: Arc::new(StoreCalls::default()),
             node,
             controller,
             call_timeout: config.call_timeout,
@@ -278,8 +287,13 @@ impl ClaimsDriver {
         ))
     }
 
-    /// Stops the loop and waits for it. Calls in flight are dropped (their outcome is settled
-    /// by the next start, which repeats the step).
+    /// Stops the loop and waits for it. Detach calls in flight are dropped (their outcome is
+    /// settled by the next start, which repeats the step); store calls in flight are waited
+    /// for, up to [`DriverConfig::store_timeout`], since a write cannot be taken back. When it
+    /// returns, the driver holds no reference to the store any more: a store the caller does
+    /// not hold either is closed (a [`RedbStore`](crate::RedbStore)'s file can be opened
+    /// again at once). Only a store call stalled past the timeout still holds it, until it
+    /// ends.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
@@ -306,6 +320,8 @@ impl Drop for ClaimsDriver {
 struct Runner<S: ?Sized, N: ?Sized, C: ?Sized> {
     shared: Arc<Shared>,
     store: Arc<S>,
+    /// Store calls still running in the background (see [`bounded_store`]).
+    store_calls: Arc<StoreCalls>,
     node: Arc<N>,
     controller: Arc<C>,
     call_timeout: Duration,
@@ -323,6 +339,20 @@ where
         let _stop = StopGuard(Arc::clone(&self.shared));
         // Dropping the set (when the loop ends or is aborted) aborts every call in flight.
         let mut calls = JoinSet::new();
+        self.turns(&mut stopped, &mut changes, &mut calls).await;
+        // An orderly stop: every call is aborted and gone, then the store calls it started
+        // finish (a write cannot be taken back), so that the store is let go on return.
+        calls.shutdown().await;
+        drop(changes);
+        self.store_calls.finished(self.store_timeout).await;
+    }
+
+    async fn turns(
+        &self,
+        stopped: &mut watch::Receiver<bool>,
+        changes: &mut Option<Changes>,
+        calls: &mut JoinSet<()>,
+    ) {
         loop {
             let change = async {
                 match changes.as_mut() {
@@ -330,7 +360,7 @@ where
                     None => std::future::pending().await,
                 }
             };
-            let deadline = self.turn(&mut calls);
+            let deadline = self.turn(calls);
             let sleep = async {
                 match deadline {
                     Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
@@ -359,7 +389,7 @@ where
                             are no longer seen until restart");
                         self.shared.lock().store_watch =
                             Some("the store's watch ended".to_owned());
-                        changes = None;
+                        *changes = None;
                     }
                 },
             }
@@ -406,8 +436,14 @@ where
         }
         while let Some(event) = state.machine.poll_event() {
             let State {
-                machine, waiters, ..
+                machine,
+                waiters,
+                freed,
+                ..
             } = &mut *state;
+            if let Event::Freed(claim) = &event {
+                freed.remember(claim);
+            }
             waiters.deliver(machine, &event);
             let _ = self.shared.events.send(event);
         }
@@ -419,11 +455,13 @@ where
         match action {
             Action::Persist(request) => {
                 let store = Arc::clone(&self.store);
-                calls.spawn(persist(shared, store, request, self.store_timeout));
+                let limit = (Arc::clone(&self.store_calls), self.store_timeout);
+                calls.spawn(persist(shared, store, request, limit));
             }
             Action::Reload(request) => {
                 let store = Arc::clone(&self.store);
-                calls.spawn(reload(shared, store, request, self.store_timeout));
+                let limit = (Arc::clone(&self.store_calls), self.store_timeout);
+                calls.spawn(reload(shared, store, request, limit));
             }
             Action::NodeDetach(request) => {
                 let node = Arc::clone(&self.node);
@@ -446,7 +484,10 @@ where
             Action::ControllerDetach(request) => {
                 let controller = Arc::clone(&self.controller);
                 let store = Arc::clone(&self.store);
-                let limits = (self.call_timeout, self.store_timeout);
+                let limits = (
+                    self.call_timeout,
+                    (Arc::clone(&self.store_calls), self.store_timeout),
+                );
                 calls.spawn(async move {
                     tracing::debug!(volume = %request.volume, plugin = %request.plugin,
                         plugin_node = %request.plugin_node, "controller detach");
@@ -502,7 +543,7 @@ async fn persist<S: ClaimStore + ?Sized>(
     shared: Arc<Shared>,
     store: Arc<S>,
     request: PersistRequest,
-    limit: Duration,
+    limit: StoreLimit,
 ) {
     let PersistRequest {
         ticket,
@@ -548,7 +589,7 @@ async fn reload<S: ClaimStore + ?Sized>(
     shared: Arc<Shared>,
     store: Arc<S>,
     request: ReloadRequest,
-    limit: Duration,
+    limit: StoreLimit,
 ) {
     let ReloadRequest { ticket, volume } = request;
     let key = volume.clone();
@@ -560,15 +601,73 @@ async fn reload<S: ClaimStore + ?Sized>(
     shared.wake.notify_one();
 }
 
+/// The store calls running in their own tasks, counted so that an orderly stop waits for
+/// them.
+#[derive(Debug, Default)]
+struct StoreCalls {
+    running: std::sync::atomic::AtomicUsize,
+    ended: Notify,
+}
+
+/// Counts one running store call while alive.
+struct StoreCall(Arc<StoreCalls>);
+
+impl StoreCall {
+    fn start(calls: &Arc<StoreCalls>) -> Self {
+        calls
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(Arc::clone(calls))
+    }
+}
+
+impl Drop for StoreCall {
+    fn drop(&mut self) {
+        self.0
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.ended.notify_waiters();
+    }
+}
+
+impl StoreCalls {
+    /// Waits until no store call runs, at most `limit`.
+    async fn finished(&self, limit: Duration) {
+        let all = async {
+            loop {
+                let ended = self.ended.notified();
+                if self.running.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        if tokio::time::timeout(limit, all).await.is_err() {
+            tracing::warn!(after = ?limit,
+                "claims driver stopped with a store call still running; the store is let go \
+                 when it ends");
+        }
+    }
+}
+
+/// Where store calls are counted, and how long one may take.
+type StoreLimit = (Arc<StoreCalls>, Duration);
+
 /// Runs a store call in its own task, so that a store that panics answers "interrupted"
 /// instead of never, and gives up waiting for it after `limit` ("timed out": its outcome is
-/// unknown). The call itself goes on to its end in the background; the volume's record is
-/// read again before the next write.
+/// unknown). The call itself goes on to its end in the background (counted, so that an
+/// orderly stop waits for it); the volume's record is read again before the next write.
 async fn bounded_store<T: Send + 'static>(
     volume: VolumeId,
-    limit: Duration,
+    (calls, limit): StoreLimit,
     call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
 ) -> Result<T, StoreError> {
+    let running = StoreCall::start(&calls);
+    let call = async move {
+        let result = call.await;
+        drop(running);
+        result
+    };
     match tokio::time::timeout(limit, tokio::spawn(call)).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(StoreError::Interrupted { volume }),
@@ -587,7 +686,7 @@ async fn controller_step<S, C>(
     store: Arc<S>,
     controller: &C,
     request: &ControllerDetachRequest,
-    (call_limit, store_limit): (Duration, Duration),
+    (call_limit, store_limit): (Duration, StoreLimit),
 ) -> Result<Result<(), DetachError>, NotStarted>
 where
     S: ClaimStore + ?Sized,
