@@ -133,6 +133,16 @@ async fn start(store: &Arc<FencingStore>, plugin: &Arc<Plugin>) -> (ClaimsHandle
     (claims, driver)
 }
 
+/// Workload `w`'s claim of `v` on node `n1`, durable.
+async fn claim(claims: &ClaimsHandle, v: &csi_claims::VolumeInfo) -> csi_structs::WorkloadId {
+    claims
+        .claim(v, write_claim(v, "w", "n1"))
+        .await
+        .unwrap()
+        .workload()
+        .clone()
+}
+
 fn controller_calls(plugin: &Plugin) -> usize {
     plugin
         .calls()
@@ -173,12 +183,7 @@ async fn a_holder_past_its_deadline_starts_no_controller_step_until_a_keep_alive
     claims.hold_controller_duty(duty.clone());
 
     let v = info("v", "p", ControllerRequirement::Required);
-    let w = claims
-        .claim(&v, write_claim(&v, "w", "n1"))
-        .await
-        .unwrap()
-        .workload()
-        .clone();
+    let w = claim(&claims, &v).await;
     let waited = release_for(&claims, &v.id, &w, Duration::from_secs(60)).await;
     assert!(
         matches!(waited, Err(DriverError::StillReleasing { .. })),
@@ -214,12 +219,7 @@ async fn a_confirmation_of_a_lapsed_deadline_does_not_bring_the_duty_back() {
     let duty = Duty::new("n0", fence(3), now());
     claims.hold_controller_duty(duty.clone());
     let v = info("v", "p", ControllerRequirement::Required);
-    let w = claims
-        .claim(&v, write_claim(&v, "w", "n1"))
-        .await
-        .unwrap()
-        .workload()
-        .clone();
+    let w = claim(&claims, &v).await;
     let _ = release_for(&claims, &v.id, &w, Duration::from_secs(10)).await;
     assert_eq!(controller_calls(&plugin), 0);
     // A keep-alive sent before the pause and read after it confirms nothing: its deadline
@@ -240,12 +240,7 @@ async fn a_lapsed_duty_writes_no_controller_side_record() {
     let (claims, driver) = start(&store, &plugin).await;
     // No controller publish step: after the node step, the next steps are records only.
     let v = info("v", "p", ControllerRequirement::NotRequired);
-    let w = claims
-        .claim(&v, write_claim(&v, "w", "n1"))
-        .await
-        .unwrap()
-        .workload()
-        .clone();
+    let w = claim(&claims, &v).await;
     claims.hold_controller_duty(Duty::new("n0", fence(1), now()));
     let waited = release_for(&claims, &v.id, &w, Duration::from_secs(30)).await;
     assert!(matches!(waited, Err(DriverError::StillReleasing { .. })));
@@ -281,12 +276,7 @@ async fn a_fence_the_store_no_longer_holds_stops_the_call_whatever_the_clock_say
         ("local", ControllerRequirement::NotRequired),
     ] {
         let v = info(volume, "p", controller);
-        let w = claims
-            .claim(&v, write_claim(&v, "w", "n1"))
-            .await
-            .unwrap()
-            .workload()
-            .clone();
+        let w = claim(&claims, &v).await;
         let waited = release_for(&claims, &v.id, &w, Duration::from_secs(30)).await;
         assert!(
             matches!(waited, Err(DriverError::StillReleasing { .. })),
@@ -311,12 +301,7 @@ async fn a_step_decided_on_a_stale_copy_is_decided_again_on_what_the_store_holds
     let (claims, driver) = start(&store, &plugin).await;
     claims.hold_controller_duty(Duty::new("n0", fence(2), now() + Duration::from_secs(3600)));
     let v = info("v", "p", ControllerRequirement::Required);
-    let w = claims
-        .claim(&v, write_claim(&v, "w", "n1"))
-        .await
-        .unwrap()
-        .workload()
-        .clone();
+    let w = claim(&claims, &v).await;
     // Another agent detached the volume on the controller and recorded it, unseen by this
     // one (no watch): this agent's copy still says the controller step is next.
     *store.behind_your_back.lock().unwrap() = true;
@@ -373,12 +358,7 @@ async fn without_a_duty_object_nothing_is_fenced() {
     let (claims, driver) = start(&store, &plugin).await;
     claims.set_controller_duty(true);
     let v = info("v", "p", ControllerRequirement::Required);
-    let w = claims
-        .claim(&v, write_claim(&v, "w", "n1"))
-        .await
-        .unwrap()
-        .workload()
-        .clone();
+    let w = claim(&claims, &v).await;
     release_for(&claims, &v.id, &w, Duration::from_secs(60))
         .await
         .unwrap();

@@ -565,14 +565,10 @@ impl ClaimStore for EtcdStore {
                 TxnOp::get(fence.key.as_str(), None),
             ]);
         let response = self
-            .bounded(
+            .run_txn(
                 || format!("confirm the claims of volume {volume} and the controller duty"),
                 true,
-                || {
-                    let mut kv = self.inner.client.kv_client();
-                    let txn = txn.clone();
-                    async move { kv.txn(txn).await }
-                },
+                txn,
             )
             .await?;
         if response.succeeded() {
@@ -622,14 +618,10 @@ impl EtcdStore {
             .and_then([write])
             .or_else(otherwise);
         let response = self
-            .bounded(
+            .run_txn(
                 || format!("compare and swap the claims of volume {volume}"),
                 false,
-                || {
-                    let mut kv = self.inner.client.kv_client();
-                    let txn = txn.clone();
-                    async move { kv.txn(txn).await }
-                },
+                txn,
             )
             .await?;
         if response.succeeded() {
@@ -647,6 +639,21 @@ impl EtcdStore {
             };
         }
         Err(self.refusal(volume, expected, fence, &response))
+    }
+
+    /// One transaction under the store's deadline ([`bounded`](Self::bounded)).
+    async fn run_txn(
+        &self,
+        operation: impl Fn() -> String,
+        idempotent: bool,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, StoreError> {
+        self.bounded(operation, idempotent, || {
+            let mut kv = self.inner.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Why a transaction comparing the volume's key (and `fence`) failed: the fence first
