@@ -3,8 +3,18 @@
 //!
 //! **Agents.** `A` claims drivers run in this process, each on its own `EtcdStore` connection
 //! (so with its own watch), each performing the node steps of its own node `n-<i>`; agent 0
-//! also performs the controller-side steps (its duty is on from the start, as if it had won
-//! the election). The detachers answer at once and count their calls.
+//! also performs the controller-side steps. The detachers answer at once and count their calls.
+//!
+//! **Controller duty** (`--etcd-duty`). `fenced` (the default, what a cluster of agents runs):
+//! agent 0 starts without the duty and campaigns for it with
+//! `EtcdStore::elect_controller_duty("n-0", DutyTiming::new(10 s), handle)` on its own store
+//! connection; the bench waits (at most [`DUTY_LIMIT`]) until agent 0 holds it before the
+//! claims, keeps the election (and its lease's keep-alives) running through every phase, and
+//! resigns after the release. Under the fenced duty every controller call is preceded by a
+//! read-only etcd transaction confirming the record and the duty key, and every controller-side
+//! record write compares the duty key too (issue 30). `unfenced`: agent 0 holds the duty from
+//! the start without a fence (`Duties::node(n-0, true)`), as the bench did before; no election,
+//! no confirmation. The claim and release lines name the mode (`duty=fenced`).
 //!
 //! **Claims.** Workload `w` (`0..N`) claims volume `vol-<w % V>` for writing with
 //! `MULTI_NODE_MULTI_WRITER` (so every claim is admitted) from node `n-<w % A>`, through that
@@ -38,7 +48,8 @@ use async_trait::async_trait;
 use csi_claims::driver::{
     ClaimsDriver, ClaimsHandle, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
 };
-use csi_claims::store::{ClaimStore, EtcdStore, EtcdStoreConfig};
+use csi_claims::duty::DutyTiming;
+use csi_claims::store::{ClaimStore, ControllerElection, EtcdStore, EtcdStoreConfig};
 use csi_claims::{
     ClaimError, ClaimRequest, ClaimState, ControllerDetachRequest, DetachError, Duties,
     MachineConfig, NodeDetachRequest, ReleaseError, VolumeInfo,
@@ -48,7 +59,7 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
 use crate::claims::{ClaimsMemory, claim_request, driver_error, id, plugin_node, volume_info};
-use crate::cli::EtcdSpec;
+use crate::cli::{EtcdDuty, EtcdSpec};
 use crate::error::BenchError;
 use crate::etcd_process::EtcdProcess;
 use crate::memory::rss_bytes;
@@ -65,6 +76,12 @@ pub const READY_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long the memory child gets.
 pub const MEMORY_CHILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// How long agent 0 gets to win the controller duty (`--etcd-duty fenced`).
+pub const DUTY_LIMIT: Duration = Duration::from_secs(30);
+
+/// The controller duty's lease TTL (`--etcd-duty fenced`); its margin is the default fifth.
+pub const DUTY_TTL: Duration = Duration::from_secs(10);
 
 /// How often one claim or release is asked for before the run gives up.
 pub const MAX_ATTEMPTS: u32 = 1_000;
@@ -109,6 +126,8 @@ impl ControllerDetacher for CountingDetachers {
 pub struct ClaimPhase {
     /// Agents claiming.
     pub agents: u32,
+    /// How agent 0 holds the controller duty.
+    pub duty: EtcdDuty,
     /// Claims made, each durable.
     pub claims: u32,
     /// Volumes they are spread over.
@@ -136,9 +155,10 @@ impl fmt::Display for ClaimPhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "claims_etcd_claim agents={} claims={} volumes={} callers_per_agent={} claim_ms={:.0} \
-             claims_per_s={:.0} retries={} etcd_writes={}",
+            "claims_etcd_claim agents={} duty={} claims={} volumes={} callers_per_agent={} \
+             claim_ms={:.0} claims_per_s={:.0} retries={} etcd_writes={}",
             self.agents,
+            self.duty,
             self.claims,
             self.volumes,
             self.callers,
@@ -155,6 +175,8 @@ impl fmt::Display for ClaimPhase {
 pub struct ReleasePhase {
     /// Agents releasing.
     pub agents: u32,
+    /// How agent 0 holds the controller duty.
+    pub duty: EtcdDuty,
     /// Claims released.
     pub claims: u32,
     /// Claims that ended freed.
@@ -184,10 +206,12 @@ impl fmt::Display for ReleasePhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "claims_etcd_release agents={} claims={} released={} volumes={} volume_nodes={} \
-             release_ms={:.0} released_per_s={:.0} retries={} freed_in_other_state={} \
-             node_unpublish={} node_unstage={} controller_unpublish={} etcd_writes={}",
+            "claims_etcd_release agents={} duty={} claims={} released={} volumes={} \
+             volume_nodes={} release_ms={:.0} released_per_s={:.0} retries={} \
+             freed_in_other_state={} node_unpublish={} node_unstage={} controller_unpublish={} \
+             etcd_writes={}",
             self.agents,
+            self.duty,
             self.claims,
             self.released,
             self.volumes,
@@ -324,20 +348,42 @@ async fn start_agent(
     controller: bool,
     reread: Option<Duration>,
     detachers: &Arc<CountingDetachers>,
-) -> Result<(ClaimsHandle, ClaimsDriver), BenchError> {
+) -> Result<(ClaimsHandle, ClaimsDriver, EtcdStore), BenchError> {
     let mut config = store_config(endpoints, prefix);
     config.resync_interval = reread;
     let store = EtcdStore::connect(config)
         .await
         .map_err(|e| BenchError::ClaimsStore(Box::new(e)))?;
-    ClaimsDriver::start(
-        Arc::new(store),
+    let (handle, driver) = ClaimsDriver::start(
+        Arc::new(store.clone()),
         Arc::clone(detachers),
         Arc::clone(detachers),
         driver_config(&node, seed, controller),
     )
     .await
-    .map_err(|e| BenchError::ClaimsStore(Box::new(e)))
+    .map_err(|e| BenchError::ClaimsStore(Box::new(e)))?;
+    Ok((handle, driver, store))
+}
+
+/// Agent 0 campaigns for the controller duty on its own store connection; returns the
+/// election (kept alive for the run) once agent 0 holds the duty, at most [`DUTY_LIMIT`] later.
+async fn elect(agent: &Agent, store: &EtcdStore) -> Result<ControllerElection, BenchError> {
+    let timing = DutyTiming::new(DUTY_TTL).map_err(BenchError::DutyTiming)?;
+    let election = store.elect_controller_duty(agent.node.as_str(), timing, agent.handle.clone());
+    let started = Instant::now();
+    while !agent.handle.controller_duty() {
+        if started.elapsed() >= DUTY_LIMIT {
+            let leader = election.leader();
+            election.resign().await;
+            return Err(BenchError::DutyNotWon {
+                agent: agent.node.to_string(),
+                waited: started.elapsed(),
+                leader,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(election)
 }
 
 /// Every claim of the run, in workload order.
@@ -452,33 +498,44 @@ fn bench(
     let store = rt.block_on(connect_ready(endpoints, prefix, process))?;
     let work = plan(spec.claims, spec.agents, volumes)?;
     let detachers = Arc::new(CountingDetachers::default());
-    let agents = rt.block_on(async {
+    let fenced = spec.duty == EtcdDuty::Fenced;
+    let (agents, election) = rt.block_on(async {
         let mut agents = Vec::new();
+        let mut first_store = None;
         for i in 0..spec.agents {
             let node: NodeId = id("node id", format!("n-{i}"))?;
-            let (handle, driver) = start_agent(
+            let (handle, driver, store) = start_agent(
                 endpoints,
                 prefix,
                 node.clone(),
                 u64::from(i) + 1,
-                i == 0,
+                i == 0 && !fenced,
                 spec.reread,
                 &detachers,
             )
             .await?;
+            if i == 0 {
+                first_store = Some(store);
+            }
             agents.push(Agent {
                 node,
                 handle,
                 driver,
             });
         }
-        Ok::<_, BenchError>(agents)
+        let election = match (fenced, &first_store, agents.first()) {
+            (true, Some(store), Some(agent)) => Some(elect(agent, store).await?),
+            _ => None,
+        };
+        Ok::<_, BenchError>((agents, election))
     })?;
+    let duty = agents.first().and_then(|a| a.handle.duty());
 
     let (elapsed, retries, etcd_writes) =
         rt.block_on(claim_phase(&store, prefix, &agents, &work, callers))?;
     let claim = ClaimPhase {
         agents: spec.agents,
+        duty: spec.duty,
         claims: spec.claims,
         volumes,
         callers,
@@ -500,6 +557,7 @@ fn bench(
         .len() as u64;
     let release = ReleasePhase {
         agents: spec.agents,
+        duty: spec.duty,
         claims: spec.claims,
         released,
         volumes,
@@ -512,7 +570,22 @@ fn bench(
         controller_unpublish: calls_after.2 - calls_before.2,
         etcd_writes,
     };
+    // A duty lost and taken again meanwhile still completes the run, but not as measured.
+    let kept = match (&duty, agents.first().and_then(|a| a.handle.duty())) {
+        (Some(first), Some(now)) => now.same_as(first) && now.until().is_some(),
+        (None, _) => true,
+        (Some(_), None) => false,
+    };
+    if !kept {
+        eprintln!(
+            "csi-bench: warning: agent 0 did not hold its first controller duty through the whole \
+             run (it was lost, and maybe taken again); the release line is not a steady fenced run"
+        );
+    }
     rt.block_on(async {
+        if let Some(election) = election {
+            election.resign().await;
+        }
         for agent in agents {
             agent.driver.shutdown().await;
         }

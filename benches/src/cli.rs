@@ -132,6 +132,14 @@ pub struct Cli {
     #[arg(long, value_name = "MS", default_value_t = 20_000)]
     pub etcd_reread_ms: u64,
 
+    /// How `--claims-etcd`'s agent 0 holds the controller duty: `fenced` (default, what a
+    /// cluster of agents does) campaigns with `EtcdStore::elect_controller_duty` and holds a
+    /// fenced duty, so every controller call is preceded by a read-only etcd transaction and
+    /// every controller-side write compares the duty key too; `unfenced` gives agent 0 the
+    /// duty from the start, with neither check (the bench before issue 30).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub etcd_duty: Option<EtcdDuty>,
+
     /// Measure what one agent-to-agent hop (csi-rpc-shim over loopback TCP) adds to
     /// `ControllerUnpublishVolume` against the in-process mock: prints the direct, local-shim
     /// and one-hop lines and the added p50 (target: under 150 µs). Sequential, `-n` calls each.
@@ -212,6 +220,35 @@ impl RuntimeFlavor {
     }
 }
 
+/// How `--claims-etcd`'s agent 0 holds the controller duty (`--etcd-duty`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum EtcdDuty {
+    /// `fenced`: agent 0 campaigns (`EtcdStore::elect_controller_duty`) and holds a fenced
+    /// `Duty`: a read-only etcd transaction before each controller call, the duty key
+    /// compared in each controller-side write. What a cluster of agents runs.
+    #[default]
+    Fenced,
+    /// `unfenced`: agent 0 holds the duty from the start, unchecked
+    /// (`Duties::node(n-0, true)`), as if handed out by other means.
+    Unfenced,
+}
+
+impl EtcdDuty {
+    /// The flag's spelling, as the result lines print it (`duty=fenced`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EtcdDuty::Fenced => "fenced",
+            EtcdDuty::Unfenced => "unfenced",
+        }
+    }
+}
+
+impl std::fmt::Display for EtcdDuty {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a run does, decided from the flags.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -258,6 +295,8 @@ pub struct EtcdSpec {
     /// How often each agent's watch reads every record again (`--etcd-reread-ms`); `None`:
     /// only after a compaction.
     pub reread: Option<Duration>,
+    /// How agent 0 holds the controller duty (`--etcd-duty`).
+    pub duty: EtcdDuty,
 }
 
 /// The error of `--claims-etcd` in a csi-bench built without the `etcd` feature.
@@ -344,6 +383,9 @@ impl Cli {
                 self.etcd_endpoints.join(","),
                 "only with --claims-etcd",
             ));
+        }
+        if let Some(duty) = self.etcd_duty {
+            return Err(bad("etcd-duty", duty, "only with --claims-etcd"));
         }
         if let Some(path) = &self.baseline_child {
             return Ok(Mode::BaselineChild(path.clone()));
@@ -471,6 +513,7 @@ impl Cli {
             agents,
             endpoints: (!self.etcd_endpoints.is_empty()).then(|| self.etcd_endpoints.clone()),
             reread: (self.etcd_reread_ms > 0).then(|| Duration::from_millis(self.etcd_reread_ms)),
+            duty: self.etcd_duty.unwrap_or_default(),
         }))
     }
 }
@@ -634,6 +677,7 @@ mod tests {
                 &["--mock", "--etcd-endpoints", "h:2379"][..],
                 "etcd-endpoints",
             ),
+            (&["--mock", "--etcd-duty", "fenced"][..], "etcd-duty"),
         ] {
             match parse(args) {
                 Err(BenchError::BadFlag { flag: f, .. }) => assert_eq!(f, flag, "{args:?}"),
@@ -662,6 +706,7 @@ mod tests {
                         "[::1]:2379".to_owned()
                     ]),
                     reread: Some(Duration::from_secs(20)),
+                    duty: EtcdDuty::Fenced,
                 }))
             );
             assert_eq!(
@@ -671,6 +716,7 @@ mod tests {
                     agents: 1,
                     endpoints: None,
                     reread: Some(Duration::from_secs(20)),
+                    duty: EtcdDuty::Fenced,
                 }))
             );
         } else {
@@ -685,6 +731,51 @@ mod tests {
                     other => panic!("expected the build hint, got {other:?}"),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn etcd_duty_is_fenced_unless_asked_and_a_bad_mode_names_the_flag_and_its_values() {
+        let duty = |args: &[&str]| match parse(args) {
+            Ok(Mode::ClaimsEtcd(spec)) => Some(spec.duty),
+            _ => None,
+        };
+        if cfg!(feature = "etcd") {
+            assert_eq!(duty(&["--claims-etcd", "10"]), Some(EtcdDuty::Fenced));
+            assert_eq!(
+                duty(&["--claims-etcd", "10", "--etcd-duty", "fenced"]),
+                Some(EtcdDuty::Fenced)
+            );
+            assert_eq!(
+                duty(&["--claims-etcd", "10", "--etcd-duty", "unfenced"]),
+                Some(EtcdDuty::Unfenced)
+            );
+        }
+        assert_eq!(EtcdDuty::Fenced.to_string(), "fenced");
+        assert_eq!(EtcdDuty::Unfenced.to_string(), "unfenced");
+
+        // clap refuses an unknown mode, naming the flag and the modes it accepts.
+        let refused =
+            Cli::try_parse_from(["csi-bench", "--claims-etcd", "10", "--etcd-duty", "off"])
+                .expect_err("an unknown duty mode is refused");
+        let text = refused.to_string();
+        for wanted in ["--etcd-duty", "'off'", "fenced", "unfenced"] {
+            assert!(text.contains(wanted), "{wanted} not in {text}");
+        }
+
+        // Without --claims-etcd the flag means nothing, and says so.
+        match parse(&["--baseline", "--etcd-duty", "unfenced"]) {
+            Err(
+                e @ BenchError::BadFlag {
+                    flag: "etcd-duty", ..
+                },
+            ) => {
+                assert_eq!(
+                    e.to_string(),
+                    "--etcd-duty unfenced: only with --claims-etcd"
+                );
+            }
+            other => panic!("expected a bad --etcd-duty, got {other:?}"),
         }
     }
 }

@@ -238,6 +238,22 @@ pub enum BenchError {
         /// What went wrong.
         detail: String,
     },
+    /// The controller duty's lease timing was refused.
+    #[error("claims-etcd bench: the controller duty's timing was refused")]
+    DutyTiming(#[source] csi_claims::duty::DutyTimingError),
+    /// With `--etcd-duty fenced`, agent 0 did not win the controller duty in time.
+    #[error(
+        "claims-etcd bench: agent {agent} did not take the controller duty within {waited:?} \
+         (leader as it knows it: {leader:?})"
+    )]
+    DutyNotWon {
+        /// The agent campaigning.
+        agent: String,
+        /// How long the bench waited.
+        waited: std::time::Duration,
+        /// Who held the duty, as the campaign last heard.
+        leader: Option<String>,
+    },
     /// Volume records were still in etcd after every claim was freed.
     #[error(
         "claims-etcd bench: {records} volume records left under {prefix} after every claim \

@@ -62,7 +62,7 @@ pub mod target;
 
 use std::path::Path;
 
-pub use cli::{Cli, EtcdSpec, Mode, RuntimeFlavor};
+pub use cli::{Cli, EtcdDuty, EtcdSpec, Mode, RuntimeFlavor};
 pub use error::BenchError;
 pub use report::{Line, LineError};
 pub use rpc::BenchRpc;

@@ -18,8 +18,9 @@ fn cli(args: &[&str]) -> Cli {
         .expect("test flags parse")
 }
 
-/// The fields of a line `<name> key=value ...`: every field a number, none twice.
-fn fields(line: &str, name: &str) -> HashMap<String, f64> {
+/// The fields of a line `<name> key=value ...`: every field a number but `duty` (`fenced` or
+/// `unfenced`, which must be `duty`), none twice.
+fn fields(line: &str, name: &str, duty: &str) -> HashMap<String, f64> {
     let mut parts = line.split(' ');
     assert_eq!(parts.next(), Some(name), "{line}");
     let mut fields = HashMap::new();
@@ -27,6 +28,14 @@ fn fields(line: &str, name: &str) -> HashMap<String, f64> {
         let (key, value) = part
             .split_once('=')
             .unwrap_or_else(|| panic!("{part:?} is not key=value in {line}"));
+        if key == "duty" {
+            assert_eq!(value, duty, "{line}");
+            assert!(
+                fields.insert(key.to_owned(), 0.0).is_none(),
+                "duty twice in {line}"
+            );
+            continue;
+        }
         let value: f64 = value
             .parse()
             .unwrap_or_else(|_| panic!("{key}={value} is not a number in {line}"));
@@ -46,17 +55,22 @@ fn get(fields: &HashMap<String, f64>, key: &str) -> f64 {
 }
 
 /// Checks the three lines of a run of `claims` claims over `volumes` volumes from `agents`
-/// agents with `callers` callers each.
-fn check_lines(lines: &[String], claims: f64, volumes: f64, agents: f64, callers: f64) {
+/// agents with `callers` callers each, agent 0 holding the controller duty `duty`
+/// (`--etcd-duty`), which the claim and release lines name.
+fn check_lines(lines: &[String], claims: f64, volumes: f64, agents: f64, callers: f64, duty: &str) {
     assert_eq!(lines.len(), 3, "{lines:?}");
-    let claim = fields(&lines[0], "claims_etcd_claim");
-    let memory = fields(&lines[1], "claims_etcd_memory");
-    let release = fields(&lines[2], "claims_etcd_release");
+    let claim = fields(&lines[0], "claims_etcd_claim", duty);
+    let memory = fields(&lines[1], "claims_etcd_memory", duty);
+    let release = fields(&lines[2], "claims_etcd_release", duty);
+    assert!(lines[0].contains(&format!(" duty={duty} ")), "{lines:?}");
+    assert!(lines[2].contains(&format!(" duty={duty} ")), "{lines:?}");
+    assert!(!lines[1].contains("duty="), "{lines:?}");
     for (line, wanted) in [
         (
             &claim,
             vec![
                 "agents",
+                "duty",
                 "claims",
                 "volumes",
                 "callers_per_agent",
@@ -81,6 +95,7 @@ fn check_lines(lines: &[String], claims: f64, volumes: f64, agents: f64, callers
             &release,
             vec![
                 "agents",
+                "duty",
                 "claims",
                 "released",
                 "volumes",
@@ -134,6 +149,8 @@ fn check_lines(lines: &[String], claims: f64, volumes: f64, agents: f64, callers
     assert!(get(&release, "etcd_writes") >= volumes, "{lines:?}");
 }
 
+/// The default `--etcd-duty fenced`: agent 0 wins the election before the claims and every
+/// controller step goes through the fence; the run completes and says so.
 #[test]
 fn three_agents_through_an_etcd_the_bench_starts() {
     let lines = run(
@@ -150,7 +167,30 @@ fn three_agents_through_an_etcd_the_bench_starts() {
         EXE.as_ref(),
     )
     .expect("the etcd run succeeds (needs etcd on the PATH: apt-get install etcd-server)");
-    check_lines(&lines, 200.0, 10.0, 3.0, 4.0);
+    check_lines(&lines, 200.0, 10.0, 3.0, 4.0, "fenced");
+}
+
+/// `--etcd-duty unfenced`: agent 0 holds the duty from the start, as the bench did before
+/// issue 30.
+#[test]
+fn three_agents_with_an_unfenced_controller_duty() {
+    let lines = run(
+        &cli(&[
+            "--claims-etcd",
+            "200",
+            "--volumes",
+            "10",
+            "--agents",
+            "3",
+            "-c",
+            "4",
+            "--etcd-duty",
+            "unfenced",
+        ]),
+        EXE.as_ref(),
+    )
+    .expect("the etcd run succeeds (needs etcd on the PATH: apt-get install etcd-server)");
+    check_lines(&lines, 200.0, 10.0, 3.0, 4.0, "unfenced");
 }
 
 #[test]
@@ -178,7 +218,8 @@ fn one_agent_through_a_given_etcd_leaves_no_key_behind() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).expect("utf-8");
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    check_lines(&lines, 50.0, 5.0, 1.0, 2.0);
+    // Fenced by default: the election's key goes with the rest.
+    check_lines(&lines, 50.0, 5.0, 1.0, 2.0, "fenced");
 
     let left = rt.block_on(async {
         let mut client = client;
