@@ -141,6 +141,7 @@ fn set_arg(args: &mut ConfigArgs, key: &str, value: &Value) {
         "etcd_user" => args.etcd_user = Some(t),
         "etcd_password_file" => args.etcd_password_file = p(),
         "lease_ttl" => args.lease_ttl = Some(t),
+        "lease_margin" => args.lease_margin = Some(t),
         _ => {}
     }
 }

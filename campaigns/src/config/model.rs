@@ -266,12 +266,59 @@ fn store(rng: &mut Rng) -> (String, bool) {
     )
 }
 
-fn lease_ttl(rng: &mut Rng) -> (String, bool) {
-    pooled(
-        rng,
-        &["2s", "10s", "1m", "24h", "2000ms"],
-        &["1s", "2500ms", "0s", "25h", "x", ""],
-    )
+/// A lease TTL as text and what it means, `None` when it is refused (whole seconds, at least
+/// 2s, at most 24h).
+fn lease_ttl(rng: &mut Rng) -> (String, Option<Duration>) {
+    let s = |n: u64| Some(Duration::from_secs(n));
+    let (text, value) = if rng.percent(75) {
+        rng.pick(&[
+            ("2s", s(2)),
+            ("3s", s(3)),
+            ("10s", s(10)),
+            ("1m", s(60)),
+            ("24h", s(86_400)),
+            ("2000ms", s(2)),
+        ])
+    } else {
+        rng.pick(&[
+            ("1s", None),
+            ("2500ms", None),
+            ("0s", None),
+            ("25h", None),
+            ("x", None),
+            ("", None),
+        ])
+    };
+    (text.to_owned(), value)
+}
+
+/// A duty margin as text, and whether a lease of `ttl` accepts it: at least 100 ms and less
+/// than a third of the TTL (`csi_claims::duty::DutyTiming::with_margin`).
+fn lease_margin(rng: &mut Rng, ttl: Duration) -> (String, bool) {
+    let ms = |n: u64| Some(Duration::from_millis(n));
+    let third = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX) / 3;
+    let (text, value): (String, Option<Duration>) = match rng.index(3) {
+        // Around the bounds for this TTL.
+        0 => {
+            let n = rng.pick(&[99, 100, 101, third.saturating_sub(1), third, third + 1]);
+            (format!("{n}ms"), ms(n))
+        }
+        1 => {
+            let (text, value) = rng.pick(&[
+                ("400ms", ms(400)),
+                ("2s", ms(2_000)),
+                ("1m", ms(60_000)),
+                ("0ms", None),
+                ("x", None),
+                ("", None),
+                ("-1s", None),
+            ]);
+            (text.to_owned(), value)
+        }
+        _ => duration(rng),
+    };
+    let ok = value.is_some_and(|d| d >= Duration::from_millis(100) && d.saturating_mul(3) < ttl);
+    (text, ok)
 }
 
 /// A path: any non-empty text.
@@ -479,9 +526,18 @@ pub(crate) fn generate(rng: &mut Rng, fx: &Fixtures) -> Model {
             let v = store_prefix(g.rng);
             g.text("store_prefix", v);
         }
+        // The margin is checked against the TTL in effect (10s by default); a refused TTL
+        // is named first.
+        let mut ttl = Some(Duration::from_secs(10));
         if g.rng.percent(30) {
-            let v = lease_ttl(g.rng);
-            g.text("lease_ttl", v);
+            let (text, value) = lease_ttl(g.rng);
+            if g.text("lease_ttl", (text, value.is_some())) {
+                ttl = value;
+            }
+        }
+        if g.rng.percent(30) {
+            let v = lease_margin(g.rng, ttl.unwrap_or(Duration::from_secs(10)));
+            g.text("lease_margin", v);
         }
         // etcd's TLS and user keys come in bundles; a bundle missing a part is a break that
         // names the missing part.
@@ -559,6 +615,7 @@ pub(crate) fn generate(rng: &mut Rng, fx: &Fixtures) -> Model {
                 "etcd_user",
                 "etcd_password_file",
                 "lease_ttl",
+                "lease_margin",
             ]);
             let value = if key == "store_prefix" { "/x" } else { "10s" };
             g.put(key, Value::Text(value.to_owned()));

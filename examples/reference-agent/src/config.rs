@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_claims::backoff::BackoffPolicy;
+use csi_claims::duty::{DutyTiming, MIN_DUTY_MARGIN};
 
 use csi_node::detach::NodeDetachPolicy;
 use csi_rpc_shim::Token;
@@ -117,6 +118,11 @@ pub struct ConfigArgs {
     /// dead agent keeps them (default `10s`, at least `2s`).
     #[arg(long, env = "CSI_AGENT_LEASE_TTL")]
     pub lease_ttl: Option<String>,
+    /// How long before its lease could expire the controller duty's holder stops starting
+    /// controller steps (default a fifth of `lease_ttl`; at least `100ms`, less than a third
+    /// of `lease_ttl`).
+    #[arg(long, env = "CSI_AGENT_LEASE_MARGIN")]
+    pub lease_margin: Option<String>,
 }
 
 /// The TOML file: the same keys, all optional; unknown keys are refused.
@@ -148,6 +154,7 @@ struct FileConfig {
     etcd_user: Option<String>,
     etcd_password_file: Option<PathBuf>,
     lease_ttl: Option<String>,
+    lease_margin: Option<String>,
 }
 
 /// Where volumes and claims live.
@@ -155,8 +162,9 @@ struct FileConfig {
 pub enum StoreChoice {
     /// This node's data directory (`claims.redb`, `volumes.json`).
     Embedded,
-    /// A cluster of agents sharing one etcd.
-    Etcd(EtcdSettings),
+    /// A cluster of agents sharing one etcd (boxed: the settings are large, and the
+    /// configuration is made once).
+    Etcd(Box<EtcdSettings>),
 }
 
 /// How to reach the cluster's etcd (files are read when `serve` starts).
@@ -174,6 +182,9 @@ pub struct EtcdSettings {
     pub user: Option<(String, PathBuf)>,
     /// The lease of membership and of the controller duty.
     pub lease_ttl: Duration,
+    /// The controller duty's timing: its lease (`lease_ttl`) and the margin its holder keeps
+    /// under it (`lease_margin`), checked by [`DutyTiming::with_margin`].
+    pub duty: DutyTiming,
 }
 
 impl EtcdSettings {
@@ -194,6 +205,29 @@ impl EtcdSettings {
 
 /// The shortest `lease_ttl` (etcd does not keep shorter leases reliably).
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// Parses `lease_margin` for a lease of `lease_ttl`: a duration of at least
+/// [`MIN_DUTY_MARGIN`] and less than a third of `lease_ttl` ([`DutyTiming::with_margin`]).
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming `lease_margin`, the value and both limits.
+pub fn parse_margin(text: &str, lease_ttl: Duration) -> Result<DutyTiming, ConfigError> {
+    // The largest whole number of milliseconds under a third of the TTL.
+    let ttl_ms = u64::try_from(lease_ttl.as_millis()).unwrap_or(u64::MAX);
+    let limits = format!(
+        "must be at least {}ms and less than a third of lease_ttl ({lease_ttl:?}): at most {}ms",
+        MIN_DUTY_MARGIN.as_millis(),
+        ttl_ms.saturating_sub(1) / 3
+    );
+    let margin = parse_duration("lease_margin", text).map_err(|e| match e {
+        ConfigError::Invalid { reason, .. } => {
+            invalid("lease_margin", text, format!("{reason}; {limits}"))
+        }
+        other => other,
+    })?;
+    DutyTiming::with_margin(lease_ttl, margin).map_err(|_| invalid("lease_margin", text, limits))
+}
 
 /// Parses `store`: `embedded` or `etcd://HOST:PORT[,HOST:PORT...]`; `https` picks the
 /// endpoints' scheme.
@@ -521,6 +555,7 @@ impl AgentConfig {
         let password = a.etcd_password_file.take().or(f.etcd_password_file.take());
         let prefix = a.store_prefix.take().or(f.store_prefix.take());
         let ttl = a.lease_ttl.take().or(f.lease_ttl.take());
+        let margin = a.lease_margin.take().or(f.lease_margin.take());
         let text = a
             .store
             .take()
@@ -535,6 +570,7 @@ impl AgentConfig {
                 ("etcd_user", user.is_some()),
                 ("etcd_password_file", password.is_some()),
                 ("lease_ttl", ttl.is_some()),
+                ("lease_margin", margin.is_some()),
             ];
             if let Some((key, _)) = stray.iter().find(|(_, set)| *set) {
                 return Err(invalid(
@@ -613,14 +649,20 @@ impl AgentConfig {
                 "must be whole seconds, at least 2s",
             ));
         }
-        Ok(StoreChoice::Etcd(EtcdSettings {
+        let duty = match margin {
+            None => DutyTiming::new(lease_ttl)
+                .map_err(|e| invalid("lease_ttl", &ttl_text, e.to_string()))?,
+            Some(text) => parse_margin(&text, lease_ttl)?,
+        };
+        Ok(StoreChoice::Etcd(Box::new(EtcdSettings {
             endpoints,
             prefix,
             ca_file,
             identity,
             user,
             lease_ttl,
-        }))
+            duty,
+        })))
     }
 
     fn merge(mut a: ConfigArgs, mut f: FileConfig) -> Result<Self, ConfigError> {
@@ -1037,6 +1079,83 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_margin_defaults_to_a_fifth_of_the_ttl_and_is_bounded_by_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "a-cluster-token-of-enough-length").expect("token");
+        let load = |ttl: Option<&str>, margin: Option<&str>, file: &str| {
+            let args = ConfigArgs {
+                store: Some("etcd://127.0.0.1:2379".into()),
+                shim_listen: Some("127.0.0.1:7400".into()),
+                cluster_token_file: Some(token.clone()),
+                lease_ttl: ttl.map(Into::into),
+                lease_margin: margin.map(Into::into),
+                ..ConfigArgs::default()
+            };
+            let file: FileConfig = toml::from_str(file).expect("valid toml");
+            AgentConfig::merge(args, file).map(|c| match c.store {
+                StoreChoice::Etcd(settings) => *settings,
+                StoreChoice::Embedded => panic!("not etcd"),
+            })
+        };
+        let defaults = load(None, None, "").expect("valid");
+        assert_eq!(defaults.duty.ttl(), Duration::from_secs(10));
+        assert_eq!(defaults.duty.margin(), Duration::from_secs(2));
+        let short = load(Some("2s"), None, "").expect("valid");
+        assert_eq!(short.duty.margin(), Duration::from_millis(400));
+        let given = load(Some("4s"), Some("1333ms"), "").expect("just under a third");
+        assert_eq!(given.duty.margin(), Duration::from_millis(1333));
+        assert_eq!(given.duty.ttl(), given.lease_ttl);
+        let from_file = load(None, None, "lease_margin = \"100ms\"\n").expect("the minimum");
+        assert_eq!(from_file.duty.margin(), MIN_DUTY_MARGIN);
+        // The flag wins over the file.
+        let both = load(None, Some("3s"), "lease_margin = \"1h\"\n").expect("valid");
+        assert_eq!(both.duty.margin(), Duration::from_secs(3));
+
+        for (ttl, margin) in [
+            (None, "99ms"),
+            (None, "0ms"),
+            (None, "3334ms"),
+            (None, "1h"),
+            (Some("2s"), "667ms"),
+            (Some("3s"), "1s"),
+            (None, "soon"),
+            (None, ""),
+        ] {
+            let e = load(ttl, Some(margin), "").unwrap_err();
+            let text = e.to_string();
+            assert_eq!(key_of(e), "lease_margin", "{ttl:?} {margin:?}");
+            assert!(
+                text.contains(&format!("{margin:?}"))
+                    && text.contains("at least 100ms")
+                    && text.contains("less than a third of lease_ttl"),
+                "the value and both limits: {text}"
+            );
+        }
+        let e = load(None, Some("3334ms"), "").unwrap_err().to_string();
+        assert!(e.contains("at most 3333ms"), "{e}");
+        // A bad TTL is named first, whatever the margin.
+        let e = load(Some("1s"), Some("100ms"), "").unwrap_err();
+        assert_eq!(key_of(e), "lease_ttl");
+        // Without an etcd store the key is a mistake, as lease_ttl is.
+        for margin in [
+            ConfigArgs {
+                lease_margin: Some("1s".into()),
+                ..ConfigArgs::default()
+            },
+            ConfigArgs::default(),
+        ] {
+            let file = if margin.lease_margin.is_some() {
+                FileConfig::default()
+            } else {
+                toml::from_str("lease_margin = \"1s\"\n").expect("valid toml")
+            };
+            let e = AgentConfig::merge(margin, file).unwrap_err();
+            assert_eq!(key_of(e), "lease_margin");
+        }
+    }
+
+    #[test]
     fn the_cluster_example_file_is_a_valid_cluster_config() {
         let file: FileConfig =
             toml::from_str(include_str!("../agent.cluster.example.toml")).expect("example parses");
@@ -1054,6 +1173,7 @@ mod tests {
         assert_eq!(settings.endpoints.len(), 3);
         assert!(settings.endpoints.iter().all(|e| e.starts_with("https://")));
         assert!(settings.identity.is_some() && settings.user.is_some());
+        assert_eq!(settings.duty.margin(), Duration::from_secs(2));
     }
 
     /// Found by the `config` campaign (csi-campaigns): an empty `plugin_dir` (a flag given

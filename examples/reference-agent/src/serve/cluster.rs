@@ -451,15 +451,8 @@ impl Membership {
             encode_member(record),
             settings.lease_ttl,
         );
-        // The configuration checked the TTL (at least 2 s), so the default margin fits.
-        let timing = csi_claims::duty::DutyTiming::new(settings.lease_ttl).map_err(|e| {
-            StoreError::Etcd {
-                endpoints: settings.endpoints.join(","),
-                operation: "campaign for the controller duty".into(),
-                detail: e.to_string(),
-            }
-        })?;
-        let election = store.elect_controller_duty(me.as_str(), timing, claims);
+        // The configuration checked the TTL and the margin (`lease_margin`).
+        let election = store.elect_controller_duty(me.as_str(), settings.duty, claims);
         Ok(Self {
             settings,
             me,

@@ -526,7 +526,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 first_plugin_wait: FIRST_FINGERPRINT_WAIT,
                 first_plugin_wait_controllers: false,
                 description: format!("{} prefix {}", settings.display(), settings.prefix),
-                etcd: Some((store, settings.clone())),
+                etcd: Some((store, crate::config::EtcdSettings::clone(settings))),
             })
         }
         #[cfg(not(feature = "etcd"))]
