@@ -128,4 +128,11 @@ pub struct ControllerDetachRequest {
     /// controller steps ([`crate::duty`]) has the store confirm that it still holds this
     /// version before the call leaves.
     pub decided_on: Option<Version>,
+    /// Under a fenced duty: the holder's local deadline when the call started (the driver sets
+    /// it; `None` without a fence). The driver abandons the call, retries included, when the
+    /// duty lapses; a detacher that hands the call to another process (another agent, which
+    /// would retry on its own) must bound it by this instant, since a paused holder cannot
+    /// cancel what it handed over. A step cut short is answered uncertain and taken again,
+    /// under the duty, by whoever holds it (`ControllerUnpublishVolume` is idempotent).
+    pub duty_deadline: Option<std::time::Instant>,
 }

@@ -34,9 +34,16 @@
 //! taken the duty, finished the release, and the volume was claimed and attached again on the
 //! same node.
 //!
-//! Calls already sent when the duty is lost are not recalled: `ControllerUnpublishVolume` is
-//! idempotent, and its outcome is recorded by a compare-and-swap write that fails for a
-//! writer whose copy is stale.
+//! A call under way when the duty lapses is abandoned, with whatever retries it had left
+//! (csi-client retries a retryable failure within one call, csi-rpc-shim fails over between
+//! controllers): the driver races the call against the lapse and looks at the lapse first
+//! whenever the holder wakes, so a holder woken from a pause drops the call before it sends a
+//! retry. A call handed to another agent carries the holder's deadline
+//! ([`ControllerDetachRequest::duty_deadline`](crate::ControllerDetachRequest::duty_deadline)),
+//! so that agent stops retrying by then even if the holder, paused, cannot cancel it. A step cut
+//! short is taken again by whoever holds the duty. A request already written is not recalled:
+//! `ControllerUnpublishVolume` is idempotent, and its outcome is recorded by a
+//! compare-and-swap write that fails for a writer whose copy is stale.
 //!
 //! A driver without a [`Duty`] (one agent, or duties handed out by
 //! [`ClaimsHandle::set_controller_duty`](crate::driver::ClaimsHandle::set_controller_duty))

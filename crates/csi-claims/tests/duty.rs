@@ -370,3 +370,28 @@ async fn without_a_duty_object_nothing_is_fenced() {
     assert!(claims.duty().is_none());
     driver.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_under_way_when_the_duty_lapses_is_abandoned_with_its_retries() {
+    // A controller call that takes 10 s (a plugin retrying, a slow hop) starts 2 s before the
+    // duty's deadline, and no keep-alive is confirmed: the driver drops the call at the
+    // deadline instead of letting it (and whatever retries it has left) run on.
+    let store = Arc::new(FencingStore::default());
+    *store.duty_revision.lock().unwrap() = 5;
+    let plugin = Plugin::new();
+    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
+    let (claims, driver) = start(&store, &plugin).await;
+    claims.hold_controller_duty(Duty::new("n0", fence(5), now() + Duration::from_secs(2)));
+    let v = info("v", "p", ControllerRequirement::Required);
+    let w = claim(&claims, &v).await;
+    let waited = release_for(&claims, &v.id, &w, Duration::from_secs(60)).await;
+    let Err(DriverError::StillReleasing { status, .. }) = waited else {
+        panic!("{waited:?}");
+    };
+    // Never answered: the fake plugin logs a controller call once it answers.
+    assert_eq!(controller_calls(&plugin), 0, "{:?}", plugin.calls());
+    let last = format!("{:?}", status.and_then(|s| s.last_error));
+    assert!(last.contains("lapsed during the call"), "{last}");
+    assert!(!claims.controller_duty());
+    driver.shutdown().await;
+}

@@ -692,8 +692,8 @@ where
     S: ClaimStore + ?Sized,
     C: ControllerDetacher + ?Sized,
 {
-    match shared.gate() {
-        Gate::Open => {}
+    let duty = match shared.gate() {
+        Gate::Open => None,
         Gate::Closed(_) => return Err(NotStarted::NotHolder),
         Gate::Fenced(duty) => {
             let volume = request.volume.clone();
@@ -716,14 +716,55 @@ where
             if !matches!(shared.gate(), Gate::Fenced(now) if now.same_as(&duty)) {
                 return Err(NotStarted::NotHolder);
             }
+            Some(duty)
         }
+    };
+    let call = async |request: &ControllerDetachRequest| {
+        bounded(
+            DetachRpc::ControllerUnpublish,
+            call_limit,
+            controller.controller_unpublish(request),
+        )
+        .await
+    };
+    let Some(duty) = duty else {
+        return Ok(call(request).await);
+    };
+    let mut request = request.clone();
+    request.duty_deadline = duty.until();
+    Ok(while_held(&duty, call(&request)).await)
+}
+
+/// Runs a controller call under `duty`: abandoned (with whatever retries it had left) as soon
+/// as the duty lapses. The lapse is looked at first on every wake-up, so a holder that wakes
+/// from a pause drops the call before it could send a retry.
+async fn while_held(
+    duty: &Duty,
+    call: impl Future<Output = Result<(), DetachError>>,
+) -> Result<(), DetachError> {
+    let lapsed = async {
+        loop {
+            match duty.until() {
+                Some(until) if now() < until => {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+                }
+                _ => return,
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        () = lapsed => Err(DetachError::new(
+            DetachRpc::ControllerUnpublish,
+            ErrorClass::Uncertain,
+            format!(
+                "abandoned: the controller duty ({}) lapsed during the call; whoever holds \
+                 the duty takes the step again",
+                duty.fence()
+            ),
+        )),
+        result = call => result,
     }
-    Ok(bounded(
-        DetachRpc::ControllerUnpublish,
-        call_limit,
-        controller.controller_unpublish(request),
-    )
-    .await)
 }
 
 /// The store refused `duty`'s fence: another agent holds the duty (or nobody does), whatever

@@ -1608,6 +1608,7 @@ impl ReleaseMachine {
                     plugin_node: claim.plugin_node.clone(),
                     workload: claim.workload.clone(),
                     decided_on: entry.version,
+                    duty_deadline: None,
                 };
                 let covers = entry
                     .record

@@ -103,8 +103,14 @@ impl ControllerDetacher for ShimDetacher {
             plugin_node: r.plugin_node.clone(),
             secrets: self.secrets.controller_secrets(&r.volume),
         };
+        // Under a fenced duty, the agent that serves the hop must stop retrying by the
+        // holder's deadline: a holder paused meanwhile could not cancel it.
+        let timeout = r.duty_deadline.map_or(self.timeout, |deadline| {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now().into_std());
+            self.timeout.min(left)
+        });
         self.shim
-            .controller_detach(request, self.timeout)
+            .controller_detach(request, timeout)
             .await
             .map_err(|e| shim_error(DetachRpc::ControllerUnpublish, &e))
     }
