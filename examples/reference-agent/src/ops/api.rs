@@ -488,10 +488,27 @@ pub struct ClusterView {
     /// The agent that performs controller-side release steps (`None`: nobody now, or not
     /// known while etcd is unreachable).
     pub controller_duty: Option<String>,
+    /// This agent's own hold on the controller duty (`None`: it does not hold it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_duty: Option<DutyView>,
     /// The live members (their leases are current), this agent among them.
     pub members: Vec<MemberView>,
     /// Why this agent's view of the cluster may be behind, while etcd is unreachable.
     pub outage: Option<String>,
+}
+
+/// The controller duty as the agent holding it knows it (see `csi_claims::duty`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DutyView {
+    /// Whether it may start controller-side steps now: the local deadline its last confirmed
+    /// keep-alive set (that keep-alive's send time, plus `lease_ttl`, minus `lease_margin`)
+    /// has not passed. `false` after a pause longer than the margin, until a keep-alive is
+    /// confirmed again (or the duty is given up).
+    pub holds: bool,
+    /// Milliseconds until that deadline (0 once it passed).
+    pub confirmed_for_ms: u64,
+    /// Its fence: the etcd revision at which this agent took the duty key.
+    pub revision: i64,
 }
 
 /// One live member of the cluster.

@@ -5,12 +5,13 @@
 //! escape sequence cannot forge a row or drive the terminal. `--json` prints values exactly.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use csi_structs::untrusted::{escape, escaped};
 
 use super::api::{
-    ClaimView, DeregisterView, DetachView, ExpandView, ExternalVolumeView, PluginView, ReleaseView,
-    SnapshotView, StatusView, VolumeView,
+    ClaimView, DeregisterView, DetachView, DutyView, ExpandView, ExternalVolumeView, PluginView,
+    ReleaseView, SnapshotView, StatusView, VolumeView,
 };
 
 /// A left-aligned text table.
@@ -345,6 +346,23 @@ pub(crate) fn deregistered(d: &DeregisterView) -> String {
     out
 }
 
+/// This agent's hold on the controller duty, after its holder's name.
+fn held_duty(d: &DutyView) -> String {
+    if d.holds {
+        format!(
+            " (held here, revision {}: confirmed for {:.1}s)",
+            d.revision,
+            Duration::from_millis(d.confirmed_for_ms).as_secs_f64()
+        )
+    } else {
+        format!(
+            " (held here, revision {}: NOT confirmed, its deadline passed; no controller step \
+             starts until a keep-alive is confirmed)",
+            d.revision
+        )
+    }
+}
+
 pub(crate) fn status(s: &StatusView) -> String {
     let counts: Vec<String> = s.claims.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut out = format!(
@@ -360,10 +378,11 @@ pub(crate) fn status(s: &StatusView) -> String {
     out.push_str(&plugins(&s.plugins));
     if let Some(c) = &s.cluster {
         out.push_str(&format!(
-            "\nCLUSTER  store {} prefix {}  controller duty: {}\n",
+            "\nCLUSTER  store {} prefix {}  controller duty: {}{}\n",
             escaped(&c.store),
             escaped(&c.prefix),
-            escaped(c.controller_duty.as_deref().unwrap_or("nobody now"))
+            escaped(c.controller_duty.as_deref().unwrap_or("nobody now")),
+            c.held_duty.as_ref().map(held_duty).unwrap_or_default()
         ));
         if let Some(outage) = &c.outage {
             out.push_str(&format!(
@@ -478,6 +497,26 @@ mod tests {
         let detail = plugin_detail(&plugin(forged, "boom\r\nforged"));
         lines_only(&detail, 16);
         assert!(detail.contains(r"boom\r\nforged"), "{detail}");
+    }
+
+    #[test]
+    fn a_held_duty_says_until_when_it_is_confirmed_or_that_it_is_not() {
+        let mut duty = DutyView {
+            holds: true,
+            confirmed_for_ms: 2_400,
+            revision: 17,
+        };
+        assert_eq!(
+            held_duty(&duty),
+            " (held here, revision 17: confirmed for 2.4s)"
+        );
+        duty.holds = false;
+        duty.confirmed_for_ms = 0;
+        let lapsed = held_duty(&duty);
+        assert!(
+            lapsed.contains("NOT confirmed") && lapsed.contains("revision 17"),
+            "{lapsed}"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use csi_claims::duty::Duty;
 use csi_claims::store::etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use csi_claims::store::{ClaimStore, ControllerElection, EtcdStore, Held, HeldKey, Mirror};
 use csi_claims::{StoreError, driver::ClaimsHandle};
@@ -391,6 +392,8 @@ pub struct Membership {
     /// This agent's membership, until it leaves.
     held: Mutex<Option<HeldKey>>,
     election: Mutex<Option<ControllerElection>>,
+    /// The driver the election hands the duty to, asked what it holds.
+    claims: ClaimsHandle,
 }
 
 /// Why cluster mode could not start.
@@ -452,10 +455,11 @@ impl Membership {
             settings.lease_ttl,
         );
         // The configuration checked the TTL and the margin (`lease_margin`).
-        let election = store.elect_controller_duty(me.as_str(), settings.duty, claims);
+        let election = store.elect_controller_duty(me.as_str(), settings.duty, claims.clone());
         Ok(Self {
             settings,
             me,
+            claims,
             store: store.clone(),
             members,
             gone,
@@ -533,6 +537,20 @@ impl Membership {
     }
 }
 
+/// This agent's hold on the controller duty, as `status` shows it.
+fn duty_view(duty: &Duty) -> api::DutyView {
+    // The driver's clock (tokio's, which tests may pause).
+    let now = tokio::time::Instant::now().into_std();
+    let left = duty
+        .until()
+        .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+    api::DutyView {
+        holds: duty.holds(now),
+        confirmed_for_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+        revision: duty.fence().revision,
+    }
+}
+
 fn encode_member(record: &MemberRecord) -> Vec<u8> {
     // A record of strings and booleans always encodes.
     serde_json::to_vec(record).unwrap_or_default()
@@ -567,6 +585,7 @@ impl ClusterStatus for Membership {
             store: self.settings.display(),
             prefix: self.settings.prefix.clone(),
             controller_duty: self.duty_holder(),
+            held_duty: self.claims.duty().map(|duty| duty_view(&duty)),
             members: self
                 .members()
                 .into_iter()
