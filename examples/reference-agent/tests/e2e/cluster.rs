@@ -16,14 +16,14 @@ use super::serve::{GUARD, Serve, cli, eventually, fast_backoff, json, ok_count};
 use super::support::file_with_mode;
 
 /// One agent of the test cluster.
-struct Node {
-    agent: Serve,
-    data: PathBuf,
+pub(crate) struct Node {
+    pub(crate) agent: Serve,
+    pub(crate) data: PathBuf,
     _server: MockServer,
 }
 
 /// Starts agent `name` on `etcd`, serving `mock` to it as plugin `mock`.
-async fn node(dir: &Path, name: &str, etcd: &LocalEtcd, mock: &MockPlugin) -> Node {
+pub(crate) async fn node(dir: &Path, name: &str, etcd: &LocalEtcd, mock: &MockPlugin) -> Node {
     let plugins = dir.join(format!("{name}-plugins"));
     std::fs::create_dir_all(&plugins).expect("plugin dir");
     let server = mock
@@ -40,7 +40,7 @@ async fn node(dir: &Path, name: &str, etcd: &LocalEtcd, mock: &MockPlugin) -> No
     }
 }
 
-fn args(dir: &Path, name: &str, etcd: &LocalEtcd, plugins: &Path) -> Vec<String> {
+pub(crate) fn args(dir: &Path, name: &str, etcd: &LocalEtcd, plugins: &Path) -> Vec<String> {
     let token = dir.join("cluster.token");
     if !token.exists() {
         std::fs::write(&token, "cluster-test-token-0123456789abcdef").expect("token file");
@@ -66,7 +66,7 @@ fn args(dir: &Path, name: &str, etcd: &LocalEtcd, plugins: &Path) -> Vec<String>
     args
 }
 
-async fn cluster_view(data: &Path) -> ClusterView {
+pub(crate) async fn cluster_view(data: &Path) -> ClusterView {
     let status: StatusView = json(data, &["status"]).await;
     status
         .cluster
@@ -75,7 +75,7 @@ async fn cluster_view(data: &Path) -> ClusterView {
 
 /// Waits until every agent sees all `n` members and the mock on every node, healthy
 /// (nothing is published through a plugin before its first probe answers ready).
-async fn converged(nodes: &[&Node], n: usize) {
+pub(crate) async fn converged(nodes: &[&Node], n: usize) {
     for node in nodes {
         eventually("every member sees every member and plugin", async || {
             let c = cluster_view(&node.data).await;
@@ -119,7 +119,7 @@ fn three_node_plugin() -> [MockPlugin; 3] {
     ]
 }
 
-fn start_etcd() -> LocalEtcd {
+pub(crate) fn start_etcd() -> LocalEtcd {
     let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
     etcd.wait_healthy(GUARD).expect("etcd healthy");
     etcd

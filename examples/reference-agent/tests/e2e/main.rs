@@ -7,6 +7,8 @@ mod adapters;
 mod claims_release;
 #[cfg(feature = "etcd")]
 mod cluster;
+#[cfg(feature = "etcd")]
+mod cluster_fencing;
 mod demo;
 mod detach;
 mod expand;

@@ -69,6 +69,12 @@ impl Serve {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id, while it runs (the cluster tests stop and continue it).
+    #[cfg(feature = "etcd")]
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL, as a crash.
     pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
