@@ -431,6 +431,37 @@ pub(crate) fn status(s: &StatusView) -> String {
         }
         out.push_str(&t.render());
     }
+    match &s.reconcile {
+        None => out.push_str(
+            "\nRESTORED NODE RECORDS\nbeing confirmed with their plugins (restaged and republished)\n",
+        ),
+        Some(r) if r.records.is_empty() && r.plugins_not_ready.is_empty() => {}
+        Some(r) => {
+            out.push_str("\nRESTORED NODE RECORDS (confirmed with their plugins at start)\n");
+            if !r.plugins_not_ready.is_empty() {
+                out.push_str(&format!(
+                    "plugins not ready when the wait ended: {}\n",
+                    escape(&r.plugins_not_ready.join(", "))
+                ));
+            }
+            let mut t = Table::new(&["VOLUME", "WORKLOAD", "PLUGIN", "FOUND", "DONE", "ERROR"]);
+            for v in &r.records {
+                t.row(vec![
+                    v.volume.clone(),
+                    v.workload.clone(),
+                    v.plugin.clone(),
+                    v.found.clone(),
+                    v.action.clone(),
+                    match (&v.error, &v.class) {
+                        (Some(e), Some(c)) => format!("{e} (class {c})"),
+                        (Some(e), None) => e.clone(),
+                        _ => "-".into(),
+                    },
+                ]);
+            }
+            out.push_str(&t.render());
+        }
+    }
     out
 }
 
