@@ -12,17 +12,31 @@
 //!   target (the one recorded at mount, so mount and unmount always agree on the path), then
 //!   `NodeUnstageVolume` when it was the volume's last user here. `NOT_FOUND` counts as
 //!   done, and a publication already cleaned up (no record, no target directory) needs no
-//!   call: retrying after a lost answer is safe. Whatever the plugin's health: a plugin whose
-//!   `Probe` hangs still gets `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
+//!   call: retrying after a lost answer is safe. A recorded publication (a restored one
+//!   too) always gets its calls, whether or not its target directory is still there.
+//!   Whatever the plugin's health: a plugin whose `Probe` hangs still gets
+//!   `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
 //! - **Expand** ([`VolumeManager::expand`]): `NodeExpandVolume` at a path where the volume is
 //!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
 //! - **One operation per volume.** Operations on one volume wait for each other, in order;
 //!   different volumes go at once.
 //! - **Usage persisted.** Every change of the records is written atomically to the usage
-//!   file before the call it leads to, so a restarted manager knows which volumes are staged,
-//!   who has them published, and which outcomes are uncertain (a deadline, a lost
+//!   file before the call it leads to, so a restarted manager knows which volumes were
+//!   staged, who had them published, and which outcomes are uncertain (a deadline, a lost
 //!   connection, an answer that could not be used: the mount may exist). The file's formats
 //!   and the migration of the older one are in [`usage`].
+//! - **A restored record is confirmed before it is trusted.** A record read from the file
+//!   says what was done before the restart, not what holds now: after a host reboot the
+//!   plugin has nothing staged or published, whatever the file says. The manager keeps, in
+//!   memory only (never in the file), which stages and publishes it saw succeed since it
+//!   opened the records, and **never skips a stage or publish on the strength of a record it
+//!   did not itself see succeed since it started**: the first mount of a restored volume
+//!   stages it again before it publishes (a publish is always sent). Release steps of a
+//!   restored record always call the plugin (`NOT_FOUND` is done), so its record does not
+//!   stay behind. [`VolumeManager::reconcile`] confirms every record at once (stage and
+//!   publish again, or release, as the embedder's [`RestoreLookup`] says); a record whose
+//!   plugin is not here is reported and kept. The host's mount table is read for the report
+//!   only, never to decide a call (see [`reconcile`](VolumeManager::reconcile)).
 //! - **A failed mount undoes itself.** A stage or publish that failed (uncertain or not) of a
 //!   workload not published before is undone before the mount returns: `NodeUnpublishVolume`
 //!   of its target, then `NodeUnstageVolume` when no other publication of the volume is left

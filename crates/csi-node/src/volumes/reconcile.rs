@@ -116,7 +116,8 @@ pub struct Found {
     /// publication left, only a staging).
     pub publish: Option<StepState>,
     /// Whether the staging path is a mount point on this host (`None`: no staging path, or
-    /// the mount table could not be read). Advice only (see the [module docs](self)).
+    /// the mount table could not be read). Advice only (see
+    /// [`reconcile`](VolumeManager::reconcile)).
     pub staging_mounted: Option<bool>,
     /// Whether the target is a mount point on this host (`None`: no publication, or the mount
     /// table could not be read). Advice only.
@@ -265,7 +266,51 @@ impl VolumeManager {
     /// Records go one at a time, each in its volume's turn (a mount or unmount of the same
     /// volume waits, or is waited for). Every record ends with a [`VolumeEvent::Reconcile`].
     /// Calling it again is safe: what was confirmed is [`AlreadyConfirmed`] and not called
-    /// again.
+    /// again. Without it, nothing is trusted either: each workload's next mount stages again
+    /// (it always publishes), and its unmount always calls the plugin.
+    ///
+    /// # What comes from where
+    ///
+    /// The record keeps the ids, the staging path and target, and the volume's
+    /// `publish_context` (sent again as recorded, so it matches what
+    /// `ControllerPublishVolume` returned). What it does not keep comes from `lookup`: the
+    /// secrets, which are never written to the usage file, and the capability, read-only
+    /// flag and volume context, which the embedder has in its own records of the volume and
+    /// the claim (the ones it builds a [`MountRequest`] from), so they are asked for rather
+    /// than copied into the file (mount flags can carry credentials too). The lookup also
+    /// says whether the workload still wants the volume ([`Restore`]); closures
+    /// `Fn(&Restored) -> Restore` are lookups.
+    ///
+    /// # The host's mount table
+    ///
+    /// It reads `/proc/self/mountinfo` once and reports per record whether its staging path
+    /// and target are mount points on this host ([`Found::staging_mounted`],
+    /// [`Found::target_mounted`]). That is advice for a person reading the report, never a
+    /// reason to skip or to make a call: a plugin in a container may mount in a namespace
+    /// this process does not see, a plugin may publish without a mount point of its own (the
+    /// mock plugin makes directories; a block volume's target is a file), and a mount point
+    /// can be there and stale. Only the plugin's answer confirms a step.
+    ///
+    /// ```no_run
+    /// use csi_node::volumes::{Republish, Restore, Restored, VolumeManager};
+    /// use csi_structs::{AccessMode, MountOptions, VolumeCapability, VolumeContext};
+    ///
+    /// # async fn run(volumes: VolumeManager) {
+    /// // Every restored publication is still wanted, with no secrets.
+    /// let lookup = |_: &Restored| {
+    ///     Restore::Republish(Republish {
+    ///         capability: VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new()),
+    ///         read_only: false,
+    ///         volume_context: VolumeContext::new(),
+    ///         secrets: Default::default(),
+    ///     })
+    /// };
+    /// let report = volumes.reconcile(&lookup).await;
+    /// for kept in report.failed() {
+    ///     eprintln!("{kept}");
+    /// }
+    /// # }
+    /// ```
     ///
     /// [`AlreadyConfirmed`]: ReconcileOutcome::AlreadyConfirmed
     pub async fn reconcile(&self, lookup: &dyn RestoreLookup) -> Reconciled {
