@@ -733,6 +733,8 @@ impl VolumeManager {
                     tracing::debug!(volume = %req.volume, workload = %req.workload, "already unpublished");
                 }
                 Err(source) => {
+                    // The publication is not known to be whole any more.
+                    self.confirm(&key, Some(req.workload.as_str()), false);
                     return Err(VolumeError::Call {
                         step: "NodeUnpublishVolume",
                         volume: req.volume.clone(),
@@ -818,6 +820,8 @@ impl VolumeManager {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
             Err(source) => {
+                // The staging is not known to be whole any more.
+                self.confirm(&usage_key(req.plugin, req.volume), None, false);
                 return Err(VolumeError::Call {
                     step: "NodeUnstageVolume",
                     volume: req.volume.clone(),

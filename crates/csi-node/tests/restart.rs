@@ -599,3 +599,46 @@ async fn a_restored_record_whose_plugin_never_comes_back_is_kept_with_an_error_n
     assert_eq!(kept.stage, Some(StepState::Done));
     assert!(kept.users.contains_key("w1"));
 }
+
+/// The same rule without a restart: a staging whose unstage failed is not known to be whole
+/// any more, so the next mount stages again, and reconcile (asked meanwhile) cleans it up
+/// rather than trusting it.
+#[tokio::test]
+async fn a_staging_whose_unstage_failed_is_not_trusted_any_more() {
+    let host = Host::start().await;
+    let db = host.volume("db").await;
+    host.volumes
+        .mount(&host.mount(&db, "w1"))
+        .await
+        .expect("mounted");
+    host.mock
+        .faults()
+        .on(Rpc::NodeUnstageVolume)
+        .fail(Code::Internal, "lost track");
+    host.volumes
+        .unmount(&host.unmount(&db, "w1"))
+        .await
+        .expect_err("the unstage failed");
+    let record = host.volumes.record(&host.id, &db.id).expect("kept");
+    assert!(record.users.is_empty() && record.stage == Some(StepState::Done));
+
+    host.mock.calls().clear();
+    host.volumes
+        .mount(&host.mount(&db, "w2"))
+        .await
+        .expect("w2 mounted");
+    assert_eq!(
+        host.rpcs(&db),
+        [Rpc::NodeStageVolume, Rpc::NodePublishVolume],
+        "staged again"
+    );
+
+    // Seen to succeed now: reconcile leaves it alone.
+    host.mock.calls().clear();
+    let report = host.volumes.reconcile(&republish).await;
+    assert_eq!(
+        actions(&report),
+        [("db".to_owned(), "w2".to_owned(), "already_confirmed")]
+    );
+    assert!(host.rpcs(&db).is_empty());
+}

@@ -403,27 +403,29 @@ impl VolumeManager {
             // A staging left by an unmount or an undo that failed after the unpublish: no
             // workload uses it, so it is unstaged (an unused staging is never trusted either:
             // the next mount stages again).
-            let outcome = if stage_confirmed && entry.legacy_stagings.is_empty() {
-                ReconcileOutcome::AlreadyConfirmed
-            } else if self.inner.plugins.detach_client(&plugin).is_none() {
-                not_confirmed(
-                    None,
-                    VolumeError::PluginMissing {
-                        plugin: plugin.clone(),
-                    },
-                )
-            } else {
-                let ids = Ids {
-                    plugin: &plugin,
-                    volume: &volume,
-                    external_id: &external_id,
-                    workload: None,
+            let nothing_staged = entry.staging.is_none() && entry.legacy_stagings.is_empty();
+            let outcome =
+                if entry.staging.is_some() && stage_confirmed && entry.legacy_stagings.is_empty() {
+                    ReconcileOutcome::AlreadyConfirmed
+                } else if !nothing_staged && self.inner.plugins.detach_client(&plugin).is_none() {
+                    not_confirmed(
+                        None,
+                        VolumeError::PluginMissing {
+                            plugin: plugin.clone(),
+                        },
+                    )
+                } else {
+                    let ids = Ids {
+                        plugin: &plugin,
+                        volume: &volume,
+                        external_id: &external_id,
+                        workload: None,
+                    };
+                    match self.unstage_if_unused(key, &ids).await {
+                        Ok(unstaged) => ReconcileOutcome::Cleaned { unstaged },
+                        Err(e) => ReconcileOutcome::Failed(e),
+                    }
                 };
-                match self.unstage_if_unused(key, &ids).await {
-                    Ok(unstaged) => ReconcileOutcome::Cleaned { unstaged },
-                    Err(e) => ReconcileOutcome::Failed(e),
-                }
-            };
             return vec![item(None, None, None, outcome)];
         }
 
