@@ -15,7 +15,7 @@ use csi_node::attach::Attacher;
 use csi_node::detach::{ClientControllerDetacher, NoSecrets, VolumeNodeDetacher};
 use csi_node::layout::Layout;
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
-use csi_node::volumes::{VolumeEvent, VolumeManager};
+use csi_node::volumes::{Restore, Restored, VolumeEvent, VolumeManager};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, RegisteredVolume, VolumeCapability,
     VolumeId, VolumeSpec, WorkloadId,
@@ -64,6 +64,12 @@ async fn run() -> Result<(), Error> {
         data.join("usage.json"),
         Arc::new(plugins.clone()),
     )?;
+    // After a restart the usage records say what was done before it, not what holds now
+    // (a rebooted host has nothing staged): they are confirmed with the plugin before any is
+    // trusted. This node's claims live in memory, so it knows of no earlier publication to
+    // publish again: each is kept for its release (and none exists in a fresh directory).
+    let restored = volumes.reconcile(&|_: &Restored| Restore::Keep).await;
+    println!("usage records restored: {}", restored.records.len());
     let mut events = volumes.subscribe();
     let (claims, driver) = ClaimsDriver::start(
         Arc::new(MemoryStore::new()),

@@ -7,7 +7,11 @@
 //! - [`volumes`]: the volume manager: stage once per volume, publish per workload, one
 //!   operation in flight per volume, usage records persisted (and restored on restart) so
 //!   the last unmount unstages, a failed mount undone before it returns (what the undo could
-//!   not do kept until cleaned up), node expansion.
+//!   not do kept until cleaned up), node expansion. A restored record is a belief to
+//!   confirm, not a fact: the volume manager never skips a stage or publish on the strength
+//!   of a record it did not itself see succeed since it started, and
+//!   [`reconcile`](volumes::VolumeManager::reconcile) confirms the restored records against
+//!   their plugins (stage and publish again, both idempotent) after a restart.
 //! - [`attach`]: the attach path, counterpart of csi-claims' release pipeline: controller
 //!   publish once per volume and node (its `publish_context` kept), stage once per node,
 //!   publish per workload, read-only decided from the claim.

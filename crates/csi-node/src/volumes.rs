@@ -12,17 +12,31 @@
 //!   target (the one recorded at mount, so mount and unmount always agree on the path), then
 //!   `NodeUnstageVolume` when it was the volume's last user here. `NOT_FOUND` counts as
 //!   done, and a publication already cleaned up (no record, no target directory) needs no
-//!   call: retrying after a lost answer is safe. Whatever the plugin's health: a plugin whose
-//!   `Probe` hangs still gets `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
+//!   call: retrying after a lost answer is safe. A recorded publication (a restored one
+//!   too) always gets its calls, whether or not its target directory is still there.
+//!   Whatever the plugin's health: a plugin whose `Probe` hangs still gets
+//!   `NodeUnpublishVolume` ([`NodePlugins::detach_client`]).
 //! - **Expand** ([`VolumeManager::expand`]): `NodeExpandVolume` at a path where the volume is
 //!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
 //! - **One operation per volume.** Operations on one volume wait for each other, in order;
 //!   different volumes go at once.
 //! - **Usage persisted.** Every change of the records is written atomically to the usage
-//!   file before the call it leads to, so a restarted manager knows which volumes are staged,
-//!   who has them published, and which outcomes are uncertain (a deadline, a lost
+//!   file before the call it leads to, so a restarted manager knows which volumes were
+//!   staged, who had them published, and which outcomes are uncertain (a deadline, a lost
 //!   connection, an answer that could not be used: the mount may exist). The file's formats
 //!   and the migration of the older one are in [`usage`].
+//! - **A restored record is confirmed before it is trusted.** A record read from the file
+//!   says what was done before the restart, not what holds now: after a host reboot the
+//!   plugin has nothing staged or published, whatever the file says. The manager keeps, in
+//!   memory only (never in the file), which stages and publishes it saw succeed since it
+//!   opened the records, and **never skips a stage or publish on the strength of a record it
+//!   did not itself see succeed since it started**: the first mount of a restored volume
+//!   stages it again before it publishes (a publish is always sent). Release steps of a
+//!   restored record always call the plugin (`NOT_FOUND` is done), so its record does not
+//!   stay behind. [`VolumeManager::reconcile`] confirms every record at once (stage and
+//!   publish again, or release, as the embedder's [`RestoreLookup`] says); a record whose
+//!   plugin is not here is reported and kept. The host's mount table is read for the report
+//!   only, never to decide a call (see [`reconcile`](VolumeManager::reconcile)).
 //! - **A failed mount undoes itself.** A stage or publish that failed (uncertain or not) of a
 //!   workload not published before is undone before the mount returns: `NodeUnpublishVolume`
 //!   of its target, then `NodeUnstageVolume` when no other publication of the volume is left
@@ -71,9 +85,10 @@
 
 mod error;
 pub(crate) mod ops;
+mod reconcile;
 pub mod usage;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -86,6 +101,10 @@ use tokio::sync::broadcast;
 
 pub use error::VolumeError;
 use ops::Ops;
+pub use reconcile::{
+    Found, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore, RestoreLookup,
+    Restored,
+};
 pub use usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
 use usage::{UsageFile, key as usage_key};
 
@@ -208,6 +227,9 @@ pub enum VolumeEvent {
         /// How it ended.
         outcome: Result<Unmounted, VolumeError>,
     },
+    /// [`reconcile`](VolumeManager::reconcile) came to a restored record: what it found and
+    /// what it did.
+    Reconcile(Reconciliation),
     /// A node expansion ended: the capacity the plugin reported (`None`: unknown), or why not.
     Expand {
         /// The plugin.
@@ -247,6 +269,23 @@ pub struct Pending {
     pub state: StepState,
 }
 
+/// Which volume (and workload) a release step is about.
+#[derive(Clone, Copy, Debug)]
+struct Ids<'a> {
+    plugin: &'a PluginId,
+    volume: &'a VolumeId,
+    external_id: &'a ExternalVolumeId,
+    /// The workload whose unmount it is (`None`: a clean-up of the volume's staging alone).
+    workload: Option<&'a WorkloadId>,
+}
+
+/// What a mount did: its target, and whether it called `NodeStageVolume`.
+#[derive(Debug)]
+struct Mounted {
+    target: PathBuf,
+    restaged: bool,
+}
+
 /// The node volume manager. Cheap to clone; every clone is the same manager.
 #[derive(Clone)]
 pub struct VolumeManager {
@@ -263,6 +302,19 @@ struct Inner {
     writer: tokio::sync::Mutex<()>,
     ops: Ops,
     events: broadcast::Sender<VolumeEvent>,
+    /// The stages and publishes this process saw succeed since it opened the records (in
+    /// memory only, never written): a record says `done` for a step; only this says the
+    /// step is done *now*.
+    confirmed: Mutex<Confirmed>,
+}
+
+/// Which steps of the records this process saw succeed (see [`Inner::confirmed`]).
+#[derive(Debug, Default)]
+struct Confirmed {
+    /// Keys of volumes staged by this process.
+    staged: BTreeSet<String>,
+    /// `(key, workload)` published by this process.
+    published: BTreeSet<(String, String)>,
 }
 
 impl std::fmt::Debug for VolumeManager {
@@ -312,6 +364,7 @@ impl VolumeManager {
                 writer: tokio::sync::Mutex::new(()),
                 ops: Ops::default(),
                 events,
+                confirmed: Mutex::new(Confirmed::default()),
             }),
         })
     }
@@ -360,6 +413,47 @@ impl VolumeManager {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The steps seen to succeed since open (locked briefly).
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, Confirmed> {
+        self.inner
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether this process saw the volume's stage succeed (and not undone since).
+    fn stage_confirmed(&self, key: &str) -> bool {
+        self.confirmed().staged.contains(key)
+    }
+
+    /// Whether this process saw the workload's publish succeed (and not undone since).
+    fn publish_confirmed(&self, key: &str, workload: &str) -> bool {
+        self.confirmed()
+            .published
+            .contains(&(key.to_owned(), workload.to_owned()))
+    }
+
+    /// Records what this process just saw: `Some(true)` a step succeeded, `Some(false)` it
+    /// failed or was undone (so it is not trusted any more); `workload` names a publish,
+    /// `None` the volume's stage.
+    fn confirm(&self, key: &str, workload: Option<&str>, succeeded: bool) {
+        let mut confirmed = self.confirmed();
+        match (workload, succeeded) {
+            (None, true) => {
+                confirmed.staged.insert(key.to_owned());
+            }
+            (None, false) => {
+                confirmed.staged.remove(key);
+            }
+            (Some(w), true) => {
+                confirmed.published.insert((key.to_owned(), w.to_owned()));
+            }
+            (Some(w), false) => {
+                confirmed.published.remove(&(key.to_owned(), w.to_owned()));
+            }
+        }
+    }
+
     fn entry(&self, key: &str) -> Option<VolumeEntry> {
         self.usage().volumes.get(key).cloned()
     }
@@ -391,12 +485,18 @@ impl VolumeManager {
     }
 
     async fn mount_inner(&self, req: &MountRequest) -> Result<PathBuf, VolumeError> {
+        let key = usage_key(&req.plugin, &req.volume);
+        let _turn = self.inner.ops.turn(&key).await;
+        self.mount_in_turn(req).await.map(|m| m.target)
+    }
+
+    /// The mount, with the volume's turn held by the caller.
+    async fn mount_in_turn(&self, req: &MountRequest) -> Result<Mounted, VolumeError> {
         let usage = Usage::of(&req.capability, req.read_only);
         let key = usage_key(&req.plugin, &req.volume);
         let layout = &self.inner.layout;
         let target = layout.target_path(&req.volume, &req.workload, &usage)?;
         let staging_path = layout.staging_path(&req.volume)?;
-        let _turn = self.inner.ops.turn(&key).await;
         let plugin = self.publishable(&req.plugin)?;
         let stages = plugin.fingerprint.capabilities.node.requires_staging();
         let call = |step, source| VolumeError::Call {
@@ -446,9 +546,14 @@ impl VolumeManager {
                 )
             })
             .await?;
+        // A stage is skipped only when this process saw it succeed: a record restored from
+        // the file says what was done before a restart, not what holds now (a rebooted host
+        // has nothing staged).
+        let staged = stage_state == Some(StepState::Done) && self.stage_confirmed(&key);
+        let mut restaged = false;
         let mounted = async {
             if let Some(staging) = &staging
-                && stage_state != Some(StepState::Done)
+                && !staged
             {
                 let staging_text = layout.for_plugin(staging)?;
                 self.create_dir(staging, &req.volume)?;
@@ -467,9 +572,11 @@ impl VolumeManager {
                         secrets: &secrets,
                     })
                     .await;
+                self.confirm(&key, None, result.is_ok());
                 self.set_stage(&req.volume, &key, step_state(&result))
                     .await?;
                 result.map_err(|e| call("NodeStageVolume", e))?;
+                restaged = true;
             }
             if let Some(parent) = target.parent() {
                 self.create_dir(parent, &req.volume)?;
@@ -495,6 +602,7 @@ impl VolumeManager {
                 })
                 .await;
             let state = step_state(&result);
+            self.confirm(&key, Some(req.workload.as_str()), result.is_ok());
             self.change(&req.volume, |v| {
                 if let Some(e) = v.get_mut(&key)
                     && let Some(u) = e.users.get_mut(req.workload.as_str())
@@ -508,7 +616,7 @@ impl VolumeManager {
         }
         .await;
         match mounted {
-            Ok(target) => Ok(target),
+            Ok(target) => Ok(Mounted { target, restaged }),
             // A workload published before keeps its publication: a repeated mount that fails
             // does not tear down what was done before it.
             Err(failed) if was_published => Err(failed),
@@ -625,6 +733,8 @@ impl VolumeManager {
                     tracing::debug!(volume = %req.volume, workload = %req.workload, "already unpublished");
                 }
                 Err(source) => {
+                    // The publication is not known to be whole any more.
+                    self.confirm(&key, Some(req.workload.as_str()), false);
                     return Err(VolumeError::Call {
                         step: "NodeUnpublishVolume",
                         volume: req.volume.clone(),
@@ -634,6 +744,7 @@ impl VolumeManager {
                 }
             }
             unpublished = true;
+            self.confirm(&key, Some(req.workload.as_str()), false);
             // The plugin removes the target; the empty directories made above it go too. A
             // removal that fails (a target still mounted, say) keeps the record, so the
             // unmount is retried rather than forgetting a publication.
@@ -645,7 +756,17 @@ impl VolumeManager {
             })
             .await?;
         }
-        let unstaged = self.unstage_if_unused(&key, req).await?;
+        let unstaged = self
+            .unstage_if_unused(
+                &key,
+                &Ids {
+                    plugin: &req.plugin,
+                    volume: &req.volume,
+                    external_id: &req.external_id,
+                    workload: Some(&req.workload),
+                },
+            )
+            .await?;
         Ok(Unmounted {
             unpublished,
             unstaged,
@@ -655,11 +776,7 @@ impl VolumeManager {
     /// When no publication of the volume is left here: unstages it (and any staging an older
     /// version made at a per-usage path), then drops its record. Each staging is removed from
     /// the record once unstaged, so a retry after a failure repeats only what is left.
-    async fn unstage_if_unused(
-        &self,
-        key: &str,
-        req: &UnmountRequest,
-    ) -> Result<bool, VolumeError> {
+    async fn unstage_if_unused(&self, key: &str, req: &Ids<'_>) -> Result<bool, VolumeError> {
         let Some(entry) = self.entry(key) else {
             return Ok(false);
         };
@@ -670,7 +787,7 @@ impl VolumeManager {
         for legacy in &entry.legacy_stagings {
             self.unstage(req, &legacy.path).await?;
             unstaged = true;
-            self.change(&req.volume, |v| {
+            self.change(req.volume, |v| {
                 if let Some(e) = v.get_mut(key) {
                     e.legacy_stagings.retain(|l| l.path != legacy.path);
                 }
@@ -679,9 +796,10 @@ impl VolumeManager {
         }
         if let (Some(staging), Some(_)) = (&entry.staging, entry.stage) {
             self.unstage(req, staging).await?;
+            self.confirm(key, None, false);
             unstaged = true;
         }
-        self.change(&req.volume, |v| {
+        self.change(req.volume, |v| {
             if v.get(key).is_some_and(|e| e.users.is_empty()) {
                 v.remove(key);
             }
@@ -691,26 +809,28 @@ impl VolumeManager {
     }
 
     /// `NodeUnstageVolume` at `staging` (`NOT_FOUND` counts as done), then its directory goes.
-    async fn unstage(&self, req: &UnmountRequest, staging: &Path) -> Result<(), VolumeError> {
+    async fn unstage(&self, req: &Ids<'_>, staging: &Path) -> Result<(), VolumeError> {
         let staging_text = self.inner.layout.for_plugin(staging)?;
-        let client = self.detach_client(&req.plugin)?;
+        let client = self.detach_client(req.plugin)?;
         match client
             .node()
-            .unstage(&req.external_id, Path::new(&staging_text))
+            .unstage(req.external_id, Path::new(&staging_text))
             .await
         {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::AlreadyDone => {}
             Err(source) => {
+                // The staging is not known to be whole any more.
+                self.confirm(&usage_key(req.plugin, req.volume), None, false);
                 return Err(VolumeError::Call {
                     step: "NodeUnstageVolume",
                     volume: req.volume.clone(),
-                    workload: Some(req.workload.clone()),
+                    workload: req.workload.cloned(),
                     source: Arc::new(source),
                 });
             }
         }
-        self.remove_dirs(staging, &self.inner.layout.staging_root(), &req.volume)
+        self.remove_dirs(staging, &self.inner.layout.staging_root(), req.volume)
     }
 
     /// `NodeExpandVolume` of a volume published (or staged) here, at one of its targets.

@@ -94,6 +94,24 @@ pub enum VolumeError {
         #[source]
         undo: Box<VolumeError>,
     },
+    /// A usage record restored from the file could not be confirmed against its plugin (not
+    /// here, or not known to be healthy): nothing was called and the record is kept, for a
+    /// later [`reconcile`](super::VolumeManager::reconcile), mount or unmount.
+    #[error(
+        "the usage record of volume {volume}{} could not be confirmed and is kept: {source}",
+        for_workload(workload.as_ref())
+    )]
+    NotConfirmed {
+        /// The plugin.
+        plugin: PluginId,
+        /// The volume.
+        volume: VolumeId,
+        /// The workload whose publication it is (`None`: the volume's staging).
+        workload: Option<WorkloadId>,
+        /// Why: [`PluginMissing`](Self::PluginMissing) or [`NotHealthy`](Self::NotHealthy).
+        #[source]
+        source: Box<VolumeError>,
+    },
     /// The usage file could not be written.
     #[error("volume {volume}: {source}")]
     Usage {
@@ -113,13 +131,14 @@ fn for_workload(workload: Option<&WorkloadId>) -> String {
 
 impl VolumeError {
     /// What to do about it: a plugin call keeps the class csi-client gave it (a mount not
-    /// undone keeps its failure's); a missing
+    /// undone keeps its failure's, a record not confirmed its cause's); a missing
     /// plugin is [`RetryElsewhere`](ErrorClass::RetryElsewhere); a plugin not known to be
     /// healthy and local failures are [`Retry`](ErrorClass::Retry); a bad id or a missing
     /// capability is [`Fatal`](ErrorClass::Fatal).
     pub fn class(&self) -> ErrorClass {
         match self {
             VolumeError::NotUndone { failed, .. } => failed.class(),
+            VolumeError::NotConfirmed { source, .. } => source.class(),
             VolumeError::PluginMissing { .. } => ErrorClass::RetryElsewhere,
             VolumeError::Call { source, .. } => source.class(),
             VolumeError::NotHealthy { .. }

@@ -476,6 +476,45 @@ pub struct StatusView {
     /// its file; what changes them fails at once meanwhile (`503`, kind `local_io`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing_files: Vec<String>,
+    /// The confirmation of the node's usage records at start (`None`: it has not finished
+    /// yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconcile: Option<ReconcileView>,
+}
+
+/// How the usage records restored at start were confirmed against their plugins (csi-node's
+/// `VolumeManager::reconcile`): one entry per publication, and per staging with no
+/// publication left.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReconcileView {
+    /// Plugins of the records that were not healthy when the wait for them ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plugins_not_ready: Vec<String>,
+    /// The records.
+    pub records: Vec<ReconciledView>,
+}
+
+/// One usage record's confirmation.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReconciledView {
+    /// The plugin.
+    pub plugin: String,
+    /// The volume.
+    pub volume: String,
+    /// The workload, or `-` for a staging with no publication left.
+    pub workload: String,
+    /// What the record said: `stage <state>, publish <state>` (`done`, `uncertain`,
+    /// `started`, `-`).
+    pub found: String,
+    /// What was done: `already_confirmed`, `republished`, `released`, `cleaned`, `kept`
+    /// (the claim is not taken: left to its release), `plugin_missing` or `failed`.
+    pub action: String,
+    /// Why it could not be confirmed (the record is kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The error's class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// The cluster an agent in cluster mode belongs to.

@@ -450,13 +450,46 @@ pub(crate) fn status(s: &StatusView) -> String {
         }
         out.push_str(&t.render());
     }
+    match &s.reconcile {
+        None => out.push_str(
+            "\nRESTORED NODE RECORDS\nbeing confirmed with their plugins (restaged and republished)\n",
+        ),
+        Some(r) if r.records.is_empty() && r.plugins_not_ready.is_empty() => {}
+        Some(r) => {
+            out.push_str("\nRESTORED NODE RECORDS (confirmed with their plugins at start)\n");
+            if !r.plugins_not_ready.is_empty() {
+                out.push_str(&format!(
+                    "plugins not ready when the wait ended: {}\n",
+                    escape(&r.plugins_not_ready.join(", "))
+                ));
+            }
+            let mut t = Table::new(&["VOLUME", "WORKLOAD", "PLUGIN", "FOUND", "DONE", "ERROR"]);
+            for v in &r.records {
+                t.row(vec![
+                    v.volume.clone(),
+                    v.workload.clone(),
+                    v.plugin.clone(),
+                    v.found.clone(),
+                    v.action.clone(),
+                    match (&v.error, &v.class) {
+                        (Some(e), Some(c)) => format!("{e} (class {c})"),
+                        (Some(e), None) => e.clone(),
+                        _ => "-".into(),
+                    },
+                ]);
+            }
+            out.push_str(&t.render());
+        }
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::api::{ReconcileView, ReconciledView};
     use csi_structs::untrusted::needs_escape;
+    use std::collections::BTreeMap;
 
     /// Every line of `text` is a row of the table: nothing a plugin wrote starts a line or
     /// drives the terminal.
@@ -517,6 +550,53 @@ mod tests {
             lapsed.contains("NOT confirmed") && lapsed.contains("revision 17"),
             "{lapsed}"
         );
+    }
+
+    #[test]
+    fn status_shows_the_restored_records_and_their_errors_escaped() {
+        let mut s = StatusView {
+            node: "n1".into(),
+            plugins: Vec::new(),
+            peers: Vec::new(),
+            volumes: 1,
+            claims: BTreeMap::new(),
+            stuck: Vec::new(),
+            uncertain: Vec::new(),
+            cluster: None,
+            store_failure: None,
+            failing_files: Vec::new(),
+            reconcile: None,
+        };
+        assert!(status(&s).contains("RESTORED NODE RECORDS\nbeing confirmed"));
+        s.reconcile = Some(ReconcileView::default());
+        assert!(
+            !status(&s).contains("RESTORED"),
+            "nothing restored: no section"
+        );
+        s.reconcile = Some(ReconcileView {
+            plugins_not_ready: vec!["gone".into()],
+            records: vec![ReconciledView {
+                plugin: "gone".into(),
+                volume: "v1".into(),
+                workload: "w1".into(),
+                found: "stage done, publish done".into(),
+                action: "plugin_missing".into(),
+                error: Some("plugin gone has no node service\nforged  row".into()),
+                class: Some("retry_elsewhere".into()),
+            }],
+        });
+        let text = status(&s);
+        let section = text
+            .split("RESTORED NODE RECORDS")
+            .nth(1)
+            .expect("the section");
+        // Its heading's rest, the plugins not ready, the table's header and one row.
+        lines_only(section, 4);
+        assert!(
+            section.contains(r"no node service\nforged  row (class retry_elsewhere)"),
+            "{section}"
+        );
+        assert!(section.contains("plugins not ready when the wait ended: gone"));
     }
 
     #[test]

@@ -29,7 +29,10 @@ use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
 use csi_node::layout::Usage;
 use csi_node::state::StateFileError;
-use csi_node::volumes::{ExpandRequest, MountRequest, PendingStep, VolumeError, VolumeManager};
+use csi_node::volumes::{
+    ExpandRequest, MountRequest, PendingStep, Reconciliation, Republish, Restore, Restored,
+    StepState, VolumeError, VolumeManager,
+};
 
 /// What the agent knows about a peer.
 #[derive(Clone, Debug, Default)]
@@ -212,6 +215,7 @@ impl AgentError {
         fn kind(e: &VolumeError) -> &'static str {
             match e {
                 VolumeError::NotUndone { failed, .. } => kind(failed),
+                VolumeError::NotConfirmed { source, .. } => kind(source),
                 VolumeError::Call { source, .. } => call_kind(plugin_failure(source)),
                 VolumeError::PluginMissing { .. } => call_kind(PluginFailure::Unreachable),
                 VolumeError::NotHealthy { .. } => "plugin_unhealthy",
@@ -317,6 +321,11 @@ pub struct Agent {
     /// A second create of the same id is refused meanwhile, so an undo never deletes the
     /// volume a concurrent create of the same name was given.
     pub creating: Mutex<BTreeSet<VolumeId>>,
+    /// How the usage records restored at start were confirmed ([`reconcile_node`]); `None`
+    /// until it finished.
+    ///
+    /// [`reconcile_node`]: Agent::reconcile_node
+    pub reconciled: Mutex<Option<api::ReconcileView>>,
 }
 
 /// An id in [`Agent::creating`], taken out again when dropped.
@@ -1679,7 +1688,76 @@ impl Agent {
             cluster: self.cluster.as_ref().map(|c| c.view()),
             store_failure: self.claims.store_failure(),
             failing_files: failing_files(),
+            reconcile: self
+                .reconciled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
         }
+    }
+
+    /// Confirms the node's usage records restored at start against their plugins (csi-node's
+    /// [`VolumeManager::reconcile`]), after waiting up to `wait` for each of their plugins to
+    /// be fingerprinted and healthy. A publication whose claim is taken on this node is
+    /// staged and published again with the book's capability, context and secrets (read-only
+    /// as the claim says); every other one (a claim releasing or unknown) is kept for its
+    /// release. The outcome is logged and kept for `status`.
+    pub async fn reconcile_node(&self, wait: Duration) -> api::ReconcileView {
+        let records = self.volumes.records();
+        let plugins: BTreeSet<String> = records.iter().map(|r| r.plugin.clone()).collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut plugins_not_ready = Vec::new();
+        for plugin in plugins {
+            let Ok(id) = PluginId::new(plugin.clone()) else {
+                continue;
+            };
+            if let Err(e) = self.plugins.manager().wait_for(&id, deadline).await {
+                tracing::warn!(plugin = %id, error = %e, "plugin of restored usage records not ready; their records are kept");
+                plugins_not_ready.push(plugin);
+            }
+        }
+        let lookup = |p: &Restored| self.restore(p);
+        let report = self.volumes.reconcile(&lookup).await;
+        let view = api::ReconcileView {
+            plugins_not_ready,
+            records: report.records.iter().map(reconciled_view).collect(),
+        };
+        let count = |action: &str| view.records.iter().filter(|r| r.action == action).count();
+        tracing::info!(
+            records = view.records.len(),
+            republished = count("republished"),
+            released = count("released") + count("cleaned"),
+            kept = count("kept"),
+            not_confirmed = report.failed().count(),
+            "usage records restored at start confirmed with their plugins"
+        );
+        *self
+            .reconciled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(view.clone());
+        view
+    }
+
+    /// What a restored publication needs to be published again: its claim taken on this
+    /// node and the volume in the book; otherwise it is kept for its release.
+    fn restore(&self, p: &Restored) -> Restore {
+        let Some(entry) = self.book.get(&p.volume).filter(|e| e.plugin == p.plugin) else {
+            return Restore::Keep;
+        };
+        let Some(record) = self.claims.record(&p.volume) else {
+            return Restore::Keep;
+        };
+        let Some(claim) = record.claims().iter().find(|c| {
+            c.workload() == &p.workload && c.node() == &self.me && !c.state().is_releasing()
+        }) else {
+            return Restore::Keep;
+        };
+        Restore::Republish(Republish {
+            capability: entry.capability(),
+            read_only: claim.mode() == ClaimMode::Read || entry.access_mode.is_read_only(),
+            volume_context: entry.volume_context(),
+            secrets: entry.secrets.clone(),
+        })
     }
 
     /// The metrics page.
@@ -1695,6 +1773,33 @@ impl Agent {
             store_failing: self.claims.store_failure().is_some(),
             failing_files: failing_files().len() as u64,
         })
+    }
+}
+
+/// One record's confirmation for the API.
+fn reconciled_view(r: &Reconciliation) -> api::ReconciledView {
+    let state = |s: Option<StepState>| match s {
+        Some(StepState::Done) => "done",
+        Some(StepState::Uncertain) => "uncertain",
+        Some(StepState::Started) => "started",
+        None => "-",
+    };
+    let error = r.error();
+    api::ReconciledView {
+        plugin: r.plugin.to_string(),
+        volume: r.volume.to_string(),
+        workload: r
+            .workload
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), ToString::to_string),
+        found: format!(
+            "stage {}, publish {}",
+            state(r.found.stage),
+            state(r.found.publish)
+        ),
+        action: r.action().to_owned(),
+        error: error.map(ToString::to_string),
+        class: error.map(|e| e.class().as_str().to_owned()),
     }
 }
 

@@ -53,6 +53,7 @@ fn node_error(e: VolumeError) -> PluginError {
 fn node_failure(e: &VolumeError) -> PluginFailure {
     match e {
         VolumeError::NotUndone { failed, .. } => node_failure(failed),
+        VolumeError::NotConfirmed { source, .. } => node_failure(source),
         VolumeError::Call { source, .. } => plugin_failure(source),
         VolumeError::PluginMissing { .. } | VolumeError::NotHealthy { .. } => {
             PluginFailure::Unreachable

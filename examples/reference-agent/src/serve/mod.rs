@@ -331,6 +331,7 @@ pub async fn serve_until(
         cluster: cluster_status,
         forgetting: stores.forgetting,
         creating: Mutex::new(Default::default()),
+        reconciled: Mutex::new(None),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -371,6 +372,18 @@ pub async fn serve_until(
                     },
                     _ = stop.changed() => break,
                 }
+            }
+        });
+    }
+    // The usage records restored from the data directory are confirmed with their plugins
+    // (staged and published again) once those are healthy, or after a bounded wait.
+    {
+        let agent = Arc::clone(&agent);
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = agent.reconcile_node(FIRST_FINGERPRINT_WAIT) => {}
+                _ = stop.changed() => {}
             }
         });
     }

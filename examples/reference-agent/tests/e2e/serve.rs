@@ -840,6 +840,85 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
+/// Nomad's host reboot under the agent: its usage records say staged and published, the
+/// plugin comes back with nothing staged. At start the agent confirms the records: the
+/// volume is staged again, then published again for the claim still taken, and `status`
+/// says so; the release afterwards finds everything where it should be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_host_reboot_the_agent_stages_and_publishes_its_claims_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("mock-state.json");
+    let mock = MockPlugin::builder()
+        .state_file(&state)
+        .build()
+        .expect("mock");
+    let WithVolume {
+        _server: server,
+        mut agent,
+        plugins,
+        data,
+        ..
+    } = agent_with_v1_on(dir.path(), "first", "single-node-writer", mock).await;
+    claim_v1_here(&data, "w1", "write").await;
+
+    // The host goes down: agent and plugin stop; the plugin comes back with its volumes and
+    // attachments but nothing staged or published.
+    agent.kill();
+    server.shutdown().await.expect("mock stops");
+    let mut saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).expect("mock state")).expect("json");
+    saved["staged"] = serde_json::json!([]);
+    saved["published"] = serde_json::json!([]);
+    std::fs::write(&state, serde_json::to_vec(&saved).expect("json")).expect("written");
+    let mock = MockPlugin::builder()
+        .state_file(&state)
+        .build()
+        .expect("mock again");
+    let _server = mock
+        .serve_unix(plugins.join("mock.sock"))
+        .await
+        .expect("serves again");
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+
+    let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    let reconciled = eventually("the restored records are confirmed", async || {
+        json::<StatusView>(&data, &["status"]).await.reconcile
+    })
+    .await;
+    assert!(reconciled.plugins_not_ready.is_empty(), "{reconciled:?}");
+    assert_eq!(reconciled.records.len(), 1, "{reconciled:?}");
+    let record = &reconciled.records[0];
+    assert_eq!(
+        (record.volume.as_str(), record.workload.as_str()),
+        ("v1", "w1")
+    );
+    assert_eq!(record.found, "stage done, publish done");
+    assert_eq!(record.action, "republished", "{record:?}");
+    assert_eq!(
+        mock.calls().snapshot().without_discovery().rpcs(),
+        [Rpc::NodeStageVolume, Rpc::NodePublishVolume],
+        "staged again, then published"
+    );
+    assert_eq!((mock.staged().len(), mock.published().len()), (1, 1));
+    let table = cli(&data, &["status"]).await.expect("status runs");
+    assert!(
+        table.contains("RESTORED NODE RECORDS") && table.contains("republished"),
+        "{table}"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("usage records restored at start confirmed"),
+        "{}",
+        agent.log()
+    );
+
+    release_v1(&data, "w1").await;
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert_eq!(agent.terminate(), Some(0));
+}
+
 /// One staging path per volume on a node (CSI spec, `NodeStageVolume`): a read claim and a
 /// write claim of one volume stage it once, at `<data>/node/staging/<volume>`, and both
 /// publications use that path; the stage outlives the first release and goes with the last.
