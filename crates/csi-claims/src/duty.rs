@@ -27,12 +27,12 @@
 //!
 //! **What remains.** Between the last check and the moment the request is written to the
 //! plugin's (or the forwarding agent's) socket there is no further check: a pause there longer
-//! than the margin can let a call leave after the lease expired. The margin bounds that
-//! window; on a host whose clock runs during the pause, the whole remaining risk is a pause of
-//! more than the margin inside a few microseconds of synchronous code and one socket write.
-//! Even then, the call only harms a live workload if, within that pause, another agent has
-//! taken the duty, finished the release, and the volume was claimed and attached again on the
-//! same node.
+//! than the margin can let a call leave after the lease expired. That stretch is one poll of
+//! the call and the connection task's write of the request it queued: normally well under a
+//! millisecond, longer only by the runtime's scheduling delay under load. The margin bounds
+//! it; pick one above the longest stall expected of the process there. Even then, the call
+//! only harms a live workload if, within that pause, another agent has taken the duty,
+//! finished the release, and the volume was claimed and attached again on the same node.
 //!
 //! A call under way when the duty lapses is abandoned, with whatever retries it had left
 //! (csi-client retries a retryable failure within one call, csi-rpc-shim fails over between
