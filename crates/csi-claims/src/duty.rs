@@ -25,6 +25,11 @@
 //!    cluster is restored from a backup). The fence alone would not do either: an agent
 //!    paused after the store confirmed a step would wake and make the call.
 //!
+//! Because the confirmation compares the volume's version together with the fence, a newly
+//! elected holder acts only on the record the store holds at a moment it holds the duty, never
+//! on an older copy in its memory: a step decided on a stale copy is refused as stale, the
+//! volume is read again and the step decided again on what was read.
+//!
 //! **What remains.** Between the last check and the moment the request is written to the
 //! plugin's (or the forwarding agent's) socket there is no further check: a pause there longer
 //! than the margin can let a call leave after the lease expired. That stretch is one poll of
