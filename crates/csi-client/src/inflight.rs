@@ -114,7 +114,7 @@ pub(crate) fn seconds(d: Duration) -> String {
         format!("{:.1}s", d.as_secs_f64())
     } else if secs < 60 {
         format!("{secs}s")
-    } else if secs % 60 == 0 {
+    } else if secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else {
         format!("{}m{}s", secs / 60, secs % 60)
