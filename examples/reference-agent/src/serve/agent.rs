@@ -15,7 +15,7 @@ use csi_rpc_shim::{
     CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume, ListSnapshots, ListVolumes,
     NodeExpand, PluginFailure, Shim, ShimError, SnapshotInfo, Validated,
 };
-use csi_structs::topology::accessible_from;
+use csi_structs::topology::check_accessible;
 use csi_structs::{
     AccessMode, AccessTypeKind, Capabilities, ErrorClass, ExternalVolumeId, NodeId, Parameters,
     PluginId, PluginService, PublishContext, Secrets, SecretsUse, Topology, TopologyRequirement,
@@ -269,17 +269,6 @@ fn parse_topologies(
         .enumerate()
         .map(|(i, map)| Topology::new(map).map_err(|e| bad(field, format!("entry {i}: {e}"))))
         .collect()
-}
-
-/// `{a=1} or {b=2}`; `everywhere` for none.
-fn topologies_text(list: &[Topology]) -> String {
-    if list.is_empty() {
-        return "everywhere".into();
-    }
-    list.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(" or ")
 }
 
 fn parse_access_mode(text: &str) -> Result<AccessMode, AgentError> {
@@ -711,14 +700,10 @@ impl Agent {
             .node
             .as_ref()
             .and_then(|n| n.topology.as_ref());
-        if !accessible_from(&entry.accessible_topology, node_topology) {
+        if let Err(refused) = check_accessible(&entry.accessible_topology, node_topology) {
             return Err(AgentError::Conflict(format!(
-                "volume {} is reachable from {} only; plugin {} on node {} is at {}",
-                entry.id,
-                topologies_text(&entry.accessible_topology),
-                entry.plugin,
-                self.me,
-                node_topology.map_or_else(|| "no topology".to_owned(), ToString::to_string),
+                "volume {} is {refused} (plugin {} on node {})",
+                entry.id, entry.plugin, self.me,
             )));
         }
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
