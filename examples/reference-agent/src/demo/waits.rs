@@ -6,13 +6,14 @@
 //! or a file as plain lines, one when the call becomes long and one every [`PLAIN_EVERY`]
 //! after, so a log stays readable.
 
-use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_client::{CallInFlight, CallsInFlight};
 use tokio::task::JoinHandle;
+
+use crate::long_calls::Reminders;
 
 /// How long a call runs before it is shown.
 pub(crate) const LONG: Duration = Duration::from_secs(3);
@@ -81,29 +82,11 @@ pub(crate) fn describe(call: &CallInFlight) -> String {
     format!("still in flight: {call}")
 }
 
-/// Which calls are due a plain line, given each long call's id and age: a line the first
-/// time a call is seen long, then every [`PLAIN_EVERY`]. `due` remembers, per call, the age
-/// at which its next line is due; calls that ended are forgotten.
-pub(crate) fn plain_due(ages: &[(u64, Duration)], due: &mut HashMap<u64, Duration>) -> Vec<u64> {
-    due.retain(|id, _| ages.iter().any(|(c, _)| c == id));
-    let mut lines = Vec::new();
-    for (id, age) in ages {
-        let next = due.entry(*id).or_insert(LONG);
-        if age >= next {
-            lines.push(*id);
-            while *next <= *age {
-                *next += PLAIN_EVERY;
-            }
-        }
-    }
-    lines
-}
-
 /// Starts reading `calls` every second, showing long calls on `line` until the task is
 /// aborted.
 pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut due = HashMap::new();
+        let mut reminders = Reminders::new(LONG, PLAIN_EVERY);
         let mut ticks = tokio::time::interval(TICK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -125,32 +108,11 @@ pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandl
             } else {
                 let ages: Vec<(u64, Duration)> =
                     long.iter().map(|c| (c.id, c.elapsed_at(now))).collect();
-                let shown = plain_due(&ages, &mut due);
+                let shown = reminders.due(&ages);
                 for call in long.iter().filter(|c| shown.contains(&c.id)) {
                     line.plain(&describe(call));
                 }
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_long_call_gets_a_plain_line_at_once_and_then_at_intervals() {
-        let mut due = HashMap::new();
-        let secs = Duration::from_secs;
-        assert_eq!(plain_due(&[(1, LONG)], &mut due), [1]);
-        assert!(plain_due(&[(1, LONG + secs(1))], &mut due).is_empty());
-        assert!(plain_due(&[(1, LONG + PLAIN_EVERY - secs(1))], &mut due).is_empty());
-        assert_eq!(plain_due(&[(1, LONG + PLAIN_EVERY)], &mut due), [1]);
-        // A second call has its own turn; the first, ended, is forgotten.
-        assert_eq!(plain_due(&[(2, secs(40))], &mut due), [2]);
-        assert!(!due.contains_key(&1));
-        // A long pause (a busy machine) gives one line, not one per missed interval.
-        assert_eq!(plain_due(&[(2, secs(100))], &mut due), [2]);
-        assert!(plain_due(&[(2, secs(101))], &mut due).is_empty());
-    }
 }

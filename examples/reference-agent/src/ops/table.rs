@@ -209,7 +209,17 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    for v in list {
+        if let Some(may) = &v.may_exist {
+            out.push_str(&format!(
+                "volume {} is not created: {}\n",
+                escaped(&v.id),
+                escaped(&may.line())
+            ));
+        }
+    }
+    out
 }
 
 pub(crate) fn volume_detail(v: &VolumeView) -> String {
@@ -222,6 +232,14 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         escaped(&v.attachment),
         yes(v.controller_publish)
     );
+    if let Some(may) = &v.may_exist {
+        out.push_str(&format!(
+            "not created: {}; `volume create` of the id again resolves it (deleting what it \
+             finds), `volume deregister` clears it\nthe failure: {}\n",
+            escaped(&may.line()),
+            escaped(&may.error)
+        ));
+    }
     if let Some(bytes) = v.capacity_bytes {
         out.push_str(&format!(
             "capacity: {bytes} bytes{}\n",
@@ -251,6 +269,9 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
             "secrets (names only): {}\n",
             escaped(&v.secret_names.join(", "))
         ));
+    }
+    for call in &v.calls_in_flight {
+        out.push_str(&format!("in flight: {}\n", escaped(&call.summary)));
     }
     out.push_str(&claims(&v.claims));
     if let Some(r) = &v.release {
@@ -516,6 +537,8 @@ mod tests {
                 durable: true,
                 claims: vec![claim],
             }),
+            calls_in_flight: Vec::new(),
+            may_exist: None,
         };
         lines_only(&volumes(std::slice::from_ref(&volume)), 2);
         // The detail: one line, the claims table (2), "release:", the release table (2).
