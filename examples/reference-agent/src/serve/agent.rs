@@ -177,6 +177,15 @@ pub fn call_kind(failure: PluginFailure) -> &'static str {
     }
 }
 
+/// Why a failed `CreateVolume` of this [`call_kind`] may have made a volume, for people.
+fn why_create_may_exist(kind: &str) -> &'static str {
+    match kind {
+        "plugin_answer" => "CreateVolume's answer was unusable",
+        "deadline" => "CreateVolume's deadline passed",
+        _ => "CreateVolume's outcome is uncertain",
+    }
+}
+
 /// The control API's kind of a failed call through the shim.
 fn shim_kind(e: &ShimError) -> &'static str {
     match e {
@@ -638,11 +647,7 @@ impl Agent {
         error: &ShimError,
         failed: AgentError,
     ) -> AgentError {
-        let why = match shim_kind(error) {
-            "plugin_answer" => "CreateVolume's answer was unusable",
-            "deadline" => "CreateVolume's deadline passed",
-            _ => "CreateVolume's outcome is uncertain",
-        };
+        let why = why_create_may_exist(shim_kind(error));
         let id = draft.id.clone();
         let plugin = draft.plugin.clone();
         let entry = BookEntry {
@@ -1928,6 +1933,22 @@ mod tests {
             error,
         };
         AgentError::shim("CreateVolume", &e)
+    }
+
+    #[test]
+    fn a_volume_that_may_exist_says_why() {
+        assert_eq!(
+            why_create_may_exist(call_kind(PluginFailure::UnusableAnswer)),
+            "CreateVolume's answer was unusable"
+        );
+        assert_eq!(
+            why_create_may_exist(call_kind(PluginFailure::Deadline)),
+            "CreateVolume's deadline passed"
+        );
+        assert_eq!(
+            why_create_may_exist("plugin"),
+            "CreateVolume's outcome is uncertain"
+        );
     }
 
     #[test]
