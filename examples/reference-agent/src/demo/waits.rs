@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_client::{CallInFlight, CallsInFlight};
+use csi_structs::untrusted::escaped;
 use tokio::task::JoinHandle;
 
 use crate::long_calls::Reminders;
@@ -19,6 +20,19 @@ use crate::long_calls::Reminders;
 pub(crate) const LONG: Duration = Duration::from_secs(3);
 /// How often a plain line is repeated for the same long call.
 pub(crate) const PLAIN_EVERY: Duration = Duration::from_secs(15);
+/// The widest status line: one that wraps could not be cleared in place.
+const STATUS_WIDTH: usize = 79;
+
+/// `text` cut to `width` characters, ending with `…` when cut.
+fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// How often the list is read.
 const TICK: Duration = Duration::from_secs(1);
 
@@ -59,6 +73,7 @@ impl WaitLine {
 
     /// Shows `text` as the status line (terminal only).
     fn status(&self, text: &str) {
+        let text = fit(text, STATUS_WIDTH);
         let mut shown = self.lock();
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[2K{text}");
@@ -82,6 +97,30 @@ pub(crate) fn describe(call: &CallInFlight) -> String {
     format!("still in flight: {call}")
 }
 
+/// The status line for one long call, short and the most telling first so that a cut keeps
+/// it: `4.0s NodeStageVolume vol-1, attempt 1/3 (deadline 60s): waiting for the plugin's
+/// answer` (the volume id escaped).
+fn status_text(call: &CallInFlight, now: Instant) -> String {
+    let mut text = format!(
+        "{:.1}s {}",
+        call.elapsed_at(now).as_secs_f64(),
+        call.rpc.name()
+    );
+    if let Some(volume) = &call.volume {
+        text.push_str(&format!(" {}", escaped(volume.as_str())));
+    }
+    if call.attempt > 0 {
+        text.push_str(&format!(
+            ", attempt {}/{} (deadline {}s)",
+            call.attempt,
+            call.max_attempts,
+            call.attempt_deadline.as_secs()
+        ));
+    }
+    text.push_str(&format!(": waiting for {}", call.waiting));
+    text
+}
+
 /// Starts reading `calls` every second, showing long calls on `line` until the task is
 /// aborted.
 pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandle<()> {
@@ -99,10 +138,12 @@ pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandl
                 .collect();
             if line.tty {
                 match long.split_first() {
-                    Some((oldest, [])) => line.status(&describe(oldest)),
-                    Some((oldest, rest)) => {
-                        line.status(&format!("{} (and {} more)", describe(oldest), rest.len()))
-                    }
+                    Some((oldest, [])) => line.status(&status_text(oldest, now)),
+                    Some((oldest, rest)) => line.status(&format!(
+                        "{} (and {} more)",
+                        status_text(oldest, now),
+                        rest.len()
+                    )),
                     None => drop(line.quiet()),
                 }
             } else {
@@ -115,4 +156,18 @@ pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandl
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_line_fits_one_terminal_row() {
+        assert_eq!(fit("short", 79), "short");
+        let long = "x".repeat(200);
+        let cut = fit(&long, STATUS_WIDTH);
+        assert_eq!(cut.chars().count(), STATUS_WIDTH);
+        assert!(cut.ends_with('…'));
+    }
 }
