@@ -181,6 +181,15 @@ pub(crate) fn releases(list: &[ReleaseView]) -> String {
     t.render()
 }
 
+/// The plugin's id of a volume; `-` for one that only may exist (the agent cannot know it).
+fn external_id(v: &VolumeView) -> &str {
+    if v.may_exist.is_some() {
+        "-"
+    } else {
+        &v.external_id
+    }
+}
+
 pub(crate) fn volumes(list: &[VolumeView]) -> String {
     if list.is_empty() {
         return "no volumes\n".into();
@@ -197,7 +206,7 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
         t.row(vec![
             v.id.clone(),
             v.plugin.clone(),
-            v.external_id.clone(),
+            external_id(v).to_owned(),
             v.access_mode.clone(),
             v.claims.len().to_string(),
             v.release
@@ -227,7 +236,7 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         "volume {}  plugin {}  external id {}  {} {}  controller publish {}\n",
         escaped(&v.id),
         escaped(&v.plugin),
-        escaped(&v.external_id),
+        escaped(external_id(v)),
         escaped(&v.access_mode),
         escaped(&v.attachment),
         yes(v.controller_publish)
