@@ -176,6 +176,7 @@ fn entry(v: usize) -> Result<BookEntry, String> {
         },
         accessible_topology: Vec::new(),
         node_expansion: None,
+        may_exist: None,
     })
 }
 

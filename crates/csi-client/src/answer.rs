@@ -110,6 +110,15 @@ impl AnswerWatch {
         response.map(|inner| tonic::body::Body::new(Watched::new(inner, watch)))
     }
 
+    /// Whether the answer's headers arrived (the link saw an HTTP status).
+    pub(crate) fn headers_arrived(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .http_status
+            .is_some()
+    }
+
     /// The answer of a unary call that tonic read as success, when it held more than one
     /// message: tonic takes the first and drops the others, but such an answer contradicts
     /// itself (which message is the plugin's?), so it is unusable. Call once the whole answer

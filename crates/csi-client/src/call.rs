@@ -22,7 +22,10 @@ use crate::answer::AnswerWatch;
 use crate::budget::RetryBudget;
 use crate::channel::PluginChannel;
 use crate::connection::{ConnectError, Connection, DialFailure};
-use crate::error::{CallContext, DeadlineScope, Elapsed, Error, ErrorKind, ResponseError};
+use crate::error::{
+    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, H2Code, ResponseError, TransportFault,
+};
+use crate::inflight::CallsInFlight;
 use crate::link::Handover;
 use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 use crate::policy::{CallOptions, PolicyTable, RpcPolicy, classify_failure};
@@ -43,6 +46,7 @@ struct Shared {
     budget: Arc<RetryBudget>,
     observer: Option<Arc<dyn CallObserver>>,
     turns: Arc<VolumeTurns>,
+    calls: Arc<CallsInFlight>,
 }
 
 /// Why one attempt failed before classification.
@@ -58,6 +62,7 @@ impl Caller {
         budget: Arc<RetryBudget>,
         observer: Option<Arc<dyn CallObserver>>,
         turns: Arc<VolumeTurns>,
+        calls: Arc<CallsInFlight>,
     ) -> Self {
         Caller {
             shared: Arc::new(Shared {
@@ -66,12 +71,17 @@ impl Caller {
                 budget,
                 observer,
                 turns,
+                calls,
             }),
         }
     }
 
     pub(crate) fn turns(&self) -> &Arc<VolumeTurns> {
         &self.shared.turns
+    }
+
+    pub(crate) fn calls(&self) -> &Arc<CallsInFlight> {
+        &self.shared.calls
     }
 
     pub(crate) fn connection(&self) -> &Connection {
@@ -261,11 +271,14 @@ impl Caller {
         self.shared.budget.deposit();
         let mut delays = policy.backoff.delays(policy.max_attempts.saturating_sub(1));
         let mut attempt: u32 = 0;
+        // Listed until the call ends, however it ends (a dropped call included).
+        let listed = self.shared.calls.enter(context, policy.max_attempts);
         // One call in flight per volume: each attempt waits for its volume's turn, within
         // the call's budget, and gives it back when it ends.
         let volume = turns::volume_of(rpc, context.volume_id());
         loop {
             attempt += 1;
+            listed.turn(attempt);
             let turn = match volume {
                 Some(volume) => {
                     let take = self.shared.turns.take(volume);
@@ -293,6 +306,7 @@ impl Caller {
                 policy.attempt_deadline
             };
             let attempt_deadline = attempt_start + limit;
+            listed.sent(attempt, limit);
             let connection = &self.shared.connection;
             // How far the request got: a deadline that expires while it still waits for a
             // connection (the first dial here, a redial in the link) means nothing reached
@@ -380,6 +394,7 @@ impl Caller {
                 class = class.as_str(),
                 "retrying after pause"
             );
+            listed.backoff();
             tokio::time::sleep(pause).await;
         }
     }
@@ -429,10 +444,47 @@ pub(crate) fn kind_of_status(status: tonic::Status, answer: &AnswerWatch) -> Err
     }
     if transport {
         ErrorKind::ConnectionLost {
-            source: Box::new(status),
+            fault: fault_of(&status, answer.headers_arrived()),
         }
     } else {
         answer.kind_of(&status)
+    }
+}
+
+/// What broke a call, from the kinds of the transport errors in `status`'s source chain
+/// (never their text).
+fn fault_of(status: &tonic::Status, after_headers: bool) -> TransportFault {
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return fault_of_h2(h2, after_headers);
+        }
+        if err.downcast_ref::<std::io::Error>().is_some() {
+            return TransportFault::Closed { after_headers };
+        }
+        source = err.source();
+    }
+    TransportFault::Other
+}
+
+fn fault_of_h2(error: &h2::Error, after_headers: bool) -> TransportFault {
+    let code = error.reason().map(|r| H2Code(r.into()));
+    if error.is_io() {
+        TransportFault::Closed { after_headers }
+    } else if error.is_go_away() && error.is_remote() {
+        TransportFault::GoAway {
+            code: code.unwrap_or(H2Code(0)),
+            after_headers,
+        }
+    } else if error.is_reset() && error.is_remote() {
+        TransportFault::StreamReset {
+            code: code.unwrap_or(H2Code(0)),
+            after_headers,
+        }
+    } else if let Some(code) = code {
+        TransportFault::Protocol { code }
+    } else {
+        TransportFault::Other
     }
 }
 

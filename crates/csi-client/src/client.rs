@@ -15,6 +15,7 @@ use crate::fingerprint::{self, Fingerprint};
 use crate::group_controller::GroupControllerClient;
 use crate::health::HealthWatcher;
 use crate::identity::IdentityClient;
+use crate::inflight::CallsInFlight;
 use crate::node::NodeClient;
 use crate::observe::CallObserver;
 use crate::policy::{PolicyTable, RpcPolicy};
@@ -50,6 +51,7 @@ impl CsiClient {
             observer: None,
             layers: None,
             turns: None,
+            calls: None,
         }
     }
 
@@ -113,6 +115,12 @@ impl CsiClient {
         self.caller.turns()
     }
 
+    /// The calls in flight of this client (and of every client sharing its list): what each
+    /// waits on and since when (see [`CallsInFlight`]).
+    pub fn calls_in_flight(&self) -> &Arc<CallsInFlight> {
+        self.caller.calls()
+    }
+
     /// Gathers plugin info, plugin/controller/group-controller/node capabilities and node
     /// info into one value (see [`Fingerprint`]).
     ///
@@ -141,6 +149,7 @@ pub struct CsiClientBuilder {
     observer: Option<Arc<dyn CallObserver>>,
     layers: Option<LayerStack>,
     turns: Option<Arc<VolumeTurns>>,
+    calls: Option<Arc<CallsInFlight>>,
 }
 
 impl CsiClientBuilder {
@@ -178,6 +187,15 @@ impl CsiClientBuilder {
     #[must_use]
     pub fn volume_turns(mut self, turns: Arc<VolumeTurns>) -> Self {
         self.turns = Some(turns);
+        self
+    }
+
+    /// Lists this client's calls in flight in `calls`, which other clients may share (one
+    /// list for every plugin, say), so that an embedder can show what a long call waits on.
+    /// Without it, the client and its clones have a list of their own.
+    #[must_use]
+    pub fn calls_in_flight(mut self, calls: Arc<CallsInFlight>) -> Self {
+        self.calls = Some(calls);
         self
     }
 
@@ -247,6 +265,7 @@ impl CsiClientBuilder {
                 self.budget.unwrap_or_default(),
                 self.observer,
                 self.turns.unwrap_or_default(),
+                self.calls.unwrap_or_default(),
             ),
         }
     }

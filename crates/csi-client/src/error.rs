@@ -164,6 +164,158 @@ pub enum ResponseError {
     },
 }
 
+/// An HTTP/2 error code, named as RFC 9113 §7 names it (`INTERNAL_ERROR`, `CANCEL`, …); a
+/// code the RFC does not define shows its number.
+///
+/// ```
+/// use csi_client::H2Code;
+///
+/// assert_eq!(H2Code(2).to_string(), "INTERNAL_ERROR");
+/// assert_eq!(H2Code(0x99).to_string(), "code 0x99");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct H2Code(pub u32);
+
+impl H2Code {
+    /// The RFC's name of the code, when it defines one.
+    pub const fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0x0 => "NO_ERROR",
+            0x1 => "PROTOCOL_ERROR",
+            0x2 => "INTERNAL_ERROR",
+            0x3 => "FLOW_CONTROL_ERROR",
+            0x4 => "SETTINGS_TIMEOUT",
+            0x5 => "STREAM_CLOSED",
+            0x6 => "FRAME_SIZE_ERROR",
+            0x7 => "REFUSED_STREAM",
+            0x8 => "CANCEL",
+            0x9 => "COMPRESSION_ERROR",
+            0xa => "CONNECT_ERROR",
+            0xb => "ENHANCE_YOUR_CALM",
+            0xc => "INADEQUATE_SECURITY",
+            0xd => "HTTP_1_1_REQUIRED",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for H2Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "code {:#x}", self.0),
+        }
+    }
+}
+
+/// What broke a call on its HTTP/2 connection, in words: what the plugin (or the connection)
+/// did. Built from the transport's errors by their kind, never from their text; its
+/// `Display` holds no text of the transport library's.
+///
+/// ```
+/// use csi_client::{H2Code, TransportFault};
+///
+/// let reset = TransportFault::StreamReset { code: H2Code(2), after_headers: false };
+/// assert_eq!(
+///     reset.to_string(),
+///     "the plugin reset the call's stream (HTTP/2 INTERNAL_ERROR)"
+/// );
+/// let closed = TransportFault::Closed { after_headers: true };
+/// assert_eq!(
+///     closed.to_string(),
+///     "the plugin sent the answer's headers and then nothing: the connection closed"
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransportFault {
+    /// The plugin reset the call's stream (an HTTP/2 `RST_STREAM` frame).
+    StreamReset {
+        /// The code the plugin gave.
+        code: H2Code,
+        /// Whether the answer's headers had arrived before.
+        after_headers: bool,
+    },
+    /// The plugin went away: it sent `GOAWAY`, saying it takes no more streams, and this
+    /// call's stream was among those it abandoned.
+    GoAway {
+        /// The code the plugin gave.
+        code: H2Code,
+        /// Whether the answer's headers had arrived before.
+        after_headers: bool,
+    },
+    /// The connection closed (end of file, reset by the peer, broken pipe) before the answer
+    /// was complete.
+    Closed {
+        /// Whether the answer's headers had arrived before.
+        after_headers: bool,
+    },
+    /// The plugin broke the HTTP/2 protocol, so this side ended the stream or the connection
+    /// with this code.
+    Protocol {
+        /// The code this side sent.
+        code: H2Code,
+    },
+    /// Another failure of the connection, which the transport did not say more about.
+    Other,
+}
+
+impl TransportFault {
+    /// Whether the answer's headers had arrived when the call broke.
+    pub const fn after_headers(&self) -> bool {
+        match self {
+            TransportFault::StreamReset { after_headers, .. }
+            | TransportFault::GoAway { after_headers, .. }
+            | TransportFault::Closed { after_headers } => *after_headers,
+            TransportFault::Protocol { .. } | TransportFault::Other => false,
+        }
+    }
+}
+
+impl fmt::Display for TransportFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers = if self.after_headers() {
+            "the plugin sent the answer's headers and then nothing: "
+        } else {
+            ""
+        };
+        match self {
+            TransportFault::StreamReset {
+                code,
+                after_headers,
+            } => {
+                if *after_headers {
+                    write!(f, "{headers}it reset the call's stream (HTTP/2 {code})")
+                } else {
+                    write!(f, "the plugin reset the call's stream (HTTP/2 {code})")
+                }
+            }
+            TransportFault::GoAway {
+                code,
+                after_headers,
+            } => {
+                if *after_headers {
+                    write!(f, "{headers}it went away (HTTP/2 GOAWAY, {code})")
+                } else {
+                    write!(f, "the plugin went away (HTTP/2 GOAWAY, {code})")
+                }
+            }
+            TransportFault::Closed { after_headers } => {
+                if *after_headers {
+                    write!(f, "{headers}the connection closed")
+                } else {
+                    f.write_str("the plugin closed the connection")
+                }
+            }
+            TransportFault::Protocol { code } => write!(
+                f,
+                "the plugin broke the HTTP/2 protocol, so the connection was ended ({code})"
+            ),
+            TransportFault::Other => f.write_str("the connection failed"),
+        }
+    }
+}
+
 /// What went wrong, without the call context.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -191,11 +343,12 @@ pub enum ErrorKind {
     #[error(transparent)]
     Timeout(Elapsed),
     /// The connection broke while the call was in flight; the request may have been processed.
-    #[error("connection to the plugin was lost mid-call: {source}")]
+    /// The text says what the plugin did, in words ([`TransportFault`]), never the transport
+    /// library's own error text.
+    #[error("connection to the plugin was lost mid-call: {fault}")]
     ConnectionLost {
-        /// The transport error as tonic reported it.
-        #[source]
-        source: Box<tonic::Status>,
+        /// What broke the call, as seen on the HTTP/2 connection.
+        fault: TransportFault,
     },
     /// The plugin could not be reached (its socket is missing, refuses connections, or did not
     /// accept within the wait); nothing was sent. The plugin may yet come: the call retried

@@ -111,6 +111,7 @@ pub mod fingerprint;
 pub mod group_controller;
 pub mod health;
 pub mod identity;
+pub mod inflight;
 mod link;
 pub mod metrics;
 pub mod node;
@@ -133,13 +134,14 @@ pub use csi_proto::v1 as proto;
 pub use csi_structs::ErrorClass;
 pub use endpoint::{CSI_ENDPOINT_VAR, Endpoint, EndpointError};
 pub use error::{
-    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, MAX_ANSWER_BYTES,
-    MAX_CONTEXT_PATH_BYTES, PathField, ResponseError,
+    CallContext, DeadlineScope, Elapsed, Error, ErrorKind, H2Code, MAX_ANSWER_BYTES,
+    MAX_CONTEXT_PATH_BYTES, PathField, ResponseError, TransportFault,
 };
 pub use fingerprint::Fingerprint;
 pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
+pub use inflight::{CallInFlight, CallsInFlight, Waiting};
 pub use node::{NodeClient, NodePublish, NodeStage};
 pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 pub use policy::{

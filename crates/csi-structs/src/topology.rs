@@ -163,6 +163,72 @@ pub fn accessible_from(volume_topologies: &[Topology], node: Option<&Topology>) 
     node.is_some_and(|n| volume_topologies.iter().any(|t| t.contains(n)))
 }
 
+/// A volume that may not be used on a node: none of the topologies it is reachable from
+/// contains the node's (see [`accessible_from`]). Its text says both:
+/// `reachable from {zone=mars} only; the node is at {zone=earth}`.
+///
+/// ```
+/// use csi_structs::Topology;
+/// use csi_structs::topology::check_accessible;
+///
+/// let mars = Topology::try_from_iter([("zone", "mars")])?;
+/// let earth = Topology::try_from_iter([("zone", "earth")])?;
+/// let refused = check_accessible(&[mars.clone()], Some(&earth)).unwrap_err();
+/// assert_eq!(
+///     refused.to_string(),
+///     "reachable from {zone=mars} only; the node is at {zone=earth}"
+/// );
+/// assert!(check_accessible(&[mars.clone()], Some(&mars)).is_ok());
+/// assert!(check_accessible(&[], None).is_ok());
+/// # Ok::<(), csi_structs::ValidationErrors>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "reachable from {} only; the node is at {}",
+    topologies_text(accessible),
+    node.as_ref().map_or_else(|| "no topology".to_owned(), ToString::to_string)
+)]
+pub struct NotAccessible {
+    /// The topologies the volume is reachable from (never empty).
+    pub accessible: Vec<Topology>,
+    /// The node's topology, if it has one.
+    pub node: Option<Topology>,
+}
+
+/// The rule of [`accessible_from`] as a check: `Ok` when a volume reachable from
+/// `volume_topologies` may be used on a node at `node`, otherwise why not. Orchestrators
+/// apply it before publishing a volume on a node, so the plugin is never asked for what it
+/// could only refuse late.
+///
+/// # Errors
+///
+/// [`NotAccessible`], naming both sides.
+pub fn check_accessible(
+    volume_topologies: &[Topology],
+    node: Option<&Topology>,
+) -> Result<(), NotAccessible> {
+    if accessible_from(volume_topologies, node) {
+        Ok(())
+    } else {
+        Err(NotAccessible {
+            accessible: volume_topologies.to_vec(),
+            node: node.cloned(),
+        })
+    }
+}
+
+/// `{a=1} or {b=2}`; `everywhere` for none: the topologies a volume is reachable from, for
+/// messages.
+pub fn topologies_text(list: &[Topology]) -> String {
+    if list.is_empty() {
+        return "everywhere".into();
+    }
+    list.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
 /// `{key=value, key=value}`, keys sorted: for messages. A plugin chose these strings; escape
 /// them ([`crate::untrusted`]) where a person reads them.
 ///

@@ -35,6 +35,10 @@ pub enum Quirk {
     /// `CreateVolume` and `ControllerModifyVolume` accept any `mutable_parameters` key, not
     /// only the configured ones (as this mock once did).
     AnyMutableParameterKey,
+    /// `CreateVolume` without accessibility requirements answers a volume reachable from
+    /// somewhere the node is not: the node's topology keys, each with the value `elsewhere`
+    /// (a mock without a topology answers as usual).
+    VolumesElsewhere,
 }
 
 /// What `Probe` answers.
@@ -58,6 +62,7 @@ pub(crate) struct Quirks {
     pub(crate) not_found_on_repeated_unpublish: bool,
     pub(crate) argument_checks_first: bool,
     pub(crate) any_mutable_parameter_key: bool,
+    pub(crate) volumes_elsewhere: bool,
 }
 
 impl Quirks {
@@ -73,6 +78,7 @@ impl Quirks {
             Quirk::NotFoundOnRepeatedUnpublish => self.not_found_on_repeated_unpublish = true,
             Quirk::ArgumentChecksFirst => self.argument_checks_first = true,
             Quirk::AnyMutableParameterKey => self.any_mutable_parameter_key = true,
+            Quirk::VolumesElsewhere => self.volumes_elsewhere = true,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod demo;
+mod long_calls;
 pub mod metrics;
 pub mod ops;
 pub mod serve;

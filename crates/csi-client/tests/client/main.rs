@@ -5,8 +5,10 @@
 
 mod support;
 
+mod broken;
 mod connection;
 mod dial;
+mod inflight;
 mod lifecycle;
 mod metrics;
 mod misbehaving;

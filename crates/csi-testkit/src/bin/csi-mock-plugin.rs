@@ -101,6 +101,8 @@ enum QuirkArg {
     ArgumentChecksFirst,
     /// CreateVolume and ControllerModifyVolume accept any mutable_parameters key.
     AnyMutableParameterKey,
+    /// CreateVolume answers volumes reachable from where the node is not.
+    VolumesElsewhere,
 }
 
 impl QuirkArg {
@@ -115,6 +117,7 @@ impl QuirkArg {
             QuirkArg::NotFoundOnRepeatedUnpublish => Quirk::NotFoundOnRepeatedUnpublish,
             QuirkArg::ArgumentChecksFirst => Quirk::ArgumentChecksFirst,
             QuirkArg::AnyMutableParameterKey => Quirk::AnyMutableParameterKey,
+            QuirkArg::VolumesElsewhere => Quirk::VolumesElsewhere,
         }
     }
 }

@@ -70,6 +70,17 @@ pub enum StepError {
     /// The plugin's answer is unusable for the next steps.
     #[error("the plugin's answer is unusable: {0}")]
     BadAnswer(#[source] csi_structs::ValidationErrors),
+    /// The volume is not reachable from this node (its accessible topology excludes the
+    /// node's): refused before the claim, as `serve` refuses it.
+    #[error("volume {volume} is {refused} (plugin node {node})")]
+    NotAccessible {
+        /// The plugin's volume id.
+        volume: csi_structs::ExternalVolumeId,
+        /// The plugin's id of this node.
+        node: csi_structs::PluginNodeId,
+        /// Both topologies.
+        refused: csi_structs::topology::NotAccessible,
+    },
     /// The claim store refused or lost the claim, or the claims driver stopped.
     #[error(transparent)]
     Claim(#[from] DriverError),

@@ -30,6 +30,7 @@ mod plan;
 mod release;
 mod step;
 mod table;
+mod waits;
 mod walk;
 
 use std::io::Write;
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 use csi_claims::MemoryStore;
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
-use csi_client::{CsiClient, Endpoint};
+use csi_client::{CallsInFlight, CsiClient, Endpoint};
 use csi_structs::ExternalVolumeId;
 use tokio::sync::mpsc;
 
@@ -53,6 +54,7 @@ pub use table::Table;
 
 use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
 use csi_node::layout::Layout;
+use waits::WaitLine;
 use walk::Walk;
 
 /// Arguments of `csi-agent demo`.
@@ -221,10 +223,18 @@ async fn lifecycle<W: Write>(
     existing: Option<ExternalVolumeId>,
 ) -> Result<Summary, (DemoError, Leftovers)> {
     let started = Instant::now();
+    // Every call of both clients is listed, so a long one can be shown while it waits.
+    let calls = Arc::new(CallsInFlight::new());
+    let wait_line = Arc::new(WaitLine::stderr());
+    table.clear_before_writing(Arc::clone(&wait_line));
+    let watcher = waits::watch(Arc::clone(&calls), wait_line);
     // The release pipeline's node calls get their own client with the agent's short socket
     // wait, so a node plugin that vanished mid-demo is reported in about a second.
-    let detach_client = NodeDetachPolicy::DEFAULT.client(endpoint.clone());
-    let client = CsiClient::new(endpoint);
+    let detach_client = NodeDetachPolicy::DEFAULT
+        .apply(CsiClient::builder(endpoint.clone()))
+        .calls_in_flight(Arc::clone(&calls))
+        .build();
+    let client = CsiClient::builder(endpoint).calls_in_flight(calls).build();
     let layout = Layout::new(&data_dir);
     let mut walk = Walk::new(client.clone(), layout.clone(), table);
     let result = async {
@@ -273,6 +283,8 @@ async fn lifecycle<W: Write>(
         Ok(volume)
     }
     .await;
+    watcher.abort();
+    // The table clears a status line still shown before its next write.
     match result {
         Ok(volume) => Ok(Summary {
             volume: volume.external,

@@ -1,7 +1,7 @@
 //! Which steps the plugin's capabilities call for.
 
 use csi_client::Fingerprint;
-use csi_structs::{ExternalVolumeId, PluginNodeId};
+use csi_structs::{ExternalVolumeId, PluginNodeId, Topology};
 
 /// Where the demo's volume comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct Plan {
     pub stage: bool,
     /// The plugin's id for this node (from `NodeGetInfo`).
     pub plugin_node: PluginNodeId,
+    /// Where this node sits (from `NodeGetInfo`); `None` for no topology.
+    pub node_topology: Option<Topology>,
     /// How the published volume is grown, or why it is not.
     pub expand: Result<Expansion, &'static str>,
     /// `CreateSnapshot`/`DeleteSnapshot` (`CREATE_DELETE_SNAPSHOT`), or why not.
@@ -108,6 +110,7 @@ impl Plan {
             controller_publish: caps.lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
             stage: caps.node.requires_staging(),
             plugin_node: node.node_id.clone(),
+            node_topology: node.topology.clone(),
             expand: Expansion::of(caps),
             snapshot: if caps.may_call(csi_client::Rpc::CreateSnapshot) {
                 Ok(())

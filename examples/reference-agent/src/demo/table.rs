@@ -4,11 +4,13 @@
 //! [escaped](csi_structs::untrusted), so a plugin cannot forge a row or drive the terminal.
 
 use std::io::{self, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_structs::untrusted::escaped;
 
 use super::step::Step;
+use super::waits::WaitLine;
 
 const STEP_WIDTH: usize = 30;
 const CALL_WIDTH: usize = 27;
@@ -19,12 +21,23 @@ const TIME_WIDTH: usize = 10;
 pub struct Table<W: Write> {
     out: W,
     rows: usize,
+    /// The status line of a long call, cleared before each write.
+    waits: Option<Arc<WaitLine>>,
 }
 
 impl<W: Write> Table<W> {
     /// A table writing to `out`; call [`header`](Self::header) first.
     pub fn new(out: W) -> Self {
-        Self { out, rows: 0 }
+        Self {
+            out,
+            rows: 0,
+            waits: None,
+        }
+    }
+
+    /// Clears `line`'s status line before each write, so a row never lands after it.
+    pub(crate) fn clear_before_writing(&mut self, line: Arc<WaitLine>) {
+        self.waits = Some(line);
     }
 
     /// Prints the header.
@@ -33,6 +46,7 @@ impl<W: Write> Table<W> {
     ///
     /// The writer's error.
     pub fn header(&mut self) -> io::Result<()> {
+        let _quiet = self.waits.as_ref().map(|w| w.quiet());
         writeln!(
             self.out,
             "{:>2}  {:<STEP_WIDTH$}  {:<CALL_WIDTH$}  {:>TIME_WIDTH$}  result",
@@ -53,6 +67,7 @@ impl<W: Write> Table<W> {
     ///
     /// The writer's error.
     pub fn row(&mut self, step: Step, took: Option<Duration>, result: &str) -> io::Result<()> {
+        let _quiet = self.waits.as_ref().map(|w| w.quiet());
         self.rows += 1;
         let took = match took {
             Some(d) if d < Duration::from_secs(10) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
@@ -77,6 +92,7 @@ impl<W: Write> Table<W> {
     ///
     /// The writer's error.
     pub fn line(&mut self, text: &str) -> io::Result<()> {
+        let _quiet = self.waits.as_ref().map(|w| w.quiet());
         writeln!(self.out, "{}", escaped(text))?;
         self.out.flush()
     }

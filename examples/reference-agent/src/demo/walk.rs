@@ -9,9 +9,10 @@ use csi_claims::driver::ClaimsHandle;
 use csi_claims::{ClaimMode, ClaimRequest, ControllerRequirement, VolumeInfo};
 use csi_client::{CsiClient, ErrorClass, NodePublish, NodeStage, proto};
 use csi_structs::confirm::AskedCapabilities;
+use csi_structs::topology::check_accessible;
 use csi_structs::{
     AccessMode, AccessTypeKind, ConfirmPolicy, ExternalVolumeId, MountOptions, NodeId, PluginId,
-    PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+    PublishContext, Secrets, Topology, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
 };
 
 use super::error::{DemoError, StepError};
@@ -36,6 +37,9 @@ pub(crate) struct Volume {
     pub(crate) context: VolumeContext,
     /// Its size, when known.
     pub(crate) capacity: Option<u64>,
+    /// The topologies it is reachable from (empty: everywhere, or not known for a volume
+    /// given with `--volume-id`).
+    pub(crate) topology: Vec<Topology>,
 }
 
 /// One run of the demo: the client, where paths go, the table, and what is left so far.
@@ -248,6 +252,7 @@ impl<'t, W: Write> Walk<'t, W> {
                     external: external.clone(),
                     context: VolumeContext::new(),
                     capacity: None,
+                    topology: Vec::new(),
                 })
             }
             VolumeSource::Create => {
@@ -300,6 +305,7 @@ impl<'t, W: Write> Walk<'t, W> {
                     external: volume.volume_id,
                     context: volume.volume_context,
                     capacity: volume.capacity_bytes,
+                    topology: volume.accessible_topology,
                 })
             }
         }
@@ -350,6 +356,16 @@ impl<'t, W: Write> Walk<'t, W> {
         plugin: &PluginId,
         volume: &Volume,
     ) -> Result<VolumeInfo, DemoError> {
+        // The rule `serve` applies: refused before anything is recorded or called, since
+        // the plugin could only fail late.
+        if let Err(refused) = check_accessible(&volume.topology, plan.node_topology.as_ref()) {
+            let cause = StepError::NotAccessible {
+                volume: volume.external.clone(),
+                node: plan.plugin_node.clone(),
+                refused,
+            };
+            return Err(self.fail(Step::Claim, None, cause));
+        }
         let info = VolumeInfo {
             id: volume.id.clone(),
             external_id: volume.external.clone(),

@@ -419,6 +419,57 @@ pub struct VolumeView {
     pub claims: Vec<ClaimView>,
     /// The release, when one is in progress or stuck.
     pub release: Option<ReleaseView>,
+    /// This agent's plugin calls about the volume in flight now, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls_in_flight: Vec<CallInFlightView>,
+    /// Not a volume yet: a `CreateVolume` of this id had an uncertain outcome that could not
+    /// be undone, so a volume may exist in the plugin under its name. Kept until a later
+    /// `volume create` of the id resolves it, or `volume deregister` clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_exist: Option<MayExistView>,
+}
+
+/// A volume that may exist in a plugin, though the agent cannot name it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MayExistView {
+    /// The plugin.
+    pub plugin: String,
+    /// The name `CreateVolume` was sent with.
+    pub name: String,
+    /// Why its outcome is unknown, e.g. `CreateVolume's answer was unusable`.
+    pub why: String,
+    /// The failure, as it was answered.
+    pub error: String,
+}
+
+impl MayExistView {
+    /// `may exist in plugin P under name N (CreateVolume's answer was unusable)`.
+    pub fn line(&self) -> String {
+        format!(
+            "may exist in plugin {} under name {} ({})",
+            self.plugin, self.name, self.why
+        )
+    }
+}
+
+/// A plugin call in flight: what it waits on and since when.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CallInFlightView {
+    /// The RPC, e.g. `NodeStageVolume`.
+    pub rpc: String,
+    /// What it waits on: `turn` (another call about the volume is in flight), `answer` (the
+    /// plugin's) or `backoff` (the pause before the next attempt).
+    pub waiting: String,
+    /// The attempt under way (from 1; 0 before the first).
+    pub attempt: u32,
+    /// The most attempts its policy allows.
+    pub max_attempts: u32,
+    /// The attempt's deadline, in milliseconds.
+    pub attempt_deadline_ms: u64,
+    /// How long the call has been going, in milliseconds.
+    pub elapsed_ms: u64,
+    /// All of it in words, for people (ids escaped).
+    pub summary: String,
 }
 
 /// A publication whose outcome was uncertain, kept until cleaned up.

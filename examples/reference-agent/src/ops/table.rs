@@ -182,6 +182,15 @@ pub(crate) fn releases(list: &[ReleaseView]) -> String {
     t.render()
 }
 
+/// The plugin's id of a volume; `-` for one that only may exist (the agent cannot know it).
+fn external_id(v: &VolumeView) -> &str {
+    if v.may_exist.is_some() {
+        "-"
+    } else {
+        &v.external_id
+    }
+}
+
 pub(crate) fn volumes(list: &[VolumeView]) -> String {
     if list.is_empty() {
         return "no volumes\n".into();
@@ -198,7 +207,7 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
         t.row(vec![
             v.id.clone(),
             v.plugin.clone(),
-            v.external_id.clone(),
+            external_id(v).to_owned(),
             v.access_mode.clone(),
             v.claims.len().to_string(),
             v.release
@@ -210,7 +219,17 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    for v in list {
+        if let Some(may) = &v.may_exist {
+            out.push_str(&format!(
+                "volume {} is not created: {}\n",
+                escaped(&v.id),
+                escaped(&may.line())
+            ));
+        }
+    }
+    out
 }
 
 pub(crate) fn volume_detail(v: &VolumeView) -> String {
@@ -218,11 +237,19 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
         "volume {}  plugin {}  external id {}  {} {}  controller publish {}\n",
         escaped(&v.id),
         escaped(&v.plugin),
-        escaped(&v.external_id),
+        escaped(external_id(v)),
         escaped(&v.access_mode),
         escaped(&v.attachment),
         yes(v.controller_publish)
     );
+    if let Some(may) = &v.may_exist {
+        out.push_str(&format!(
+            "not created: {}; `volume create` of the id again resolves it (deleting what it \
+             finds), `volume deregister` clears it\nthe failure: {}\n",
+            escaped(&may.line()),
+            escaped(&may.error)
+        ));
+    }
     if let Some(bytes) = v.capacity_bytes {
         out.push_str(&format!(
             "capacity: {bytes} bytes{}\n",
@@ -252,6 +279,9 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
             "secrets (names only): {}\n",
             escaped(&v.secret_names.join(", "))
         ));
+    }
+    for call in &v.calls_in_flight {
+        out.push_str(&format!("in flight: {}\n", escaped(&call.summary)));
     }
     out.push_str(&claims(&v.claims));
     if let Some(r) = &v.release {
@@ -635,6 +665,8 @@ mod tests {
                 durable: true,
                 claims: vec![claim],
             }),
+            calls_in_flight: Vec::new(),
+            may_exist: None,
         };
         lines_only(&volumes(std::slice::from_ref(&volume)), 2);
         // The detail: one line, the claims table (2), "release:", the release table (2).

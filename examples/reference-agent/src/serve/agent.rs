@@ -15,14 +15,14 @@ use csi_rpc_shim::{
     CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume, ListSnapshots, ListVolumes,
     NodeExpand, PluginFailure, Shim, ShimError, SnapshotInfo, Validated,
 };
-use csi_structs::topology::accessible_from;
+use csi_structs::topology::check_accessible;
 use csi_structs::{
     AccessMode, AccessTypeKind, Capabilities, ErrorClass, ExternalVolumeId, NodeId, Parameters,
     PluginId, PluginService, PublishContext, Secrets, SecretsUse, Topology, TopologyRequirement,
     VolumeContext, VolumeExpansion, VolumeId, WorkloadId,
 };
 
-use super::book::{Book, BookEntry, BookError};
+use super::book::{Book, BookEntry, BookError, MayExist};
 use super::local::plugin_failure;
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
@@ -180,6 +180,15 @@ pub fn call_kind(failure: PluginFailure) -> &'static str {
     }
 }
 
+/// Why a failed `CreateVolume` of this [`call_kind`] may have made a volume, for people.
+fn why_create_may_exist(kind: &str) -> &'static str {
+    match kind {
+        "plugin_answer" => "CreateVolume's answer was unusable",
+        "deadline" => "CreateVolume's deadline passed",
+        _ => "CreateVolume's outcome is uncertain",
+    }
+}
+
 /// The control API's kind of a failed call through the shim.
 fn shim_kind(e: &ShimError) -> &'static str {
     match e {
@@ -275,17 +284,6 @@ fn parse_topologies(
         .collect()
 }
 
-/// `{a=1} or {b=2}`; `everywhere` for none.
-fn topologies_text(list: &[Topology]) -> String {
-    if list.is_empty() {
-        return "everywhere".into();
-    }
-    list.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(" or ")
-}
-
 fn parse_access_mode(text: &str) -> Result<AccessMode, AgentError> {
     text.parse::<AccessMode>()
         .map_err(|e| bad("access_mode", e))
@@ -344,7 +342,22 @@ impl Drop for Creating<'_> {
 }
 
 impl Agent {
+    /// A volume of the book; one that may exist only (an uncertain create not undone) is
+    /// refused, naming it.
     fn entry(&self, id: &str) -> Result<BookEntry, AgentError> {
+        let entry = self.any_entry(id)?;
+        if let Some(may) = &entry.may_exist {
+            return Err(AgentError::Conflict(format!(
+                "volume {} is not created: it may exist in plugin {} under name {} ({}); \
+                 `volume create` of the id again resolves it, `volume deregister` clears it",
+                entry.id, entry.plugin, entry.id, may.why
+            )));
+        }
+        Ok(entry)
+    }
+
+    /// A volume of the book, including one that may exist only.
+    fn any_entry(&self, id: &str) -> Result<BookEntry, AgentError> {
         let vid = parse_volume_id(id)?;
         self.book.get(&vid).ok_or_else(|| AgentError::NotFound {
             what: "volume",
@@ -432,6 +445,7 @@ impl Agent {
             secrets: r.secrets,
             accessible_topology: parse_topologies("accessible_topology", r.accessible_topology)?,
             node_expansion: None,
+            may_exist: None,
         };
         self.check_volume_id(&entry)?;
         if self.controller_publish_of(&entry.plugin).is_some() {
@@ -499,7 +513,7 @@ impl Agent {
     /// [`AgentError`].
     pub async fn create(&self, r: api::CreateVolume) -> Result<api::VolumeView, AgentError> {
         let id = parse_volume_id(&r.id)?;
-        if self.book.get(&id).is_some() {
+        if self.book.get(&id).is_some_and(|e| e.may_exist.is_none()) {
             return Err(AgentError::Conflict(format!(
                 "volume {id} is already registered"
             )));
@@ -544,8 +558,16 @@ impl Agent {
             secrets: r.secrets,
             accessible_topology: Vec::new(),
             node_expansion: None,
+            may_exist: None,
         };
         self.check_volume_id(&draft)?;
+        // Read again under the id's turn: a create that made it meanwhile has ended.
+        let left = self.book.get(&id);
+        if left.as_ref().is_some_and(|e| e.may_exist.is_none()) {
+            return Err(AgentError::Conflict(format!(
+                "volume {id} is already registered"
+            )));
+        }
         let request = CreateVolume {
             query: ControllerQuery::new(plugin.clone()),
             volume: id.clone(),
@@ -556,6 +578,11 @@ impl Agent {
             secrets: draft.secrets.for_use(SecretsUse::Create),
             accessibility_requirements,
         };
+        let delete_secrets = draft.secrets.for_use(SecretsUse::Delete);
+        if let Some(left) = left {
+            self.resolve_may_exist(&left, &request, &delete_secrets)
+                .await?;
+        }
         let created = match self
             .shim
             .create_volume(request.clone(), self.call_timeout)
@@ -563,8 +590,11 @@ impl Agent {
         {
             Ok(created) => created,
             Err(e) if e.class() == ErrorClass::Uncertain => {
-                let delete_secrets = draft.secrets.for_use(SecretsUse::Delete);
-                return Err(self.undo_create(request, delete_secrets, &e).await);
+                let failed = self.undo_create(request, delete_secrets, &e).await;
+                if failed.parts().2 == Some(ErrorClass::Uncertain) {
+                    return Err(self.remember_may_exist(draft, &e, failed).await);
+                }
+                return Err(failed);
             }
             Err(e) => return Err(AgentError::shim("CreateVolume", &e)),
         };
@@ -615,6 +645,124 @@ impl Agent {
             .map_err(|e| bad("preferred_topology", e))
     }
 
+    /// Keeps in the book that a volume may exist in `draft`'s plugin under its id, after an
+    /// uncertain `CreateVolume` (`error`) whose undo failed (`failed`, the answer): shown by
+    /// `volume list` and `volume status`, across restarts, until a later create of the id
+    /// resolves it or `volume deregister` clears it. Returns the answer, saying whether it
+    /// was kept.
+    async fn remember_may_exist(
+        &self,
+        draft: BookEntry,
+        error: &ShimError,
+        failed: AgentError,
+    ) -> AgentError {
+        let why = why_create_may_exist(shim_kind(error));
+        let id = draft.id.clone();
+        let plugin = draft.plugin.clone();
+        let entry = BookEntry {
+            may_exist: Some(MayExist {
+                why: why.to_owned(),
+                error: failed.to_string(),
+            }),
+            ..draft
+        };
+        let kept = match self.book.insert(entry).await {
+            Ok(true) => {
+                tracing::warn!(
+                    volume = %id, plugin = %plugin, why,
+                    "a volume may exist in the plugin under this name; kept in the volume book                      until a create of the id resolves it or it is deregistered"
+                );
+                "kept in the volume book (`volume status` shows it) until `volume create` of                  the id again resolves it or `volume deregister` clears it"
+                    .to_owned()
+            }
+            Ok(false) => "already kept in the volume book".to_owned(),
+            Err(e) => {
+                tracing::error!(volume = %id, error = %e, "the volume that may exist could not be kept in the volume book");
+                format!("it could not be kept in the volume book: {e}")
+            }
+        };
+        match failed {
+            AgentError::Plugin {
+                step,
+                class,
+                kind,
+                detail,
+            } => AgentError::Plugin {
+                step,
+                class,
+                kind,
+                detail: format!("{detail}; {kept}"),
+            },
+            other => other,
+        }
+    }
+
+    /// Resolves a volume that may exist (`left`) before a new create of its id: `CreateVolume`
+    /// by the name with the new `request`, then `DeleteVolume` of what it gives; the entry
+    /// goes once that worked.
+    async fn resolve_may_exist(
+        &self,
+        left: &BookEntry,
+        request: &CreateVolume,
+        delete_secrets: &Secrets,
+    ) -> Result<(), AgentError> {
+        if left.plugin != request.query.plugin {
+            return Err(AgentError::Conflict(format!(
+                "volume {} may exist in plugin {} under name {}; create it again with plugin {},                  or deregister it",
+                left.id, left.plugin, left.id, left.plugin
+            )));
+        }
+        match self
+            .undo_by_name(request.clone(), delete_secrets.clone())
+            .await
+        {
+            Ok(created) => {
+                tracing::info!(
+                    volume = %left.id, plugin = %left.plugin, external_id = %created.external_volume,
+                    "the volume that may have existed is resolved: CreateVolume by name gave it, DeleteVolume removed it"
+                );
+                self.book.remove(&left.id).await?;
+                Ok(())
+            }
+            Err(undo) => Err(AgentError::Plugin {
+                step: "CreateVolume",
+                class: undo.class(),
+                kind: shim_kind(&undo),
+                detail: format!(
+                    "volume {} may exist in plugin {} under name {}; resolving it (CreateVolume \
+                     by name, then DeleteVolume) failed, so it is kept: {undo}",
+                    left.id, left.plugin, left.id
+                ),
+            }),
+        }
+    }
+
+    /// `CreateVolume` again by `request`'s name until an answer is usable, then `DeleteVolume`
+    /// of the id it gives ([`csi_client::undo_create_with`]).
+    async fn undo_by_name(
+        &self,
+        request: CreateVolume,
+        delete_secrets: Secrets,
+    ) -> Result<CreatedVolume, ShimError> {
+        let name = request.volume.clone();
+        let plugin = request.query.plugin.clone();
+        csi_client::undo_create_with(
+            csi_client::default_policy(csi_client::Rpc::CreateVolume).backoff,
+            ShimError::class,
+            || self.shim.create_volume(request.clone(), self.call_timeout),
+            |created: &CreatedVolume| {
+                let delete = DeleteVolume {
+                    query: ControllerQuery::new(plugin.clone()),
+                    volume: name.clone(),
+                    external_volume: created.external_volume.clone(),
+                    secrets: delete_secrets.clone(),
+                };
+                self.shim.delete_volume(delete, self.call_timeout)
+            },
+        )
+        .await
+    }
+
     /// Undoes a `CreateVolume` whose outcome is uncertain (the volume may exist; its id is
     /// unknown): logged first, then `CreateVolume` again by name until an answer is usable
     /// and `DeleteVolume` of the id it gives ([`csi_client::undo_create_with`]). The error
@@ -632,21 +780,7 @@ impl Agent {
             volume = %name, plugin = %plugin, error = %error,
             "CreateVolume's outcome is uncertain; undoing it: CreateVolume again by name, then DeleteVolume"
         );
-        let undo = csi_client::undo_create_with(
-            csi_client::default_policy(csi_client::Rpc::CreateVolume).backoff,
-            ShimError::class,
-            || self.shim.create_volume(request.clone(), self.call_timeout),
-            |created: &CreatedVolume| {
-                let delete = DeleteVolume {
-                    query: ControllerQuery::new(plugin.clone()),
-                    volume: name.clone(),
-                    external_volume: created.external_volume.clone(),
-                    secrets: delete_secrets.clone(),
-                };
-                self.shim.delete_volume(delete, self.call_timeout)
-            },
-        )
-        .await;
+        let undo = self.undo_by_name(request, delete_secrets).await;
         let kind = shim_kind(error);
         match undo {
             Ok(created) => {
@@ -720,14 +854,10 @@ impl Agent {
             .node
             .as_ref()
             .and_then(|n| n.topology.as_ref());
-        if !accessible_from(&entry.accessible_topology, node_topology) {
+        if let Err(refused) = check_accessible(&entry.accessible_topology, node_topology) {
             return Err(AgentError::Conflict(format!(
-                "volume {} is reachable from {} only; plugin {} on node {} is at {}",
-                entry.id,
-                topologies_text(&entry.accessible_topology),
-                entry.plugin,
-                self.me,
-                node_topology.map_or_else(|| "no topology".to_owned(), ToString::to_string),
+                "volume {} is {refused} (plugin {} on node {})",
+                entry.id, entry.plugin, self.me,
             )));
         }
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
@@ -1177,7 +1307,7 @@ impl Agent {
         id: &str,
         r: api::DeregisterVolume,
     ) -> Result<api::DeregisterView, AgentError> {
-        let entry = self.entry(id)?;
+        let entry = self.any_entry(id)?;
         let view = self.view(&entry);
         let claims = self
             .claims
@@ -1230,6 +1360,13 @@ impl Agent {
     /// What stays behind when the agent forgets `entry` with `claims`: the volume in the
     /// plugin, the node and controller steps not done, and this node's usage record.
     fn leftovers(&self, entry: &BookEntry, claims: &[Claim]) -> Vec<String> {
+        if let Some(may) = &entry.may_exist {
+            return vec![format!(
+                "a volume that may exist in plugin {} under name {} ({}): CreateVolume by that \
+                 name, then DeleteVolume of the id it gives, removes it",
+                entry.plugin, entry.id, may.why
+            )];
+        }
         let mut out = vec![format!(
             "volume {} in plugin {}{}: DeleteVolume removes it",
             entry.external_id,
@@ -1549,7 +1686,7 @@ impl Agent {
     ///
     /// [`AgentError::NotFound`].
     pub fn volume(&self, id: &str) -> Result<api::VolumeView, AgentError> {
-        let entry = self.entry(id)?;
+        let entry = self.any_entry(id)?;
         Ok(self.view(&entry))
     }
 
@@ -1593,7 +1730,39 @@ impl Agent {
             node_expansion_pending: entry.node_expansion.is_some(),
             claims,
             release,
+            calls_in_flight: self.calls_in_flight(entry),
+            may_exist: entry.may_exist.as_ref().map(|may| api::MayExistView {
+                plugin: entry.plugin.to_string(),
+                name: entry.id.to_string(),
+                why: may.why.clone(),
+                error: may.error.clone(),
+            }),
         }
+    }
+
+    /// This agent's plugin calls about `entry`'s volume in flight now.
+    fn calls_in_flight(&self, entry: &BookEntry) -> Vec<api::CallInFlightView> {
+        let now = std::time::Instant::now();
+        self.plugins
+            .calls_in_flight()
+            .for_volume(&entry.external_id)
+            .into_iter()
+            .map(|call| api::CallInFlightView {
+                rpc: call.rpc.name().to_owned(),
+                waiting: match call.waiting {
+                    csi_client::Waiting::Turn => "turn",
+                    csi_client::Waiting::Backoff => "backoff",
+                    _ => "answer",
+                }
+                .to_owned(),
+                attempt: call.attempt,
+                max_attempts: call.max_attempts,
+                attempt_deadline_ms: u64::try_from(call.attempt_deadline.as_millis())
+                    .unwrap_or(u64::MAX),
+                elapsed_ms: u64::try_from(call.elapsed_at(now).as_millis()).unwrap_or(u64::MAX),
+                summary: call.to_string(),
+            })
+            .collect()
     }
 
     /// Every registered volume.
@@ -1869,6 +2038,22 @@ mod tests {
             error,
         };
         AgentError::shim("CreateVolume", &e)
+    }
+
+    #[test]
+    fn a_volume_that_may_exist_says_why() {
+        assert_eq!(
+            why_create_may_exist(call_kind(PluginFailure::UnusableAnswer)),
+            "CreateVolume's answer was unusable"
+        );
+        assert_eq!(
+            why_create_may_exist(call_kind(PluginFailure::Deadline)),
+            "CreateVolume's deadline passed"
+        );
+        assert_eq!(
+            why_create_may_exist("plugin"),
+            "CreateVolume's outcome is uncertain"
+        );
     }
 
     #[test]

@@ -53,6 +53,22 @@ pub struct BookEntry {
     /// was published nowhere): the capacity asked for, expanded on the node at the next claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_expansion: Option<i64>,
+    /// Not a volume yet: a `CreateVolume` by this entry's id had an uncertain outcome that
+    /// could not be undone, so a volume may exist in the plugin under that name, with an id
+    /// the agent does not know (`external_id` is a placeholder). Kept, and shown, until a
+    /// later create of the id resolves it or `volume deregister` clears it; no claim,
+    /// expansion, snapshot or delete is admitted meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_exist: Option<MayExist>,
+}
+
+/// Why a volume may exist in a plugin though the agent cannot name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MayExist {
+    /// Why the outcome is unknown, e.g. `CreateVolume's answer was unusable`.
+    pub why: String,
+    /// The failure and the failed undo, as they were answered.
+    pub error: String,
 }
 
 impl BookEntry {
@@ -385,6 +401,7 @@ mod tests {
             secrets: VolumeSecrets::default(),
             accessible_topology: Vec::new(),
             node_expansion: None,
+            may_exist: None,
         }
     }
 

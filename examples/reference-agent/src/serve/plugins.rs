@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use csi_claims::driver::ClaimsHandle;
-use csi_client::{CsiClient, Fingerprint};
+use csi_client::{CallsInFlight, CsiClient, Fingerprint};
 use csi_node::detach::NodeDetachPolicy;
 use csi_node::plugins::{
     DirWatcher, PluginEvent, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
@@ -48,6 +48,8 @@ pub struct Plugins {
     manager: PluginManager,
     watcher: Arc<DirWatcher>,
     links: Arc<Links>,
+    /// Every plugin call in flight, of every local plugin.
+    calls: Arc<CallsInFlight>,
 }
 
 /// What the registry was told about one plugin.
@@ -217,6 +219,8 @@ impl Plugins {
             known: Mutex::new(BTreeMap::new()),
         });
         let limit = timings.call_timeout;
+        let calls = Arc::new(CallsInFlight::new());
+        let listed = Arc::clone(&calls);
         let manager = PluginManager::builder(PluginManagerConfig {
             health_interval: timings.health_interval,
             retry_interval: timings.retry_interval,
@@ -229,7 +233,12 @@ impl Plugins {
                 p.total_budget = p.total_budget.min(limit);
                 p.attempt_deadline = p.attempt_deadline.min(limit);
             });
-            metrics.instrument(id, builder.policies(policies))
+            metrics.instrument(
+                id,
+                builder
+                    .policies(policies)
+                    .calls_in_flight(Arc::clone(&listed)),
+            )
         })
         .observer(Arc::clone(&links) as Arc<dyn PluginObserver>)
         .start()?;
@@ -239,7 +248,13 @@ impl Plugins {
             manager,
             watcher,
             links,
+            calls,
         })
+    }
+
+    /// Every call in flight to a local plugin: what it waits on and since when.
+    pub fn calls_in_flight(&self) -> &Arc<CallsInFlight> {
+        &self.calls
     }
 
     /// The plugin manager underneath.

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use csi_agent::demo::Step;
 use csi_client::{Code, Rpc};
-use csi_testkit::{ControllerCapability, MockPlugin, MockServer, NodeCapability, Role};
+use csi_testkit::{ControllerCapability, MockPlugin, MockServer, NodeCapability, Quirk, Role};
 
 use crate::support::{Run, csi_agent};
 
@@ -608,5 +608,66 @@ async fn an_uncertain_publish_is_undone_and_what_was_done_before_is_listed() {
         run.dump()
     );
     assert!(!left.contains("NodeUnpublishVolume"), "{}", run.dump());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_volume_whose_topology_excludes_the_node_is_refused_before_any_publish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugin = MockPlugin::builder()
+        .topology("zone", "earth")
+        .quirk(Quirk::VolumesElsewhere)
+        .build()
+        .unwrap();
+    let server = serve(plugin, tmp.path()).await;
+    let run = demo_against(&server, &tmp.path().join("data")).await;
+    assert_eq!(run.code, Some(1), "{}", run.dump());
+    let claim = result_of(&run, Step::Claim);
+    assert!(
+        claim.starts_with("FAILED")
+            && claim.contains("reachable from {zone=elsewhere} only; the node is at {zone=earth}"),
+        "{}",
+        run.dump()
+    );
+    let calls = server.plugin().calls();
+    for rpc in [
+        Rpc::ControllerPublishVolume,
+        Rpc::NodeStageVolume,
+        Rpc::NodePublishVolume,
+    ] {
+        assert_eq!(calls.count(rpc), 0, "{rpc:?} was called\n{}", run.dump());
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_long_call_is_shown_as_plain_lines_naming_the_rpc_and_volume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(MockPlugin::builder().build().unwrap(), tmp.path()).await;
+    // Long enough to be shown (3 s), short enough for a quick test.
+    server
+        .faults()
+        .on(Rpc::NodeStageVolume)
+        .then_delay(std::time::Duration::from_secs(5))
+        .install();
+    let run = demo_against(&server, &tmp.path().join("data")).await;
+    assert_eq!(run.code, Some(0), "{}", run.dump());
+    // Stderr is a pipe here: plain lines, no terminal control.
+    let waits: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("still in flight: "))
+        .collect();
+    assert!(!waits.is_empty(), "{}", run.dump());
+    for line in &waits {
+        assert!(
+            line.starts_with("still in flight: NodeStageVolume volume vol-")
+                && line.contains(": waiting for the plugin's answer, attempt 1 of ")
+                && line.contains("(deadline ")
+                && line.ends_with(" so far"),
+            "{line}"
+        );
+    }
+    assert!(!run.stderr.contains('\u{1b}'), "{}", run.dump());
     server.shutdown().await.unwrap();
 }

@@ -15,6 +15,7 @@ mod expand;
 mod faults;
 mod health;
 mod load;
+mod long_calls;
 mod plugin_text;
 mod secrets;
 mod serve;

@@ -67,6 +67,7 @@ impl MockPlugin {
         };
 
         let mut inner = self.shared.lock();
+        let elsewhere = inner.quirks.volumes_elsewhere;
         let state = &mut inner.state;
         if let Some(source_size) = self.source_size(state, req.volume_content_source.as_ref())? {
             if range.limit_bytes > 0 && range.limit_bytes < source_size {
@@ -109,6 +110,15 @@ impl MockPlugin {
                         .cloned()
                         .into_iter()
                         .collect(),
+                    None if !config.topology.is_empty() && elsewhere => {
+                        vec![Topology {
+                            segments: config
+                                .topology
+                                .keys()
+                                .map(|k| (k.clone(), "elsewhere".to_owned()))
+                                .collect(),
+                        }]
+                    }
                     None if !config.topology.is_empty() => vec![Topology {
                         segments: config.topology.clone().into_iter().collect(),
                     }],

@@ -195,6 +195,8 @@ fn two_writers_on_a_single_writer_volume_are_seen() {
         node_expansion_pending: false,
         claims,
         release: None,
+        calls_in_flight: Vec::new(),
+        may_exist: None,
     };
     let fine = [
         view(
