@@ -10,7 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_client::{Code, Endpoint, ErrorClass, Rpc, proto};
+use csi_client::{Code, Endpoint, ErrorClass, Rpc};
 use csi_node::layout::{Layout, Usage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::volumes::{
@@ -22,7 +22,7 @@ use csi_structs::{
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,
 };
 use csi_testkit::{MockPlugin, MockServer, Quirk};
-use support::GUARD;
+use support::{GUARD, create_and_attach};
 
 fn capability() -> VolumeCapability {
     VolumeCapability::mount(AccessMode::SingleNodeMultiWriter, MountOptions::new())
@@ -77,31 +77,10 @@ impl Host {
 
     /// Creates volume `name` and attaches it to the mock's node.
     async fn volume(&self, name: &str) -> Vol {
-        let ready = self.plugins.get(&self.id).expect("fingerprinted");
-        let controller = ready.client.controller();
-        let external = controller
-            .create_volume(proto::CreateVolumeRequest {
-                name: name.into(),
-                volume_capabilities: vec![(&capability()).into()],
-                ..Default::default()
-            })
-            .await
-            .expect("created")
-            .volume_id;
-        let node = ready.fingerprint.node.as_ref().expect("node service");
-        let context = controller
-            .publish(
-                &external,
-                &node.node_id,
-                &capability(),
-                false,
-                &VolumeContext::new(),
-                &Secrets::new(),
-            )
-            .await
-            .expect("attached");
+        let (id, external, context) =
+            create_and_attach(&self.plugins, &self.id, name, &capability()).await;
         Vol {
-            id: VolumeId::new(name).expect("id"),
+            id,
             external,
             context,
         }

@@ -22,7 +22,7 @@ use csi_structs::{
 };
 use csi_testkit::disk::StalledFile;
 use csi_testkit::{FaultStep, MockPlugin};
-use support::{GUARD, Plugin, mock_plugin};
+use support::{GUARD, Plugin, create_and_attach, mock_plugin};
 
 /// The mock plugin; volumes are created on it and published to its node.
 struct Node {
@@ -53,30 +53,7 @@ impl Node {
 
     /// Creates volume `name` and publishes it to the mock's node.
     async fn volume(&self, name: &str) -> (VolumeId, ExternalVolumeId, PublishContext) {
-        let ready = self.plugins.get(&self.id).expect("fingerprinted");
-        let controller = ready.client.controller();
-        let external = controller
-            .create_volume(proto::CreateVolumeRequest {
-                name: name.into(),
-                volume_capabilities: vec![(&capability()).into()],
-                ..Default::default()
-            })
-            .await
-            .expect("created")
-            .volume_id;
-        let node = ready.fingerprint.node.as_ref().expect("node service");
-        let context = controller
-            .publish(
-                &external,
-                &node.node_id,
-                &capability(),
-                false,
-                &VolumeContext::new(),
-                &Secrets::new(),
-            )
-            .await
-            .expect("attached");
-        (VolumeId::new(name).expect("id"), external, context)
+        create_and_attach(&self.plugins, &self.id, name, &capability()).await
     }
 
     fn mount(

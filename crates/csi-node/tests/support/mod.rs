@@ -7,11 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::{Endpoint, Rpc};
+use csi_client::{Endpoint, Rpc, proto};
 use csi_node::layout::Layout;
 use csi_node::plugins::{PluginEvent, PluginManager, PluginManagerConfig};
 use csi_node::volumes::VolumeManager;
-use csi_structs::PluginId;
+use csi_structs::{
+    ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId,
+};
 use csi_testkit::{FaultStep, MockPlugin, MockServer};
 
 /// Only a guard against a hang: a healthy run needs a fraction of it.
@@ -106,4 +108,38 @@ impl Plugin {
         )
         .expect("opens")
     }
+}
+
+/// Creates volume `name` on plugin `id` (fingerprinted in `plugins`) with `capability`, and
+/// publishes it to the plugin's node: its ids and the publish context.
+pub async fn create_and_attach(
+    plugins: &PluginManager,
+    id: &PluginId,
+    name: &str,
+    capability: &VolumeCapability,
+) -> (VolumeId, ExternalVolumeId, PublishContext) {
+    let ready = plugins.get(id).expect("fingerprinted");
+    let controller = ready.client.controller();
+    let external = controller
+        .create_volume(proto::CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![capability.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+        .volume_id;
+    let node = ready.fingerprint.node.as_ref().expect("node service");
+    let context = controller
+        .publish(
+            &external,
+            &node.node_id,
+            capability,
+            false,
+            &VolumeContext::new(),
+            &Secrets::new(),
+        )
+        .await
+        .expect("attached");
+    (VolumeId::new(name).expect("id"), external, context)
 }
