@@ -1923,7 +1923,7 @@ impl Agent {
         };
         Restore::Republish(Republish {
             capability: entry.capability(),
-            read_only: claim.mode() == ClaimMode::Read || entry.access_mode.is_read_only(),
+            read_only: csi_node::attach::read_only(claim),
             volume_context: entry.volume_context(),
             secrets: entry.secrets.clone(),
         })
