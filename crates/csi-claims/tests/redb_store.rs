@@ -1,9 +1,12 @@
 //! The durable store: compare-and-swap, reopen, and reading the older record format.
 
+mod support;
+
 use csi_claims::store::{ClaimStore, Format, RedbStore, StoreError, Version};
-use csi_claims::{Action, ControllerRequirement, MachineConfig, ReleaseMachine};
+use csi_claims::{Action, MachineConfig, ReleaseMachine};
 use csi_structs::{AccessMode, AccessTypeKind, VolumeId};
 use redb::{Database, ReadableDatabase, TableDefinition};
+use support::a_record;
 
 fn older_record(volume: &str) -> Vec<u8> {
     format!(
@@ -15,34 +18,6 @@ fn older_record(volume: &str) -> Vec<u8> {
                          "mode": "write", "state": {{"state": "taken"}}}}]}}"#
     )
     .into_bytes()
-}
-
-/// A record of one write claim on `volume`, built through the machine (records are only made
-/// by it).
-fn a_record(volume: &str) -> (VolumeId, std::sync::Arc<csi_claims::VolumeRecord>) {
-    let volume = VolumeId::new(volume).unwrap();
-    let mut m = ReleaseMachine::new(MachineConfig::default());
-    let info = csi_claims::VolumeInfo {
-        id: volume.clone(),
-        external_id: csi_structs::ExternalVolumeId::new("ext").unwrap(),
-        plugin: csi_structs::PluginId::new("p").unwrap(),
-        controller: ControllerRequirement::Required,
-    };
-    let request = csi_claims::ClaimRequest {
-        volume: volume.clone(),
-        workload: csi_structs::WorkloadId::new("w").unwrap(),
-        node: csi_structs::NodeId::new("n1").unwrap(),
-        plugin_node: csi_structs::PluginNodeId::new("sp-n1").unwrap(),
-        mode: csi_claims::ClaimMode::Write,
-        access_mode: AccessMode::SingleNodeWriter,
-        attachment: AccessTypeKind::Mount,
-    };
-    m.claim(&info, request, std::time::Instant::now()).unwrap();
-    let Some(Action::Persist(write)) = m.poll_action() else {
-        panic!("a write is asked for");
-    };
-    let record = write.record.unwrap();
-    (volume, record)
 }
 
 #[tokio::test]

@@ -4,137 +4,27 @@
 
 mod support;
 
-use std::io;
-use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, DriverError};
 use csi_claims::store::{ClaimStore, RedbStore, StoreError};
 use csi_claims::{ClaimError, ControllerRequirement};
 use csi_structs::{VolumeId, WorkloadId};
-use redb::StorageBackend;
-use redb::backends::FileBackend;
+use csi_testkit::disk::DiskFaults;
 use support::{FakeController, FakeNode, Plugin, info, write_claim};
 
-/// A file backend that fails writes, syncs and growth while `full` is set, like a disk with
-/// no space left; it counts the calls that reach it. While `panics` is set, those calls panic
-/// instead, as redb does on some damaged files.
-#[derive(Debug)]
-struct FullDisk {
-    file: FileBackend,
-    full: Arc<AtomicBool>,
-    panics: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
-}
+/// The switches and the call counter of the disk under a store.
+type Disk = DiskFaults;
 
-impl FullDisk {
-    fn check(&self) -> io::Result<()> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        assert!(
-            !self.panics.load(Ordering::SeqCst),
-            "a write to the file panics"
-        );
-        if self.full.load(Ordering::SeqCst) {
-            // ENOSPC, as the kernel answers a write to a full file system.
-            Err(io::Error::from_raw_os_error(28))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl StorageBackend for FullDisk {
-    fn len(&self) -> io::Result<u64> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.file.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.file.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.check()?;
-        self.file.set_len(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.check()?;
-        self.file.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check()?;
-        self.file.write(offset, data)
-    }
-    fn close(&self) -> io::Result<()> {
-        self.file.close()
-    }
-    fn try_lock_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.file.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.file.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.file.lock_range(start, end)
-    }
-    fn lock_shared_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> Result<(), redb::BackendError> {
-        self.file.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.file.unlock_range(start, end)
-    }
-    fn query_lock_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.file.query_lock_range(start, end)
-    }
-}
-
-/// The switches and the call counter of a [`FullDisk`].
-#[derive(Clone, Default)]
-struct Disk {
-    full: Arc<AtomicBool>,
-    panics: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
-}
-
-/// A redb store on `path` on a [`FullDisk`], with its switches.
+/// A redb store on `path` on a [`FaultyDisk`](csi_testkit::disk::FaultyDisk), with its
+/// switches.
 fn store_on_full_disk(path: &Path) -> (RedbStore, Disk) {
     let disk = Disk::default();
-    let (d, p) = (disk.clone(), path.to_path_buf());
-    let store = RedbStore::with_opener(format!("redb {}", path.display()), move || {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&p)
-            .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
-        let backend = FullDisk {
-            file: FileBackend::new(file)?,
-            full: Arc::clone(&d.full),
-            panics: Arc::clone(&d.panics),
-            calls: Arc::clone(&d.calls),
-        };
-        redb::Builder::new().create_with_backend(backend)
-    })
-    .unwrap();
+    let store =
+        RedbStore::with_opener(format!("redb {}", path.display()), disk.opener(path)).unwrap();
     (store, disk)
 }
 
@@ -439,5 +329,188 @@ async fn a_panic_of_redb_s_when_the_store_closes_its_file_stays_inside_the_store
     assert!(
         disk.calls.load(Ordering::SeqCst) > before,
         "closing wrote to the file (and so panicked)"
+    );
+}
+
+/// Waits until the disk has seen more than `syncs` syncs (a commit reached the disk).
+async fn synced_past(disk: &Disk, syncs: u64) {
+    until(|| async { (disk.syncs.load(Ordering::SeqCst) > syncs).then_some(()) }).await;
+}
+
+/// Starts a compare-and-swap of a new record of `volume` on a task of its own.
+fn swap_new(
+    store: &RedbStore,
+    volume: &str,
+) -> tokio::task::JoinHandle<Result<Option<csi_claims::Version>, StoreError>> {
+    let (store, (id, record)) = (store.clone(), support::a_record(volume));
+    tokio::spawn(async move { store.compare_and_swap(&id, None, Some(&record)).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_behind_a_commit_share_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, disk) = store_on_full_disk(&dir.path().join("claims.redb"));
+    // What one commit alone costs in syncs.
+    let before = disk.syncs.load(Ordering::SeqCst);
+    guard(swap_new(&store, "alone")).await.unwrap().unwrap();
+    let per_commit = disk.syncs.load(Ordering::SeqCst) - before;
+    assert!(per_commit >= 1, "a commit syncs");
+
+    // The disk stalls under a first write; 63 more are asked for meanwhile.
+    disk.stalls.store(true, Ordering::SeqCst);
+    let before = disk.syncs.load(Ordering::SeqCst);
+    let first = swap_new(&store, "v-first");
+    synced_past(&disk, before).await;
+    let queued: Vec<_> = (0..63)
+        .map(|i| swap_new(&store, &format!("v{i}")))
+        .collect();
+    // Every caller has queued its write (none can be answered while the disk stalls).
+    until(|| async { (store.writes_waiting() == 63).then_some(()) }).await;
+    disk.stalls.store(false, Ordering::SeqCst);
+    guard(first).await.unwrap().unwrap();
+    for write in queued {
+        assert_eq!(
+            guard(write).await.unwrap().unwrap(),
+            Some(csi_claims::Version::FIRST)
+        );
+    }
+    // The first commit, then the 63 in one (or, had a few come late, a few more): far
+    // fewer than one commit each.
+    let commits = (disk.syncs.load(Ordering::SeqCst) - before) / per_commit;
+    assert!(commits <= 4, "{commits} commits for 64 writes");
+    assert_eq!(store.load_all().await.unwrap().len(), 65);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_write_in_a_batch_is_refused_alone_and_a_stalled_commit_holds_up_no_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, disk) = store_on_full_disk(&dir.path().join("claims.redb"));
+    let (stale_id, stale_record) = support::a_record("stale");
+    let stored = store
+        .compare_and_swap(&stale_id, None, Some(&stale_record))
+        .await
+        .unwrap();
+
+    disk.stalls.store(true, Ordering::SeqCst);
+    let before = disk.syncs.load(Ordering::SeqCst);
+    let first = swap_new(&store, "first");
+    synced_past(&disk, before).await;
+    // The commit under way holds up no read: the record written before is there.
+    let read = guard(store.load(&stale_id)).await.unwrap().unwrap();
+    assert_eq!(Some(read.version), stored);
+    // A write that believes there is no record, among good ones, in the same batch.
+    let stale = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .compare_and_swap(&stale_id, None, Some(&stale_record))
+                .await
+        })
+    };
+    let good: Vec<_> = (0..5)
+        .map(|i| swap_new(&store, &format!("good{i}")))
+        .collect();
+    until(|| async { (store.writes_waiting() == 6).then_some(()) }).await;
+    disk.stalls.store(false, Ordering::SeqCst);
+    guard(first).await.unwrap().unwrap();
+    let refused = guard(stale).await.unwrap().unwrap_err();
+    assert!(refused.is_conflict(), "{refused}");
+    for write in good {
+        guard(write)
+            .await
+            .unwrap()
+            .expect("the others of the batch land");
+    }
+    assert_eq!(store.load_all().await.unwrap().len(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_fails_every_write_of_its_batch_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.redb");
+    let (store, disk) = store_on_full_disk(&path);
+    let records = store.records("node.usage").unwrap();
+
+    disk.stalls.store(true, Ordering::SeqCst);
+    let before = disk.syncs.load(Ordering::SeqCst);
+    let first = swap_new(&store, "first");
+    synced_past(&disk, before).await;
+    // A claim and a record of another table queue behind it; then the disk fills up.
+    let claim = swap_new(&store, "second");
+    let record = {
+        let records = records.clone();
+        tokio::spawn(async move { records.put("web/db", Some(b"{}".to_vec())).await })
+    };
+    until(|| async { (store.writes_waiting() == 2).then_some(()) }).await;
+    disk.full.store(true, Ordering::SeqCst);
+    disk.stalls.store(false, Ordering::SeqCst);
+    guard(first)
+        .await
+        .unwrap()
+        .expect("its sync had started before the disk filled");
+    let claim = guard(claim).await.unwrap().unwrap_err();
+    let record = guard(record).await.unwrap().unwrap_err();
+    for failed in [&claim, &record] {
+        assert!(failed.is_unavailable(), "{failed}");
+        assert!(
+            failed.to_string().contains(&path.display().to_string()),
+            "{failed}"
+        );
+    }
+
+    // Space comes back: the store opens the file again; neither write landed.
+    disk.full.store(false, Ordering::SeqCst);
+    let all = until(|| {
+        let store = store.clone();
+        async move { store.load_all().await.ok() }
+    })
+    .await;
+    assert_eq!(all.len(), 1, "only the first write landed");
+    assert!(records.read_all().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn records_of_another_table_are_kept_beside_the_claims_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.redb");
+    {
+        let store = RedbStore::open(&path).unwrap();
+        let refused = store.records("csi_claims.volumes").unwrap_err();
+        assert!(
+            refused.to_string().contains("csi_claims.volumes"),
+            "{refused}"
+        );
+        assert!(store.records("").is_err());
+        let records = store.records("node.usage").unwrap();
+        assert!(
+            records.read_all().unwrap().is_empty(),
+            "a table never written is empty"
+        );
+        records.put("a", Some(b"1".to_vec())).await.unwrap();
+        records.put("b", Some(b"2".to_vec())).await.unwrap();
+        records.put("a", None).await.unwrap();
+        records
+            .put_all_blocking(&[("c".to_owned(), b"3".to_vec())])
+            .unwrap();
+        let (id, record) = support::a_record("v");
+        store
+            .compare_and_swap(&id, None, Some(&record))
+            .await
+            .unwrap();
+    }
+    let store = RedbStore::open(&path).unwrap();
+    let records = store.records("node.usage").unwrap();
+    assert_eq!(
+        records.read_all().unwrap(),
+        vec![
+            ("b".to_owned(), b"2".to_vec()),
+            ("c".to_owned(), b"3".to_vec())
+        ]
+    );
+    assert!(records.name().contains("node.redb") && records.name().contains("node.usage"));
+    assert_eq!(
+        store.load_all().await.unwrap().len(),
+        1,
+        "the claims are their own"
     );
 }

@@ -53,7 +53,9 @@ pub use etcd_duty::{ControllerElection, MIN_DUTY_TTL};
 pub use etcd_mirror::{Held, HeldKey, Mirror, MirrorEntry};
 pub use forgetting::Forgetting;
 pub use memory::MemoryStore;
-pub use redb_store::{REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, RedbStore};
+pub use redb_store::{
+    MAX_BATCH, REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, RedbRecords, RedbStore, STALL_AFTER,
+};
 
 use crate::duty::Fence;
 use crate::model::VolumeRecord;

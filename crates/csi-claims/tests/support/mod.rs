@@ -46,6 +46,23 @@ pub fn request(
 }
 
 /// A single-node writer's claim of `info`'s volume for `workload` on `node`.
+/// A record of one write claim on `volume`, built through the machine (records are only made
+/// by it).
+pub fn a_record(volume: &str) -> (VolumeId, Arc<csi_claims::VolumeRecord>) {
+    let info = info(volume, "p", ControllerRequirement::Required);
+    let mut m = csi_claims::ReleaseMachine::new(csi_claims::MachineConfig::default());
+    m.claim(
+        &info,
+        write_claim(&info, "w", "n1"),
+        std::time::Instant::now(),
+    )
+    .unwrap();
+    let Some(csi_claims::Action::Persist(write)) = m.poll_action() else {
+        panic!("a write is asked for");
+    };
+    (info.id, write.record.unwrap())
+}
+
 pub fn write_claim(info: &VolumeInfo, workload: &str, node: &str) -> ClaimRequest {
     request(
         info,
