@@ -78,6 +78,15 @@ pub enum StateFileError {
         /// How long ago the unfinished write started.
         since: Duration,
     },
+    /// The database the records are kept in failed (csi-claims' redb store: a full disk, a
+    /// damaged file, a commit that failed): whether a write in flight landed is unknown.
+    #[error("state in {path}: {detail}")]
+    Store {
+        /// The database's file.
+        path: PathBuf,
+        /// The store's error, with its causes.
+        detail: String,
+    },
     /// The file is in a format this version does not read (written by a newer one).
     #[error("state file {path} has format {found}; this version reads formats {supported}")]
     Version {

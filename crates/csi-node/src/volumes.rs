@@ -20,11 +20,14 @@
 //!   published (and its staging path), when the plugin has `EXPAND_VOLUME`.
 //! - **One operation per volume.** Operations on one volume wait for each other, in order;
 //!   different volumes go at once.
-//! - **Usage persisted.** Every change of the records is written atomically to the usage
-//!   file before the call it leads to, so a restarted manager knows which volumes were
-//!   staged, who had them published, and which outcomes are uncertain (a deadline, a lost
-//!   connection, an answer that could not be used: the mount may exist). The file's formats
-//!   and the migration of the older one are in [`usage`].
+//! - **Usage persisted.** Every change of a volume's record is durable before the call it
+//!   leads to, so a restarted manager knows which volumes were staged, who had them
+//!   published, and which outcomes are uncertain (a deadline, a lost connection, an answer
+//!   that could not be used: the mount may exist). A mount writes twice on its way (the user
+//!   and the stage it is about to make, then the outcome), an unmount once or twice. The
+//!   records live in a [`UsageStore`]: [`UsageDb`] (one record per volume in a redb table,
+//!   the writes of concurrent operations committed together) or [`UsageJson`] (one JSON
+//!   file rewritten whole; its formats and the migration of the older one are in [`usage`]).
 //! - **A restored record is confirmed before it is trusted.** A record read from the file
 //!   says what was done before the restart, not what holds now: after a host reboot the
 //!   plugin has nothing staged or published, whatever the file says. The manager keeps, in
@@ -86,6 +89,7 @@
 mod error;
 pub(crate) mod ops;
 mod reconcile;
+pub mod store;
 pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -105,12 +109,13 @@ pub use reconcile::{
     Found, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore, RestoreLookup,
     Restored,
 };
+pub use store::{USAGE_TABLE, UsageDb, UsageJson, UsageStore};
+use usage::key as usage_key;
 pub use usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
-use usage::{UsageFile, key as usage_key};
 
 use crate::layout::{Layout, Usage};
 use crate::plugins::{PluginManager, ReadyPlugin};
-use crate::state::{StateFileError, save_json};
+use crate::state::StateFileError;
 
 /// How the volume manager reaches a plugin's node service.
 pub trait NodePlugins: Send + Sync + 'static {
@@ -294,12 +299,11 @@ pub struct VolumeManager {
 
 struct Inner {
     layout: Layout,
-    file: PathBuf,
+    /// Where the usage records are kept.
+    store: Arc<dyn UsageStore>,
     plugins: Arc<dyn NodePlugins>,
-    /// The usage records as last written.
-    usage: Mutex<UsageFile>,
-    /// Held by one change of the records at a time, across its write.
-    writer: tokio::sync::Mutex<()>,
+    /// The usage records as last written, by key.
+    usage: Mutex<BTreeMap<String, VolumeEntry>>,
     ops: Ops,
     events: broadcast::Sender<VolumeEvent>,
     /// The stages and publishes this process saw succeed since it opened the records (in
@@ -321,7 +325,7 @@ impl std::fmt::Debug for VolumeManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VolumeManager")
             .field("layout", &self.inner.layout)
-            .field("file", &self.inner.file)
+            .field("store", &self.inner.store)
             .finish_non_exhaustive()
     }
 }
@@ -336,8 +340,10 @@ fn step_state<T>(result: &Result<T, csi_client::Error>) -> StepState {
 }
 
 impl VolumeManager {
-    /// Opens the manager with its paths under `layout` and its usage records in
-    /// `usage_file`, loading them (a file in the older format is migrated and written back).
+    /// Opens the manager with its paths under `layout` and its usage records in the JSON
+    /// file `usage_file` ([`UsageJson`]), loading them (a file in the older format is
+    /// migrated and written back). A node with a redb database should prefer
+    /// [`open_with`](Self::open_with) and a [`UsageDb`]: its writes are group-committed.
     ///
     /// # Errors
     ///
@@ -348,20 +354,46 @@ impl VolumeManager {
         usage_file: impl Into<PathBuf>,
         plugins: Arc<dyn NodePlugins>,
     ) -> Result<Self, StateFileError> {
-        let file = usage_file.into();
-        let (usage, migrated) = UsageFile::load(&file)?;
-        if migrated {
-            save_json(&file, &usage)?;
-            tracing::info!(file = %file.display(), volumes = usage.volumes.len(), "usage records migrated to one record per volume");
-        }
+        Self::open_with(layout, Arc::new(UsageJson::new(usage_file)), plugins)
+    }
+
+    /// Opens the manager with its paths under `layout` and its usage records in `store`,
+    /// loading them.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use csi_claims::store::RedbStore;
+    /// use csi_node::layout::Layout;
+    /// use csi_node::plugins::{PluginManager, PluginManagerConfig};
+    /// use csi_node::volumes::{UsageDb, VolumeManager};
+    ///
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let root = std::path::Path::new("/var/lib/my-orchestrator/csi");
+    /// let db = RedbStore::open(root.join("node.redb"))?;
+    /// // Usage records of an older version's JSON file move into the database once.
+    /// let usage = UsageDb::open(&db, root.join("node.redb"), Some(&root.join("usage.json")))?;
+    /// let plugins = PluginManager::builder(PluginManagerConfig::default()).start()?;
+    /// let volumes = VolumeManager::open_with(Layout::new(root), Arc::new(usage), Arc::new(plugins))?;
+    /// # let _ = volumes;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`StateFileError`] when the records cannot be loaded (see [`UsageStore::load`]).
+    pub fn open_with(
+        layout: Layout,
+        store: Arc<dyn UsageStore>,
+        plugins: Arc<dyn NodePlugins>,
+    ) -> Result<Self, StateFileError> {
+        let usage = store.load()?;
         let (events, _) = broadcast::channel(256);
         Ok(Self {
             inner: Arc::new(Inner {
                 layout,
-                file,
+                store,
                 plugins,
                 usage: Mutex::new(usage),
-                writer: tokio::sync::Mutex::new(()),
                 ops: Ops::default(),
                 events,
                 confirmed: Mutex::new(Confirmed::default()),
@@ -380,33 +412,41 @@ impl VolumeManager {
         self.inner.events.subscribe()
     }
 
-    /// Changes the records and writes them before returning; when the write fails nothing
-    /// changed. Changes take turns (on `writer`, across the write); the records' own lock is
-    /// held only to copy or replace them, so a reader never waits on the disk.
+    /// Changes the record of `key` and writes it before returning; when the write fails
+    /// nothing changed, and a change that leaves the record as it was writes nothing. The
+    /// caller holds the volume's turn, so two changes of one record never race; changes of
+    /// different volumes go to the store at once (a [`UsageDb`] commits them together). The
+    /// records' lock is held only to copy or replace one record, so a reader never waits on
+    /// the disk.
     async fn change<T>(
         &self,
         volume: &VolumeId,
-        f: impl FnOnce(&mut BTreeMap<String, VolumeEntry>) -> T,
+        key: &str,
+        f: impl FnOnce(&mut Option<VolumeEntry>) -> T,
     ) -> Result<T, VolumeError> {
-        let _turn = self.inner.writer.lock().await;
-        let mut next = {
-            let usage = self.usage();
-            UsageFile {
-                version: usage.version,
-                volumes: usage.volumes.clone(),
-            }
-        };
-        let out = f(&mut next.volumes);
-        save_json(&self.inner.file, &next).map_err(|source| VolumeError::Usage {
-            volume: volume.clone(),
-            source: Arc::new(source),
-        })?;
-        *self.usage() = next;
+        let before = self.entry(key);
+        let mut next = before.clone();
+        let out = f(&mut next);
+        if next != before {
+            self.inner
+                .store
+                .write(key, next.as_ref())
+                .await
+                .map_err(|source| VolumeError::Usage {
+                    volume: volume.clone(),
+                    source: Arc::new(source),
+                })?;
+            let mut usage = self.usage();
+            match next {
+                Some(entry) => usage.insert(key.to_owned(), entry),
+                None => usage.remove(key),
+            };
+        }
         Ok(out)
     }
 
     /// The records as last written (locked briefly: never across a write).
-    fn usage(&self) -> std::sync::MutexGuard<'_, UsageFile> {
+    fn usage(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, VolumeEntry>> {
         self.inner
             .usage
             .lock()
@@ -455,7 +495,7 @@ impl VolumeManager {
     }
 
     fn entry(&self, key: &str) -> Option<VolumeEntry> {
-        self.usage().volumes.get(key).cloned()
+        self.usage().get(key).cloned()
     }
 
     fn emit(&self, event: VolumeEvent) {
@@ -505,13 +545,17 @@ impl VolumeManager {
             workload: Some(req.workload.clone()),
             source: Arc::new(source),
         };
+        // A stage is skipped only when this process saw it succeed: a record restored from
+        // the file says what was done before a restart, not what holds now (a rebooted host
+        // has nothing staged).
+        let stage_confirmed = self.stage_confirmed(&key);
         // One record per volume: the first publication creates it with the volume's staging
         // path; later ones (another workload, read or write) join it and use the path recorded
-        // there, which is where the volume is staged. The user is recorded before anything
-        // is staged or published.
-        let (staging, stage_state, target, was_published) = self
-            .change(&req.volume, |vols| {
-                let entry = vols.entry(key.clone()).or_insert_with(|| VolumeEntry {
+        // there, which is where the volume is staged. The user, and the stage about to be
+        // made, are recorded in one write before anything is staged or published.
+        let (staging, staged, target, was_published) = self
+            .change(&req.volume, &key, |slot| {
+                let entry = slot.get_or_insert_with(|| VolumeEntry {
                     plugin: req.plugin.to_string(),
                     volume: req.volume.to_string(),
                     external_id: req.external_id.to_string(),
@@ -527,6 +571,10 @@ impl VolumeManager {
                 if stages && entry.staging.is_none() {
                     entry.staging = Some(staging_path.clone());
                 }
+                let staged = entry.stage == Some(StepState::Done) && stage_confirmed;
+                if stages && !staged {
+                    entry.stage = Some(StepState::Started);
+                }
                 let was_published = entry
                     .users
                     .get(req.workload.as_str())
@@ -540,16 +588,12 @@ impl VolumeManager {
                     });
                 (
                     entry.staging.clone().filter(|_| stages),
-                    entry.stage,
+                    staged,
                     user.target.clone(),
                     was_published,
                 )
             })
             .await?;
-        // A stage is skipped only when this process saw it succeed: a record restored from
-        // the file says what was done before a restart, not what holds now (a rebooted host
-        // has nothing staged).
-        let staged = stage_state == Some(StepState::Done) && self.stage_confirmed(&key);
         let mut restaged = false;
         let mounted = async {
             if let Some(staging) = &staging
@@ -557,8 +601,6 @@ impl VolumeManager {
             {
                 let staging_text = layout.for_plugin(staging)?;
                 self.create_dir(staging, &req.volume)?;
-                self.set_stage(&req.volume, &key, StepState::Started)
-                    .await?;
                 let secrets = req.secrets.for_use(SecretsUse::NodeStage);
                 let result = plugin
                     .client
@@ -573,8 +615,12 @@ impl VolumeManager {
                     })
                     .await;
                 self.confirm(&key, None, result.is_ok());
-                self.set_stage(&req.volume, &key, step_state(&result))
-                    .await?;
+                if result.is_err() {
+                    self.set_stage(&req.volume, &key, step_state(&result))
+                        .await?;
+                }
+                // A stage that succeeded is recorded with the publish's outcome, below: until
+                // then the record says `started`, which a restart undoes all the same.
                 result.map_err(|e| call("NodeStageVolume", e))?;
                 restaged = true;
             }
@@ -603,11 +649,14 @@ impl VolumeManager {
                 .await;
             let state = step_state(&result);
             self.confirm(&key, Some(req.workload.as_str()), result.is_ok());
-            self.change(&req.volume, |v| {
-                if let Some(e) = v.get_mut(&key)
-                    && let Some(u) = e.users.get_mut(req.workload.as_str())
-                {
-                    u.publish = state;
+            self.change(&req.volume, &key, |slot| {
+                if let Some(e) = slot {
+                    if restaged {
+                        e.stage = Some(StepState::Done);
+                    }
+                    if let Some(u) = e.users.get_mut(req.workload.as_str()) {
+                        u.publish = state;
+                    }
                 }
             })
             .await?;
@@ -665,8 +714,8 @@ impl VolumeManager {
         key: &str,
         state: StepState,
     ) -> Result<(), VolumeError> {
-        self.change(volume, |v| {
-            if let Some(e) = v.get_mut(key) {
+        self.change(volume, key, |slot| {
+            if let Some(e) = slot {
                 e.stage = Some(state);
             }
         })
@@ -749,8 +798,8 @@ impl VolumeManager {
             // removal that fails (a target still mounted, say) keeps the record, so the
             // unmount is retried rather than forgetting a publication.
             self.remove_dirs(&target, &self.inner.layout.workload_root(), &req.volume)?;
-            self.change(&req.volume, |v| {
-                if let Some(e) = v.get_mut(&key) {
+            self.change(&req.volume, &key, |slot| {
+                if let Some(e) = slot {
                     e.users.remove(req.workload.as_str());
                 }
             })
@@ -787,8 +836,8 @@ impl VolumeManager {
         for legacy in &entry.legacy_stagings {
             self.unstage(req, &legacy.path).await?;
             unstaged = true;
-            self.change(req.volume, |v| {
-                if let Some(e) = v.get_mut(key) {
+            self.change(req.volume, key, |slot| {
+                if let Some(e) = slot {
                     e.legacy_stagings.retain(|l| l.path != legacy.path);
                 }
             })
@@ -799,9 +848,9 @@ impl VolumeManager {
             self.confirm(key, None, false);
             unstaged = true;
         }
-        self.change(req.volume, |v| {
-            if v.get(key).is_some_and(|e| e.users.is_empty()) {
-                v.remove(key);
+        self.change(req.volume, key, |slot| {
+            if slot.as_ref().is_some_and(|e| e.users.is_empty()) {
+                *slot = None;
             }
         })
         .await?;
@@ -974,7 +1023,6 @@ impl VolumeManager {
     pub fn published(&self, volume: &VolumeId, workload: &WorkloadId) -> Option<PathBuf> {
         let usage = self.usage();
         usage
-            .volumes
             .values()
             .filter(|e| e.volume == volume.as_str())
             .find_map(|e| e.users.get(workload.as_str()).map(|u| u.target.clone()))
@@ -983,7 +1031,7 @@ impl VolumeManager {
     /// Every usage record: one per volume (and plugin) staged or published here.
     pub fn records(&self) -> Vec<VolumeEntry> {
         let usage = self.usage();
-        usage.volumes.values().cloned().collect()
+        usage.values().cloned().collect()
     }
 
     /// Publications per plugin on this node.

@@ -315,7 +315,7 @@ impl VolumeManager {
     /// [`AlreadyConfirmed`]: ReconcileOutcome::AlreadyConfirmed
     pub async fn reconcile(&self, lookup: &dyn RestoreLookup) -> Reconciled {
         let mounts = read_mount_points();
-        let keys: Vec<String> = self.usage().volumes.keys().cloned().collect();
+        let keys: Vec<String> = self.usage().keys().cloned().collect();
         let mut report = Reconciled::default();
         for key in keys {
             let _turn = self.inner.ops.turn(&key).await;
@@ -372,7 +372,7 @@ impl VolumeManager {
             ReconcileOutcome::Failed(VolumeError::Usage {
                 volume: volume.clone(),
                 source: Arc::new(StateFileError::Record {
-                    path: self.inner.file.clone(),
+                    path: self.inner.store.path().to_owned(),
                     key: key.to_owned(),
                     reason: what,
                 }),

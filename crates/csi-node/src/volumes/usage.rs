@@ -143,14 +143,7 @@ impl UsageFile {
             None | Some(1) => Ok((migrate_v1(path, stored.volumes)?, true)),
             Some(USAGE_FORMAT) => {
                 for (k, entry) in &stored.volumes {
-                    let (plugin, volume) = ids(path, k, entry)?;
-                    if *k != key(&plugin, &volume) {
-                        return Err(record(
-                            path,
-                            k,
-                            format!("the key is not `{}`", key(&plugin, &volume)),
-                        ));
-                    }
+                    check_record(path, k, entry)?;
                 }
                 Ok((
                     UsageFile {
@@ -167,6 +160,27 @@ impl UsageFile {
             }),
         }
     }
+}
+
+/// Checks a format-2 record read from `path`: its ids are ids, and it is under its own key.
+///
+/// # Errors
+///
+/// [`StateFileError::Record`] naming `path` and `k`.
+pub(crate) fn check_record(
+    path: &Path,
+    k: &str,
+    entry: &VolumeEntry,
+) -> Result<(), StateFileError> {
+    let (plugin, volume) = ids(path, k, entry)?;
+    if k != key(&plugin, &volume) {
+        return Err(record(
+            path,
+            k,
+            format!("the key is not `{}`", key(&plugin, &volume)),
+        ));
+    }
+    Ok(())
 }
 
 fn record(path: &Path, key: &str, reason: String) -> StateFileError {
