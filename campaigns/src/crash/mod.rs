@@ -1,11 +1,12 @@
 //! Campaign `crash`: crash consistency of the durable stores and the agent's state files.
 //!
 //! A case is a generated sequence of operations (register a volume in the agent's book,
-//! claim it for a workload and record the publication in the node's usage file, release a
-//! claim to the end and forget the publication, remove a volume without claims; see
+//! claim it for a workload and record the publication in the node's usage records, release
+//! a claim to the end and forget the publication, remove a volume without claims; see
 //! module `stores`), written to csi-claims' [`RedbStore`](csi_claims::RedbStore) through its
-//! claims driver, csi-node's `usage.json` ([`save_json`](csi_node::state::save_json)) and the
-//! reference agent's `volumes.json`, in a temporary directory of its own. Two kinds:
+//! claims driver, csi-node's usage records (a [`UsageDb`](csi_node::volumes::UsageDb) in
+//! the same file, as the agent keeps them) and the reference agent's `volumes.json`, in a
+//! temporary directory of its own. Two kinds:
 //!
 //! - **Kill**: the campaign binary runs the sequence in a child process of its own
 //!   ([`CHILD_VAR`]), which prints a line as each operation is acknowledged; the campaign
@@ -43,7 +44,7 @@ use crate::rng::Rng;
 pub const NAME: &str = "crash";
 
 /// What the campaign covers, for `--list` and RELIABILITY.md.
-pub const COVERS: &str = "crash consistency: generated claims and releases through csi-claims' RedbStore, csi-node's usage.json and the agent's volumes.json, killed with SIGKILL in a child process at generated points and opened again (nothing acknowledged lost, nothing done twice); files truncated, overwritten with garbage or zeros, or emptied (an error naming the file, never a silent reset)";
+pub const COVERS: &str = "crash consistency: generated claims and releases through csi-claims' RedbStore, csi-node's usage records (in the same redb file) and the agent's volumes.json, killed with SIGKILL in a child process at generated points and opened again (nothing acknowledged lost, nothing done twice); files truncated, overwritten with garbage or zeros, or emptied (an error naming the file, never a silent reset)";
 
 /// The violation counters, in the order they print.
 const COUNTERS: &[&str] = &[
@@ -386,12 +387,12 @@ async fn run_kill(
     }
     if check_kill(
         judge,
-        "usage.json",
+        "the usage records",
         stores::read_usage(&paths.usage),
         &before.claims,
         next.as_ref().map(|m| &m.claims),
     ) {
-        landed.push("usage.json");
+        landed.push("usage records");
     }
     if check_kill(
         judge,
@@ -485,12 +486,22 @@ async fn run_damage(
             }
             Err(e) => Err(e),
         },
-        Target::Usage => stores::read_usage(path).map(|found| {
-            judge.fail(
-                "silent_reset",
-                format!("the damaged usage.json opened without an error, holding {found:?}"),
-            );
-        }),
+        // The usage records share the claims' file: as there, damage the records do not
+        // read may leave them whole, and that is fine.
+        Target::Usage => match stores::read_usage(path) {
+            Ok(found) if found == full.claims => Ok(()),
+            Ok(found) => {
+                judge.fail(
+                    "silent_reset",
+                    format!(
+                        "the damaged usage records opened with {found:?}, not {:?}",
+                        full.claims
+                    ),
+                );
+                return Ok(());
+            }
+            Err(e) => Err(e),
+        },
         Target::Book => stores::read_book(&paths.dir).map(|found| {
             judge.fail(
                 "silent_reset",

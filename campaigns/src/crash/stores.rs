@@ -1,7 +1,7 @@
 //! The durable things a sequence of claims and releases writes, as the agent writes them:
-//! csi-claims' [`RedbStore`] (through its [`ClaimsDriver`]), csi-node's usage file (a
-//! [`UsageFile`] written with [`save_json`]) and the reference agent's volume book
-//! (`volumes.json`, [`Book`]). [`run_ops`] applies the operations; [`read_back`] reads what a
+//! csi-claims' [`RedbStore`] (through its [`ClaimsDriver`]), csi-node's usage records (a
+//! [`UsageDb`] in the same database file, one record per volume) and the reference agent's
+//! volume book (`volumes.json`, [`Book`]). [`run_ops`] applies the operations; [`read_back`] reads what a
 //! restart finds.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,8 +17,8 @@ use csi_claims::{
     ClaimMode, ClaimRequest, ControllerDetachRequest, ControllerRequirement, DetachError,
     NodeDetachRequest, RedbStore, VolumeInfo,
 };
-use csi_node::state::save_json;
-use csi_node::volumes::usage::{self, StepState, UsageFile, UserEntry, VolumeEntry};
+use csi_node::volumes::usage::{self, StepState, UserEntry, VolumeEntry};
+use csi_node::volumes::{UsageDb, UsageStore};
 use csi_structs::{
     AccessMode, AccessTypeKind, ExternalVolumeId, NodeId, PluginId, PluginNodeId, VolumeId,
     WorkloadId,
@@ -56,7 +56,7 @@ impl fmt::Display for Op {
 }
 
 /// What the stores hold after some operations: the book's volumes, and the claims (the same
-/// pairs in the claim store and in the node's usage file).
+/// pairs in the claim store and in the node's usage records).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Model {
     pub(crate) book: BTreeSet<usize>,
@@ -123,6 +123,7 @@ pub(crate) fn generate_ops(rng: &mut Rng, n: usize) -> Vec<Op> {
 pub(crate) struct Paths {
     pub(crate) dir: PathBuf,
     pub(crate) claims: PathBuf,
+    /// The file of the node's usage records: the claim store's (a table of its own).
     pub(crate) usage: PathBuf,
     pub(crate) book: PathBuf,
 }
@@ -132,7 +133,7 @@ impl Paths {
         Paths {
             dir: dir.to_owned(),
             claims: dir.join("claims.redb"),
-            usage: dir.join("node").join("usage.json"),
+            usage: dir.join("claims.redb"),
             book: dir.join("volumes.json"),
         }
     }
@@ -207,13 +208,15 @@ pub(crate) async fn run_ops(
     ops: &[Op],
     mut acked: impl FnMut(Option<usize>),
 ) -> Result<(), String> {
-    let store = Arc::new(RedbStore::open(&paths.claims).map_err(|e| e.to_string())?);
+    let store = RedbStore::open(&paths.claims).map_err(|e| e.to_string())?;
+    let usage_db = UsageDb::open(&store, &paths.usage, None).map_err(|e| e.to_string())?;
+    let mut usage = usage_db.load().map_err(|e| e.to_string())?;
+    let store = Arc::new(store);
     let config = DriverConfig::default();
     let (claims, driver) = ClaimsDriver::start(store, Arc::new(Detach), Arc::new(Detach), config)
         .await
         .map_err(|e| e.to_string())?;
     let book = Book::open(&paths.dir).map_err(|e| e.to_string())?;
-    let (mut usage, _) = UsageFile::load(&paths.usage).map_err(|e| e.to_string())?;
     let plugin = PluginId::new(PLUGIN).map_err(|e| e.to_string())?;
     acked(None);
     for (i, op) in ops.iter().enumerate() {
@@ -241,7 +244,7 @@ pub(crate) async fn run_ops(
                     .await
                     .map_err(|e| e.to_string())?;
                 let key = usage::key(&plugin, &volume);
-                let record = usage.volumes.entry(key).or_insert_with(|| VolumeEntry {
+                let record = usage.entry(key.clone()).or_insert_with(|| VolumeEntry {
                     plugin: PLUGIN.into(),
                     volume: volume.to_string(),
                     external_id: format!("ext-v{v}"),
@@ -258,7 +261,10 @@ pub(crate) async fn run_ops(
                         publish: StepState::Done,
                     },
                 );
-                save_json(&paths.usage, &usage).map_err(|e| e.to_string())?;
+                usage_db
+                    .write(&key, Some(record))
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             Op::Release(v, w) => {
                 let (volume, workload) = ids(v, w)?;
@@ -267,13 +273,19 @@ pub(crate) async fn run_ops(
                     .await
                     .map_err(|e| e.to_string())?;
                 let key = usage::key(&plugin, &volume);
-                if let Some(record) = usage.volumes.get_mut(&key) {
+                if let Some(record) = usage.get_mut(&key) {
                     record.users.remove(workload.as_str());
-                    if record.users.is_empty() {
-                        usage.volumes.remove(&key);
-                    }
+                    let written = if record.users.is_empty() {
+                        usage.remove(&key);
+                        None
+                    } else {
+                        Some(&*record)
+                    };
+                    usage_db
+                        .write(&key, written)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
-                save_json(&paths.usage, &usage).map_err(|e| e.to_string())?;
             }
         }
         acked(Some(i));
@@ -303,11 +315,14 @@ pub(crate) async fn read_claims(path: &Path) -> Read<BTreeSet<(usize, usize)>> {
     Ok(out)
 }
 
-/// The usage file's publications (volume, workload).
+/// The usage records' publications (volume, workload), from the database at `path`.
 pub(crate) fn read_usage(path: &Path) -> Read<BTreeSet<(usize, usize)>> {
-    let (usage, _) = UsageFile::load(path).map_err(|e| e.to_string())?;
+    let store = RedbStore::open(path).map_err(|e| e.to_string())?;
+    let usage = UsageDb::open(&store, path, None)
+        .and_then(|db| db.load())
+        .map_err(|e| e.to_string())?;
     let mut out = BTreeSet::new();
-    for entry in usage.volumes.values() {
+    for entry in usage.values() {
         let v = index_of(&entry.volume, 'v')?;
         for user in entry.users.keys() {
             out.insert((v, index_of(user, 'w')?));

@@ -1410,8 +1410,8 @@ impl Agent {
             .any(|r| r.volume == entry.id.as_str())
         {
             out.push(
-                "this node's usage record of the volume (node/usage.json), kept while its \
-                 mounts may exist"
+                "this node's usage record of the volume (in the node's database), kept while \
+                 its mounts may exist"
                     .to_owned(),
             );
         }
@@ -2132,7 +2132,7 @@ mod tests {
         });
         let local = AgentError::Local {
             step: "mount",
-            detail: "volume v: state file /data/node/usage.json: No space left on device".into(),
+            detail: "volume v: state in /data/claims.redb: claim store redb /data/claims.redb failed to commit: No space left on device".into(),
         };
         for e in [&state, &local] {
             assert_eq!(e.parts(), (503, "local_io", Some(ErrorClass::Retry)), "{e}");

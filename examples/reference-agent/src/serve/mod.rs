@@ -4,7 +4,9 @@
 //! - [`plugins`]: a plugin directory watched for `<plugin-id>.sock` sockets, each
 //!   fingerprinted and health-checked with csi-client, transitions logged;
 //! - csi-node's volume manager, with its paths under `<data_dir>/node` and its usage records
-//!   in `<data_dir>/node/usage.json` ([`open_volumes`]);
+//!   in the node's redb database, one record per volume: `<data_dir>/claims.redb` beside the
+//!   claims with the embedded store, `<data_dir>/node/node.redb` in cluster mode
+//!   ([`open_volumes`]);
 //! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
 //!   driver, whose detachers (csi-node's `ShimDetacher`) go through the csi-rpc-shim so a release reaches the
 //!   node and the controller wherever they run; [`local`] serves the shim's calls with this
@@ -42,7 +44,7 @@ use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{MachineConfig, RedbStore, StoreError};
 use csi_node::detach::ShimDetacher;
 use csi_node::layout::Layout;
-use csi_node::volumes::VolumeManager;
+use csi_node::volumes::{UsageDb, VolumeManager};
 use csi_rpc_shim::NodeStatus;
 use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
 
@@ -210,7 +212,26 @@ pub async fn serve_until(
             node_detach: config.node_detach,
         },
     )?;
-    let volumes = open_volumes(&data, &plugins)?;
+    // The volume book, the claim store, and the node's database (the usage records).
+    let stores = open_stores(&config).await?;
+    let (node_db, node_db_file) = match &stores.node_db {
+        Some(db) => db.clone(),
+        None => {
+            let path = data.join("node").join("node.redb");
+            std::fs::create_dir_all(data.join("node")).map_err(data_err(&data))?;
+            let opened = path.clone();
+            let db = tokio::task::spawn_blocking(move || RedbStore::open(opened))
+                .await
+                .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+            (db, path)
+        }
+    };
+    let volumes = {
+        let (data, plugins) = (data.clone(), plugins.clone());
+        tokio::task::spawn_blocking(move || open_volumes(&data, &plugins, &node_db, &node_db_file))
+            .await
+            .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??
+    };
     // Bound first, so a taken port stops the agent before it joins anything.
     let http_listener = bind("listen", config.listen).await?;
     let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
@@ -253,8 +274,7 @@ pub async fn serve_until(
     });
     let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
 
-    // The volume book, the claim store and the release driver.
-    let stores = open_stores(&config).await?;
+    // The release driver.
     let book = Arc::new(stores.book);
     // The controller release step sends the volume's secrets, read from the book.
     let detacher = Arc::new(ShimDetacher::new(
@@ -463,20 +483,28 @@ pub async fn serve_until(
 }
 
 /// csi-node's volume manager as the agent keeps it: paths under `<data_dir>/node`
-/// (`staging/<volume>`, `per-workload/<workload>/<volume>/<usage>`), usage records in
-/// `<data_dir>/node/usage.json`, plugins from the agent's plugin manager.
+/// (`staging/<volume>`, `per-workload/<workload>/<volume>/<usage>`), usage records in `db`
+/// (its file `db_file`; one record per volume, group-committed with the claims when `db` is
+/// the claim store),
+/// plugins from the agent's plugin manager. The records of an older version's
+/// `<data_dir>/node/usage.json` move into `db` once, and the file is renamed
+/// `usage.json.migrated`. Blocks on the disk.
 ///
 /// # Errors
 ///
-/// A [`StateFileError`](csi_node::state::StateFileError) when the usage file cannot be used.
+/// A [`StateFileError`](csi_node::state::StateFileError) when the records cannot be read or
+/// moved.
 pub fn open_volumes(
     data_dir: &Path,
     plugins: &plugins::Plugins,
+    db: &RedbStore,
+    db_file: &Path,
 ) -> Result<VolumeManager, csi_node::state::StateFileError> {
     let root = data_dir.join("node");
-    VolumeManager::open(
+    let usage = UsageDb::open(db, db_file, Some(&root.join("usage.json")))?;
+    VolumeManager::open_with(
         Layout::new(&root),
-        root.join("usage.json"),
+        Arc::new(usage),
         Arc::new(plugins.manager().clone()),
     )
 }
@@ -499,6 +527,9 @@ struct Stores {
     first_plugin_wait_controllers: bool,
     /// What `serve` logs at the start.
     description: String,
+    /// The embedded claim store, where the node's usage records go too (`None`: the node
+    /// keeps its own database).
+    node_db: Option<(RedbStore, PathBuf)>,
     #[cfg(feature = "etcd")]
     etcd: Option<(csi_claims::store::EtcdStore, crate::config::EtcdSettings)>,
 }
@@ -509,9 +540,11 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
             let book = book::Book::open(&config.data_dir)?;
             let store_path = config.data_dir.join("claims.redb");
             let description = format!("embedded {}", store_path.display());
-            let store = tokio::task::spawn_blocking(move || RedbStore::open(store_path))
+            let opened = store_path.clone();
+            let store = tokio::task::spawn_blocking(move || RedbStore::open(opened))
                 .await
                 .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+            let node_db = Some((store.clone(), store_path));
             let store: Arc<dyn ClaimStore> = Arc::new(store);
             let forgetting = Arc::new(Forgetting::new(store));
             Ok(Stores {
@@ -523,6 +556,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 first_plugin_wait: FIRST_FINGERPRINT_WAIT,
                 first_plugin_wait_controllers: true,
                 description,
+                node_db,
                 #[cfg(feature = "etcd")]
                 etcd: None,
             })
@@ -543,6 +577,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 first_plugin_wait: FIRST_FINGERPRINT_WAIT,
                 first_plugin_wait_controllers: false,
                 description: format!("{} prefix {}", settings.display(), settings.prefix),
+                node_db: None,
                 etcd: Some((store, crate::config::EtcdSettings::clone(settings))),
             })
         }
