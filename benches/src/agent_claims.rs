@@ -2,13 +2,14 @@
 //!
 //! The run starts the real binaries, `csi-mock-plugin` on `<dir>/plugins/mock.sock` and
 //! `csi-agent serve` on `<dir>/data` (fast release backoff, log at `warn`), waits until the
-//! agent has fingerprinted plugin `mock`, and creates `--volumes-per-client` single-node-writer
-//! mount volumes per client through the control API. Then `--clients` clients each loop over
-//! their own volumes: `POST /v1/volumes/{id}/claim` for a fresh workload (mode `write`), then
-//! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim answered 409
-//! (the volume still being released from the previous round) is asked again 1 ms later and
-//! counted as `busy`; any other error answer is counted in `errors` (the first one printed on
-//! stderr) and the client goes on.
+//! agent has fingerprinted plugin `mock` and found it healthy, and creates
+//! `--volumes-per-client` single-node-writer mount volumes per client through the control
+//! API. Then `--clients` clients each loop over their own volumes:
+//! `POST /v1/volumes/{id}/claim` for a fresh workload (mode `write`), then
+//! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim answered
+//! 409 (the volume still being released from the previous round) is asked again 1 ms later
+//! and counted as `busy`; any other error answer is counted in `errors` (the first one
+//! printed on stderr) and the client goes on.
 //!
 //! Over the measured period only (after `--warmup-secs`), the run counts ops (acknowledged
 //! claims and releases), their latencies, the CPU time of the agent, the mock and the bench
@@ -471,17 +472,19 @@ impl Control {
         client::call(self.addr, Some(&self.token), method, path, body, CALL_LIMIT).await
     }
 
-    /// `Ok` once the agent reports plugin `mock` fingerprinted at least once.
+    /// `Ok` once the agent reports plugin `mock` fingerprinted at least once and healthy
+    /// (the agent publishes nothing through a plugin whose health is not known to be good).
     async fn fingerprinted(&self) -> Result<(), String> {
         let status: StatusView = self
             .call::<(), _>(Method::GET, "/v1/status", None)
             .await
             .map_err(|e| e.to_string())?;
         match status.plugins.iter().find(|p| p.id == PLUGIN_ID) {
-            Some(p) if p.fingerprints >= 1 => Ok(()),
+            Some(p) if p.fingerprints >= 1 && p.health == "healthy" => Ok(()),
             Some(p) => Err(format!(
-                "plugin {PLUGIN_ID} not fingerprinted yet (health {}, last error {:?})",
-                p.health, p.last_error
+                "plugin {PLUGIN_ID} fingerprinted {} time(s), health {} (reason {:?}, last \
+                 error {:?})",
+                p.fingerprints, p.health, p.health_reason, p.last_error
             )),
             None => Err(format!("no plugin {PLUGIN_ID} yet")),
         }
@@ -834,7 +837,7 @@ async fn measure(
     .await?;
     wait_for(
         &mut agent,
-        "waiting for the agent to fingerprint plugin mock",
+        "waiting for the agent to fingerprint plugin mock and find it healthy",
         async || control.fingerprinted().await,
     )
     .await?;
