@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser};
 
+use crate::agent_claims::AgentClaimsSpec;
 use crate::error::BenchError;
 use crate::peer::PeerSpec;
 use crate::rpc::BenchRpc;
@@ -25,6 +26,13 @@ pub const MAX_ETCD_CLAIMS: u32 = 1_000_000;
 pub const MAX_ETCD_CLAIMS_PER_VOLUME: u32 = 4_000;
 /// Most agents `--claims-etcd` runs.
 pub const MAX_AGENTS: u32 = 16;
+/// Longest measured period of `--agent-claims` (`--secs`), one day.
+pub const MAX_AGENT_CLAIMS_SECS: u64 = 86_400;
+/// Longest warm-up of `--agent-claims` (`--warmup-secs`), one hour.
+pub const MAX_AGENT_CLAIMS_WARMUP_SECS: u64 = 3_600;
+/// Most volumes `--agent-claims` creates in the agent (`--clients` times
+/// `--volumes-per-client`).
+pub const MAX_AGENT_CLAIMS_VOLUMES: u64 = 100_000;
 
 /// Load generator for CSI plugins: drives any plugin through `csi-client` and prints one line,
 /// `client=csi-client rpc=<rpc> n=<n> c=<c> ops_per_s=<x> p50_us=<x> p99_us=<x>`.
@@ -34,6 +42,7 @@ pub const MAX_AGENTS: u32 = 16;
 #[command(group(ArgGroup::new("mode").args([
     "baseline", "compare", "conn_memory", "claims_memory", "claims_release", "claims_etcd",
     "shim_hop", "compare_peer", "baseline_child", "serve_mock", "etcd_memory_child",
+    "agent_claims",
 ])))]
 pub struct Cli {
     /// The plugin's endpoint, `unix:///path/to/csi.sock`.
@@ -185,6 +194,47 @@ pub struct Cli {
     #[arg(long, value_name = "K", default_value_t = 200)]
     pub peer_conns: u32,
 
+    /// Start the real `csi-agent serve` beside the real `csi-mock-plugin` (plugin `mock`) and
+    /// measure claims and releases through the agent's control API: `--clients` clients,
+    /// each looping claim then release over its own `--volumes-per-client` single-node-writer
+    /// volumes for `--secs` seconds after `--warmup-secs`. Prints one `agent-claims` line.
+    #[arg(long)]
+    pub agent_claims: bool,
+
+    /// `--agent-claims`: concurrent clients (default 32, at most 10000).
+    #[arg(long, value_name = "C")]
+    pub clients: Option<u32>,
+
+    /// `--agent-claims`: the measured period in seconds (default 20, at most 86400).
+    #[arg(long, value_name = "S")]
+    pub secs: Option<u64>,
+
+    /// `--agent-claims`: unmeasured seconds of load before the measured period (default 2,
+    /// at most 3600; 0: none).
+    #[arg(long, value_name = "S")]
+    pub warmup_secs: Option<u64>,
+
+    /// `--agent-claims`: single-node-writer volumes each client creates and loops over
+    /// (default 4; at most 100000 volumes in all).
+    #[arg(long, value_name = "K")]
+    pub volumes_per_client: Option<u32>,
+
+    /// `--agent-claims`: where to run. The bench makes a temporary directory inside DIR
+    /// (created if missing) for the agent's data directory, the plugin socket and the logs,
+    /// and removes it at the end; DIR's filesystem is the one measured (e.g. /dev/shm for
+    /// tmpfs). Default: the system's temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// `--agent-claims`: the `csi-agent` binary (default: `csi-agent` next to csi-bench).
+    #[arg(long, value_name = "PATH")]
+    pub agent_bin: Option<PathBuf>,
+
+    /// `--agent-claims`: the `csi-mock-plugin` binary (default: `csi-mock-plugin` next to
+    /// csi-bench).
+    #[arg(long, value_name = "PATH")]
+    pub mock_bin: Option<PathBuf>,
+
     /// Internal: be the ping-pong peer on this socket.
     #[arg(long, hide = true, value_name = "PATH")]
     pub baseline_child: Option<PathBuf>,
@@ -268,6 +318,8 @@ pub enum Mode {
     ComparePeer(PeerSpec),
     /// Releasing claims through the driver against the mock.
     ClaimsRelease(u32),
+    /// Claims and releases through the real agent and mock plugin binaries.
+    AgentClaims(AgentClaimsSpec),
     /// Claims, memory and releases through etcd.
     ClaimsEtcd(EtcdSpec),
     /// Internal: load the claims under a prefix as one agent and report memory.
@@ -371,6 +423,10 @@ impl Cli {
                 prefix: prefix.clone(),
             });
         }
+        if self.agent_claims {
+            return self.agent_claims_mode();
+        }
+        self.refuse_agent_claims_flags()?;
         if let Some(claims) = self.claims_etcd {
             return self.claims_etcd_mode(claims);
         }
@@ -486,6 +542,78 @@ impl Cli {
             warmup: self.warmup,
             runtime: self.runtime,
         }))
+    }
+
+    fn agent_claims_mode(&self) -> Result<Mode, BenchError> {
+        if self.endpoint.is_some() || self.mock {
+            return Err(bad(
+                "agent-claims",
+                "",
+                "takes no --endpoint or --mock: it starts csi-mock-plugin and csi-agent itself",
+            ));
+        }
+        let clients = self.clients.unwrap_or(AgentClaimsSpec::DEFAULT_CLIENTS);
+        if !(1..=MAX_CALLERS).contains(&clients) {
+            return Err(bad("clients", clients, "must be 1..=10000"));
+        }
+        let secs = self.secs.unwrap_or(AgentClaimsSpec::DEFAULT_SECS);
+        if !(1..=MAX_AGENT_CLAIMS_SECS).contains(&secs) {
+            return Err(bad("secs", secs, "must be 1..=86400"));
+        }
+        let warmup_secs = self
+            .warmup_secs
+            .unwrap_or(AgentClaimsSpec::DEFAULT_WARMUP_SECS);
+        if warmup_secs > MAX_AGENT_CLAIMS_WARMUP_SECS {
+            return Err(bad("warmup-secs", warmup_secs, "must be 0..=3600"));
+        }
+        let volumes_per_client = self
+            .volumes_per_client
+            .unwrap_or(AgentClaimsSpec::DEFAULT_VOLUMES_PER_CLIENT);
+        if volumes_per_client == 0
+            || u64::from(clients) * u64::from(volumes_per_client) > MAX_AGENT_CLAIMS_VOLUMES
+        {
+            return Err(bad(
+                "volumes-per-client",
+                volumes_per_client,
+                "must be at least 1, and --clients times --volumes-per-client at most 100000",
+            ));
+        }
+        Ok(Mode::AgentClaims(AgentClaimsSpec {
+            clients,
+            secs,
+            warmup_secs,
+            volumes_per_client,
+            dir: self.dir.clone(),
+            agent_bin: self.agent_bin.clone(),
+            mock_bin: self.mock_bin.clone(),
+        }))
+    }
+
+    /// Without `--agent-claims` its flags mean nothing, and say so.
+    fn refuse_agent_claims_flags(&self) -> Result<(), BenchError> {
+        let only = "only with --agent-claims";
+        let numbers = [
+            ("clients", self.clients.map(u64::from)),
+            ("secs", self.secs),
+            ("warmup-secs", self.warmup_secs),
+            ("volumes-per-client", self.volumes_per_client.map(u64::from)),
+        ];
+        for (flag, value) in numbers {
+            if let Some(value) = value {
+                return Err(bad(flag, value, only));
+            }
+        }
+        let paths = [
+            ("dir", &self.dir),
+            ("agent-bin", &self.agent_bin),
+            ("mock-bin", &self.mock_bin),
+        ];
+        for (flag, value) in paths {
+            if let Some(path) = value {
+                return Err(bad(flag, path.display(), only));
+            }
+        }
+        Ok(())
     }
 
     fn claims_etcd_mode(&self, claims: u32) -> Result<Mode, BenchError> {
@@ -650,6 +778,127 @@ mod tests {
             }
             other => panic!("expected a --compare-peer run, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn agent_claims_takes_its_defaults_and_names_a_bad_flag_and_its_limit() {
+        assert_eq!(
+            parse(&["--agent-claims"]).ok(),
+            Some(Mode::AgentClaims(AgentClaimsSpec {
+                clients: 32,
+                secs: 20,
+                warmup_secs: 2,
+                volumes_per_client: 4,
+                dir: None,
+                agent_bin: None,
+                mock_bin: None,
+            }))
+        );
+        match parse(&[
+            "--agent-claims",
+            "--clients",
+            "10000",
+            "--secs",
+            "1",
+            "--warmup-secs",
+            "0",
+            "--volumes-per-client",
+            "10",
+            "--dir",
+            "/dev/shm/b",
+            "--agent-bin",
+            "/a/csi-agent",
+            "--mock-bin",
+            "/a/m",
+        ]) {
+            Ok(Mode::AgentClaims(spec)) => {
+                assert_eq!(
+                    (
+                        spec.clients,
+                        spec.secs,
+                        spec.warmup_secs,
+                        spec.volumes_per_client
+                    ),
+                    (10_000, 1, 0, 10)
+                );
+                assert_eq!(spec.dir, Some(PathBuf::from("/dev/shm/b")));
+                assert_eq!(spec.agent_bin, Some(PathBuf::from("/a/csi-agent")));
+                assert_eq!(spec.mock_bin, Some(PathBuf::from("/a/m")));
+            }
+            other => panic!("expected an --agent-claims run, got {other:?}"),
+        }
+        for (args, flag, text) in [
+            (
+                &["--clients", "0"][..],
+                "clients",
+                "--clients 0: must be 1..=10000",
+            ),
+            (
+                &["--clients", "10001"][..],
+                "clients",
+                "--clients 10001: must be 1..=10000",
+            ),
+            (&["--secs", "0"][..], "secs", "--secs 0: must be 1..=86400"),
+            (
+                &["--secs", "86401"][..],
+                "secs",
+                "--secs 86401: must be 1..=86400",
+            ),
+            (
+                &["--warmup-secs", "3601"][..],
+                "warmup-secs",
+                "--warmup-secs 3601: must be 0..=3600",
+            ),
+            (
+                &["--volumes-per-client", "0"][..],
+                "volumes-per-client",
+                "--volumes-per-client 0: must be at least 1",
+            ),
+            (
+                &["--clients", "10000", "--volumes-per-client", "11"][..],
+                "volumes-per-client",
+                "at most 100000",
+            ),
+            (
+                &["--mock"][..],
+                "agent-claims",
+                "takes no --endpoint or --mock",
+            ),
+        ] {
+            let args: Vec<&str> = std::iter::once("--agent-claims")
+                .chain(args.iter().copied())
+                .collect();
+            match parse(&args) {
+                Err(e @ BenchError::BadFlag { flag: f, .. }) => {
+                    assert_eq!(f, flag, "{args:?}");
+                    assert!(e.to_string().contains(text), "{args:?}: {e}");
+                }
+                other => panic!("{args:?}: expected a bad --{flag}, got {other:?}"),
+            }
+        }
+        // Without --agent-claims its flags mean nothing, and say so.
+        for (args, flag) in [
+            (&["--mock", "--clients", "3"][..], "clients"),
+            (&["--baseline", "--secs", "3"][..], "secs"),
+            (&["--mock", "--warmup-secs", "0"][..], "warmup-secs"),
+            (
+                &["--mock", "--volumes-per-client", "2"][..],
+                "volumes-per-client",
+            ),
+            (&["--mock", "--dir", "/tmp"][..], "dir"),
+            (&["--mock", "--agent-bin", "/a"][..], "agent-bin"),
+            (&["--mock", "--mock-bin", "/a"][..], "mock-bin"),
+        ] {
+            match parse(args) {
+                Err(e @ BenchError::BadFlag { flag: f, .. }) => {
+                    assert_eq!(f, flag, "{args:?}");
+                    assert!(e.to_string().ends_with("only with --agent-claims"), "{e}");
+                }
+                other => panic!("{args:?}: expected a bad --{flag}, got {other:?}"),
+            }
+        }
+        // It is a mode of its own.
+        assert!(parse(&["--agent-claims", "--baseline"]).is_err());
     }
 
     #[test]

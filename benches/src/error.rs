@@ -345,6 +345,29 @@ pub enum BenchError {
         /// What went wrong.
         detail: String,
     },
+    /// A step of `--agent-claims` failed: starting or waiting for the agent or the mock
+    /// plugin, creating the bench's volumes, a client task.
+    #[error("agent-claims: {step}: {detail}")]
+    AgentClaims {
+        /// The step.
+        step: &'static str,
+        /// What went wrong (with the tail of a child's log when it died).
+        detail: String,
+    },
+    /// `--agent-claims` ran to the end but counts errors or made no op: its result line is
+    /// printed all the same (see [`BenchError::result_line`]), and the run fails.
+    #[error(
+        "agent-claims: {errors} error answer(s) and {ops} measured op(s); the first error is \
+         above on stderr, the run's line on stdout"
+    )]
+    AgentClaimsFailed {
+        /// The result line, printed on stdout before the error.
+        line: String,
+        /// Errors counted.
+        errors: u64,
+        /// Ops measured.
+        ops: u64,
+    },
     /// `/proc/<pid>/stat` could not be read or parsed (Linux only).
     #[error("cannot read CPU time from {path}: {detail}")]
     Stat {
@@ -353,4 +376,15 @@ pub enum BenchError {
         /// Why.
         detail: String,
     },
+}
+
+impl BenchError {
+    /// The result line a failed run still prints on stdout (`--agent-claims` with errors or
+    /// no op), if any.
+    pub fn result_line(&self) -> Option<&str> {
+        match self {
+            BenchError::AgentClaimsFailed { line, .. } => Some(line),
+            _ => None,
+        }
+    }
 }

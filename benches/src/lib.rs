@@ -9,7 +9,8 @@
 //! It also measures the floor (a raw 100-byte unix-socket ping-pong between two processes),
 //! compares sequential Probe with it, measures resident memory per open connection and per
 //! claim, and releases many claims through the `csi-claims` driver against the mock plugin
-//! (with the `etcd` feature, also through etcd from several agents).
+//! (with the `etcd` feature, also through etcd from several agents), and measures claims and
+//! releases through the real agent binary (`--agent-claims`).
 //! See `benches/README.md` for every command, its target and the numbers measured.
 //!
 //! The binary is a thin wrapper around [`run`], which tests call directly:
@@ -35,9 +36,12 @@
 //!   [`conn_memory`]: memory per connection; [`claims`]: the claims benchmarks;
 //!   [`shim_hop`]: the cost of one agent-to-agent hop; [`peer`]: csi-client and the mock
 //!   beside grpc-go (`--compare-peer`), with [`cpu`]: CPU time from `/proc`.
+//! - [`agent_claims`]: claims and releases through the real `csi-agent serve` beside the real
+//!   `csi-mock-plugin` (`--agent-claims`), the node's claim throughput.
 //! - With the `etcd` feature: `claims_etcd`, claims, memory and releases through etcd
 //!   (`--claims-etcd`), and `etcd_process`, the `etcd` it starts when given no endpoints.
 
+pub mod agent_claims;
 pub mod baseline;
 pub mod child;
 pub mod claims;
@@ -62,6 +66,7 @@ pub mod target;
 
 use std::path::Path;
 
+pub use agent_claims::{AgentClaimsLine, AgentClaimsSpec};
 pub use cli::{Cli, EtcdDuty, EtcdSpec, Mode, RuntimeFlavor};
 pub use error::BenchError;
 pub use report::{Line, LineError};
@@ -119,6 +124,19 @@ pub fn run(cli: &Cli, exe: &Path) -> Result<Vec<String>, BenchError> {
             Ok(vec![
                 claims::claims_release(&rt, claims, cli.volumes)?.to_string(),
             ])
+        }
+        Mode::AgentClaims(spec) => {
+            let rt = runtime()?;
+            let line = agent_claims::run_agent_claims(&rt, &spec, exe)?;
+            if line.failed() {
+                Err(BenchError::AgentClaimsFailed {
+                    line: line.to_string(),
+                    errors: line.errors,
+                    ops: line.ops,
+                })
+            } else {
+                Ok(vec![line.to_string()])
+            }
         }
         Mode::ClaimsEtcd(spec) => claims_etcd(&spec, cli, exe),
         Mode::EtcdMemoryChild { endpoints, prefix } => {

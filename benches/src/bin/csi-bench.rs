@@ -31,6 +31,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            if let Some(line) = e.result_line() {
+                println!("{line}");
+            }
             eprint!("csi-bench: {e}");
             let mut source = std::error::Error::source(&e);
             while let Some(cause) = source {
