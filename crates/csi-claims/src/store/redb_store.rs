@@ -290,7 +290,10 @@ impl RedbStore {
             // On the blocking pool rather than a thread of its own: tokio then knows the
             // store is busy on the disk (a paused test clock does not jump past a commit).
             drop(tokio::task::spawn_blocking(move || {
-                Shared::write_queued(Writer(shared));
+                Shared::write_queued(Writer {
+                    shared,
+                    done: false,
+                });
             }));
         }
         answered.await.unwrap_or(Err(lost))
@@ -348,14 +351,21 @@ struct Job {
 /// The writer's hold on the store. Should the writer end without taking the queue (its task
 /// dropped before it ran, at a runtime's shutdown), the writes queued are failed, nothing
 /// written, rather than left waiting for a writer that never comes.
-struct Writer(Arc<Shared>);
+struct Writer {
+    shared: Arc<Shared>,
+    /// Set once the writer handed the queue back (`writing` cleared under its lock).
+    done: bool,
+}
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        let mut queue = lock(&self.0.queue);
+        if self.done {
+            return;
+        }
+        let mut queue = lock(&self.shared.queue);
         if std::mem::replace(&mut queue.writing, false) {
             for job in queue.jobs.drain(..) {
-                let _ = job.answer.send(Err(self.0.unavailable(
+                let _ = job.answer.send(Err(self.shared.unavailable(
                     "its writer stopped before this write (is the runtime shutting down?); \
                      nothing was written"
                         .to_owned(),
@@ -393,8 +403,8 @@ impl Shared {
     /// in one transaction and answers each caller. It lets go of the store before the last
     /// answers go out, so a caller that drops the store once answered can open its file again
     /// at once.
-    fn write_queued(writer: Writer) {
-        let shared = &writer.0;
+    fn write_queued(mut writer: Writer) {
+        let shared = Arc::clone(&writer.shared);
         let mut batch = Vec::new();
         loop {
             {
@@ -404,6 +414,7 @@ impl Shared {
                 queue.jobs.retain(|job| !job.answer.is_closed());
                 if queue.jobs.is_empty() {
                     queue.writing = false;
+                    writer.done = true;
                     return;
                 }
                 let take = queue.jobs.len().min(MAX_BATCH);
@@ -431,7 +442,10 @@ impl Shared {
                 more
             };
             if !more {
+                // From here another writer may start for writes queued meanwhile.
+                writer.done = true;
                 drop(writer);
+                drop(shared);
                 answer(batch, answers);
                 return;
             }
@@ -1097,6 +1111,49 @@ mod tests {
         assert_eq!(reopen_delay(1), REOPEN_FIRST_DELAY * 2);
         assert_eq!(reopen_delay(3), REOPEN_FIRST_DELAY * 8);
         assert_eq!(reopen_delay(40), REOPEN_MAX_DELAY);
+    }
+
+    /// Found by `csi-bench --agent-claims` (3 failed claims in 60,000): a writer that had just
+    /// handed the queue back (a write queued after that started a new writer) failed the
+    /// writes queued for the new one, "its writer stopped before this write", as it ended.
+    #[tokio::test]
+    async fn a_writer_that_handed_the_queue_back_leaves_the_next_writer_s_writes_alone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = RedbStore::open(dir.path().join("claims.redb")).expect("opens");
+        // A write queued for a new writer, as a caller queues it once the old one let go.
+        let (answer, mut answered) = tokio::sync::oneshot::channel();
+        {
+            let mut queue = lock(&store.inner.queue);
+            queue.writing = true;
+            queue.jobs.push(Job {
+                write: Write::Put {
+                    table: Arc::from("t"),
+                    key: "k".to_owned(),
+                    value: None,
+                },
+                answer,
+            });
+        }
+        // The old writer ends after handing the queue back: the write stays for the new one.
+        drop(Writer {
+            shared: Arc::clone(&store.inner),
+            done: true,
+        });
+        assert!(
+            answered.try_recv().is_err(),
+            "the queued write was answered"
+        );
+        assert_eq!(store.writes_waiting(), 1);
+        assert!(lock(&store.inner.queue).writing);
+        // A writer that ends without handing it back (its task dropped before it ran) fails
+        // what is queued rather than leave it waiting.
+        drop(Writer {
+            shared: Arc::clone(&store.inner),
+            done: false,
+        });
+        let failed = answered.try_recv().expect("answered").expect_err("failed");
+        assert!(failed.is_unavailable(), "{failed}");
+        assert_eq!(store.writes_waiting(), 0);
     }
 
     /// Found by the crash campaign (seed 10, case 1414, release build): redb panicked while
