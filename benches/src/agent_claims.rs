@@ -7,8 +7,8 @@
 //! API. Then `--clients` clients each loop over their own volumes:
 //! `POST /v1/volumes/{id}/claim` for a fresh workload (mode `write`), then
 //! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim answered
-//! 409 (the volume still being released from the previous round) is asked again 1 ms later
-//! and counted as `busy`; any other error answer is counted in `errors` (the first one
+//! 409 (the volume still being released from the previous round) is asked again 1 ms later,
+//! the wait doubling up to 16 ms while it stays busy, and counted as `busy`; any other error answer is counted in `errors` (the first one
 //! printed on stderr) and the client goes on.
 //!
 //! Over the measured period only (after `--warmup-secs`), the run counts ops (acknowledged
@@ -53,8 +53,13 @@ pub const START_LIMIT: Duration = Duration::from_secs(30);
 /// The limit of one control API request.
 pub const CALL_LIMIT: Duration = Duration::from_secs(30);
 
-/// The wait before a claim answered 409 is asked again.
+/// The wait before a claim answered 409 is asked again the first time; it doubles with each
+/// 409 in a row, up to [`BUSY_RETRY_MAX`], so clients waiting for releases do not spend the
+/// machine's CPU (and the agent's) asking.
 pub const BUSY_RETRY: Duration = Duration::from_millis(1);
+
+/// The longest wait between two claims of a busy volume.
+pub const BUSY_RETRY_MAX: Duration = Duration::from_millis(16);
 
 /// Volumes created at once before the run.
 const CREATE_CONCURRENCY: usize = 8;
@@ -84,6 +89,8 @@ pub struct AgentClaimsSpec {
     pub dir: Option<PathBuf>,
     /// The agent binary (`--agent-bin`); `None`: `csi-agent` next to csi-bench.
     pub agent_bin: Option<PathBuf>,
+    /// Arguments added to `csi-agent serve` (`--agent-arg`), e.g. `--controller-calls=8`.
+    pub agent_args: Vec<String>,
     /// The mock plugin binary (`--mock-bin`); `None`: `csi-mock-plugin` next to csi-bench.
     pub mock_bin: Option<PathBuf>,
 }
@@ -147,6 +154,8 @@ pub struct AgentClaimsLine {
     pub load1_end: Option<f64>,
     /// The agent binary run.
     pub agent: PathBuf,
+    /// The arguments added to `csi-agent serve` (`--agent-arg`), in order.
+    pub agent_args: Vec<String>,
 }
 
 impl AgentClaimsLine {
@@ -194,7 +203,7 @@ impl fmt::Display for AgentClaimsLine {
              claim_p50_ms={:.3} claim_p99_ms={:.3} release_p50_ms={:.3} release_p99_ms={:.3} \
              busy={} errors={} agent_cpu_ms_per_op={:.3} mock_cpu_ms_per_op={:.3} \
              bench_cpu_ms_per_op={:.3} agent_rss_mb_start={:.1} agent_rss_mb_end={:.1} \
-             load1_start={} load1_end={} agent={}",
+             load1_start={} load1_end={} agent={} agent_args={}",
             self.clients,
             self.secs,
             self.volumes_per_client,
@@ -214,7 +223,12 @@ impl fmt::Display for AgentClaimsLine {
             mib(self.agent_rss_end),
             load(self.load1_start),
             load(self.load1_end),
-            self.agent.display()
+            self.agent.display(),
+            if self.agent_args.is_empty() {
+                "-".to_owned()
+            } else {
+                self.agent_args.join(",")
+            }
         )
     }
 }
@@ -646,6 +660,7 @@ impl Client {
             workload: workload.to_owned(),
             mode: "write".to_owned(),
         };
+        let mut wait = BUSY_RETRY;
         loop {
             let sent = Instant::now();
             let answer = self
@@ -667,7 +682,8 @@ impl Client {
                     if done >= self.window.end {
                         return Claimed::Stopped;
                     }
-                    tokio::time::sleep(BUSY_RETRY).await;
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(BUSY_RETRY_MAX);
                 }
                 Err(e) => {
                     self.error(tally, "claim", volume, workload, &e);
@@ -824,7 +840,10 @@ async fn measure(
             "200ms".into(),
             "--log".into(),
             "warn".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(spec.agent_args.iter().map(Into::into))
+        .collect::<Vec<_>>(),
         dir.join("agent.log"),
         "agent",
     )?;
@@ -933,6 +952,7 @@ async fn measure(
         load1_start: first.load1,
         load1_end: last.load1,
         agent: agent_bin.to_path_buf(),
+        agent_args: spec.agent_args.clone(),
     })
 }
 
@@ -1077,6 +1097,7 @@ overlay /data overlay rw 0 0
             load1_start: Some(1.5),
             load1_end: None,
             agent: PathBuf::from("/x/csi-agent"),
+            agent_args: vec!["--controller-calls=8".into()],
         };
         assert_eq!(
             line.to_string(),
@@ -1084,7 +1105,8 @@ overlay /data overlay rw 0 0
              ops_per_s=2000.0 claim_p50_ms=1.500 claim_p99_ms=12.000 release_p50_ms=0.800 \
              release_p99_ms=5.000 busy=7 errors=0 agent_cpu_ms_per_op=0.500 \
              mock_cpu_ms_per_op=0.100 bench_cpu_ms_per_op=0.150 agent_rss_mb_start=20.0 \
-             agent_rss_mb_end=21.0 load1_start=1.50 load1_end=na agent=/x/csi-agent"
+             agent_rss_mb_end=21.0 load1_start=1.50 load1_end=na agent=/x/csi-agent \
+             agent_args=--controller-calls=8"
         );
         assert!(!line.failed());
         assert!(

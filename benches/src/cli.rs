@@ -230,6 +230,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub agent_bin: Option<PathBuf>,
 
+    /// `--agent-claims`: an argument added to `csi-agent serve`, e.g.
+    /// `--agent-arg=--controller-calls=8` (repeatable; shown in the line as `agent_args=`).
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_arg: Vec<String>,
+
     /// `--agent-claims`: the `csi-mock-plugin` binary (default: `csi-mock-plugin` next to
     /// csi-bench).
     #[arg(long, value_name = "PATH")]
@@ -586,6 +591,7 @@ impl Cli {
             dir: self.dir.clone(),
             agent_bin: self.agent_bin.clone(),
             mock_bin: self.mock_bin.clone(),
+            agent_args: self.agent_arg.clone(),
         }))
     }
 
@@ -612,6 +618,9 @@ impl Cli {
             if let Some(path) = value {
                 return Err(bad(flag, path.display(), only));
             }
+        }
+        if let Some(arg) = self.agent_arg.first() {
+            return Err(bad("agent-arg", arg, only));
         }
         Ok(())
     }
@@ -792,6 +801,7 @@ mod tests {
                 dir: None,
                 agent_bin: None,
                 mock_bin: None,
+                agent_args: Vec::new(),
             }))
         );
         match parse(&[

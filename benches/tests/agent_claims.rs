@@ -9,7 +9,7 @@ use std::process::Command;
 const EXE: &str = env!("CARGO_BIN_EXE_csi-bench");
 
 /// Every field of the line, in order, after `agent-claims`.
-const FIELDS: [&str; 20] = [
+const FIELDS: [&str; 21] = [
     "clients",
     "secs",
     "volumes_per_client",
@@ -30,10 +30,11 @@ const FIELDS: [&str; 20] = [
     "load1_start",
     "load1_end",
     "agent",
+    "agent_args",
 ];
 
 /// The fields that are not numbers (the load averages are, on Linux).
-const TEXT_FIELDS: [&str; 2] = ["fs", "agent"];
+const TEXT_FIELDS: [&str; 3] = ["fs", "agent", "agent_args"];
 
 /// The binaries the run starts must be next to csi-bench: `cargo test --workspace` builds
 /// them there (csi-agent's and csi-testkit's tests need them), `cargo test -p csi-benches`
@@ -100,6 +101,8 @@ fn agent_claims_prints_one_line_with_every_field_and_cleans_up() {
             "0",
             "--volumes-per-client",
             "2",
+            // Passed on to the agent, and shown in the line.
+            "--agent-arg=--controller-calls=2",
             "--dir",
         ])
         .arg(base.path())
@@ -125,6 +128,7 @@ fn agent_claims_prints_one_line_with_every_field_and_cleans_up() {
     assert_eq!(number(&fields, "secs"), 2.0, "{line}");
     assert_eq!(number(&fields, "volumes_per_client"), 2.0, "{line}");
     assert!(number(&fields, "ops") > 0.0, "{line}");
+    assert_eq!(fields["agent_args"], "--controller-calls=2", "{line}");
     assert_eq!(number(&fields, "errors"), 0.0, "{line}");
     assert!(
         !fields["fs"].is_empty() && fields["fs"] != "unknown",

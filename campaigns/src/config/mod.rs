@@ -132,6 +132,7 @@ fn set_arg(args: &mut ConfigArgs, key: &str, value: &Value) {
         "release_backoff_max" => args.release_backoff_max = Some(t),
         "node_detach_socket_wait" => args.node_detach_socket_wait = Some(t),
         "node_detach_attempts" => args.node_detach_attempts = Some(t),
+        "controller_calls" => args.controller_calls = Some(t),
         "log" => args.log = Some(t),
         "store" => args.store = Some(t),
         "store_prefix" => args.store_prefix = Some(t),

@@ -17,6 +17,7 @@
 //! ```
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -87,6 +88,10 @@ pub struct ConfigArgs {
     /// (default `1`, at most 10).
     #[arg(long, env = "CSI_AGENT_NODE_DETACH_ATTEMPTS")]
     pub node_detach_attempts: Option<String>,
+    /// How many `ControllerUnpublishVolume` calls of one plugin the release driver makes at
+    /// once (default `1`: one at a time, as many plugins expect; at most 64).
+    #[arg(long, env = "CSI_AGENT_CONTROLLER_CALLS")]
+    pub controller_calls: Option<String>,
     /// Log filter, e.g. `info` or `csi_agent=debug` (default `info`).
     #[arg(long, env = "CSI_AGENT_LOG")]
     pub log: Option<String>,
@@ -145,6 +150,7 @@ struct FileConfig {
     release_backoff_max: Option<String>,
     node_detach_socket_wait: Option<String>,
     node_detach_attempts: Option<u32>,
+    controller_calls: Option<u32>,
     log: Option<String>,
     store: Option<String>,
     store_prefix: Option<String>,
@@ -312,6 +318,8 @@ pub struct AgentConfig {
     pub release_backoff: BackoffPolicy,
     /// Socket wait and attempts of node detach calls.
     pub node_detach: NodeDetachPolicy,
+    /// `ControllerUnpublishVolume` calls per plugin at once.
+    pub controller_calls: NonZeroUsize,
     /// Log filter.
     pub log: String,
     /// Where volumes and claims live.
@@ -423,6 +431,37 @@ pub fn parse_duration(key: &'static str, text: &str) -> Result<Duration, ConfigE
         return Err(invalid(key, text, "must be at most 24h"));
     }
     Ok(d)
+}
+
+/// The most `controller_calls` accepts.
+pub const MAX_CONTROLLER_CALLS: u32 = 64;
+
+/// Parses `controller_calls`: a whole number from 1 to [`MAX_CONTROLLER_CALLS`].
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming `controller_calls`.
+pub fn parse_controller_calls(text: &str) -> Result<NonZeroUsize, ConfigError> {
+    let n: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| invalid("controller_calls", text, "expected a whole number, e.g. 1"))?;
+    check_controller_calls(n).map_err(|_| controller_calls_out_of_range(text))
+}
+
+fn check_controller_calls(n: u32) -> Result<NonZeroUsize, ()> {
+    if n > MAX_CONTROLLER_CALLS {
+        return Err(());
+    }
+    NonZeroUsize::new(n as usize).ok_or(())
+}
+
+fn controller_calls_out_of_range(text: &str) -> ConfigError {
+    invalid(
+        "controller_calls",
+        text,
+        format!("must be from 1 to {MAX_CONTROLLER_CALLS}"),
+    )
 }
 
 /// The key of [`NodeDetachPolicy::max_attempts`].
@@ -770,6 +809,12 @@ impl AgentConfig {
             },
             ..NodeDetachPolicy::DEFAULT
         };
+        let controller_calls = match (a.controller_calls, f.controller_calls) {
+            (Some(text), _) => parse_controller_calls(&text)?,
+            (None, Some(n)) => check_controller_calls(n)
+                .map_err(|()| controller_calls_out_of_range(&n.to_string()))?,
+            (None, None) => NonZeroUsize::MIN,
+        };
         if let StoreChoice::Etcd(_) = store {
             if !peers.is_empty() {
                 return Err(invalid(
@@ -790,6 +835,7 @@ impl AgentConfig {
             node_id,
             release_backoff,
             node_detach,
+            controller_calls,
             data_dir,
             plugin_dir,
             listen,
@@ -915,6 +961,35 @@ mod tests {
             bad(with(|a| a.node_detach_socket_wait = Some("0s".into()))),
             "node_detach_socket_wait"
         );
+    }
+
+    #[test]
+    fn controller_calls_default_to_one_and_are_bounded() {
+        let c = AgentConfig::merge(ConfigArgs::default(), FileConfig::default()).expect("valid");
+        assert_eq!(c.controller_calls.get(), 1);
+        let file: FileConfig = toml::from_str("controller_calls = 8\n").expect("valid toml");
+        let c = AgentConfig::merge(ConfigArgs::default(), file).expect("valid");
+        assert_eq!(c.controller_calls.get(), 8);
+        let flag = ConfigArgs {
+            controller_calls: Some("64".into()),
+            ..ConfigArgs::default()
+        };
+        let file: FileConfig = toml::from_str("controller_calls = 8\n").expect("valid toml");
+        let c = AgentConfig::merge(flag, file).expect("the maximum is allowed");
+        assert_eq!(c.controller_calls.get(), 64, "the flag wins");
+        for text in ["0", "65", "many", "-1", ""] {
+            let args = ConfigArgs {
+                controller_calls: Some(text.into()),
+                ..ConfigArgs::default()
+            };
+            let e = AgentConfig::merge(args, FileConfig::default()).unwrap_err();
+            let shown = e.to_string();
+            assert_eq!(key_of(e), "controller_calls", "{text:?}");
+            assert!(shown.contains("controller_calls"), "{shown}");
+        }
+        let file: FileConfig = toml::from_str("controller_calls = 0\n").expect("valid toml");
+        let e = AgentConfig::merge(ConfigArgs::default(), file).unwrap_err();
+        assert!(e.to_string().contains("from 1 to 64"), "{e}");
     }
 
     #[test]

@@ -288,6 +288,7 @@ pub async fn serve_until(
         machine: MachineConfig {
             backoff: config.release_backoff,
             duties: stores.duties.clone(),
+            controller_calls_per_plugin: config.controller_calls,
             ..MachineConfig::with_seed(hasher.finish())
         },
         call_timeout: config.call_timeout.saturating_mul(2),
