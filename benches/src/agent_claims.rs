@@ -111,7 +111,7 @@ impl AgentClaimsSpec {
 /// ```text
 /// agent-claims clients=32 secs=20 volumes_per_client=4 fs=tmpfs ops=… ops_per_s=… claim_p50_ms=…
 ///   claim_p99_ms=… release_p50_ms=… release_p99_ms=… busy=… errors=0 agent_cpu_ms_per_op=…
-///   mock_cpu_ms_per_op=… bench_cpu_ms_per_op=… agent_rss_mb_start=… agent_rss_mb_end=…
+///   mock_cpu_ms_per_op=… bench_cpu_ms_per_op=… agent_rss_mb_start=… agent_rss_mb_mid=… agent_rss_mb_end=…
 ///   load1_start=… load1_end=… agent=/path/to/csi-agent
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -146,6 +146,9 @@ pub struct AgentClaimsLine {
     pub bench_cpu_ticks: u64,
     /// The agent's resident memory when the measured period began, bytes.
     pub agent_rss_start: u64,
+    /// The agent's resident memory halfway through it, bytes: with the two others, whether
+    /// memory grows over the run or levelled off early.
+    pub agent_rss_mid: u64,
     /// The agent's resident memory when it ended, bytes.
     pub agent_rss_end: u64,
     /// The 1-minute load average when the measured period began (`None`: unreadable).
@@ -202,7 +205,7 @@ impl fmt::Display for AgentClaimsLine {
             "agent-claims clients={} secs={} volumes_per_client={} fs={} ops={} ops_per_s={:.1} \
              claim_p50_ms={:.3} claim_p99_ms={:.3} release_p50_ms={:.3} release_p99_ms={:.3} \
              busy={} errors={} agent_cpu_ms_per_op={:.3} mock_cpu_ms_per_op={:.3} \
-             bench_cpu_ms_per_op={:.3} agent_rss_mb_start={:.1} agent_rss_mb_end={:.1} \
+             bench_cpu_ms_per_op={:.3} agent_rss_mb_start={:.1} agent_rss_mb_mid={:.1} agent_rss_mb_end={:.1} \
              load1_start={} load1_end={} agent={} agent_args={}",
             self.clients,
             self.secs,
@@ -220,6 +223,7 @@ impl fmt::Display for AgentClaimsLine {
             self.cpu_ms_per_op(self.mock_cpu_ticks),
             self.cpu_ms_per_op(self.bench_cpu_ticks),
             mib(self.agent_rss_start),
+            mib(self.agent_rss_mid),
             mib(self.agent_rss_end),
             load(self.load1_start),
             load(self.load1_end),
@@ -899,6 +903,8 @@ async fn measure(
     );
     tokio::time::sleep_until(window.start).await;
     let first = Sample::take(&mut agent, &mut mock)?;
+    tokio::time::sleep_until(window.start + (window.end - window.start) / 2).await;
+    let mid = Sample::take(&mut agent, &mut mock)?;
     tokio::time::sleep_until(window.end).await;
     let last = Sample::take(&mut agent, &mut mock)?;
 
@@ -948,6 +954,7 @@ async fn measure(
         mock_cpu_ticks: last.mock_cpu.saturating_sub(first.mock_cpu),
         bench_cpu_ticks: last.bench_cpu.saturating_sub(first.bench_cpu),
         agent_rss_start: first.agent_rss,
+        agent_rss_mid: mid.agent_rss,
         agent_rss_end: last.agent_rss,
         load1_start: first.load1,
         load1_end: last.load1,
@@ -1093,6 +1100,7 @@ overlay /data overlay rw 0 0
             mock_cpu_ticks: 400,
             bench_cpu_ticks: 600,
             agent_rss_start: 20 << 20,
+            agent_rss_mid: 21 << 20,
             agent_rss_end: 21 << 20,
             load1_start: Some(1.5),
             load1_end: None,
@@ -1105,7 +1113,7 @@ overlay /data overlay rw 0 0
              ops_per_s=2000.0 claim_p50_ms=1.500 claim_p99_ms=12.000 release_p50_ms=0.800 \
              release_p99_ms=5.000 busy=7 errors=0 agent_cpu_ms_per_op=0.500 \
              mock_cpu_ms_per_op=0.100 bench_cpu_ms_per_op=0.150 agent_rss_mb_start=20.0 \
-             agent_rss_mb_end=21.0 load1_start=1.50 load1_end=na agent=/x/csi-agent \
+             agent_rss_mb_mid=21.0 agent_rss_mb_end=21.0 load1_start=1.50 load1_end=na agent=/x/csi-agent \
              agent_args=--controller-calls=8"
         );
         assert!(!line.failed());

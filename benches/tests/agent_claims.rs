@@ -9,7 +9,7 @@ use std::process::Command;
 const EXE: &str = env!("CARGO_BIN_EXE_csi-bench");
 
 /// Every field of the line, in order, after `agent-claims`.
-const FIELDS: [&str; 21] = [
+const FIELDS: [&str; 22] = [
     "clients",
     "secs",
     "volumes_per_client",
@@ -26,6 +26,7 @@ const FIELDS: [&str; 21] = [
     "mock_cpu_ms_per_op",
     "bench_cpu_ms_per_op",
     "agent_rss_mb_start",
+    "agent_rss_mb_mid",
     "agent_rss_mb_end",
     "load1_start",
     "load1_end",

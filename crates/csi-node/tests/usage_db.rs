@@ -9,47 +9,28 @@ use std::sync::atomic::Ordering;
 
 use csi_claims::store::{ClaimStore, RedbStore};
 use csi_client::Rpc;
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::Layout;
 use csi_node::state::{StateFileError, save_json};
 use csi_node::volumes::{
     MountRequest, StepState, UnmountRequest, UsageDb, UsageJson, UsageStore, VolumeError,
     VolumeManager,
 };
-use csi_structs::{
-    AccessMode, ExternalVolumeId, MountOptions, PublishContext, Secrets, VolumeCapability,
-    VolumeContext, VolumeId, WorkloadId,
-};
+use csi_structs::{AccessMode, MountOptions, VolumeCapability};
 use csi_testkit::disk::DiskFaults;
-use support::{GUARD, Plugin, create_and_attach, mock_plugin};
+use support::{
+    GUARD, Made, Plugin, create_and_attach, mock_plugin, mount_request, unmount_request,
+};
 
 fn capability() -> VolumeCapability {
     VolumeCapability::mount(AccessMode::SingleNodeMultiWriter, MountOptions::new())
 }
 
-type Volume = (VolumeId, ExternalVolumeId, PublishContext);
-
-fn mount(plugin: &Plugin, (volume, external, context): &Volume, workload: &str) -> MountRequest {
-    MountRequest {
-        plugin: plugin.id.clone(),
-        volume: volume.clone(),
-        external_id: external.clone(),
-        capability: capability(),
-        read_only: false,
-        workload: WorkloadId::new(workload).expect("id"),
-        publish_context: context.clone(),
-        volume_context: VolumeContext::new(),
-        secrets: Secrets::new().into(),
-    }
+fn mount(plugin: &Plugin, made: &Made, workload: &str) -> MountRequest {
+    mount_request(plugin, made, workload, &capability())
 }
 
-fn unmount(plugin: &Plugin, (volume, external, _): &Volume, workload: &str) -> UnmountRequest {
-    UnmountRequest {
-        plugin: plugin.id.clone(),
-        volume: volume.clone(),
-        external_id: external.clone(),
-        workload: WorkloadId::new(workload).expect("id"),
-        usage: Usage::of(&capability(), false),
-    }
+fn unmount(plugin: &Plugin, made: &Made, workload: &str) -> UnmountRequest {
+    unmount_request(plugin, made, workload, &capability())
 }
 
 /// A manager on the database `db` (file `file`), paths under `<dir>/node`.

@@ -22,7 +22,9 @@ use csi_structs::{
 };
 use csi_testkit::disk::StalledFile;
 use csi_testkit::{FaultStep, MockPlugin};
-use support::{GUARD, Plugin, create_and_attach, mock_plugin};
+use support::{
+    GUARD, Made, Plugin, create_and_attach, mock_plugin, mount_request, unmount_request,
+};
 
 /// The mock plugin; volumes are created on it and published to its node.
 struct Node {
@@ -56,36 +58,12 @@ impl Node {
         create_and_attach(&self.plugins, &self.id, name, &capability()).await
     }
 
-    fn mount(
-        &self,
-        (volume, external, context): &(VolumeId, ExternalVolumeId, PublishContext),
-        workload: &str,
-    ) -> MountRequest {
-        MountRequest {
-            plugin: self.id.clone(),
-            volume: volume.clone(),
-            external_id: external.clone(),
-            capability: capability(),
-            read_only: false,
-            workload: WorkloadId::new(workload).expect("id"),
-            publish_context: context.clone(),
-            volume_context: VolumeContext::new(),
-            secrets: Secrets::new().into(),
-        }
+    fn mount(&self, made: &Made, workload: &str) -> MountRequest {
+        mount_request(self, made, workload, &capability())
     }
 
-    fn unmount(
-        &self,
-        (volume, external, _): &(VolumeId, ExternalVolumeId, PublishContext),
-        workload: &str,
-    ) -> UnmountRequest {
-        UnmountRequest {
-            plugin: self.id.clone(),
-            volume: volume.clone(),
-            external_id: external.clone(),
-            workload: WorkloadId::new(workload).expect("id"),
-            usage: Usage::of(&capability(), false),
-        }
+    fn unmount(&self, made: &Made, workload: &str) -> UnmountRequest {
+        unmount_request(self, made, workload, &capability())
     }
 }
 

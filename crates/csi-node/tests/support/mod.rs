@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_client::{Endpoint, Rpc, proto};
-use csi_node::layout::Layout;
+use csi_node::layout::{Layout, Usage};
 use csi_node::plugins::{PluginEvent, PluginManager, PluginManagerConfig};
-use csi_node::volumes::VolumeManager;
+use csi_node::volumes::{MountRequest, UnmountRequest, VolumeManager};
 use csi_structs::{
     ExternalVolumeId, PluginId, PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId,
+    WorkloadId,
 };
 use csi_testkit::{FaultStep, MockPlugin, MockServer};
 
@@ -142,4 +143,43 @@ pub async fn create_and_attach(
         .await
         .expect("attached");
     (VolumeId::new(name).expect("id"), external, context)
+}
+
+/// A volume [`create_and_attach`] made: its ids and publish context.
+pub type Made = (VolumeId, ExternalVolumeId, PublishContext);
+
+/// A mount of `made` on `plugin` for `workload`, read-write, with `capability`.
+pub fn mount_request(
+    plugin: &Plugin,
+    (volume, external, context): &Made,
+    workload: &str,
+    capability: &VolumeCapability,
+) -> MountRequest {
+    MountRequest {
+        plugin: plugin.id.clone(),
+        volume: volume.clone(),
+        external_id: external.clone(),
+        capability: capability.clone(),
+        read_only: false,
+        workload: WorkloadId::new(workload).expect("id"),
+        publish_context: context.clone(),
+        volume_context: VolumeContext::new(),
+        secrets: Secrets::new().into(),
+    }
+}
+
+/// The unmount of what [`mount_request`] mounted.
+pub fn unmount_request(
+    plugin: &Plugin,
+    (volume, external, _): &Made,
+    workload: &str,
+    capability: &VolumeCapability,
+) -> UnmountRequest {
+    UnmountRequest {
+        plugin: plugin.id.clone(),
+        volume: volume.clone(),
+        external_id: external.clone(),
+        workload: WorkloadId::new(workload).expect("id"),
+        usage: Usage::of(capability, false),
+    }
 }
