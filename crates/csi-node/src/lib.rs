@@ -5,8 +5,9 @@
 //!   health-checked with csi-client, every transition a typed event, and a deadline-bounded
 //!   wait for a plugin to be usable.
 //! - [`volumes`]: the volume manager: stage once per volume, publish per workload, one
-//!   operation in flight per volume, usage records persisted (and restored on restart) so
-//!   the last unmount unstages, a failed mount undone before it returns (what the undo could
+//!   operation in flight per volume, usage records persisted one per volume (in a redb
+//!   table group-committed with the claims, [`UsageDb`](volumes::UsageDb), or a JSON file)
+//!   and restored on restart so the last unmount unstages, a failed mount undone before it returns (what the undo could
 //!   not do kept until cleaned up), node expansion. A restored record is a belief to
 //!   confirm, not a fact: the volume manager never skips a stage or publish on the strength
 //!   of a record it did not itself see succeed since it started, and

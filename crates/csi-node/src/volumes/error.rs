@@ -112,7 +112,7 @@ pub enum VolumeError {
         #[source]
         source: Box<VolumeError>,
     },
-    /// The usage file could not be written.
+    /// The usage records could not be written (their file, or the database they are kept in).
     #[error("volume {volume}: {source}")]
     Usage {
         /// The volume.

@@ -1,4 +1,4 @@
-//! Confirming the records restored from the usage file: [`VolumeManager::reconcile`].
+//! Confirming the usage records restored at open: [`VolumeManager::reconcile`].
 //!
 //! A record written before a restart says what was done then, not what holds now: after a
 //! host reboot the plugin comes back with nothing staged or published, whatever the file
@@ -9,7 +9,7 @@
 //! mount.
 //!
 //! What the record does not keep comes from the embedder, through a [`RestoreLookup`]: the
-//! secrets are never written to the usage file, and the capability, read-only flag and
+//! secrets are never written to the usage records, and the capability, read-only flag and
 //! volume context are the embedder's to say (it has them in its own records of the volume
 //! and the claim, the same ones it builds a [`MountRequest`] from). The lookup also says
 //! whether the workload still wants the volume: [`Restore::Republish`],
@@ -44,7 +44,7 @@ use super::{
 use crate::layout::Usage;
 use crate::state::StateFileError;
 
-/// A publication restored from the usage file that this process has not seen succeed: what
+/// A publication restored from the usage records that this process has not seen succeed: what
 /// the [`RestoreLookup`] is asked about.
 #[derive(Clone, Debug)]
 pub struct Restored {
@@ -72,7 +72,7 @@ pub struct Republish {
     pub read_only: bool,
     /// The volume's context.
     pub volume_context: VolumeContext,
-    /// The volume's secrets (never in the usage file): `NodeStageVolume` sends their
+    /// The volume's secrets (never in the usage records): `NodeStageVolume` sends their
     /// `NodeStage` set, `NodePublishVolume` their `NodePublish` set.
     pub secrets: VolumeSecrets,
 }
@@ -274,7 +274,7 @@ impl VolumeManager {
     /// The record keeps the ids, the staging path and target, and the volume's
     /// `publish_context` (sent again as recorded, so it matches what
     /// `ControllerPublishVolume` returned). What it does not keep comes from `lookup`: the
-    /// secrets, which are never written to the usage file, and the capability, read-only
+    /// secrets, which are never written to the usage records, and the capability, read-only
     /// flag and volume context, which the embedder has in its own records of the volume and
     /// the claim (the ones it builds a [`MountRequest`] from), so they are asked for rather
     /// than copied into the file (mount flags can carry credentials too). The lookup also

@@ -121,6 +121,9 @@ pub enum AgentError {
         step: &'static str,
         /// The error, naming the file.
         detail: String,
+        /// Whether it was the node's database (the usage records, kept in the claim store's
+        /// file or `node/node.redb`): answered as a store failure, like the claims'.
+        store: bool,
     },
     /// The cluster store failed (cluster mode).
     #[error(transparent)]
@@ -139,8 +142,8 @@ impl From<BookError> for AgentError {
 
 impl AgentError {
     /// The HTTP status, the kind and the class of the error answer. The agent's own
-    /// failures (`store`: the claim store or, in cluster mode, etcd; `local_io`: a state file
-    /// or directory under the data directory) are 503 with class `retry`, answered at once,
+    /// failures (`store`: the claim store, the node's usage records or, in cluster mode,
+    /// etcd; `local_io`: a state file or directory under the data directory) are 503 with class `retry`, answered at once,
     /// and never `plugin`.
     pub fn parts(&self) -> (u16, &'static str, Option<ErrorClass>) {
         match self {
@@ -154,6 +157,7 @@ impl AgentError {
             }
             AgentError::Claims(_) => (409, "claim", None),
             AgentError::Plugin { class, kind, .. } => (502, kind, Some(*class)),
+            AgentError::Local { store: true, .. } => (503, "store", Some(ErrorClass::Retry)),
             AgentError::State(_) | AgentError::Local { .. } => {
                 (503, "local_io", Some(ErrorClass::Retry))
             }
@@ -213,9 +217,12 @@ impl AgentError {
     fn node(step: &'static str, e: &VolumeError) -> AgentError {
         // Our own disk: the usage records or a directory could not be written.
         if let VolumeError::Dir { .. } | VolumeError::Usage { .. } = e {
+            let store = matches!(e, VolumeError::Usage { source, .. }
+                if matches!(**source, StateFileError::Store { .. }));
             return AgentError::Local {
                 step,
                 detail: e.to_string(),
+                store,
             };
         }
         if let VolumeError::Path(p) = e {
@@ -2130,14 +2137,36 @@ mod tests {
             path: "/data/volumes.json".into(),
             source: std::io::Error::from_raw_os_error(28),
         });
-        let local = AgentError::Local {
-            step: "mount",
-            detail: "volume v: state in /data/claims.redb: claim store redb /data/claims.redb failed to commit: No space left on device".into(),
-        };
-        for e in [&state, &local] {
+        let dir = AgentError::node(
+            "mount",
+            &VolumeError::Dir {
+                volume: vid("v"),
+                action: "create",
+                path: "/data/node/staging/v".into(),
+                source: Arc::new(std::io::Error::from_raw_os_error(28)),
+            },
+        );
+        for e in [&state, &dir] {
             assert_eq!(e.parts(), (503, "local_io", Some(ErrorClass::Retry)), "{e}");
             assert!(!e.to_string().contains("plugin"), "{e}");
         }
+        // The usage records in the node's database: a store failure, as the claims' are.
+        let usage = AgentError::node(
+            "mount",
+            &VolumeError::Usage {
+                volume: vid("v"),
+                source: Arc::new(StateFileError::Store {
+                    path: "/data/claims.redb".into(),
+                    detail: "claim store redb /data/claims.redb failed to commit".into(),
+                }),
+            },
+        );
+        assert_eq!(
+            usage.parts(),
+            (503, "store", Some(ErrorClass::Retry)),
+            "{usage}"
+        );
+        assert!(usage.to_string().contains("/data/claims.redb"), "{usage}");
         // A refused claim is still the caller's business, not a failure of ours.
         let denied = AgentError::Claims(DriverError::Claim(csi_claims::ClaimError::Reloading {
             volume: vid("v"),
