@@ -177,8 +177,7 @@ impl RedbStore {
     ///
     /// [`StoreError::Redb`] naming the file when it cannot be opened or created (for example
     /// because another process has it open), when it is empty, or when it is damaged (also
-    /// when redb panics reading it, as it does on some damaged files), or when its writer
-    /// thread cannot be started.
+    /// when redb panics reading it, as it does on some damaged files).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path: PathBuf = path.as_ref().to_path_buf();
         let name = format!("redb {}", path.display());
@@ -203,8 +202,7 @@ impl RedbStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redb`] when `open` fails, the table cannot be created or the writer
-    /// thread cannot be started.
+    /// [`StoreError::Redb`] when `open` fails or the table cannot be created.
     pub fn with_opener(
         name: impl Into<String>,
         open: impl Fn() -> Result<Database, redb::DatabaseError> + Send + Sync + 'static,
@@ -225,8 +223,7 @@ impl RedbStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redb`] when the table cannot be created or the writer thread cannot be
-    /// started.
+    /// [`StoreError::Redb`] when the table cannot be created.
     pub fn from_database(db: Database) -> Result<Self, StoreError> {
         let name = "redb (a database opened by the caller)".to_owned();
         create_table(&name, &db)?;
@@ -428,10 +425,11 @@ impl Shared {
             let answers: Vec<Result<Option<Version>, StoreError>> = match outcome {
                 Ok(answers) => answers,
                 Err(failed) => {
+                    let why = crate::error::error_chain(&failed);
                     let mut failed = Some(failed);
                     batch
                         .iter()
-                        .map(|_| Err(failed.take().unwrap_or_else(|| shared.copy_error())))
+                        .map(|_| Err(failed.take().unwrap_or_else(|| shared.copy_error(&why))))
                         .collect()
                 }
             };
@@ -453,18 +451,13 @@ impl Shared {
         }
     }
 
-    /// The error of a failed batch for a write other than the first: the database said why
-    /// once; the others are told the commit failed, naming the store.
-    fn copy_error(&self) -> StoreError {
-        StoreError::Redb {
-            store: self.name.clone(),
-            operation: "commit",
-            source: Box::new(redb::Error::Corrupted(
-                "the transaction this write was committed in failed (see the first error of \
-                 the batch); whether it landed is unknown"
-                    .to_owned(),
-            )),
-        }
+    /// The error of a failed batch for a write other than the first, which got the
+    /// database's own error: the same cause, in words (`why`).
+    fn copy_error(&self, why: &str) -> StoreError {
+        self.unavailable(format!(
+            "the transaction this write was committed in failed ({why}); whether it landed is \
+             unknown"
+        ))
     }
 
     /// One transaction with every write of the batch; each answer in the batch's order. A
