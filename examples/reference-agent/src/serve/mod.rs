@@ -486,8 +486,7 @@ pub async fn serve_until(
 /// csi-node's volume manager as the agent keeps it: paths under `<data_dir>/node`
 /// (`staging/<volume>`, `per-workload/<workload>/<volume>/<usage>`), usage records in `db`
 /// (its file `db_file`; one record per volume, group-committed with the claims when `db` is
-/// the claim store),
-/// plugins from the agent's plugin manager. The records of an older version's
+/// the claim store), plugins from the agent's plugin manager. The records of an older version's
 /// `<data_dir>/node/usage.json` move into `db` once, and the file is renamed
 /// `usage.json.migrated`. Blocks on the disk.
 ///
