@@ -8,13 +8,14 @@
 //! `POST /v1/volumes/{id}/claim` for a fresh workload (mode `write`), then
 //! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim answered
 //! 409 (the volume still being released from the previous round) is asked again 1 ms later,
-//! the wait doubling up to 16 ms while it stays busy, and counted as `busy`; any other error answer is counted in `errors` (the first one
-//! printed on stderr) and the client goes on.
+//! the wait doubling up to 16 ms while it stays busy, and counted as `busy`; any other error
+//! answer is counted in `errors` (the first one printed on stderr) and the client goes on.
+//! `--agent-arg` adds arguments to `csi-agent serve` (`--controller-calls=8`, say).
 //!
 //! Over the measured period only (after `--warmup-secs`), the run counts ops (acknowledged
 //! claims and releases), their latencies, the CPU time of the agent, the mock and the bench
-//! process (`/proc/<pid>/stat`), the agent's resident memory at both ends and the 1-minute
-//! load average at both ends, and prints one [`AgentClaimsLine`].
+//! process (`/proc/<pid>/stat`), the agent's resident memory at both ends and halfway, and
+//! the 1-minute load average at both ends, and prints one [`AgentClaimsLine`].
 //!
 //! Everything the run starts is killed (SIGKILL) and its directory removed when it ends,
 //! whether it succeeded, failed or was interrupted with Ctrl-C.
@@ -111,8 +112,8 @@ impl AgentClaimsSpec {
 /// ```text
 /// agent-claims clients=32 secs=20 volumes_per_client=4 fs=tmpfs ops=… ops_per_s=… claim_p50_ms=…
 ///   claim_p99_ms=… release_p50_ms=… release_p99_ms=… busy=… errors=0 agent_cpu_ms_per_op=…
-///   mock_cpu_ms_per_op=… bench_cpu_ms_per_op=… agent_rss_mb_start=… agent_rss_mb_mid=… agent_rss_mb_end=…
-///   load1_start=… load1_end=… agent=/path/to/csi-agent
+///   mock_cpu_ms_per_op=… bench_cpu_ms_per_op=… agent_rss_mb_start=… agent_rss_mb_mid=…
+///   agent_rss_mb_end=… load1_start=… load1_end=… agent=/path/to/csi-agent agent_args=-
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentClaimsLine {

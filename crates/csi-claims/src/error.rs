@@ -56,7 +56,8 @@ impl Error {
                 StoreError::WrongKey { .. }
                 | StoreError::TooLarge { .. }
                 | StoreError::Decode { .. }
-                | StoreError::Encode { .. } => ErrorClass::Fatal,
+                | StoreError::Encode { .. }
+                | StoreError::TableName { .. } => ErrorClass::Fatal,
             },
             Error::Driver(e) => match e {
                 DriverError::Claim(c) => c.class(),
@@ -113,7 +114,12 @@ impl ReleaseError {
 }
 
 /// An error and its sources on one line (`outer: cause: root cause`), for logs and statuses.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+///
+/// ```
+/// let e = std::io::Error::other("disk full");
+/// assert_eq!(csi_claims::error::error_chain(&e), "disk full");
+/// ```
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -337,11 +337,22 @@ async fn synced_past(disk: &Disk, syncs: u64) {
     until(|| async { (disk.syncs.load(Ordering::SeqCst) > syncs).then_some(()) }).await;
 }
 
+/// Stalls the disk under a compare-and-swap of a new record of `volume`, started here: returns
+/// its task once its commit has reached the disk's sync, where it waits until
+/// `disk.stalls` is cleared.
+async fn stalled_under(store: &RedbStore, disk: &Disk, volume: &str) -> Swap {
+    disk.stalls.store(true, Ordering::SeqCst);
+    let before = disk.syncs.load(Ordering::SeqCst);
+    let first = swap_new(store, volume);
+    synced_past(disk, before).await;
+    first
+}
+
+/// A compare-and-swap on a task of its own.
+type Swap = tokio::task::JoinHandle<Result<Option<csi_claims::Version>, StoreError>>;
+
 /// Starts a compare-and-swap of a new record of `volume` on a task of its own.
-fn swap_new(
-    store: &RedbStore,
-    volume: &str,
-) -> tokio::task::JoinHandle<Result<Option<csi_claims::Version>, StoreError>> {
+fn swap_new(store: &RedbStore, volume: &str) -> Swap {
     let (store, (id, record)) = (store.clone(), support::a_record(volume));
     tokio::spawn(async move { store.compare_and_swap(&id, None, Some(&record)).await })
 }
@@ -357,10 +368,8 @@ async fn writes_queued_behind_a_commit_share_the_next_one() {
     assert!(per_commit >= 1, "a commit syncs");
 
     // The disk stalls under a first write; 63 more are asked for meanwhile.
-    disk.stalls.store(true, Ordering::SeqCst);
     let before = disk.syncs.load(Ordering::SeqCst);
-    let first = swap_new(&store, "v-first");
-    synced_past(&disk, before).await;
+    let first = stalled_under(&store, &disk, "v-first").await;
     let queued: Vec<_> = (0..63)
         .map(|i| swap_new(&store, &format!("v{i}")))
         .collect();
@@ -391,10 +400,7 @@ async fn a_stale_write_in_a_batch_is_refused_alone_and_a_stalled_commit_holds_up
         .await
         .unwrap();
 
-    disk.stalls.store(true, Ordering::SeqCst);
-    let before = disk.syncs.load(Ordering::SeqCst);
-    let first = swap_new(&store, "first");
-    synced_past(&disk, before).await;
+    let first = stalled_under(&store, &disk, "first").await;
     // The commit under way holds up no read: the record written before is there.
     let read = guard(store.load(&stale_id)).await.unwrap().unwrap();
     assert_eq!(Some(read.version), stored);
@@ -431,10 +437,7 @@ async fn a_failed_commit_fails_every_write_of_its_batch_naming_the_file() {
     let (store, disk) = store_on_full_disk(&path);
     let records = store.records("node.usage").unwrap();
 
-    disk.stalls.store(true, Ordering::SeqCst);
-    let before = disk.syncs.load(Ordering::SeqCst);
-    let first = swap_new(&store, "first");
-    synced_past(&disk, before).await;
+    let first = stalled_under(&store, &disk, "first").await;
     // A claim and a record of another table queue behind it; then the disk fills up.
     let claim = swap_new(&store, "second");
     let record = {
@@ -478,6 +481,10 @@ async fn records_of_another_table_are_kept_beside_the_claims_and_survive_a_reope
         let refused = store.records("csi_claims.volumes").unwrap_err();
         assert!(
             refused.to_string().contains("csi_claims.volumes"),
+            "{refused}"
+        );
+        assert!(
+            refused.is_permanent() && !refused.is_unavailable(),
             "{refused}"
         );
         assert!(store.records("").is_err());

@@ -18,9 +18,11 @@
 //! [`writes_under_way`] lists the writes in progress with their age.
 //!
 //! The plugin manager and the volume manager keep what they last wrote in memory and hold
-//! that memory's lock only to copy or replace it: their changes take turns on a lock of their
-//! own, held across the write, so a reader (a status page, a lookup before a call) never waits
-//! on the disk.
+//! that memory's lock only to copy or replace it, so a reader (a status page, a lookup before
+//! a call) never waits on the disk. The plugin manager's changes, and the volume manager's
+//! when its records are a JSON file ([`UsageJson`](crate::volumes::UsageJson)), take turns on
+//! a lock of their own held across the write; in a database
+//! ([`UsageDb`](crate::volumes::UsageDb)) changes of different volumes do not take turns.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

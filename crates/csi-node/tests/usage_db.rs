@@ -221,3 +221,57 @@ async fn a_full_disk_fails_the_mount_before_any_stage_naming_the_file_and_it_wor
     );
     assert_eq!(volumes.records().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_do_not_wait_for_a_stalled_commit_of_the_usage_records() {
+    let plugin = mock_plugin().await;
+    let file = plugin.dir.path().join("node.redb");
+    let disk = DiskFaults::default();
+    let db =
+        RedbStore::with_opener(format!("redb {}", file.display()), disk.opener(&file)).expect("db");
+    let volumes = manager(&plugin, &db, &file);
+    let db_volume = create_and_attach(&plugin.plugins, &plugin.id, "db", &capability()).await;
+    let logs = create_and_attach(&plugin.plugins, &plugin.id, "logs", &capability()).await;
+    guarded(volumes.mount(&mount(&plugin, &db_volume, "w")))
+        .await
+        .expect("mounted");
+
+    // The disk stalls as logs' mount records its user.
+    disk.stalls.store(true, Ordering::SeqCst);
+    let before = disk.syncs.load(Ordering::SeqCst);
+    let mounting = tokio::spawn({
+        let (volumes, request) = (volumes.clone(), mount(&plugin, &logs, "w"));
+        async move { volumes.mount(&request).await }
+    });
+    guarded(async {
+        while disk.syncs.load(Ordering::SeqCst) == before {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // The readers answer from what was last written, without waiting for the commit.
+    let records = volumes.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].volume, "db");
+    let w = csi_structs::WorkloadId::new("w").expect("id");
+    assert!(volumes.published(&db_volume.0, &w).is_some());
+    assert!(volumes.published(&logs.0, &w).is_none());
+    assert!(
+        plugin
+            .mock
+            .calls()
+            .all()
+            .iter()
+            .all(|c| c.rpc != Rpc::NodeStageVolume
+                || c.volume_id.as_deref() != Some(logs.1.as_str())),
+        "logs was staged before its record was durable"
+    );
+
+    // The disk answers: the mount goes on and its record is there.
+    disk.stalls.store(false, Ordering::SeqCst);
+    guarded(mounting)
+        .await
+        .expect("the mount task")
+        .expect("mounted");
+    assert_eq!(volumes.records().len(), 2);
+}

@@ -227,6 +227,20 @@ pub enum StoreError {
         /// What the store holds instead, or why the step was refused before reaching it.
         detail: String,
     },
+    /// A table of records ([`RedbStore::records`]) was asked for by a name the store cannot
+    /// give one: empty, longer than 255 bytes, or the claims' own table.
+    #[error(
+        "claim store {store}: a table of records must be named by 1 to 255 bytes other than \
+         the claims' own {claims:?}; {table:?} is not"
+    )]
+    TableName {
+        /// Which store: `redb` and its file.
+        store: String,
+        /// The name asked for.
+        table: String,
+        /// The claims' own table, which is refused.
+        claims: &'static str,
+    },
     /// The store failed earlier and refuses calls until it works again (a [`RedbStore`]
     /// closed after an I/O error, until it is opened again): nothing was read or written.
     #[error("claim store {store} is unavailable: {reason}")]
@@ -259,7 +273,10 @@ impl StoreError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            StoreError::TooLarge { .. } | StoreError::Encode { .. } | StoreError::WrongKey { .. }
+            StoreError::TooLarge { .. }
+                | StoreError::Encode { .. }
+                | StoreError::WrongKey { .. }
+                | StoreError::TableName { .. }
         )
     }
 

@@ -322,15 +322,15 @@ impl RedbStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unavailable`] when `table` is empty, longer than 255 bytes, or the claims'
+    /// [`StoreError::TableName`] when `table` is empty, longer than 255 bytes, or the claims'
     /// own table.
     pub fn records(&self, table: &str) -> Result<RedbRecords, StoreError> {
         if table.is_empty() || table.len() > 255 || table == VOLUMES_TABLE {
-            return Err(self.inner.unavailable(format!(
-                "a table of records must be named by 1 to 255 bytes other than {:?}; {table:?} \
-                 is not",
-                VOLUMES_TABLE
-            )));
+            return Err(StoreError::TableName {
+                store: self.inner.name.clone(),
+                table: table.chars().take(300).collect(),
+                claims: VOLUMES_TABLE,
+            });
         }
         Ok(RedbRecords {
             store: self.clone(),

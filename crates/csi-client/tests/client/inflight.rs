@@ -8,18 +8,13 @@ use std::time::Duration;
 use csi_client::{CallsInFlight, CsiClient, Rpc, Waiting, proto};
 use csi_structs::ExternalVolumeId;
 
-use crate::support::{Mock, eventually, fast_policies, guard};
+use crate::support::{Mock, eventually, fast_policies, guard, mount_capability};
 
 fn stage(volume: &str) -> proto::NodeStageVolumeRequest {
     proto::NodeStageVolumeRequest {
         volume_id: volume.into(),
         staging_target_path: format!("/staging/{volume}"),
-        volume_capability: Some(proto::VolumeCapability {
-            access_mode: Some(proto::volume_capability::AccessMode { mode: 1 }),
-            access_type: Some(proto::volume_capability::AccessType::Mount(
-                Default::default(),
-            )),
-        }),
+        volume_capability: Some(mount_capability()),
         ..Default::default()
     }
 }

@@ -6,19 +6,14 @@ use std::time::Duration;
 
 use csi_client::{Code, DeadlineScope, ErrorClass, ErrorKind, RetryBudget, Rpc, proto};
 
-use crate::support::{Mock, guard};
+use crate::support::{Mock, guard, mount_capability};
 
 fn publish_request() -> proto::NodePublishVolumeRequest {
     proto::NodePublishVolumeRequest {
         volume_id: "vol-1".into(),
         staging_target_path: "/staging/vol-1".into(),
         target_path: "/pods/p1/vol-1".into(),
-        volume_capability: Some(proto::VolumeCapability {
-            access_mode: Some(proto::volume_capability::AccessMode { mode: 1 }),
-            access_type: Some(proto::volume_capability::AccessType::Mount(
-                Default::default(),
-            )),
-        }),
+        volume_capability: Some(mount_capability()),
         ..Default::default()
     }
 }

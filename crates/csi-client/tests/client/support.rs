@@ -289,3 +289,12 @@ pub(crate) fn plugin() -> csi_testkit::MockPlugin {
         .build()
         .expect("test invariant: the default mock config is valid")
 }
+
+/// A single-node-writer mount capability, as the wire carries it.
+pub(crate) fn mount_capability() -> csi_client::proto::VolumeCapability {
+    use csi_client::proto::volume_capability::{AccessMode, AccessType};
+    csi_client::proto::VolumeCapability {
+        access_mode: Some(AccessMode { mode: 1 }),
+        access_type: Some(AccessType::Mount(Default::default())),
+    }
+}

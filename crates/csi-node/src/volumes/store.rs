@@ -192,20 +192,8 @@ fn encode(file: &Path, key: &str, entry: &VolumeEntry) -> Result<Vec<u8>, StateF
 fn store_error(file: &Path, e: &StoreError) -> StateFileError {
     StateFileError::Store {
         path: file.to_owned(),
-        detail: chain(e),
+        detail: csi_claims::error::error_chain(e),
     }
-}
-
-/// An error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[async_trait::async_trait]
