@@ -244,10 +244,12 @@ pub(crate) async fn run_ops(
                     .await
                     .map_err(|e| e.to_string())?;
                 let key = usage::key(&plugin, &volume);
+                let external_id =
+                    ExternalVolumeId::new(format!("ext-v{v}")).map_err(|e| e.to_string())?;
                 let record = usage.entry(key.clone()).or_insert_with(|| VolumeEntry {
-                    plugin: PLUGIN.into(),
-                    volume: volume.to_string(),
-                    external_id: format!("ext-v{v}"),
+                    plugin: plugin.clone(),
+                    volume: volume.clone(),
+                    external_id,
                     staging: None,
                     stage: None,
                     users: BTreeMap::new(),
@@ -255,7 +257,7 @@ pub(crate) async fn run_ops(
                     publish_context: None,
                 });
                 record.users.insert(
-                    workload.to_string(),
+                    workload.clone(),
                     UserEntry {
                         target: PathBuf::from(format!("/pods/{workload}/{volume}")),
                         publish: StepState::Done,
@@ -323,9 +325,9 @@ pub(crate) fn read_usage(path: &Path) -> Read<BTreeSet<(usize, usize)>> {
         .map_err(|e| e.to_string())?;
     let mut out = BTreeSet::new();
     for entry in usage.values() {
-        let v = index_of(&entry.volume, 'v')?;
+        let v = index_of(entry.volume.as_str(), 'v')?;
         for user in entry.users.keys() {
-            out.insert((v, index_of(user, 'w')?));
+            out.insert((v, index_of(user.as_str(), 'w')?));
         }
     }
     Ok(out)

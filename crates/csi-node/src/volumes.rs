@@ -261,11 +261,11 @@ pub enum PendingStep {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     /// The plugin.
-    pub plugin: String,
+    pub plugin: PluginId,
     /// The volume.
-    pub volume: String,
+    pub volume: VolumeId,
     /// The workload, for a publish.
-    pub workload: Option<String>,
+    pub workload: Option<WorkloadId>,
     /// Which step.
     pub step: PendingStep,
     /// The staging path or target (host side).
@@ -318,7 +318,7 @@ struct Confirmed {
     /// Keys of volumes staged by this process.
     staged: BTreeSet<String>,
     /// `(key, workload)` published by this process.
-    published: BTreeSet<(String, String)>,
+    published: BTreeSet<(String, WorkloadId)>,
 }
 
 impl std::fmt::Debug for VolumeManager {
@@ -467,16 +467,16 @@ impl VolumeManager {
     }
 
     /// Whether this process saw the workload's publish succeed (and not undone since).
-    fn publish_confirmed(&self, key: &str, workload: &str) -> bool {
+    fn publish_confirmed(&self, key: &str, workload: &WorkloadId) -> bool {
         self.confirmed()
             .published
-            .contains(&(key.to_owned(), workload.to_owned()))
+            .contains(&(key.to_owned(), workload.clone()))
     }
 
     /// Records what this process just saw: `Some(true)` a step succeeded, `Some(false)` it
     /// failed or was undone (so it is not trusted any more); `workload` names a publish,
     /// `None` the volume's stage.
-    fn confirm(&self, key: &str, workload: Option<&str>, succeeded: bool) {
+    fn confirm(&self, key: &str, workload: Option<&WorkloadId>, succeeded: bool) {
         let mut confirmed = self.confirmed();
         match (workload, succeeded) {
             (None, true) => {
@@ -486,10 +486,10 @@ impl VolumeManager {
                 confirmed.staged.remove(key);
             }
             (Some(w), true) => {
-                confirmed.published.insert((key.to_owned(), w.to_owned()));
+                confirmed.published.insert((key.to_owned(), w.clone()));
             }
             (Some(w), false) => {
-                confirmed.published.remove(&(key.to_owned(), w.to_owned()));
+                confirmed.published.remove(&(key.to_owned(), w.clone()));
             }
         }
     }
@@ -556,9 +556,9 @@ impl VolumeManager {
         let (staging, staged, target, was_published) = self
             .change(&req.volume, &key, |slot| {
                 let entry = slot.get_or_insert_with(|| VolumeEntry {
-                    plugin: req.plugin.to_string(),
-                    volume: req.volume.to_string(),
-                    external_id: req.external_id.to_string(),
+                    plugin: req.plugin.clone(),
+                    volume: req.volume.clone(),
+                    external_id: req.external_id.clone(),
                     staging: None,
                     stage: None,
                     users: BTreeMap::new(),
@@ -577,11 +577,11 @@ impl VolumeManager {
                 }
                 let was_published = entry
                     .users
-                    .get(req.workload.as_str())
+                    .get(&req.workload)
                     .is_some_and(|u| u.publish == StepState::Done);
                 let user = entry
                     .users
-                    .entry(req.workload.to_string())
+                    .entry(req.workload.clone())
                     .or_insert_with(|| UserEntry {
                         target: target.clone(),
                         publish: StepState::Started,
@@ -648,13 +648,13 @@ impl VolumeManager {
                 })
                 .await;
             let state = step_state(&result);
-            self.confirm(&key, Some(req.workload.as_str()), result.is_ok());
+            self.confirm(&key, Some(&req.workload), result.is_ok());
             self.change(&req.volume, &key, |slot| {
                 if let Some(e) = slot {
                     if restaged {
                         e.stage = Some(StepState::Done);
                     }
-                    if let Some(u) = e.users.get_mut(req.workload.as_str()) {
+                    if let Some(u) = e.users.get_mut(&req.workload) {
                         u.publish = state;
                     }
                 }
@@ -764,7 +764,7 @@ impl VolumeManager {
             .target_path(&req.volume, &req.workload, &req.usage)?;
         let recorded = self
             .entry(&key)
-            .and_then(|e| e.users.get(req.workload.as_str()).map(|u| u.target.clone()));
+            .and_then(|e| e.users.get(&req.workload).map(|u| u.target.clone()));
         // The target the mount recorded, whatever the request says about the usage: mount
         // and unmount must agree on the path.
         let target = recorded.clone().unwrap_or(computed);
@@ -783,7 +783,7 @@ impl VolumeManager {
                 }
                 Err(source) => {
                     // The publication is not known to be whole any more.
-                    self.confirm(&key, Some(req.workload.as_str()), false);
+                    self.confirm(&key, Some(&req.workload), false);
                     return Err(VolumeError::Call {
                         step: "NodeUnpublishVolume",
                         volume: req.volume.clone(),
@@ -793,14 +793,14 @@ impl VolumeManager {
                 }
             }
             unpublished = true;
-            self.confirm(&key, Some(req.workload.as_str()), false);
+            self.confirm(&key, Some(&req.workload), false);
             // The plugin removes the target; the empty directories made above it go too. A
             // removal that fails (a target still mounted, say) keeps the record, so the
             // unmount is retried rather than forgetting a publication.
             self.remove_dirs(&target, &self.inner.layout.workload_root(), &req.volume)?;
             self.change(&req.volume, &key, |slot| {
                 if let Some(e) = slot {
-                    e.users.remove(req.workload.as_str());
+                    e.users.remove(&req.workload);
                 }
             })
             .await?;
@@ -1024,8 +1024,8 @@ impl VolumeManager {
         let usage = self.usage();
         usage
             .values()
-            .filter(|e| e.volume == volume.as_str())
-            .find_map(|e| e.users.get(workload.as_str()).map(|u| u.target.clone()))
+            .filter(|e| &e.volume == volume)
+            .find_map(|e| e.users.get(workload).map(|u| u.target.clone()))
     }
 
     /// Every usage record: one per volume (and plugin) staged or published here.
@@ -1035,7 +1035,7 @@ impl VolumeManager {
     }
 
     /// Publications per plugin on this node.
-    pub fn in_use(&self) -> BTreeMap<String, u64> {
+    pub fn in_use(&self) -> BTreeMap<PluginId, u64> {
         let mut out = BTreeMap::new();
         for e in self.records() {
             *out.entry(e.plugin.clone()).or_default() += e.users.len() as u64;

@@ -199,7 +199,7 @@ async fn a_reopened_manager_knows_who_uses_what() {
     assert_eq!(volumes.in_use().get("mock"), Some(&3));
     let pending = volumes.uncertain();
     assert_eq!(pending.len(), 1, "{pending:?}");
-    assert_eq!(pending[0].workload.as_deref(), Some("w3"));
+    assert_eq!(pending[0].workload.as_ref().map(|w| w.as_str()), Some("w3"));
     assert_eq!(pending[0].state, StepState::Uncertain);
     let w1 = WorkloadId::new("w1").expect("id");
     assert_eq!(

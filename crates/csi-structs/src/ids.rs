@@ -132,6 +132,14 @@ macro_rules! id_type {
             }
         }
 
+        /// Maps and sets keyed by the id can be looked up with a `&str`: the id compares,
+        /// orders and hashes as its string does.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
                 self.0 == *other
@@ -240,6 +248,19 @@ mod tests {
     fn custom_field_name() {
         let err = ExternalVolumeId::new_at("", &FieldPath::named("source_volume_id")).unwrap_err();
         assert_eq!(err.violations()[0].field.to_string(), "source_volume_id");
+    }
+
+    #[test]
+    fn maps_keyed_by_ids_are_looked_up_with_a_str() {
+        let mut by_workload = std::collections::BTreeMap::new();
+        by_workload.insert(WorkloadId::new("w1").unwrap(), 1);
+        by_workload.insert(WorkloadId::new("w2").unwrap(), 2);
+        assert_eq!(by_workload.get("w2"), Some(&2));
+        assert_eq!(by_workload.get("w3"), None);
+        let plugins: std::collections::HashSet<PluginId> =
+            [PluginId::new("mock").unwrap()].into_iter().collect();
+        assert!(plugins.contains("mock"));
+        assert!(!plugins.contains("mock2"));
     }
 
     #[test]

@@ -83,7 +83,11 @@ impl NodeDetacher for VolumeNodeDetacher {
                 format!(
                     "volume {} is not unstaged: still published here for workload(s) {}",
                     request.volume,
-                    left.users.keys().cloned().collect::<Vec<_>>().join(", ")
+                    left.users
+                        .keys()
+                        .map(csi_structs::WorkloadId::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             )),
         }

@@ -30,7 +30,6 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use csi_structs::{
     AccessMode, AccessTypeKind, ExternalVolumeId, PluginId, VolumeCapability, VolumeContext,
@@ -42,7 +41,6 @@ use super::{
     Ids, MountRequest, UnmountRequest, Unmounted, VolumeError, VolumeEvent, VolumeManager,
 };
 use crate::layout::Usage;
-use crate::state::StateFileError;
 
 /// A publication restored from the usage records that this process has not seen succeed: what
 /// the [`RestoreLookup`] is asked about.
@@ -345,17 +343,7 @@ impl VolumeManager {
     ) -> Vec<Reconciliation> {
         let mounted = |path: Option<&Path>| Some(mounts?.contains(path?));
         let staging_mounted = mounted(entry.staging.as_deref());
-        // Ids were checked when the file was loaded; the plugin's volume id was not.
-        let (plugin, volume) = match (
-            PluginId::new(entry.plugin.clone()),
-            VolumeId::new(entry.volume.clone()),
-        ) {
-            (Ok(p), Ok(v)) => (p, v),
-            _ => {
-                tracing::warn!(key = %key, "usage record with ids that are not ids skipped");
-                return Vec::new();
-            }
-        };
+        let (plugin, volume) = (entry.plugin.clone(), entry.volume.clone());
         let item = |workload: Option<WorkloadId>, publish, target, outcome| Reconciliation {
             plugin: plugin.clone(),
             volume: volume.clone(),
@@ -368,27 +356,7 @@ impl VolumeManager {
             },
             outcome,
         };
-        let unusable = |what: String| {
-            ReconcileOutcome::Failed(VolumeError::Usage {
-                volume: volume.clone(),
-                source: Arc::new(StateFileError::Record {
-                    path: self.inner.store.path().to_owned(),
-                    key: key.to_owned(),
-                    reason: what,
-                }),
-            })
-        };
-        let external_id = match ExternalVolumeId::new(entry.external_id.clone()) {
-            Ok(id) => id,
-            Err(e) => {
-                return vec![item(
-                    None,
-                    None,
-                    None,
-                    unusable(format!("plugin volume id {:?}: {e}", entry.external_id)),
-                )];
-            }
-        };
+        let external_id = &entry.external_id;
         let not_confirmed = |workload: Option<&WorkloadId>, source: VolumeError| {
             ReconcileOutcome::PluginMissing(VolumeError::NotConfirmed {
                 plugin: plugin.clone(),
@@ -418,7 +386,7 @@ impl VolumeManager {
                     let ids = Ids {
                         plugin: &plugin,
                         volume: &volume,
-                        external_id: &external_id,
+                        external_id,
                         workload: None,
                     };
                     match self.unstage_if_unused(key, &ids).await {
@@ -430,24 +398,18 @@ impl VolumeManager {
         }
 
         let mut out = Vec::new();
-        for (w, user) in &entry.users {
+        for (workload, user) in &entry.users {
             let found = |outcome| {
                 item(
-                    WorkloadId::new(w.clone()).ok(),
+                    Some(workload.clone()),
                     Some(user.publish),
                     Some(user.target.as_path()),
                     outcome,
                 )
             };
-            let Ok(workload) = WorkloadId::new(w.clone()) else {
-                out.push(found(unusable(format!(
-                    "workload {w:?} is not a workload id"
-                ))));
-                continue;
-            };
             // A stage confirmed meanwhile (by this record's first publication) counts.
             let staged_now = entry.staging.is_none() || self.stage_confirmed(key);
-            if staged_now && self.publish_confirmed(key, w) {
+            if staged_now && self.publish_confirmed(key, workload) {
                 out.push(found(ReconcileOutcome::AlreadyConfirmed));
                 continue;
             }
@@ -464,7 +426,7 @@ impl VolumeManager {
                 Restore::Release => {
                     if self.inner.plugins.detach_client(&plugin).is_none() {
                         not_confirmed(
-                            Some(&workload),
+                            Some(workload),
                             VolumeError::PluginMissing {
                                 plugin: plugin.clone(),
                             },
@@ -489,7 +451,7 @@ impl VolumeManager {
                     }
                 }
                 Restore::Republish(r) => match self.publishable(&plugin) {
-                    Err(e) => not_confirmed(Some(&workload), e),
+                    Err(e) => not_confirmed(Some(workload), e),
                     Ok(_) => {
                         let req = MountRequest {
                             plugin: plugin.clone(),

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use csi_structs::{PluginId, PublishContext, VolumeId};
+use csi_structs::{ExternalVolumeId, PluginId, PublishContext, VolumeId, WorkloadId};
 use serde::{Deserialize, Serialize};
 
 use crate::state::{StateFileError, load_json};
@@ -69,17 +69,17 @@ pub struct LegacyStaging {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeEntry {
     /// The plugin.
-    pub plugin: String,
+    pub plugin: PluginId,
     /// The orchestrator's volume id.
-    pub volume: String,
+    pub volume: VolumeId,
     /// The plugin's volume id.
-    pub external_id: String,
+    pub external_id: ExternalVolumeId,
     /// The staging path, when the plugin stages: the one every publication of the volume uses.
     pub staging: Option<PathBuf>,
     /// How the stage call ended (`None`: no staging, or not staged).
     pub stage: Option<StepState>,
     /// Workloads using the volume here.
-    pub users: BTreeMap<String, UserEntry>,
+    pub users: BTreeMap<WorkloadId, UserEntry>,
     /// Further stagings of this volume from format 1 records, still to be unstaged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub legacy_stagings: Vec<LegacyStaging>,
@@ -124,7 +124,7 @@ struct StoredUsage {
     #[serde(default)]
     version: Option<u32>,
     #[serde(default)]
-    volumes: BTreeMap<String, VolumeEntry>,
+    volumes: BTreeMap<String, serde_json::Value>,
 }
 
 impl UsageFile {
@@ -139,16 +139,26 @@ impl UsageFile {
         let Some(stored) = load_json::<StoredUsage>(path)? else {
             return Ok((UsageFile::default(), false));
         };
+        let decode = |volumes: BTreeMap<String, serde_json::Value>| {
+            volumes
+                .into_iter()
+                .map(|(k, value)| {
+                    let entry = decode_record(path, &k, value)?;
+                    Ok((k, entry))
+                })
+                .collect::<Result<BTreeMap<_, _>, StateFileError>>()
+        };
         match stored.version {
-            None | Some(1) => Ok((migrate_v1(path, stored.volumes)?, true)),
+            None | Some(1) => Ok((migrate_v1(path, decode(stored.volumes)?)?, true)),
             Some(USAGE_FORMAT) => {
-                for (k, entry) in &stored.volumes {
+                let volumes = decode(stored.volumes)?;
+                for (k, entry) in &volumes {
                     check_record(path, k, entry)?;
                 }
                 Ok((
                     UsageFile {
                         version: USAGE_FORMAT,
-                        volumes: stored.volumes,
+                        volumes,
                     },
                     false,
                 ))
@@ -162,7 +172,21 @@ impl UsageFile {
     }
 }
 
-/// Checks a format-2 record read from `path`: its ids are ids, and it is under its own key.
+/// Decodes the record stored under `k` in `path`; its ids are checked as ids on the way
+/// (empty or too long, the error names which).
+///
+/// # Errors
+///
+/// [`StateFileError::Record`] naming `path` and `k`.
+pub(crate) fn decode_record(
+    path: &Path,
+    k: &str,
+    value: serde_json::Value,
+) -> Result<VolumeEntry, StateFileError> {
+    serde_json::from_value(value).map_err(|e| record(path, k, e.to_string()))
+}
+
+/// Checks a format-2 record read from `path`: it is under its own key.
 ///
 /// # Errors
 ///
@@ -172,13 +196,9 @@ pub(crate) fn check_record(
     k: &str,
     entry: &VolumeEntry,
 ) -> Result<(), StateFileError> {
-    let (plugin, volume) = ids(path, k, entry)?;
-    if k != key(&plugin, &volume) {
-        return Err(record(
-            path,
-            k,
-            format!("the key is not `{}`", key(&plugin, &volume)),
-        ));
+    let want = key(&entry.plugin, &entry.volume);
+    if k != want {
+        return Err(record(path, k, format!("the key is not `{want}`")));
     }
     Ok(())
 }
@@ -191,15 +211,6 @@ fn record(path: &Path, key: &str, reason: String) -> StateFileError {
     }
 }
 
-/// The record's plugin and volume, checked as ids.
-fn ids(path: &Path, k: &str, entry: &VolumeEntry) -> Result<(PluginId, VolumeId), StateFileError> {
-    let plugin = PluginId::new(entry.plugin.clone())
-        .map_err(|e| record(path, k, format!("plugin {:?}: {e}", entry.plugin)))?;
-    let volume = VolumeId::new(entry.volume.clone())
-        .map_err(|e| record(path, k, format!("volume {:?}: {e}", entry.volume)))?;
-    Ok((plugin, volume))
-}
-
 /// Format 1 → 2: one record per volume (see the module docs).
 fn migrate_v1(
     path: &Path,
@@ -207,7 +218,7 @@ fn migrate_v1(
 ) -> Result<UsageFile, StateFileError> {
     let mut volumes: BTreeMap<String, VolumeEntry> = BTreeMap::new();
     for (k, entry) in old {
-        let (plugin, volume) = ids(path, &k, &entry)?;
+        let (plugin, volume) = (entry.plugin.clone(), entry.volume.clone());
         let new_key = key(&plugin, &volume);
         let usage = k.strip_prefix(&new_key).and_then(|r| r.strip_prefix('/'));
         if usage.is_none_or(|u| u.is_empty() || u.contains('/')) {
@@ -390,11 +401,22 @@ mod tests {
                 r#"{"version": 2, "volumes": {"p/v/rw-x": {"plugin": "p", "volume": "v", "external_id": "e", "staging": null, "stage": null, "users": {}}}}"#,
                 "p/v/rw-x",
             ),
-            // An id that is not an id.
+            // Ids that are not ids: each is refused naming the id's field.
             (
                 r#"{"version": 2, "volumes": {"p/": {"plugin": "p", "volume": "", "external_id": "e", "staging": null, "stage": null, "users": {}}}}"#,
                 "p/",
             ),
+            (
+                r#"{"version": 2, "volumes": {"p/v": {"plugin": "p", "volume": "v", "external_id": "", "staging": null, "stage": null, "users": {}}}}"#,
+                "p/v",
+            ),
+            (
+                r#"{"version": 2, "volumes": {"p/v": {"plugin": "p", "volume": "v", "external_id": "e", "staging": null, "stage": null,
+                    "users": {"": {"target": "/a", "publish": "done"}}}}}"#,
+                "p/v",
+            ),
+            // A record of the wrong shape.
+            (r#"{"volumes": {"p/v/x": {"plugin": 1}}}"#, "p/v/x"),
         ];
         for (text, want) in cases {
             match UsageFile::load(&write(dir.path(), text)) {
@@ -402,12 +424,35 @@ mod tests {
                 other => panic!("expected a record error for {want}, got {other:?}"),
             }
         }
+        let named = [
+            (
+                "volume_id",
+                r#"{"plugin": "p", "volume": "", "external_id": "e", "staging": null, "stage": null, "users": {}}"#,
+            ),
+            (
+                "external_volume_id",
+                r#"{"plugin": "p", "volume": "v", "external_id": "", "staging": null, "stage": null, "users": {}}"#,
+            ),
+            (
+                "workload_id",
+                r#"{"plugin": "p", "volume": "v", "external_id": "e", "staging": null, "stage": null, "users": {"": {"target": "/a", "publish": "done"}}}"#,
+            ),
+        ];
+        for (field, record) in named {
+            let text = format!(r#"{{"version": 2, "volumes": {{"p/v": {record}}}}}"#);
+            match UsageFile::load(&write(dir.path(), &text)) {
+                Err(e @ StateFileError::Record { .. }) => {
+                    assert!(e.to_string().contains(field), "{field}: {e}")
+                }
+                other => panic!("expected a record error naming {field}, got {other:?}"),
+            }
+        }
         let newer = write(dir.path(), r#"{"version": 3, "volumes": {}}"#);
         assert!(matches!(
             UsageFile::load(&newer),
             Err(StateFileError::Version { found: 3, .. })
         ));
-        let damaged = write(dir.path(), r#"{"volumes": {"p/v/x": {"plugin": 1}}}"#);
+        let damaged = write(dir.path(), r#"{"volumes": {"p/v/x": "#);
         assert!(matches!(
             UsageFile::load(&damaged),
             Err(StateFileError::Damaged { .. })

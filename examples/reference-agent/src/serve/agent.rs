@@ -1782,7 +1782,7 @@ impl Agent {
         let mut out = self.plugins.views();
         let in_use = self.volumes.in_use();
         for v in &mut out {
-            v.in_use = in_use.get(&v.id).copied().unwrap_or(0);
+            v.in_use = in_use.get(v.id.as_str()).copied().unwrap_or(0);
         }
         for (node, peer) in self.peers().iter() {
             for p in &peer.plugins {
@@ -1851,8 +1851,10 @@ impl Agent {
                 .uncertain()
                 .into_iter()
                 .map(|p| api::UncertainView {
-                    volume: p.volume,
-                    workload: p.workload.unwrap_or_else(|| "-".into()),
+                    volume: p.volume.into_inner(),
+                    workload: p
+                        .workload
+                        .map_or_else(|| "-".into(), WorkloadId::into_inner),
                     step: match p.step {
                         PendingStep::Stage => "stage",
                         PendingStep::Publish => "publish",
@@ -1880,16 +1882,13 @@ impl Agent {
     /// release. The outcome is logged and kept for `status`.
     pub async fn reconcile_node(&self, wait: Duration) -> api::ReconcileView {
         let records = self.volumes.records();
-        let plugins: BTreeSet<String> = records.iter().map(|r| r.plugin.clone()).collect();
+        let plugins: BTreeSet<PluginId> = records.iter().map(|r| r.plugin.clone()).collect();
         let deadline = tokio::time::Instant::now() + wait;
         let mut plugins_not_ready = Vec::new();
-        for plugin in plugins {
-            let Ok(id) = PluginId::new(plugin.clone()) else {
-                continue;
-            };
+        for id in plugins {
             if let Err(e) = self.plugins.manager().wait_for(&id, deadline).await {
                 tracing::warn!(plugin = %id, error = %e, "plugin of restored usage records not ready; their records are kept");
-                plugins_not_ready.push(plugin);
+                plugins_not_ready.push(id.into_inner());
             }
         }
         let lookup = |p: &Restored| self.restore(p);
