@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use csi_claims::store::{ClaimStore, Format, RedbStore, StoreError, Version};
 use csi_claims::{Action, MachineConfig, ReleaseMachine};
 use csi_structs::{AccessMode, AccessTypeKind, VolumeId};
@@ -330,4 +332,40 @@ async fn a_damaged_header_is_an_error_naming_the_file_or_changes_nothing() {
             Err(err) => assert!(err.to_string().contains(&name), "{err}"),
         }
     }
+}
+
+#[tokio::test]
+async fn close_waits_for_every_handle_and_then_the_file_opens_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("node.redb");
+    let store = RedbStore::open(&path).expect("opens");
+    let records = store.records("usage").expect("a table");
+    records
+        .put("a", Some(b"1".to_vec()))
+        .await
+        .expect("written");
+
+    // A table's records still hold the store: close says so, naming the file.
+    let held = store.clone();
+    let err = held
+        .close(Duration::from_millis(50))
+        .await
+        .expect_err("another handle holds it");
+    let text = err.to_string();
+    assert!(text.contains("node.redb"), "{text}");
+    assert!(RedbStore::open(&path).is_err(), "still open");
+
+    // Once the last handle goes, close returns and the file opens again with what was written.
+    let closing = tokio::spawn(store.close(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!closing.is_finished(), "waits for the records' handle");
+    drop(records);
+    closing.await.expect("joined").expect("closed");
+    let again = RedbStore::open(&path).expect("opens again at once");
+    let rows = again
+        .records("usage")
+        .expect("a table")
+        .read_all()
+        .expect("read");
+    assert_eq!(rows, [("a".to_owned(), b"1".to_vec())]);
 }

@@ -99,6 +99,9 @@ struct Shared {
     committing_since: Mutex<Option<Instant>>,
     /// The writes waiting for the next commit.
     queue: Mutex<Queue>,
+    /// Dropped with the store, once its database is closed: what [`RedbStore::close`]
+    /// waits for.
+    dropped: tokio::sync::watch::Sender<()>,
 }
 
 /// The writes waiting for the writer, and whether a writer runs.
@@ -239,6 +242,7 @@ impl RedbStore {
                 health: Mutex::new(Health::Open(Arc::new(db))),
                 committing_since: Mutex::new(None),
                 queue: Mutex::new(Queue::default()),
+                dropped: tokio::sync::watch::Sender::new(()),
             }),
         })
     }
@@ -336,6 +340,52 @@ impl RedbStore {
             store: self.clone(),
             table: Arc::from(table),
         })
+    }
+
+    /// Lets go of this handle and waits, at most `within`, until the database is closed:
+    /// every other handle of the store (its clones, the [`RedbRecords`] of its tables, a
+    /// driver's) has been dropped and a commit under way has ended. The file can then be
+    /// opened again, by this process or another.
+    ///
+    /// A [`Database`] taken with [`database`](Self::database) keeps the file open until it
+    /// is dropped too, whatever this says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use csi_claims::store::RedbStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("node.redb");
+    /// let store = RedbStore::open(&path).unwrap();
+    /// store.close(Duration::from_secs(10)).await.unwrap();
+    /// // Closed: it opens again at once.
+    /// let again = RedbStore::open(&path).unwrap();
+    /// # drop(again);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] naming the file when another handle still holds it after
+    /// `within` (this handle is let go of either way).
+    pub async fn close(self, within: Duration) -> Result<(), StoreError> {
+        let mut dropped = self.inner.dropped.subscribe();
+        let name = self.inner.name.clone();
+        drop(self);
+        // The sender goes with the store, after its database was closed: `changed` then
+        // answers an error. Nothing is ever sent, so an `Ok` cannot come.
+        match tokio::time::timeout(within, dropped.changed()).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(StoreError::Unavailable {
+                store: name,
+                reason: format!(
+                    "not closed after {within:?}: another handle of the store (a clone, the \
+                     records of a table, a driver) is still held"
+                ),
+            }),
+        }
     }
 }
 
