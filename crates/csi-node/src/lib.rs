@@ -22,6 +22,9 @@
 //!   [`ControllerDetacher`](csi_claims::driver::ControllerDetacher) implemented with
 //!   csi-client, with the node detach policy (a short wait for a missing socket, one attempt:
 //!   the release driver is the retry loop).
+//! - [`node`]: all of the above opened from one state directory ([`Node::open`]), async and
+//!   off the runtime's workers, with one [`Node::close`] that returns once every file is
+//!   closed.
 //! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
 //!   could read it.
 //! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename),
@@ -41,7 +44,10 @@
 pub mod attach;
 pub mod detach;
 pub mod layout;
+pub mod node;
 pub mod plugins;
 pub mod secrets;
 pub mod state;
 pub mod volumes;
+
+pub use node::{Node, NodeBuilder, NodeError};
