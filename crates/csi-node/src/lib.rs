@@ -38,6 +38,11 @@
 //! deleted. `cargo run -p csi-node --example embed_node` runs it. The reference agent
 //! (`csi-agent`) composes the same pieces.
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod attach;
 pub mod detach;
 pub mod layout;
