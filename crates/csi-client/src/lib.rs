@@ -97,6 +97,11 @@
 //! # Ok(()) }
 //! ```
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod answer;
 pub mod budget;
 mod call;

@@ -65,6 +65,11 @@ impl NodeClient {
 
     /// `NodeStageVolume` from domain values.
     ///
+    /// The staging directory (`staging_target_path`) must exist before the call: the spec
+    /// leaves creating it to the orchestrator, and a plugin may refuse a path that is not there.
+    /// (The target of [`publish`](Self::publish) is the other way round: the plugin creates it,
+    /// its parent must exist.)
+    ///
     /// # Errors
     ///
     /// As [`node_stage_volume`](Self::node_stage_volume).
@@ -205,7 +210,8 @@ impl NodeClient {
 pub struct NodeStage<'a> {
     /// The plugin's volume id.
     pub volume: &'a ExternalVolumeId,
-    /// Where to stage (absolute; no size limit beyond the OS's).
+    /// Where to stage (absolute; no size limit beyond the OS's). The orchestrator creates
+    /// this directory before the call; the plugin does not.
     pub staging_target_path: &'a Path,
     /// How the volume will be used.
     pub capability: &'a VolumeCapability,

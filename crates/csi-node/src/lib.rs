@@ -40,6 +40,53 @@
 //! claims attached, released through csi-claims (the second unmount unstages), the volume
 //! deleted. `cargo run -p csi-node --example embed_node` runs it. The reference agent
 //! (`csi-agent`) composes the same pieces.
+//!
+//! # Example
+//!
+//! A plugin registered with the plugin manager, waited for until it is fingerprinted and
+//! healthy, and the volume manager and attach path of the node built on it (here the plugin
+//! is csi-testkit's mock, serving on a socket in a temporary directory):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use csi_client::Endpoint;
+//! use csi_node::attach::Attacher;
+//! use csi_node::layout::Layout;
+//! use csi_node::plugins::{PluginManager, PluginManagerConfig};
+//! use csi_node::volumes::VolumeManager;
+//! use csi_structs::{NodeId, PluginId};
+//! use tokio::time::Instant;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let socket = dir.path().join("csi.sock");
+//! # let server = csi_testkit::MockPlugin::builder().build()?.serve_unix(&socket).await?;
+//! let plugins = PluginManager::builder(PluginManagerConfig::default()).start()?;
+//! let mock = PluginId::new("mock")?;
+//! plugins.register(mock.clone(), Endpoint::unix(&socket)?)?;
+//! let ready = plugins.wait_for(&mock, Instant::now() + Duration::from_secs(30)).await?;
+//! assert!(ready.fingerprint.capabilities.node.requires_staging());
+//!
+//! let data = dir.path().join("csi");
+//! let volumes = VolumeManager::open(
+//!     Layout::new(&data),
+//!     data.join("usage.json"),
+//!     Arc::new(plugins.clone()),
+//! )?;
+//! let attacher = Attacher::new(NodeId::new("node-1")?, plugins.clone(), volumes);
+//! # drop(attacher);
+//! # plugins.shutdown();
+//! # server.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 pub mod attach;
 pub mod detach;

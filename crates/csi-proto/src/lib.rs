@@ -39,6 +39,11 @@
 //! assert!(!printed.contains("hunter2"));
 //! ```
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 use std::collections::BTreeMap;
 use std::fmt;
 

@@ -98,6 +98,11 @@
 //! shim of the node that runs the controller, and through another node's shim over loopback
 //! TCP, printing each latency and the p50 one hop adds. `benches/README.md` has the numbers.
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod auth;
 mod backend;
 mod details;

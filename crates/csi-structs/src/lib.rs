@@ -48,6 +48,11 @@
 //! # Ok::<(), csi_structs::ValidationErrors>(())
 //! ```
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod capability;
 pub mod capability_set;
 pub mod capacity;

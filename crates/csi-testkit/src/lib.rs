@@ -62,6 +62,11 @@
 //! - `state`, `services`, `dispatch`, `validate`, `metadata`: the model, the five services,
 //!   the per-call pipeline, the request checks, the block-metadata model (internal).
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod calls;
 pub mod capabilities;
 pub mod config;

@@ -2,7 +2,7 @@
 //! for CSI clients in any language.
 //!
 //! ```text
-//! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role both] [--node-id node-1] ...
+//! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role controller|node|both] [--node-id node-1] ...
 //!     [--state-file PATH] [--fault NodeUnpublishVolume=UNAVAILABLE:times=3]
 //!     [--delay CreateVolume=2s] [--hang DeleteVolume:after=1] [--control unix:///run/ctl.sock]
 //!     [--call-log-limit 10000] [--threads 1]
@@ -77,7 +77,9 @@ enum RoleArg {
     Controller,
     /// Node only.
     Node,
-    /// Controller and node in one process.
+    /// Controller and node in one process (the library's `Role::ControllerAndNode`; also
+    /// accepted as `controller-and-node`).
+    #[value(alias = "controller-and-node")]
     Both,
 }
 

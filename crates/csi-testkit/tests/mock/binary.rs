@@ -59,6 +59,27 @@ fn an_endpoint_that_is_not_a_unix_socket_exits_2() {
 }
 
 #[tokio::test]
+async fn role_both_is_also_named_controller_and_node() {
+    use csi_proto::v1::controller_client::ControllerClient;
+    use csi_proto::v1::node_client::NodeClient;
+    use csi_proto::v1::{ControllerGetCapabilitiesRequest, NodeGetInfoRequest};
+    // `both` is the library's `Role::ControllerAndNode`; the binary takes either name.
+    for role in ["both", "controller-and-node"] {
+        let dir = tempfile::tempdir().unwrap();
+        let running = Running::start(dir.path(), &["--role", role]).await;
+        let channel = running.channel().await;
+        ControllerClient::new(channel.clone())
+            .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("--role {role}: no controller service: {e}"));
+        NodeClient::new(channel)
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("--role {role}: no node service: {e}"));
+    }
+}
+
+#[tokio::test]
 async fn serves_from_csi_endpoint_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("csi.sock");
