@@ -43,18 +43,14 @@
 //!
 //! # Example
 //!
-//! A plugin registered with the plugin manager, waited for until it is fingerprinted and
-//! healthy, and the volume manager and attach path of the node built on it (here the plugin
-//! is csi-testkit's mock, serving on a socket in a temporary directory):
+//! A node opened from its state directory, a plugin registered with it and waited for until
+//! it is fingerprinted and healthy, and the node closed again (here the plugin is
+//! csi-testkit's mock, serving on a socket in a temporary directory):
 //!
 //! ```
-//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use csi_client::Endpoint;
-//! use csi_node::attach::Attacher;
-//! use csi_node::layout::Layout;
-//! use csi_node::plugins::{PluginManager, PluginManagerConfig};
-//! use csi_node::volumes::VolumeManager;
+//! use csi_node::Node;
 //! use csi_structs::{NodeId, PluginId};
 //! use tokio::time::Instant;
 //!
@@ -63,21 +59,15 @@
 //! # let dir = tempfile::tempdir()?;
 //! # let socket = dir.path().join("csi.sock");
 //! # let server = csi_testkit::MockPlugin::builder().build()?.serve_unix(&socket).await?;
-//! let plugins = PluginManager::builder(PluginManagerConfig::default()).start()?;
+//! let node = Node::open(dir.path().join("csi"), NodeId::new("node-1")?).await?;
 //! let mock = PluginId::new("mock")?;
-//! plugins.register(mock.clone(), Endpoint::unix(&socket)?)?;
-//! let ready = plugins.wait_for(&mock, Instant::now() + Duration::from_secs(30)).await?;
+//! node.register(mock.clone(), Endpoint::unix(&socket)?).await?;
+//! let ready = node.plugins().wait_for(&mock, Instant::now() + Duration::from_secs(30)).await?;
 //! assert!(ready.fingerprint.capabilities.node.requires_staging());
-//!
-//! let data = dir.path().join("csi");
-//! let volumes = VolumeManager::open(
-//!     Layout::new(&data),
-//!     data.join("usage.json"),
-//!     Arc::new(plugins.clone()),
-//! )?;
-//! let attacher = Attacher::new(NodeId::new("node-1")?, plugins.clone(), volumes);
-//! # drop(attacher);
-//! # plugins.shutdown();
+//! // Each workload: node.claims().claim(&info, request), then node.attacher().attach(..);
+//! // when it stops: node.claims().release_and_wait_until(..).
+//! # drop(ready);
+//! node.close().await?;
 //! # server.shutdown().await?;
 //! # Ok(())
 //! # }
