@@ -127,7 +127,9 @@ pub use budget::RetryBudget;
 pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
 pub use connection::{ConnectError, ConnectOptions, Connection, EndpointFault, HandshakeError};
-pub use controller::{ControllerClient, UNDO_CREATE_ROUNDS, undo_create_with};
+pub use controller::{
+    ControllerClient, SnapshotFilter, SnapshotPage, UNDO_CREATE_ROUNDS, undo_create_with,
+};
 pub use csi_proto::Rpc;
 /// The CSI wire messages, for the RPCs that take or return raw messages.
 pub use csi_proto::v1 as proto;
@@ -142,7 +144,7 @@ pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
 pub use inflight::{CallInFlight, CallsInFlight, Waiting};
-pub use node::{NodeClient, NodePublish, NodeStage};
+pub use node::{NodeClient, NodeExpand, NodePublish, NodeStage};
 pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 pub use policy::{
     Backoff, CallOptions, CodeSet, Effect, Failure, PolicyTable, RpcPolicy, classify,
