@@ -185,6 +185,32 @@ mod send_checks {
                 csi_structs::ConfirmPolicy::Strict,
             ));
         }
+        if let (Ok(volume), Ok(range)) = (
+            csi_structs::ExternalVolumeId::new("v"),
+            csi_structs::CapacityRange::at_least(1),
+        ) {
+            let secrets = csi_structs::Secrets::default();
+            let controller = client.controller();
+            is_send(&controller.expand(&volume, &range, None, &secrets));
+            is_send(&controller.get_volume(&volume));
+            is_send(&controller.create_snapshot(
+                &volume,
+                "s",
+                &csi_structs::Parameters::default(),
+                &secrets,
+            ));
+            is_send(&controller.list_all_snapshots_matching(&SnapshotFilter::all(), &secrets));
+            is_send(&controller.list_snapshots_page(&SnapshotFilter::all(), &secrets, 0, None));
+            let path = std::path::Path::new("/v");
+            is_send(&client.node().expand(&NodeExpand {
+                volume: &volume,
+                volume_path: path,
+                staging_target_path: None,
+                capacity_range: Some(&range),
+                capability: None,
+                secrets: &secrets,
+            }));
+        }
         is_send(&client.fingerprint());
         is_send(
             &client
