@@ -6,16 +6,18 @@ use csi_proto::v1 as pb;
 use csi_proto::v1::controller_client::ControllerClient as Raw;
 use csi_structs::confirm::{AskedCapabilities, ValidationResponse, confirm};
 use csi_structs::{
-    ConfirmPolicy, Confirmation, ControllerCapabilities, ErrorClass, ExternalVolumeId,
-    PluginNodeId, PublishContext, Secrets, Snapshot, Volume, VolumeCapability, VolumeContext,
-    VolumeSpec,
+    CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, ControllerExpansion,
+    ErrorClass, ExternalVolumeId, FieldPath, Parameters, PluginNodeId, Problem, PublishContext,
+    Secrets, Snapshot, SnapshotId, ValidationErrors, Volume, VolumeCapability, VolumeContext,
+    VolumeSpec, VolumeWithStatus,
 };
 
 use crate::convert;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind, ResponseError};
 use crate::paging;
-use crate::policy::Backoff;
+use crate::policy::{Backoff, Failure, classify_failure};
 use crate::service::{raw_rpc, service_client, typed_rpc};
+use crate::validate::CsiRequest;
 
 /// Most rounds of `CreateVolume` [`undo_create_with`] sends to learn the id of a volume
 /// whose creation was uncertain (each round is a whole call, retried per its policy).
@@ -115,15 +117,21 @@ impl ControllerClient {
         get_capacity, Raw<crate::channel::PluginChannel>, pb::GetCapacityRequest => pb::GetCapacityResponse
     );
     typed_rpc!(
-        /// `CreateSnapshot`; call again with the same `name` until `ready_to_use`.
-        create_snapshot, Raw<crate::channel::PluginChannel>, pb::CreateSnapshotRequest => Snapshot, convert::wire
+        /// `CreateSnapshot` from a raw request, for what [`create_snapshot`](Self::create_snapshot)
+        /// does not send (the alpha `accessibility_requirements`); call again with the same
+        /// `name` until `ready_to_use`.
+        create_snapshot_raw = create_snapshot, Raw<crate::channel::PluginChannel>,
+        pb::CreateSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
-        /// `DeleteSnapshot`. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
-        delete_snapshot, Raw<crate::channel::PluginChannel>, pb::DeleteSnapshotRequest => ()
+        /// `DeleteSnapshot` from a raw request; [`delete_snapshot`](Self::delete_snapshot)
+        /// takes domain values. NOT_FOUND is [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone).
+        delete_snapshot_raw = delete_snapshot, Raw<crate::channel::PluginChannel>,
+        pb::DeleteSnapshotRequest => ()
     );
     raw_rpc!(
-        /// `ListSnapshots`, one page.
+        /// `ListSnapshots`, one page, raw; [`list_snapshots_page`](Self::list_snapshots_page)
+        /// answers csi-structs snapshots.
         list_snapshots, Raw<crate::channel::PluginChannel>, pb::ListSnapshotsRequest => pb::ListSnapshotsResponse
     );
     typed_rpc!(
@@ -131,12 +139,14 @@ impl ControllerClient {
         get_snapshot, Raw<crate::channel::PluginChannel>, pb::GetSnapshotRequest => Snapshot, convert::wire
     );
     raw_rpc!(
-        /// `ControllerExpandVolume`.
+        /// `ControllerExpandVolume`, raw; [`expand`](Self::expand) takes domain values and
+        /// answers the size as `u64`.
         controller_expand_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerExpandVolumeRequest => pb::ControllerExpandVolumeResponse
     );
     raw_rpc!(
-        /// `ControllerGetVolume` (alpha).
+        /// `ControllerGetVolume` (alpha), raw; [`get_volume`](Self::get_volume) answers
+        /// domain values.
         controller_get_volume, Raw<crate::channel::PluginChannel>,
         pb::ControllerGetVolumeRequest => pb::ControllerGetVolumeResponse
     );
@@ -160,7 +170,9 @@ impl ControllerClient {
         paging::every_page(request, paging::MAX_PAGES, |req| self.list_volumes(req)).await
     }
 
-    /// `ListSnapshots`, every page (as [`list_all_volumes`](Self::list_all_volumes)).
+    /// `ListSnapshots`, every page (as [`list_all_volumes`](Self::list_all_volumes)), raw;
+    /// [`list_all_snapshots_matching`](Self::list_all_snapshots_matching) answers csi-structs
+    /// snapshots.
     ///
     /// # Errors
     ///
@@ -300,6 +312,222 @@ impl ControllerClient {
         .await
     }
 
+    /// `ControllerExpandVolume` from domain values: grows `volume` to a size within
+    /// `capacity` (typically [`CapacityRange::at_least`]). `capability` says how the volume is
+    /// used, when the orchestrator knows. The answer's size is checked (a negative one is an
+    /// invalid response naming `capacity_bytes`); when `node_expansion_required` is set,
+    /// [`NodeClient::expand`](crate::NodeClient::expand) must follow on every node where the
+    /// volume is published.
+    ///
+    /// Expansion is idempotent (spec): a volume already at least that large answers OK with
+    /// its size, so a call whose outcome was uncertain is simply sent again.
+    ///
+    /// ```no_run
+    /// # async fn run(client: csi_client::CsiClient) -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_structs::{CapacityRange, ExternalVolumeId, Secrets};
+    ///
+    /// let volume = ExternalVolumeId::new("vol-1")?;
+    /// let grown = client
+    ///     .controller()
+    ///     .expand(&volume, &CapacityRange::at_least(20 << 30)?, None, &Secrets::default())
+    ///     .await?;
+    /// println!("{} bytes, node step needed: {}", grown.capacity_bytes, grown.node_expansion_required);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`controller_expand_volume`](Self::controller_expand_volume): an invalid range or
+    /// capability is refused before sending; OUT_OF_RANGE (larger than the plugin allows) and
+    /// FAILED_PRECONDITION (in use, and the plugin only expands offline) are fatal.
+    pub async fn expand(
+        &self,
+        volume: &ExternalVolumeId,
+        capacity: &CapacityRange,
+        capability: Option<&VolumeCapability>,
+        secrets: &Secrets,
+    ) -> Result<ControllerExpansion, Error> {
+        self.caller
+            .unary(
+                &self.options,
+                pb::ControllerExpandVolumeRequest {
+                    volume_id: volume.as_str().to_owned(),
+                    capacity_range: Some(capacity.into()),
+                    secrets: secrets.to_wire(),
+                    volume_capability: capability.map(Into::into),
+                },
+                |ch, req| async move { Raw::new(ch).controller_expand_volume(req).await },
+                convert::wire,
+            )
+            .await
+    }
+
+    /// `ControllerGetVolume` (alpha) from domain values: the volume, the plugin's ids of the
+    /// nodes it is published to and its condition, each checked (a published node id that
+    /// is empty or too long is an invalid response naming it).
+    ///
+    /// # Errors
+    ///
+    /// As [`controller_get_volume`](Self::controller_get_volume); NOT_FOUND (no such volume)
+    /// is fatal.
+    pub async fn get_volume(&self, volume: &ExternalVolumeId) -> Result<VolumeWithStatus, Error> {
+        self.caller
+            .unary(
+                &self.options,
+                pb::ControllerGetVolumeRequest {
+                    volume_id: volume.as_str().to_owned(),
+                },
+                |ch, req| async move { Raw::new(ch).controller_get_volume(req).await },
+                convert::wire,
+            )
+            .await
+    }
+
+    /// `CreateSnapshot` from domain values: a snapshot of `source` named `name` (the
+    /// idempotency key: sending the same name again answers the same snapshot, so a call
+    /// whose outcome was uncertain is sent again with it). Call again until the answer is
+    /// `ready_to_use` before restoring from it.
+    ///
+    /// ```no_run
+    /// # async fn run(client: csi_client::CsiClient) -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_structs::{ExternalVolumeId, Parameters, Secrets};
+    ///
+    /// let controller = client.controller();
+    /// let volume = ExternalVolumeId::new("vol-1")?;
+    /// let secrets = Secrets::default();
+    /// let snapshot = controller
+    ///     .create_snapshot(&volume, "nightly-2024-06-01", &Parameters::default(), &secrets)
+    ///     .await?;
+    /// assert_eq!(snapshot.source_volume_id, volume);
+    /// controller.delete_snapshot(&snapshot.snapshot_id, &secrets).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`create_snapshot_raw`](Self::create_snapshot_raw): a name that breaks the spec's
+    /// rules is refused before sending; ALREADY_EXISTS (the name is taken by a snapshot of
+    /// another volume) is fatal; a deadline or lost connection is
+    /// [`Uncertain`](csi_structs::ErrorClass::Uncertain).
+    pub async fn create_snapshot(
+        &self,
+        source: &ExternalVolumeId,
+        name: &str,
+        parameters: &Parameters,
+        secrets: &Secrets,
+    ) -> Result<Snapshot, Error> {
+        self.create_snapshot_raw(pb::CreateSnapshotRequest {
+            source_volume_id: source.as_str().to_owned(),
+            name: name.to_owned(),
+            secrets: secrets.to_wire(),
+            parameters: parameters.to_wire(),
+            accessibility_requirements: None,
+        })
+        .await
+    }
+
+    /// `DeleteSnapshot` from domain values. Deleting a snapshot that is already gone answers
+    /// OK (spec); a plugin that answers NOT_FOUND instead gets an error of class
+    /// [`AlreadyDone`](csi_structs::ErrorClass::AlreadyDone), which the caller counts as
+    /// deleted. A snapshot that [belongs to a group](Snapshot::is_group_member) is deleted
+    /// with its group instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`delete_snapshot_raw`](Self::delete_snapshot_raw).
+    pub async fn delete_snapshot(
+        &self,
+        snapshot: &SnapshotId,
+        secrets: &Secrets,
+    ) -> Result<(), Error> {
+        self.delete_snapshot_raw(pb::DeleteSnapshotRequest {
+            snapshot_id: snapshot.as_str().to_owned(),
+            secrets: secrets.to_wire(),
+        })
+        .await
+    }
+
+    /// `ListSnapshots`, every page (as [`list_all_volumes`](Self::list_all_volumes)), of the
+    /// snapshots `filter` selects, as csi-structs snapshots.
+    ///
+    /// ```no_run
+    /// # async fn run(client: csi_client::CsiClient) -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_client::SnapshotFilter;
+    /// use csi_structs::{ExternalVolumeId, Secrets};
+    ///
+    /// let volume = ExternalVolumeId::new("vol-1")?;
+    /// let snapshots = client
+    ///     .controller()
+    ///     .list_all_snapshots_matching(&SnapshotFilter::of_volume(volume), &Secrets::default())
+    ///     .await?;
+    /// for s in &snapshots {
+    ///     println!("{} ready: {}", s.snapshot_id, s.ready_to_use);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first page call that failed, or the invalid response that ended the listing (an
+    /// entry that breaks the spec names its place in the listing, e.g.
+    /// `entries[3].snapshot.size_bytes`).
+    pub async fn list_all_snapshots_matching(
+        &self,
+        filter: &SnapshotFilter,
+        secrets: &Secrets,
+    ) -> Result<Vec<Snapshot>, Error> {
+        let request = filter.to_request(secrets, 0, String::new());
+        let context = request.context();
+        let entries = self.list_all_snapshots(request).await?;
+        listed_snapshots(&entries).map_err(|errs| {
+            let class = classify_failure(context.rpc(), Failure::InvalidResponse);
+            Error::new(
+                context,
+                ErrorKind::InvalidResponse(ResponseError::Fields(errs)),
+                class,
+                1,
+            )
+        })
+    }
+
+    /// `ListSnapshots`, one page of the snapshots `filter` selects: at most `max_entries`
+    /// (0: as many as the plugin chooses; more than `i32::MAX` asks for `i32::MAX`), from
+    /// `starting_token` (`None`: from the start).
+    ///
+    /// # Errors
+    ///
+    /// As [`list_snapshots`](Self::list_snapshots): ABORTED (the plugin no longer accepts
+    /// `starting_token`) is fatal; list again from the start.
+    pub async fn list_snapshots_page(
+        &self,
+        filter: &SnapshotFilter,
+        secrets: &Secrets,
+        max_entries: u32,
+        starting_token: Option<&str>,
+    ) -> Result<SnapshotPage, Error> {
+        let max_entries = i32::try_from(max_entries).unwrap_or(i32::MAX);
+        let request = filter.to_request(
+            secrets,
+            max_entries,
+            starting_token.unwrap_or_default().to_owned(),
+        );
+        self.caller
+            .unary(
+                &self.options,
+                request,
+                |ch, req| async move { Raw::new(ch).list_snapshots(req).await },
+                |page: pb::ListSnapshotsResponse| {
+                    let snapshots = listed_snapshots(&page.entries)
+                        .map_err(|errs| ErrorKind::InvalidResponse(ResponseError::Fields(errs)))?;
+                    Ok(SnapshotPage {
+                        snapshots,
+                        next_token: Some(page.next_token).filter(|t| !t.is_empty()),
+                    })
+                },
+            )
+            .await
+    }
+
     /// `ValidateVolumeCapabilities` through `csi-structs`' confirmation (spec §3.10): the
     /// plugin's `confirmed` is compared field by field with what was asked. The answer is
     /// [`Confirmation::Confirmed`], [`Confirmation::AcceptedUnconfirmed`] (no `confirmed`,
@@ -366,5 +594,153 @@ impl ControllerClient {
                 |resp| Ok(ControllerCapabilities::from(resp)),
             )
             .await
+    }
+}
+
+/// Which snapshots a listing asks for (`ListSnapshots`' `source_volume_id` and
+/// `snapshot_id`). Both set selects that snapshot only if it was cut from that volume; neither
+/// set lists every snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotFilter {
+    /// Only snapshots of this volume.
+    pub source_volume: Option<ExternalVolumeId>,
+    /// Only this snapshot.
+    pub snapshot: Option<SnapshotId>,
+}
+
+impl SnapshotFilter {
+    /// Every snapshot of the plugin.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// The snapshots cut from `volume`.
+    pub fn of_volume(volume: ExternalVolumeId) -> Self {
+        Self {
+            source_volume: Some(volume),
+            snapshot: None,
+        }
+    }
+
+    /// The snapshot `snapshot` (none when it does not exist: the spec answers an empty list,
+    /// not NOT_FOUND).
+    pub fn with_id(snapshot: SnapshotId) -> Self {
+        Self {
+            source_volume: None,
+            snapshot: Some(snapshot),
+        }
+    }
+
+    fn to_request(
+        &self,
+        secrets: &Secrets,
+        max_entries: i32,
+        starting_token: String,
+    ) -> pb::ListSnapshotsRequest {
+        pb::ListSnapshotsRequest {
+            max_entries,
+            starting_token,
+            source_volume_id: self
+                .source_volume
+                .as_ref()
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+            snapshot_id: self
+                .snapshot
+                .as_ref()
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_default(),
+            secrets: secrets.to_wire(),
+        }
+    }
+}
+
+/// One page of [`ControllerClient::list_snapshots_page`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotPage {
+    /// The page's snapshots, in the plugin's order.
+    pub snapshots: Vec<Snapshot>,
+    /// Where the next page starts; `None` when this page ends the listing.
+    pub next_token: Option<String>,
+}
+
+/// The entries of a `ListSnapshots` listing as csi-structs snapshots; the violations name
+/// each entry by its place in the listing.
+fn listed_snapshots(
+    entries: &[pb::list_snapshots_response::Entry],
+) -> Result<Vec<Snapshot>, ValidationErrors> {
+    let mut errs = ValidationErrors::new();
+    let mut snapshots = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        let at = FieldPath::named("entries").index(i).field("snapshot");
+        match entry.snapshot.as_ref().map(Snapshot::try_from) {
+            Some(Ok(snapshot)) => snapshots.push(snapshot),
+            Some(Err(e)) => errs.extend_under(&at, e.errors),
+            None => errs.push(at, Problem::Missing),
+        }
+    }
+    errs.into_result(snapshots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_snapshots_name_the_entry() {
+        let good = pb::Snapshot {
+            snapshot_id: "snap-1".into(),
+            source_volume_id: "vol-1".into(),
+            size_bytes: 5,
+            creation_time: Some(Default::default()),
+            ..Default::default()
+        };
+        let entry = |s: Option<pb::Snapshot>| pb::list_snapshots_response::Entry { snapshot: s };
+        let ok = listed_snapshots(&[entry(Some(good.clone()))]).unwrap();
+        assert_eq!(ok[0].size_bytes, Some(5));
+
+        let negative = pb::Snapshot {
+            size_bytes: -1,
+            ..good.clone()
+        };
+        let errs =
+            listed_snapshots(&[entry(Some(good)), entry(Some(negative)), entry(None)]).unwrap_err();
+        let got: Vec<(String, Problem)> = errs
+            .into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "entries[1].snapshot.size_bytes".to_owned(),
+                    Problem::Negative { value: -1 }
+                ),
+                ("entries[2].snapshot".to_owned(), Problem::Missing),
+            ]
+        );
+    }
+
+    #[test]
+    fn snapshot_filters_fill_the_request() {
+        let secrets = Secrets::default();
+        let all = SnapshotFilter::all().to_request(&secrets, 0, String::new());
+        assert!(all.source_volume_id.is_empty() && all.snapshot_id.is_empty());
+        let volume = ExternalVolumeId::new("vol-1").unwrap();
+        let of = SnapshotFilter::of_volume(volume).to_request(&secrets, 3, "t".into());
+        assert_eq!(
+            (of.source_volume_id.as_str(), of.snapshot_id.as_str()),
+            ("vol-1", "")
+        );
+        assert_eq!((of.max_entries, of.starting_token.as_str()), (3, "t"));
+        let one = SnapshotFilter::with_id(SnapshotId::new("snap-1").unwrap()).to_request(
+            &secrets,
+            0,
+            String::new(),
+        );
+        assert_eq!(
+            (one.source_volume_id.as_str(), one.snapshot_id.as_str()),
+            ("", "snap-1")
+        );
     }
 }

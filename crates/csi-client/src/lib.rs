@@ -132,7 +132,9 @@ pub use budget::RetryBudget;
 pub use channel::PluginChannel;
 pub use client::{CsiClient, CsiClientBuilder};
 pub use connection::{ConnectError, ConnectOptions, Connection, EndpointFault, HandshakeError};
-pub use controller::{ControllerClient, UNDO_CREATE_ROUNDS, undo_create_with};
+pub use controller::{
+    ControllerClient, SnapshotFilter, SnapshotPage, UNDO_CREATE_ROUNDS, undo_create_with,
+};
 pub use csi_proto::Rpc;
 /// The CSI wire messages, for the RPCs that take or return raw messages.
 pub use csi_proto::v1 as proto;
@@ -147,7 +149,7 @@ pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
 pub use inflight::{CallInFlight, CallsInFlight, Waiting};
-pub use node::{NodeClient, NodePublish, NodeStage};
+pub use node::{NodeClient, NodeExpand, NodePublish, NodeStage};
 pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 pub use policy::{
     Backoff, CallOptions, CodeSet, Effect, Failure, PolicyTable, RpcPolicy, classify,
@@ -187,6 +189,32 @@ mod send_checks {
                 &secrets,
                 csi_structs::ConfirmPolicy::Strict,
             ));
+        }
+        if let (Ok(volume), Ok(range)) = (
+            csi_structs::ExternalVolumeId::new("v"),
+            csi_structs::CapacityRange::at_least(1),
+        ) {
+            let secrets = csi_structs::Secrets::default();
+            let controller = client.controller();
+            is_send(&controller.expand(&volume, &range, None, &secrets));
+            is_send(&controller.get_volume(&volume));
+            is_send(&controller.create_snapshot(
+                &volume,
+                "s",
+                &csi_structs::Parameters::default(),
+                &secrets,
+            ));
+            is_send(&controller.list_all_snapshots_matching(&SnapshotFilter::all(), &secrets));
+            is_send(&controller.list_snapshots_page(&SnapshotFilter::all(), &secrets, 0, None));
+            let path = std::path::Path::new("/v");
+            is_send(&client.node().expand(&NodeExpand {
+                volume: &volume,
+                volume_path: path,
+                staging_target_path: None,
+                capacity_range: Some(&range),
+                capability: None,
+                secrets: &secrets,
+            }));
         }
         is_send(&client.fingerprint());
         is_send(

@@ -5,8 +5,8 @@ use std::path::Path;
 use csi_proto::v1 as pb;
 use csi_proto::v1::node_client::NodeClient as Raw;
 use csi_structs::{
-    ExternalVolumeId, FieldPath, NodeCapabilities, NodeInfo, Problem, PublishContext, Secrets,
-    ValidationErrors, VolumeCapability, VolumeContext,
+    CapacityRange, ExternalVolumeId, FieldPath, NodeCapabilities, NodeExpansion, NodeInfo, Problem,
+    PublishContext, Secrets, ValidationErrors, VolumeCapability, VolumeContext,
 };
 
 use crate::convert;
@@ -58,7 +58,8 @@ impl NodeClient {
         pb::NodeGetStorageHealthRequest => pb::NodeGetStorageHealthResponse
     );
     raw_rpc!(
-        /// `NodeExpandVolume`. FAILED_PRECONDITION (cannot grow while in use) is fatal.
+        /// `NodeExpandVolume`, raw; [`expand`](Self::expand) takes domain values and answers
+        /// the size as `u64`. FAILED_PRECONDITION (cannot grow while in use) is fatal.
         node_expand_volume, Raw<crate::channel::PluginChannel>,
         pb::NodeExpandVolumeRequest => pb::NodeExpandVolumeResponse
     );
@@ -155,6 +156,63 @@ impl NodeClient {
         self.node_unpublish_volume(request).await
     }
 
+    /// `NodeExpandVolume` from domain values: grows the volume (its file system, say) at
+    /// `volume_path` on this node, after the controller's expansion answered
+    /// `node_expansion_required` (or alone, for a plugin that expands on the node only).
+    /// The answer's size is checked: a negative one is an invalid response naming
+    /// `capacity_bytes`, and 0 (the plugin did not say) is `None`.
+    ///
+    /// ```no_run
+    /// # async fn run(client: csi_client::CsiClient) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::path::Path;
+    /// use csi_client::NodeExpand;
+    /// use csi_structs::{CapacityRange, ExternalVolumeId, Secrets};
+    ///
+    /// let volume = ExternalVolumeId::new("vol-1")?;
+    /// let range = CapacityRange::at_least(20 << 30)?;
+    /// let grown = client
+    ///     .node()
+    ///     .expand(&NodeExpand {
+    ///         volume: &volume,
+    ///         volume_path: Path::new("/var/lib/csi/pods/p1/vol-1"),
+    ///         staging_target_path: None,
+    ///         capacity_range: Some(&range),
+    ///         capability: None,
+    ///         secrets: &Secrets::default(),
+    ///     })
+    ///     .await?;
+    /// println!("now {:?} bytes", grown.capacity_bytes);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`node_expand_volume`](Self::node_expand_volume); a path that is not UTF-8 is
+    /// refused before sending.
+    pub async fn expand(&self, expand: &NodeExpand<'_>) -> Result<NodeExpansion, Error> {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodeExpandVolumeRequest {
+            volume_id: expand.volume.as_str().to_owned(),
+            volume_path: wire_path(expand.volume_path, "volume_path", &mut errs),
+            capacity_range: expand.capacity_range.map(Into::into),
+            staging_target_path: expand
+                .staging_target_path
+                .map(|p| wire_path(p, "staging_target_path", &mut errs))
+                .unwrap_or_default(),
+            volume_capability: expand.capability.map(Into::into),
+            secrets: expand.secrets.to_wire(),
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.caller
+            .unary(
+                &self.options,
+                request,
+                |ch, req| async move { Raw::new(ch).node_expand_volume(req).await },
+                convert::wire,
+            )
+            .await
+    }
+
     /// The request's error when a path in it is not UTF-8 (nothing is sent).
     fn refuse_bad_paths<R: CsiRequest>(
         &self,
@@ -240,6 +298,24 @@ pub struct NodePublish<'a> {
     pub publish_context: &'a PublishContext,
     /// The volume's context from `CreateVolume`.
     pub volume_context: &'a VolumeContext,
+    /// Secrets for the plugin; never logged.
+    pub secrets: &'a Secrets,
+}
+
+/// What [`NodeClient::expand`] sends: grow `volume`, published at `volume_path`.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeExpand<'a> {
+    /// The plugin's volume id.
+    pub volume: &'a ExternalVolumeId,
+    /// Where the volume is published (or staged, for a block volume staged only); absolute.
+    pub volume_path: &'a Path,
+    /// Where the volume was staged, when the plugin has `STAGE_UNSTAGE_VOLUME`.
+    pub staging_target_path: Option<&'a Path>,
+    /// The size wanted, usually the range the controller's expansion was asked for; `None`
+    /// lets the plugin grow to the volume's size.
+    pub capacity_range: Option<&'a CapacityRange>,
+    /// How the volume is used, when known.
+    pub capability: Option<&'a VolumeCapability>,
     /// Secrets for the plugin; never logged.
     pub secrets: &'a Secrets,
 }

@@ -33,7 +33,28 @@ macro_rules! service_client {
 pub(crate) use service_client;
 
 /// Defines a method that sends a raw request and returns the checked raw response.
+///
+/// `name = rpc` names the method `name` and sends the generated client's `rpc` (for a raw
+/// method whose RPC name belongs to the typed call).
 macro_rules! raw_rpc {
+    ($(#[$doc:meta])* $method:ident = $rpc:ident, $raw:ty, $req:ty => ()) => {
+        $(#[$doc])*
+        ///
+        /// # Errors
+        ///
+        /// An [`Error`](crate::Error) with the RPC's class: an invalid request is refused
+        /// before sending.
+        pub async fn $method(&self, request: $req) -> Result<(), $crate::error::Error> {
+            self.caller
+                .unary(
+                    &self.options,
+                    request,
+                    |ch, req| async move { <$raw>::new(ch).$rpc(req).await },
+                    |_| Ok(()),
+                )
+                .await
+        }
+    };
     ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => ()) => {
         $(#[$doc])*
         ///
@@ -75,8 +96,13 @@ pub(crate) use raw_rpc;
 
 /// Defines a method that sends a raw request and converts the checked answer into a
 /// `csi-structs` value with `$convert` (a failure is an invalid response).
+///
+/// `name = rpc` names the method `name` and sends the generated client's `rpc`.
 macro_rules! typed_rpc {
     ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => $out:ty, $convert:expr) => {
+        $crate::service::typed_rpc!($(#[$doc])* $method = $method, $raw, $req => $out, $convert);
+    };
+    ($(#[$doc:meta])* $method:ident = $rpc:ident, $raw:ty, $req:ty => $out:ty, $convert:expr) => {
         $(#[$doc])*
         ///
         /// # Errors
@@ -89,7 +115,7 @@ macro_rules! typed_rpc {
                 .unary(
                     &self.options,
                     request,
-                    |ch, req| async move { <$raw>::new(ch).$method(req).await },
+                    |ch, req| async move { <$raw>::new(ch).$rpc(req).await },
                     $convert,
                 )
                 .await

@@ -15,8 +15,8 @@
 //! - [`capacity`], [`topology`], [`maps`], [`secrets`]: the value types of the spec with their
 //!   rules; [`Secrets`] never prints a value, and [`volume_secrets`] holds a volume's secrets
 //!   with the set each kind of call sends.
-//! - [`info`], [`volume`], [`snapshot`]: what a plugin says about itself, its node, its
-//!   volumes and snapshots.
+//! - [`info`], [`volume`], [`snapshot`], [`expansion`]: what a plugin says about itself, its
+//!   node, its volumes (with their status) and snapshots, and the sizes it grew volumes to.
 //! - [`registration`]: the orchestrator's record of a volume, and how a user's update merges
 //!   onto it.
 //! - [`confirm`]: whether a `ValidateVolumeCapabilities` answer really confirms the request.
@@ -58,6 +58,7 @@ pub mod capability_set;
 pub mod capacity;
 pub mod confirm;
 pub mod error_class;
+pub mod expansion;
 pub mod ids;
 pub mod info;
 pub mod limits;
@@ -90,6 +91,8 @@ pub use confirm::{ConfirmPolicy, Confirmation, Mismatch};
 #[doc(inline)]
 pub use error_class::{ErrorClass, UnknownErrorClass};
 #[doc(inline)]
+pub use expansion::{ControllerExpansion, NodeExpansion};
+#[doc(inline)]
 pub use ids::{
     ExternalVolumeId, GroupSnapshotId, NodeId, PluginId, PluginNodeId, SnapshotId, VolumeId,
     WorkloadId,
@@ -109,7 +112,7 @@ pub use topology::{Topology, TopologyRequirement};
 #[doc(inline)]
 pub use validation::{FieldPath, Problem, ValidationErrors, Violation};
 #[doc(inline)]
-pub use volume::{ContentSource, Volume};
+pub use volume::{ContentSource, Volume, VolumeCondition, VolumeStatus, VolumeWithStatus};
 #[doc(inline)]
 pub use volume_secrets::{SecretsUse, VolumeSecrets};
 #[doc(inline)]

@@ -1,10 +1,12 @@
 //! [`Volume`]: a volume as the plugin describes it (`csi.v1.Volume`, e.g. in the
 //! `CreateVolume` answer), and [`ContentSource`], what a new volume is made from.
+//! [`VolumeWithStatus`] is the `ControllerGetVolume` answer: the volume with the nodes it is
+//! published to and its [`VolumeCondition`].
 //!
 //! The orchestrator's record of a volume, with its user-set and orchestrator-owned fields, is
 //! [`registration`](crate::registration).
 
-use crate::ids::{ExternalVolumeId, SnapshotId};
+use crate::ids::{ExternalVolumeId, PluginNodeId, SnapshotId};
 use crate::maps::VolumeContext;
 use crate::topology::Topology;
 
@@ -44,4 +46,33 @@ impl Volume {
             accessible_topology: Vec::new(),
         }
     }
+}
+
+/// How a volume is doing, as the plugin sees it (`VolumeCondition`, alpha).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct VolumeCondition {
+    /// Whether the volume is not available for use or not operating optimally.
+    pub abnormal: bool,
+    /// The plugin's words about the condition, for people (possibly empty).
+    pub message: String,
+}
+
+/// What a plugin says about a volume besides the volume itself (`VolumeStatus` of
+/// `ControllerGetVolume`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeStatus {
+    /// The plugin's ids of the nodes the volume is published to (empty: none, or a plugin
+    /// without `LIST_VOLUMES_PUBLISHED_NODES`).
+    pub published_nodes: Vec<PluginNodeId>,
+    /// Its condition; `None` from a plugin without `VOLUME_CONDITION`.
+    pub condition: Option<VolumeCondition>,
+}
+
+/// A volume and its status: the answer to `ControllerGetVolume`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeWithStatus {
+    /// The volume, checked by the same rules as `CreateVolume`'s answer.
+    pub volume: Volume,
+    /// Where it is published and its condition.
+    pub status: VolumeStatus,
 }

@@ -8,6 +8,7 @@ mod support;
 mod broken;
 mod connection;
 mod dial;
+mod expand_snapshots;
 mod inflight;
 mod lifecycle;
 mod metrics;

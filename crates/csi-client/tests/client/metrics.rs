@@ -313,12 +313,12 @@ async fn user_layers_see_every_attempt_the_last_added_first() {
 async fn metadata_stream(
     client: &CsiClient,
 ) -> csi_client::MetadataStream<csi_client::proto::GetMetadataAllocatedResponse> {
+    let volume = csi_structs::ExternalVolumeId::new("vol-1").unwrap();
     let snapshot = guard(client.controller().create_snapshot(
-        csi_client::proto::CreateSnapshotRequest {
-            source_volume_id: "vol-1".into(),
-            name: "snap-1".into(),
-            ..Default::default()
-        },
+        &volume,
+        "snap-1",
+        &Default::default(),
+        &Default::default(),
     ))
     .await
     .unwrap();

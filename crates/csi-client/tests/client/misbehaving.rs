@@ -359,3 +359,100 @@ async fn status_details_that_are_not_base64_do_not_panic() {
     );
     assert_eq!(err.class(), ErrorClass::Fatal);
 }
+
+/// The violations of an invalid answer, as (field, problem).
+fn violations(err: &csi_client::Error) -> Vec<(String, csi_structs::Problem)> {
+    let ErrorKind::InvalidResponse(ResponseError::Fields(errs)) = err.kind() else {
+        panic!("expected an invalid answer naming its fields, got {err:?}");
+    };
+    errs.violations()
+        .iter()
+        .map(|v| (v.field.to_string(), v.problem.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_negative_size_after_expansion_is_refused_naming_the_field() {
+    use csi_structs::{CapacityRange, ExternalVolumeId, Problem, Secrets};
+    use prost::Message;
+
+    let negative = proto::ControllerExpandVolumeResponse {
+        capacity_bytes: -(1 << 30),
+        node_expansion_required: true,
+    };
+    let (dir, server, client) = setup(Bad::Message(negative.encode_to_vec()));
+    let volume = ExternalVolumeId::new("vol-1").unwrap();
+    let range = CapacityRange::at_least(1 << 30).unwrap();
+    let err = guard(
+        client
+            .controller()
+            .expand(&volume, &range, None, &Secrets::default()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        violations(&err),
+        [(
+            "capacity_bytes".to_owned(),
+            Problem::Negative { value: -(1 << 30) }
+        )]
+    );
+    // A mutation whose answer could not be used: it may have happened.
+    assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert!(err.to_string().contains("vol-1"), "{err}");
+
+    // The same bytes decode as a NodeExpandVolumeResponse of that size (field 1).
+    let path = dir.path().join("target");
+    let err = guard(client.node().expand(&csi_client::NodeExpand {
+        volume: &volume,
+        volume_path: &path,
+        staging_target_path: None,
+        capacity_range: Some(&range),
+        capability: None,
+        secrets: &Secrets::default(),
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(
+        violations(&err),
+        [(
+            "capacity_bytes".to_owned(),
+            Problem::Negative { value: -(1 << 30) }
+        )]
+    );
+    assert_eq!(err.class(), ErrorClass::Uncertain, "{err}");
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_bad_published_node_id_in_get_volume_is_refused_naming_it() {
+    use csi_structs::{ExternalVolumeId, Problem};
+    use prost::Message;
+
+    let answer = proto::ControllerGetVolumeResponse {
+        volume: Some(proto::Volume {
+            volume_id: "vol-1".into(),
+            capacity_bytes: 1 << 30,
+            ..Default::default()
+        }),
+        status: Some(proto::controller_get_volume_response::VolumeStatus {
+            published_node_ids: vec!["node-a".into(), String::new()],
+            volume_condition: None,
+        }),
+    };
+    let (_dir, _server, client) = setup(Bad::Message(answer.encode_to_vec()));
+    let err = guard(
+        client
+            .controller()
+            .get_volume(&ExternalVolumeId::new("vol-1").unwrap()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        violations(&err),
+        [("status.published_node_ids[1]".to_owned(), Problem::Missing)]
+    );
+    // A read whose answer was unusable may be asked again.
+    assert_eq!(err.class(), ErrorClass::Retry, "{err}");
+}

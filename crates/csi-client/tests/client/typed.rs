@@ -10,8 +10,8 @@ use csi_client::{
 };
 use csi_structs::confirm::AskedCapabilities;
 use csi_structs::{
-    AccessMode, ConfirmPolicy, Confirmation, ExternalVolumeId, Mismatch, MountOptions, Secrets,
-    VolumeCapability,
+    AccessMode, ConfirmPolicy, Confirmation, ExternalVolumeId, Mismatch, MountOptions, Parameters,
+    Secrets, VolumeCapability,
 };
 use csi_testkit::Quirk;
 
@@ -59,15 +59,12 @@ async fn invalid_requests_are_refused_before_sending() {
 async fn request_names_with_control_characters_are_refused_before_sending() {
     let mock = Mock::default().await;
     let client = mock.client(|_| {});
-    let err = guard(
-        client
-            .controller()
-            .create_snapshot(proto::CreateSnapshotRequest {
-                source_volume_id: "vol-1".into(),
-                name: "snap\u{1b}[2J".into(),
-                ..Default::default()
-            }),
-    )
+    let err = guard(client.controller().create_snapshot(
+        &vol1(),
+        "snap\u{1b}[2J",
+        &Parameters::default(),
+        &Secrets::default(),
+    ))
     .await
     .unwrap_err();
     let ErrorKind::InvalidRequest(errs) = err.kind() else {
@@ -370,15 +367,12 @@ async fn create_volume_returns_the_domain_volume() {
 async fn metadata_streams_are_read_to_their_clean_end() {
     let mock = Mock::default().await;
     let client = mock.client(|_| {});
-    let snapshot = guard(
-        client
-            .controller()
-            .create_snapshot(proto::CreateSnapshotRequest {
-                source_volume_id: "vol-1".into(),
-                name: "snap-1".into(),
-                ..Default::default()
-            }),
-    )
+    let snapshot = guard(client.controller().create_snapshot(
+        &vol1(),
+        "snap-1",
+        &Parameters::default(),
+        &Secrets::default(),
+    ))
     .await
     .unwrap();
     let mut stream = guard(client.snapshot_metadata().get_metadata_allocated(

@@ -25,6 +25,7 @@
 mod capability;
 mod capability_set;
 mod confirm;
+mod expansion;
 mod info;
 mod registration;
 mod snapshot;

@@ -4,10 +4,10 @@ use csi_proto::v1;
 use csi_proto::v1::volume_content_source as vcs;
 
 use super::{by_ref_and_value, collect, finish, optional_size, size_to_wire};
-use crate::ids::{ExternalVolumeId, SnapshotId};
+use crate::ids::{ExternalVolumeId, PluginNodeId, SnapshotId};
 use crate::maps::{PublishContext, VolumeContext};
 use crate::validation::{FieldPath, Problem, ValidationErrors};
-use crate::volume::{ContentSource, Volume};
+use crate::volume::{ContentSource, Volume, VolumeCondition, VolumeStatus, VolumeWithStatus};
 
 impl From<&ContentSource> for v1::VolumeContentSource {
     fn from(s: &ContentSource) -> Self {
@@ -174,6 +174,98 @@ impl From<&PublishContext> for v1::ControllerPublishVolumeResponse {
     }
 }
 
+impl From<&VolumeCondition> for v1::VolumeCondition {
+    fn from(c: &VolumeCondition) -> Self {
+        v1::VolumeCondition {
+            abnormal: c.abnormal,
+            message: c.message.clone(),
+        }
+    }
+}
+
+impl From<&v1::VolumeCondition> for VolumeCondition {
+    fn from(w: &v1::VolumeCondition) -> Self {
+        VolumeCondition {
+            abnormal: w.abnormal,
+            message: w.message.clone(),
+        }
+    }
+}
+
+pub(crate) fn status_from_wire(
+    errs: &mut ValidationErrors,
+    at: &FieldPath,
+    w: &v1::controller_get_volume_response::VolumeStatus,
+) -> Option<VolumeStatus> {
+    let nodes: Vec<Option<PluginNodeId>> = w
+        .published_node_ids
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            collect(
+                errs,
+                PluginNodeId::new_at(n.clone(), &at.clone().field("published_node_ids").index(i)),
+            )
+        })
+        .collect();
+    Some(VolumeStatus {
+        published_nodes: nodes.into_iter().collect::<Option<_>>()?,
+        condition: w.volume_condition.as_ref().map(Into::into),
+    })
+}
+
+impl From<&VolumeStatus> for v1::controller_get_volume_response::VolumeStatus {
+    fn from(s: &VolumeStatus) -> Self {
+        v1::controller_get_volume_response::VolumeStatus {
+            published_node_ids: s
+                .published_nodes
+                .iter()
+                .map(|n| n.as_str().to_string())
+                .collect(),
+            volume_condition: s.condition.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl TryFrom<&v1::ControllerGetVolumeResponse> for VolumeWithStatus {
+    type Error = super::WireError;
+    fn try_from(w: &v1::ControllerGetVolumeResponse) -> Result<Self, Self::Error> {
+        let mut errs = ValidationErrors::new();
+        let at = FieldPath::named("volume");
+        let volume = match &w.volume {
+            None => {
+                errs.push(at, Problem::Missing);
+                None
+            }
+            Some(v) => volume_from_wire(&mut errs, &at, v),
+        };
+        // Required by the spec (and a message, so its absence is visible on the wire).
+        let at = FieldPath::named("status");
+        let status = match &w.status {
+            None => {
+                errs.push(at, Problem::Missing);
+                None
+            }
+            Some(s) => status_from_wire(&mut errs, &at, s),
+        };
+        let value = match (volume, status) {
+            (Some(volume), Some(status)) => Some(VolumeWithStatus { volume, status }),
+            _ => None,
+        };
+        finish("ControllerGetVolumeResponse", errs, value)
+    }
+}
+by_ref_and_value!(v1::ControllerGetVolumeResponse => VolumeWithStatus);
+
+impl From<&VolumeWithStatus> for v1::ControllerGetVolumeResponse {
+    fn from(v: &VolumeWithStatus) -> Self {
+        v1::ControllerGetVolumeResponse {
+            volume: Some((&v.volume).into()),
+            status: Some((&v.status).into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +338,85 @@ mod tests {
         let v = Volume::try_from(&w).unwrap();
         assert_eq!(v.capacity_bytes, None);
         assert_eq!(v1::Volume::from(&v), w);
+    }
+
+    #[test]
+    fn get_volume_response_rules() {
+        let err =
+            VolumeWithStatus::try_from(v1::ControllerGetVolumeResponse::default()).unwrap_err();
+        assert_eq!(err.message, "ControllerGetVolumeResponse");
+        let fields: Vec<String> = err
+            .errors
+            .violations()
+            .iter()
+            .map(|v| v.field.to_string())
+            .collect();
+        assert_eq!(fields, ["volume", "status"]);
+
+        let w = v1::ControllerGetVolumeResponse {
+            volume: Some(v1::Volume {
+                volume_id: "vol-1".into(),
+                capacity_bytes: -1,
+                ..Default::default()
+            }),
+            status: Some(v1::controller_get_volume_response::VolumeStatus {
+                published_node_ids: vec!["node-a".into(), String::new(), "n".repeat(257)],
+                volume_condition: None,
+            }),
+        };
+        let err = VolumeWithStatus::try_from(&w).unwrap_err();
+        let got: Vec<(String, Problem)> = err
+            .errors
+            .into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(
+            got[0],
+            (
+                "volume.capacity_bytes".to_owned(),
+                Problem::Negative { value: -1 }
+            )
+        );
+        assert_eq!(
+            got[1],
+            ("status.published_node_ids[1]".to_owned(), Problem::Missing)
+        );
+        assert_eq!(got[2].0, "status.published_node_ids[2]");
+    }
+
+    #[test]
+    fn get_volume_round_trip() {
+        let w = v1::ControllerGetVolumeResponse {
+            volume: Some(v1::Volume {
+                volume_id: "vol-1".into(),
+                capacity_bytes: 1 << 30,
+                ..Default::default()
+            }),
+            status: Some(v1::controller_get_volume_response::VolumeStatus {
+                published_node_ids: vec!["node-a".into(), "node-b".into()],
+                volume_condition: Some(v1::VolumeCondition {
+                    abnormal: true,
+                    message: "degraded".into(),
+                }),
+            }),
+        };
+        let v = VolumeWithStatus::try_from(&w).unwrap();
+        assert_eq!(v.volume.capacity_bytes, Some(1 << 30));
+        let nodes: Vec<&str> = v
+            .status
+            .published_nodes
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(nodes, ["node-a", "node-b"]);
+        assert_eq!(
+            v.status.condition,
+            Some(VolumeCondition {
+                abnormal: true,
+                message: "degraded".into()
+            })
+        );
+        assert_eq!(v1::ControllerGetVolumeResponse::from(&v), w);
     }
 }

@@ -4,8 +4,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use csi_client::proto;
-use csi_structs::{CapacityRange, SnapshotId};
+use csi_client::NodeExpand;
+use csi_structs::{CapacityRange, Parameters, Secrets, SnapshotId};
 
 use super::error::{DemoError, StepError};
 use super::plan::Plan;
@@ -32,13 +32,15 @@ impl<W: Write> Walk<'_, W> {
         };
         let wanted = volume.capacity.unwrap_or(GROWTH).saturating_add(GROWTH);
         let range = match CapacityRange::new(Some(wanted), None) {
-            Ok(range) => proto::CapacityRange::from(&range),
+            Ok(range) => range,
             Err(e) => return Err(self.fail(Step::Expand, None, StepError::BadAnswer(e))),
         };
-        let Some(volume_path) = target.to_str().map(str::to_owned) else {
+        // The wire carries paths as strings: say so before growing anything.
+        if target.to_str().is_none() {
             let path = target.to_owned();
             return Err(self.fail(Step::Expand, None, StepError::PathNotUtf8(path)));
-        };
+        }
+        let secrets = Secrets::default();
         let started = Instant::now();
         let mut done = Vec::new();
         let mut node_step = !how.controller;
@@ -46,12 +48,7 @@ impl<W: Write> Walk<'_, W> {
             let answer = self
                 .client
                 .controller()
-                .controller_expand_volume(proto::ControllerExpandVolumeRequest {
-                    volume_id: volume.external.as_str().to_owned(),
-                    capacity_range: Some(range),
-                    secrets: Default::default(),
-                    volume_capability: Some((&self.capability).into()),
-                })
+                .expand(&volume.external, &range, Some(&self.capability), &secrets)
                 .await;
             match answer {
                 Ok(a) => {
@@ -68,13 +65,13 @@ impl<W: Write> Walk<'_, W> {
             let answer = self
                 .client
                 .node()
-                .node_expand_volume(proto::NodeExpandVolumeRequest {
-                    volume_id: volume.external.as_str().to_owned(),
-                    volume_path,
-                    capacity_range: Some(range),
-                    staging_target_path: staging.unwrap_or_default().to_owned(),
-                    volume_capability: Some((&self.capability).into()),
-                    secrets: Default::default(),
+                .expand(&NodeExpand {
+                    volume: &volume.external,
+                    volume_path: target,
+                    staging_target_path: staging.map(Path::new),
+                    capacity_range: Some(&range),
+                    capability: Some(&self.capability),
+                    secrets: &secrets,
                 })
                 .await;
             match answer {
@@ -113,11 +110,12 @@ impl<W: Write> Walk<'_, W> {
         let cut = self
             .client
             .controller()
-            .create_snapshot(proto::CreateSnapshotRequest {
-                source_volume_id: volume.external.as_str().to_owned(),
-                name: name.clone(),
-                ..Default::default()
-            })
+            .create_snapshot(
+                &volume.external,
+                &name,
+                &Parameters::default(),
+                &Secrets::default(),
+            )
             .await;
         let took = started.elapsed();
         match cut {
@@ -167,10 +165,7 @@ impl<W: Write> Walk<'_, W> {
         let deleted = self
             .client
             .controller()
-            .delete_snapshot(proto::DeleteSnapshotRequest {
-                snapshot_id: snapshot.as_str().to_owned(),
-                secrets: Default::default(),
-            })
+            .delete_snapshot(&snapshot, &Secrets::default())
             .await;
         let took = started.elapsed();
         let result = deleted_result(deleted)

@@ -3,7 +3,7 @@
 //! [`VolumeManager`] so its usage records decide about unstaging.
 
 use async_trait::async_trait;
-use csi_client::{ErrorClass, Failure};
+use csi_client::{ErrorClass, Failure, SnapshotFilter};
 use csi_rpc_shim::{
     Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
@@ -306,16 +306,16 @@ impl LocalPlugins for LocalBackend {
         let range = capacity_range(req.required_bytes, req.limit_bytes)?;
         within(ctx, async move {
             let answer = c
-                .controller_expand_volume(csi_client::proto::ControllerExpandVolumeRequest {
-                    volume_id: req.external_volume.as_str().to_owned(),
-                    capacity_range: Some((&range).into()),
-                    secrets: req.secrets.to_wire(),
-                    volume_capability: req.capability.as_ref().map(Into::into),
-                })
+                .expand(
+                    &req.external_volume,
+                    &range,
+                    req.capability.as_ref(),
+                    &req.secrets,
+                )
                 .await
                 .map_err(client_error)?;
             Ok(ControllerExpanded {
-                capacity_bytes: answer.capacity_bytes,
+                capacity_bytes: i64::try_from(answer.capacity_bytes).unwrap_or(i64::MAX),
                 node_expansion_required: answer.node_expansion_required,
             })
         })
@@ -364,13 +364,7 @@ impl LocalPlugins for LocalBackend {
         let c = self.controller(&req.query.plugin)?;
         within(ctx, async move {
             let snapshot = c
-                .create_snapshot(csi_client::proto::CreateSnapshotRequest {
-                    source_volume_id: req.source.as_str().to_owned(),
-                    name: req.name.clone(),
-                    secrets: req.secrets.to_wire(),
-                    parameters: req.parameters.to_wire(),
-                    ..Default::default()
-                })
+                .create_snapshot(&req.source, &req.name, &req.parameters, &req.secrets)
                 .await
                 .map_err(client_error)?;
             Ok(snapshot_info(snapshot))
@@ -385,12 +379,9 @@ impl LocalPlugins for LocalBackend {
     ) -> Result<(), PluginError> {
         let c = self.controller(&req.query.plugin)?;
         within(ctx, async move {
-            c.delete_snapshot(csi_client::proto::DeleteSnapshotRequest {
-                snapshot_id: req.snapshot.as_str().to_owned(),
-                secrets: req.secrets.to_wire(),
-            })
-            .await
-            .map_err(client_error)
+            c.delete_snapshot(&req.snapshot, &req.secrets)
+                .await
+                .map_err(client_error)
         })
         .await
     }
@@ -403,38 +394,32 @@ impl LocalPlugins for LocalBackend {
     ) -> Result<SnapshotPage, PluginError> {
         let c = self.controller(&req.query.plugin)?;
         within(ctx, async move {
-            let request = csi_client::proto::ListSnapshotsRequest {
-                max_entries: req.max_entries,
-                starting_token: req.starting_token.clone(),
-                source_volume_id: req
-                    .source
-                    .as_ref()
-                    .map(|s| s.as_str().to_owned())
-                    .unwrap_or_default(),
-                snapshot_id: req
-                    .snapshot
-                    .as_ref()
-                    .map(|s| s.as_str().to_owned())
-                    .unwrap_or_default(),
-                secrets: req.secrets.to_wire(),
+            let filter = SnapshotFilter {
+                source_volume: req.source.clone(),
+                snapshot: req.snapshot.clone(),
             };
-            let (entries, next_token) = if whole(req.max_entries, &req.starting_token) {
-                let all = c.list_all_snapshots(request).await.map_err(client_error)?;
+            let (snapshots, next_token) = if whole(req.max_entries, &req.starting_token) {
+                let all = c
+                    .list_all_snapshots_matching(&filter, &req.secrets)
+                    .await
+                    .map_err(client_error)?;
                 (all, String::new())
             } else {
-                let page = c.list_snapshots(request).await.map_err(client_error)?;
-                (page.entries, page.next_token)
+                let max_entries = u32::try_from(req.max_entries).map_err(|_| {
+                    PluginError::failed(
+                        ErrorClass::Fatal,
+                        PluginFailure::NotSent,
+                        format!("max_entries {} is negative", req.max_entries),
+                    )
+                })?;
+                let starting_token = Some(req.starting_token.as_str()).filter(|t| !t.is_empty());
+                let page = c
+                    .list_snapshots_page(&filter, &req.secrets, max_entries, starting_token)
+                    .await
+                    .map_err(client_error)?;
+                (page.snapshots, page.next_token.unwrap_or_default())
             };
-            let entries = entries
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, e)| e.snapshot.map(|s| (i, s)))
-                .map(|(i, s)| {
-                    csi_structs::Snapshot::try_from(&s)
-                        .map(snapshot_info)
-                        .map_err(|e| unusable(format!("ListSnapshots entry {i}: {e}")))
-                })
-                .collect::<Result<_, _>>()?;
+            let entries = snapshots.into_iter().map(snapshot_info).collect();
             Ok(SnapshotPage {
                 entries,
                 next_token,
