@@ -2008,6 +2008,7 @@ pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
         Pending::NodeDetach(w) => ("node_detach", Some(w.to_string())),
         Pending::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
         Pending::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
+        Pending::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
     };
     let (last_error, last_error_class) = match &s.last_error {
         Some(LastError::Detach { error, .. }) => (
