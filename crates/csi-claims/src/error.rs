@@ -43,22 +43,7 @@ impl Error {
             Error::Claim(e) => e.class(),
             Error::Release(e) => e.class(),
             Error::Load(_) | Error::Backoff(_) => ErrorClass::Fatal,
-            Error::Store(e) => match e {
-                StoreError::Conflict { .. }
-                | StoreError::Interrupted { .. }
-                | StoreError::TimedOut { .. } => ErrorClass::Retry,
-                StoreError::LoadInterrupted
-                | StoreError::Redb { .. }
-                | StoreError::Unavailable { .. } => ErrorClass::Retry,
-                StoreError::Etcd { .. } => ErrorClass::Retry,
-                // Another agent holds the duty now: it performs the step.
-                StoreError::Fenced { .. } => ErrorClass::RetryElsewhere,
-                StoreError::WrongKey { .. }
-                | StoreError::TooLarge { .. }
-                | StoreError::Decode { .. }
-                | StoreError::Encode { .. }
-                | StoreError::TableName { .. } => ErrorClass::Fatal,
-            },
+            Error::Store(e) => e.class(),
             Error::Driver(e) => match e {
                 DriverError::Claim(c) => c.class(),
                 DriverError::Release(r) => r.class(),
@@ -67,6 +52,30 @@ impl Error {
                 DriverError::StillReleasing { .. } => ErrorClass::Retry,
                 DriverError::Stopped => ErrorClass::Fatal,
             },
+        }
+    }
+}
+
+impl StoreError {
+    /// What the caller should do about it: [`ErrorClass::Retry`] when the store failed or a
+    /// write was stale, [`ErrorClass::RetryElsewhere`] when another agent holds the duty,
+    /// [`ErrorClass::Fatal`] when the store refuses the record for good (or is misconfigured).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            StoreError::Conflict { .. }
+            | StoreError::Interrupted { .. }
+            | StoreError::TimedOut { .. } => ErrorClass::Retry,
+            StoreError::LoadInterrupted
+            | StoreError::Redb { .. }
+            | StoreError::Unavailable { .. } => ErrorClass::Retry,
+            StoreError::Etcd { .. } => ErrorClass::Retry,
+            // Another agent holds the duty now: it performs the step.
+            StoreError::Fenced { .. } => ErrorClass::RetryElsewhere,
+            StoreError::WrongKey { .. }
+            | StoreError::TooLarge { .. }
+            | StoreError::Decode { .. }
+            | StoreError::Encode { .. }
+            | StoreError::TableName { .. } => ErrorClass::Fatal,
         }
     }
 }

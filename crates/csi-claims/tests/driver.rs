@@ -10,7 +10,7 @@ use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{
     ClaimsDriver, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
 };
-use csi_claims::machine::{LastError, Pending};
+use csi_claims::machine::{LastError, Pending, RetriedStep};
 use csi_claims::store::{ClaimStore, RedbStore};
 use csi_claims::{
     ClaimError, ClaimMode, ClaimState, ControllerDetachRequest, ControllerRequirement,
@@ -134,6 +134,65 @@ async fn missing_node_plugin_is_retried_with_backoff_until_it_returns() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_subscriber_hears_each_failed_attempt_and_the_recovery() {
+    let plugin = Plugin::new();
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::Retry, 2);
+    let (claims, driver) = start(
+        &plugin,
+        config(Duration::from_secs(2), Duration::from_secs(60)),
+    )
+    .await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let a = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
+    let mut events = claims.subscribe();
+    let released_at = tokio::time::Instant::now().into_std();
+    guard(claims.release_and_wait(&v.id, a.workload()))
+        .await
+        .unwrap();
+    let step = RetriedStep::NodeDetach(a.workload().clone());
+    let mut failures = Vec::new();
+    let mut recovered = None;
+    while let Ok(event) = events.try_recv() {
+        match event {
+            Event::StepFailed(f) => failures.push(f),
+            Event::StepRecovered {
+                volume,
+                step,
+                failed_attempts,
+            } => recovered = Some((volume, step, failed_attempts)),
+            _ => {}
+        }
+    }
+    let seen: Vec<_> = failures
+        .iter()
+        .map(|f| (&f.volume, &f.step, f.class, f.attempt))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (&v.id, &step, ErrorClass::Retry, 1),
+            (&v.id, &step, ErrorClass::Retry, 2)
+        ]
+    );
+    // The retries are due after the backoff's delays: 2 s, then 4 s (less at most 20 %
+    // jitter), each counted from the failure before (virtual time: calls take none).
+    let first = failures[0].next_retry - released_at;
+    let second = failures[1].next_retry - failures[0].next_retry;
+    assert!(
+        first >= Duration::from_millis(1600) && first <= Duration::from_millis(2000),
+        "{first:?}"
+    );
+    assert!(
+        second >= Duration::from_millis(3200) && second <= Duration::from_millis(4010),
+        "{second:?}"
+    );
+    assert_eq!(recovered, Some((v.id.clone(), step, 2)));
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
     let plugin = Plugin::new();
     plugin.script(DetachRpc::ControllerUnpublish, ErrorClass::Retry, 1);
@@ -155,7 +214,14 @@ async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
     }
     let status = status.expect("the failed controller call should show as stuck");
     assert_eq!(status.attempts, 1);
-    assert_eq!(status.pending, Pending::Nothing);
+    // Backing off, naming the step, until the retry it announces.
+    assert_eq!(
+        status.pending,
+        Pending::Backoff {
+            step: RetriedStep::ControllerDetach(a.workload().clone()),
+            until: status.next_retry.expect("a retry is due"),
+        }
+    );
     assert!(matches!(
         &status.last_error,
         Some(LastError::Detach { error, .. }) if error.class == ErrorClass::Retry

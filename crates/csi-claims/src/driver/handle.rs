@@ -94,6 +94,7 @@ fn status_summary(status: Option<&VolumeStatus>) -> String {
         Pending::NodeDetach(w) => format!("the node detach of workload {w}"),
         Pending::ControllerDetach(w) => format!("the controller detach of workload {w}"),
         Pending::ControllerSlot(w) => format!("a controller call slot for workload {w}"),
+        Pending::Backoff { step, .. } => format!("the backoff before retrying the {step}"),
     };
     let last = match &status.last_error {
         Some(LastError::Detach { error, .. }) => format!(", last: {error}"),
@@ -208,6 +209,8 @@ impl Waiters {
                     let _ = tx.send(Ok(claim.clone()));
                 }
             }
+            // Progress reports: nobody waits on them (the release goes on by itself).
+            Event::StepFailed(_) | Event::StepRecovered { .. } => {}
         }
     }
 }
@@ -632,7 +635,8 @@ impl ClaimsHandle {
     }
 
     /// Every event from now on ([`Event::ClaimDurable`], [`Event::ClaimLost`],
-    /// [`Event::Freed`]). A receiver that falls more than
+    /// [`Event::Freed`], and a release's progress: [`Event::StepFailed`] for each failed
+    /// attempt of a step, [`Event::StepRecovered`] when it succeeds again). A receiver that falls more than
     /// [`DriverConfig::event_capacity`](super::DriverConfig::event_capacity) behind misses
     /// the oldest.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

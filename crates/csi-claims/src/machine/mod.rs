@@ -34,7 +34,10 @@
 //! - At most [`MachineConfig::controller_limit`] controller calls per plugin are outstanding.
 //! - A failed step is retried after a per-volume, capped, jittered backoff, or earlier when
 //!   an event says the cause may be gone. The machine's own writes never wake a failed step,
-//!   so there is no tight loop.
+//!   so there is no tight loop. Each failed attempt is announced ([`Event::StepFailed`]: the
+//!   step, its error class, the attempt and when it is retried), the wait shows in
+//!   [`status`](ReleaseMachine::status) as [`Pending::Backoff`], and a failed step that
+//!   succeeds at last is announced too ([`Event::StepRecovered`]).
 //!
 //! ```
 //! use std::time::Instant;
@@ -81,8 +84,8 @@ use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 
 pub use config::{Duties, MachineConfig, NodeDuties};
 pub use error::{ClaimError, LoadError, ReleaseError};
-pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, Ticket};
-pub use status::{LastError, Pending, VolumeStatus};
+pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, StepFailure, Ticket};
+pub use status::{LastError, Pending, RetriedStep, VolumeStatus};
 
 use crate::accounting::{Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
@@ -144,8 +147,9 @@ struct Retry {
     attempts: u32,
     not_before: Option<Instant>,
     last_error: Option<LastError>,
-    /// The workload whose step failed last (step retries only).
-    failed_for: Option<WorkloadId>,
+    /// The step whose failure counted last (the claim's workload names the claim that goes
+    /// after the others, see [`crate::transition`]).
+    failed_step: Option<RetriedStep>,
 }
 
 impl Retry {
@@ -153,20 +157,42 @@ impl Retry {
         self.not_before.is_none()
     }
 
-    fn succeeded(&mut self) {
-        *self = Retry::default();
+    /// The workload whose step failed last (step retries only).
+    fn failed_for(&self) -> Option<&WorkloadId> {
+        self.failed_step.as_ref().and_then(RetriedStep::workload)
     }
 
-    /// A step of `workload` succeeded. The backoff only starts over when it was the claim
-    /// that failed; another claim's progress does not reset a stuck claim's backoff.
-    fn succeeded_for(&mut self, workload: &WorkloadId) {
-        if self.failed_for.is_none() || self.failed_for.as_ref() == Some(workload) {
-            *self = Retry::default();
+    /// The backoff being waited out: the failed step and when it is retried.
+    fn backoff(&self) -> Option<(RetriedStep, Instant)> {
+        self.failed_step.clone().zip(self.not_before)
+    }
+
+    /// Starts over; returns the failed step and its failed attempts if one had failed
+    /// (for [`Event::StepRecovered`]).
+    fn succeeded(&mut self) -> Option<(RetriedStep, u32)> {
+        let recovered = std::mem::take(self);
+        recovered
+            .failed_step
+            .filter(|_| recovered.attempts > 0)
+            .map(|step| (step, recovered.attempts))
+    }
+
+    /// `step` (of a claim) succeeded. The backoff only starts over when it was the claim
+    /// that failed; another claim's progress does not reset a stuck claim's backoff. Returns
+    /// the failed attempts when it was this very step that had failed.
+    fn succeeded_step(&mut self, step: &RetriedStep) -> Option<u32> {
+        let failed = self.failed_for();
+        if failed.is_some() && failed != step.workload() {
+            return None;
         }
+        self.succeeded()
+            .and_then(|(failed, attempts)| (&failed == step).then_some(attempts))
     }
 
+    /// `step` failed: counts the attempt and schedules the retry. Returns when it is due.
     fn failed(
         &mut self,
+        step: RetriedStep,
         now: Instant,
         error: LastError,
         fatal: bool,
@@ -182,6 +208,7 @@ impl Retry {
         let at = now + delay;
         self.not_before = Some(at);
         self.last_error = Some(error);
+        self.failed_step = Some(step);
         at
     }
 }
@@ -881,7 +908,13 @@ impl ReleaseMachine {
                 entry.version = version;
                 entry.durable_rev = rev;
                 entry.unrecorded.retain(|(r, _, _)| *r > rev);
-                entry.store_retry.succeeded();
+                if let Some((step, failed_attempts)) = entry.store_retry.succeeded() {
+                    self.events.push_back(Event::StepRecovered {
+                        volume: volume.clone(),
+                        step,
+                        failed_attempts,
+                    });
+                }
                 for waiter in entry.waiters.extract_if(.., |w| w.rev <= rev) {
                     self.events.push_back(waiter.event(&volume));
                 }
@@ -915,7 +948,7 @@ impl ReleaseMachine {
                         reason: reason.clone(),
                     });
                 }
-                self.read_again_later(&volume, reason, now);
+                self.read_again_later(&volume, reason, e.class(), now);
             }
             Err(e) => {
                 // The outcome is unknown (the store may have written it before failing): read
@@ -1029,7 +1062,13 @@ impl ReleaseMachine {
                 entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
-                entry.store_retry.succeeded();
+                if let Some((step, failed_attempts)) = entry.store_retry.succeeded() {
+                    self.events.push_back(Event::StepRecovered {
+                        volume: volume.clone(),
+                        step,
+                        failed_attempts,
+                    });
+                }
                 entry.store_fault = None;
                 self.store_down.remove(&volume);
                 // A change seen after this read was made: read again (the watch's report of
@@ -1062,7 +1101,7 @@ impl ReleaseMachine {
 
     /// The result of an [`Action::NodeDetach`]. `Ok` and [`ErrorClass::AlreadyDone`] mean the
     /// node step is done; any other error fails the step, and the volume is retried after its
-    /// backoff (never skipped).
+    /// backoff (never skipped): [`Event::StepFailed`] says when.
     pub fn node_detached(&mut self, ticket: Ticket, result: Result<(), DetachError>, now: Instant) {
         let Some(Outstanding::Node(volume)) = self.outstanding.remove(&ticket) else {
             return;
@@ -1083,21 +1122,19 @@ impl ReleaseMachine {
         }
         let (workload, unstage) = (workload.clone(), *unstage);
         entry.op = Op::Idle;
+        let step = RetriedStep::NodeDetach(workload.clone());
         match result {
             Err(e) if e.class != ErrorClass::AlreadyDone => {
-                let fatal = e.class == ErrorClass::Fatal;
-                entry.step_retry.failed_for = Some(workload.clone());
-                let at = entry.step_retry.failed(
-                    now,
-                    LastError::Detach { error: e, at: now },
-                    fatal,
-                    &self.config.backoff,
-                    &mut self.rng,
-                );
-                self.timers.push(Reverse((at, volume.clone())));
+                self.step_failed(&volume, step, e, now);
             }
             _ => {
-                entry.step_retry.succeeded_for(&workload);
+                if let Some(failed_attempts) = entry.step_retry.succeeded_step(&step) {
+                    self.events.push_back(Event::StepRecovered {
+                        volume: volume.clone(),
+                        step,
+                        failed_attempts,
+                    });
+                }
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if claim.state == ClaimState::Releasing {
@@ -1117,7 +1154,8 @@ impl ReleaseMachine {
 
     /// The result of an [`Action::ControllerDetach`]. `Ok` and [`ErrorClass::AlreadyDone`]
     /// mean the controller step is done; any other error fails the step and the volume is
-    /// retried after its backoff. Frees the plugin's controller-call slot either way.
+    /// retried after its backoff ([`Event::StepFailed`] says when). Frees the plugin's
+    /// controller-call slot either way.
     pub fn controller_detached(
         &mut self,
         ticket: Ticket,
@@ -1144,21 +1182,19 @@ impl ReleaseMachine {
         }
         let (workload, covers) = (workload.clone(), covers.clone());
         entry.op = Op::Idle;
+        let step = RetriedStep::ControllerDetach(workload.clone());
         match result {
             Err(e) if e.class != ErrorClass::AlreadyDone => {
-                let fatal = e.class == ErrorClass::Fatal;
-                entry.step_retry.failed_for = Some(workload.clone());
-                let at = entry.step_retry.failed(
-                    now,
-                    LastError::Detach { error: e, at: now },
-                    fatal,
-                    &self.config.backoff,
-                    &mut self.rng,
-                );
-                self.timers.push(Reverse((at, volume.clone())));
+                self.step_failed(&volume, step, e, now);
             }
             _ => {
-                entry.step_retry.succeeded_for(&workload);
+                if let Some(failed_attempts) = entry.step_retry.succeeded_step(&step) {
+                    self.events.push_back(Event::StepRecovered {
+                        volume: volume.clone(),
+                        step,
+                        failed_attempts,
+                    });
+                }
                 // `ControllerUnpublishVolume` detaches the volume from the node, not from one
                 // claim: the claims on that node whose node step was done when the call was
                 // made (and that are still as they were) are detached by it too.
@@ -1220,7 +1256,7 @@ impl ReleaseMachine {
             NotStarted::Stale => entry.reload = Reload::Wanted,
             NotStarted::Store(error) => {
                 let unavailable = error.is_unavailable();
-                self.read_again_later(&volume, error_chain(&error), now);
+                self.read_again_later(&volume, error_chain(&error), error.class(), now);
                 if unavailable {
                     self.store_down.insert(volume.clone());
                 }
@@ -1319,8 +1355,16 @@ impl ReleaseMachine {
         } else {
             &entry.step_retry
         };
+        // The store's backoff comes first: no step starts before the volume is read again.
+        let backoff = entry
+            .store_retry
+            .backoff()
+            .or_else(|| entry.step_retry.backoff());
         let pending = match &entry.op {
-            Op::Idle => Pending::Nothing,
+            Op::Idle => match backoff {
+                Some((step, until)) => Pending::Backoff { step, until },
+                None => Pending::Nothing,
+            },
             Op::Node { workload, .. } => Pending::NodeDetach(workload.clone()),
             Op::Controller { workload, .. } => Pending::ControllerDetach(workload.clone()),
             Op::WaitingSlot { workload } => Pending::ControllerSlot(workload.clone()),
@@ -1409,7 +1453,7 @@ impl ReleaseMachine {
                 .retain(|c| !unwritten.contains(&c.workload));
         }
         entry.store_fault = Some(reason.clone());
-        self.read_again_later(volume, reason, now);
+        self.read_again_later(volume, reason, error.class(), now);
         // The store itself failed, not this volume's record: any later success of the store
         // ends the volume's wait.
         if error.is_unavailable() {
@@ -1417,13 +1461,22 @@ impl ReleaseMachine {
         }
     }
 
-    /// Reads `volume` again after its store backoff, `reason` being the store's error.
-    fn read_again_later(&mut self, volume: &VolumeId, reason: String, now: Instant) {
+    /// Reads `volume` again after its store backoff, `reason` being the store's error (of
+    /// class `class`); announces the wait ([`Event::StepFailed`]).
+    fn read_again_later(
+        &mut self,
+        volume: &VolumeId,
+        reason: String,
+        class: ErrorClass,
+        now: Instant,
+    ) {
         let Some(entry) = self.volumes.get_mut(volume) else {
             return;
         };
         entry.reload = Reload::Wanted;
+        let step = RetriedStep::StoreRead;
         let at = entry.store_retry.failed(
+            step.clone(),
             now,
             LastError::Store {
                 detail: reason,
@@ -1433,7 +1486,47 @@ impl ReleaseMachine {
             &self.config.backoff,
             &mut self.rng,
         );
+        let attempt = entry.store_retry.attempts;
         self.timers.push(Reverse((at, volume.clone())));
+        self.events.push_back(Event::StepFailed(StepFailure {
+            volume: volume.clone(),
+            step,
+            class,
+            attempt,
+            next_retry: at,
+        }));
+    }
+
+    /// A detach call of `volume` failed: the volume's release steps wait out its backoff (at
+    /// the cap for a fatal error); announces the wait ([`Event::StepFailed`]).
+    fn step_failed(
+        &mut self,
+        volume: &VolumeId,
+        step: RetriedStep,
+        error: DetachError,
+        now: Instant,
+    ) {
+        let Some(entry) = self.volumes.get_mut(volume) else {
+            return;
+        };
+        let class = error.class;
+        let at = entry.step_retry.failed(
+            step.clone(),
+            now,
+            LastError::Detach { error, at: now },
+            class == ErrorClass::Fatal,
+            &self.config.backoff,
+            &mut self.rng,
+        );
+        let attempt = entry.step_retry.attempts;
+        self.timers.push(Reverse((at, volume.clone())));
+        self.events.push_back(Event::StepFailed(StepFailure {
+            volume: volume.clone(),
+            step,
+            class,
+            attempt,
+            next_retry: at,
+        }));
     }
 
     /// The store answered a call: the volumes that wait out a backoff because the store had
@@ -1523,7 +1616,7 @@ impl ReleaseMachine {
         if entry.op != Op::Idle || !entry.clean() || !entry.step_retry.ready() {
             return None;
         }
-        let deferred = entry.step_retry.failed_for.as_ref();
+        let deferred = entry.step_retry.failed_for();
         let step = next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs);
         // After a start, no plugin call before the plugin is known to be there again.
         let waits = match step {

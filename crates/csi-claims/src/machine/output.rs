@@ -1,12 +1,15 @@
 //! What the machine asks its driver to do ([`Action`]) and tells it ([`Event`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use csi_structs::{VolumeId, WorkloadId};
+use csi_structs::{ErrorClass, VolumeId, WorkloadId};
 
 use crate::detach::{ControllerDetachRequest, NodeDetachRequest};
 use crate::model::{Claim, VolumeRecord};
 use crate::store::Version;
+
+use super::RetriedStep;
 
 /// Names one requested action; hand it back with the action's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,4 +161,51 @@ pub enum Event {
     /// ended. A claim freed by another agent sharing the store carries the last state this
     /// machine saw of it (`Freed` when that said how both steps ended).
     Freed(Claim),
+    /// A release step failed (a detach call, or a read of the volume after the store failed)
+    /// and waits out a backoff before it is tried again: one event per failed attempt. The
+    /// volume's status says [`Pending::Backoff`](super::Pending::Backoff) meanwhile.
+    StepFailed(StepFailure),
+    /// A step that had failed ([`Event::StepFailed`]) succeeded: its backoff is over and the
+    /// release goes on. Not sent for a step whose retry was overtaken (another agent did it,
+    /// its node was reported gone).
+    StepRecovered {
+        /// The volume.
+        volume: VolumeId,
+        /// The step, naming its claim's workload.
+        step: RetriedStep,
+        /// How many attempts had failed before this one succeeded.
+        failed_attempts: u32,
+    },
+}
+
+/// A failed release step and when it is tried again ([`Event::StepFailed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepFailure {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The step that failed, naming its claim's workload
+    /// ([`RetriedStep::workload`]).
+    pub step: RetriedStep,
+    /// The class of the error: a detach call's [`DetachError::class`](crate::DetachError),
+    /// or the store error's [`StoreError::class`](crate::StoreError::class).
+    /// [`ErrorClass::Fatal`] is retried too, after the backoff's cap rather than a growing
+    /// delay: the machine never gives up a release, and an operator who fixed the cause can
+    /// cut the wait short (reporting the plugin available, say).
+    pub class: ErrorClass,
+    /// The failed attempts of the volume's release since its last successful step, this one
+    /// included: 1 for a first failure. It is the count the backoff grows with (and
+    /// [`VolumeStatus::attempts`](super::VolumeStatus::attempts)); while one claim of the
+    /// volume is being released, the failed attempts of this step so far.
+    pub attempt: u32,
+    /// When the retry is due: the failure's time plus the backoff's delay for `attempt` (its
+    /// cap for a fatal error). An event that says the cause may be gone (the plugin or the
+    /// node is back, the store answers) retries it earlier.
+    pub next_retry: Instant,
+}
+
+impl StepFailure {
+    /// The workload whose claim the step is for (`None` for a store read).
+    pub fn workload(&self) -> Option<&WorkloadId> {
+        self.step.workload()
+    }
 }

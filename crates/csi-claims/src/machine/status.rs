@@ -6,18 +6,86 @@ use csi_structs::{ErrorClass, VolumeId, WorkloadId};
 
 use crate::detach::DetachError;
 use crate::model::Claim;
+use crate::transition::Side;
 
 /// What a volume is waiting for right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Pending {
-    /// Nothing: idle, or backing off until [`VolumeStatus::next_retry`].
+    /// Nothing: no release step is in flight, awaited or backing off. (A store write of the
+    /// volume may be in flight.)
     Nothing,
+    /// The backoff after `step` failed: it is retried at `until` (the same instant as
+    /// [`VolumeStatus::next_retry`]), or earlier when an event says the cause may be gone (the
+    /// plugin or the node is back, the store answers). Until then no release step of the
+    /// volume is started.
+    Backoff {
+        /// The step that failed and waits to be retried.
+        step: RetriedStep,
+        /// When the retry is due.
+        until: Instant,
+    },
     /// A node detach call for this workload's claim.
     NodeDetach(WorkloadId),
     /// A controller detach call for this workload's claim.
     ControllerDetach(WorkloadId),
     /// A free controller-call slot of the plugin, for this workload's claim.
     ControllerSlot(WorkloadId),
+}
+
+/// A step of a volume's release that is retried after a backoff when it fails: the step of
+/// [`Pending::Backoff`], [`Event::StepFailed`](crate::Event::StepFailed) and
+/// [`Event::StepRecovered`](crate::Event::StepRecovered).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RetriedStep {
+    /// The node detach call (`NodeUnpublishVolume`, and `NodeUnstageVolume` for the last
+    /// user of the volume on its node) of this workload's claim.
+    NodeDetach(WorkloadId),
+    /// The controller detach call (`ControllerUnpublishVolume`) of this workload's claim.
+    ControllerDetach(WorkloadId),
+    /// Reading the volume's record again after the claim store failed (or refused the record
+    /// for good, or could not confirm a controller step): it belongs to no one claim, and no
+    /// claim or release of the volume is taken until it succeeds.
+    StoreRead,
+}
+
+impl RetriedStep {
+    /// The workload whose claim the step is for (`None` for [`RetriedStep::StoreRead`]).
+    pub fn workload(&self) -> Option<&WorkloadId> {
+        match self {
+            RetriedStep::NodeDetach(w) | RetriedStep::ControllerDetach(w) => Some(w),
+            RetriedStep::StoreRead => None,
+        }
+    }
+
+    /// Which agent performs the step, when agents share a store (`None` for
+    /// [`RetriedStep::StoreRead`], which every agent does for itself).
+    pub fn side(&self) -> Option<Side> {
+        match self {
+            RetriedStep::NodeDetach(_) => Some(Side::Node),
+            RetriedStep::ControllerDetach(_) => Some(Side::Controller),
+            RetriedStep::StoreRead => None,
+        }
+    }
+
+    /// The step's name: `node_detach`, `controller_detach` or `store_read`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RetriedStep::NodeDetach(_) => "node_detach",
+            RetriedStep::ControllerDetach(_) => "controller_detach",
+            RetriedStep::StoreRead => "store_read",
+        }
+    }
+}
+
+impl std::fmt::Display for RetriedStep {
+    /// `node detach of workload w1`, `controller detach of workload w1`, `store read`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetriedStep::NodeDetach(w) => write!(f, "node detach of workload {w}"),
+            RetriedStep::ControllerDetach(w) => write!(f, "controller detach of workload {w}"),
+            RetriedStep::StoreRead => f.write_str("store read"),
+        }
+    }
 }
 
 /// The last failure seen for a volume.
@@ -56,7 +124,7 @@ pub struct VolumeStatus {
     pub volume: VolumeId,
     /// Its claims, each with its state.
     pub claims: Vec<Claim>,
-    /// The call in flight or awaited.
+    /// The call in flight or awaited, or the failed step whose backoff the volume waits out.
     pub pending: Pending,
     /// Failed attempts of the current step since it last succeeded.
     pub attempts: u32,

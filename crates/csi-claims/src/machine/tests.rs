@@ -82,7 +82,10 @@ struct Harness {
     now: Instant,
     node_calls: Vec<NodeDetachRequest>,
     controller_calls: Vec<ControllerDetachRequest>,
+    /// Every event but the progress reports of failed steps.
     events: Vec<Event>,
+    /// [`Event::StepFailed`] and [`Event::StepRecovered`], in order.
+    progress: Vec<Event>,
     /// Every persisted record's claim states, in order, for the volume under test.
     writes: Vec<Vec<(String, &'static str)>>,
     fail_next_persist: bool,
@@ -110,6 +113,7 @@ impl Harness {
             node_calls: Vec::new(),
             controller_calls: Vec::new(),
             events: Vec::new(),
+            progress: Vec::new(),
             writes: Vec::new(),
             fail_next_persist: false,
             reads_fail: false,
@@ -156,7 +160,10 @@ impl Harness {
             }
         }
         while let Some(e) = self.m.poll_event() {
-            self.events.push(e);
+            match e {
+                Event::StepFailed(_) | Event::StepRecovered { .. } => self.progress.push(e),
+                _ => self.events.push(e),
+            }
         }
     }
 
@@ -1233,4 +1240,196 @@ fn a_cluster_member_waits_for_its_node_plugins_only() {
     h.m.plugin_available(&PluginId::new("plug").unwrap(), Some(&nid("n1")), h.now);
     h.pump();
     assert_eq!(h.node_calls.len(), 1);
+}
+
+/// The one [`Event::StepFailed`] among `events`, by position.
+fn failure(events: &[Event], index: usize) -> &StepFailure {
+    match events.get(index) {
+        Some(Event::StepFailed(f)) => f,
+        other => panic!("expected StepFailed at {index}, got {other:?} in {events:?}"),
+    }
+}
+
+#[test]
+fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.release("v", "a");
+    assert!(h.progress.is_empty());
+    let step = RetriedStep::NodeDetach(wid("a"));
+
+    // First failure: attempt 1, retried after the first delay (1 s); the status names it.
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::Retry));
+    assert_eq!(
+        h.progress,
+        [Event::StepFailed(StepFailure {
+            volume: vid("v"),
+            step: step.clone(),
+            class: ErrorClass::Retry,
+            attempt: 1,
+            next_retry: h.now + Duration::from_secs(1),
+        })]
+    );
+    assert_eq!(failure(&h.progress, 0).workload(), Some(&wid("a")));
+    let status = h.m.status(&vid("v")).unwrap();
+    assert_eq!(
+        status.pending,
+        Pending::Backoff {
+            step: step.clone(),
+            until: h.now + Duration::from_secs(1),
+        }
+    );
+    assert_eq!(status.next_retry, Some(h.now + Duration::from_secs(1)));
+
+    // Retried: the status shows the call again, not the backoff.
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.node_calls.len(), 1);
+    assert_eq!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::NodeDetach(wid("a"))
+    );
+
+    // Second failure: attempt 2, and the delay doubled (2 s).
+    h.answer_node(err(DetachRpc::NodeUnstage, ErrorClass::RetryElsewhere));
+    assert_eq!(h.progress.len(), 2, "{:?}", h.progress);
+    let second = failure(&h.progress, 1);
+    assert_eq!(
+        (second.attempt, second.class, &second.step),
+        (2, ErrorClass::RetryElsewhere, &step)
+    );
+    assert_eq!(second.next_retry, h.now + Duration::from_secs(2));
+    assert!(matches!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::Backoff { until, .. } if until == h.now + Duration::from_secs(2)
+    ));
+
+    // It succeeds: reported once, and the controller step that follows is not a recovery.
+    h.advance(Duration::from_secs(2));
+    h.answer_node(Ok(()));
+    assert_eq!(
+        h.progress[2..],
+        [Event::StepRecovered {
+            volume: vid("v"),
+            step,
+            failed_attempts: 2,
+        }]
+    );
+    assert_eq!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::ControllerDetach(wid("a"))
+    );
+    h.answer_controller(Ok(()));
+    assert_eq!(h.freed(), ["a"]);
+    assert_eq!(h.progress.len(), 3, "{:?}", h.progress);
+}
+
+#[test]
+fn a_fatal_failure_is_reported_as_fatal_with_its_retry_at_the_cap() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.release("v", "a");
+    h.answer_node(Ok(()));
+    assert!(h.progress.is_empty(), "a first success recovers nothing");
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
+    let step = RetriedStep::ControllerDetach(wid("a"));
+    let cap = h.now + Duration::from_secs(30);
+    assert_eq!(
+        h.progress,
+        [Event::StepFailed(StepFailure {
+            volume: vid("v"),
+            step: step.clone(),
+            class: ErrorClass::Fatal,
+            attempt: 1,
+            next_retry: cap,
+        })],
+        "a first fatal failure waits the cap, not the first delay"
+    );
+    assert_eq!(step.side(), Some(Side::Controller));
+    assert_eq!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::Backoff { step, until: cap }
+    );
+}
+
+#[test]
+fn a_volume_back_from_its_backoff_shows_nothing_pending() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::NotRequired);
+    h.claim(&v, read_claim("v", "a", "n1")).unwrap();
+    h.claim(&v, read_claim("v", "b", "n2")).unwrap();
+    assert_eq!(h.m.status(&vid("v")).unwrap().pending, Pending::Nothing);
+    h.release("v", "b");
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    assert!(matches!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::Backoff { step: RetriedStep::NodeDetach(w), .. } if w == wid("b")
+    ));
+    // The plugin is back: retried at once, before the backoff ends.
+    h.m.plugin_available(&PluginId::new("plug").unwrap(), None, h.now);
+    h.pump();
+    assert_eq!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::NodeDetach(wid("b"))
+    );
+    h.answer_node(Ok(()));
+    assert_eq!(h.freed(), ["b"]);
+    let status = h.m.status(&vid("v")).unwrap();
+    assert_eq!(status.pending, Pending::Nothing, "a is held, nothing to do");
+    assert_eq!(status.next_retry, None);
+    assert!(matches!(
+        &h.progress[..],
+        [
+            Event::StepFailed(_),
+            Event::StepRecovered {
+                step: RetriedStep::NodeDetach(w),
+                failed_attempts: 1,
+                ..
+            }
+        ] if w == &wid("b")
+    ));
+}
+
+#[test]
+fn a_failed_store_read_is_reported_and_shown_as_its_backoff() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.fail_next_persist = true;
+    h.reads_fail = true;
+    h.release("v", "a");
+    // The write's outcome is unknown and the read that follows fails: read again after 1 s.
+    let first = failure(&h.progress, 0);
+    assert_eq!(h.progress.len(), 1, "{:?}", h.progress);
+    assert_eq!(
+        (&first.step, first.class, first.attempt),
+        (&RetriedStep::StoreRead, ErrorClass::Retry, 1)
+    );
+    assert_eq!(first.workload(), None);
+    assert_eq!(first.next_retry, h.now + Duration::from_secs(1));
+    assert_eq!(
+        h.m.status(&vid("v")).unwrap().pending,
+        Pending::Backoff {
+            step: RetriedStep::StoreRead,
+            until: h.now + Duration::from_secs(1),
+        }
+    );
+    // Fails again: attempt 2, after 2 s.
+    h.advance(Duration::from_secs(1));
+    let second = failure(&h.progress, 1);
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.next_retry, h.now + Duration::from_secs(2));
+    // The store is back: the read succeeds, and says so.
+    h.reads_fail = false;
+    h.advance(Duration::from_secs(2));
+    assert_eq!(
+        h.progress[2..],
+        [Event::StepRecovered {
+            volume: vid("v"),
+            step: RetriedStep::StoreRead,
+            failed_attempts: 2,
+        }]
+    );
+    assert_eq!(h.m.status(&vid("v")).unwrap().pending, Pending::Nothing);
 }

@@ -368,10 +368,17 @@ pub struct ClaimView {
 pub struct ReleaseView {
     /// The volume.
     pub volume: String,
-    /// What it waits for: `nothing`, `node_detach`, `controller_detach`, `controller_slot`.
+    /// What it waits for: `nothing`, `node_detach`, `controller_detach`, `controller_slot`,
+    /// or `backoff` (a step failed and is retried in `next_retry_ms`; `backoff_step` names
+    /// it).
     pub pending: String,
-    /// The workload of the pending step, if any.
+    /// The workload of the pending step, if any (none for a `store_read` backoff).
     pub pending_workload: Option<String>,
+    /// While `pending` is `backoff`: the step that failed and waits to be retried,
+    /// `node_detach`, `controller_detach` or `store_read` (reading the volume's claims again
+    /// after the claim store failed). Absent otherwise, and from agents before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_step: Option<String>,
     /// Failed attempts of the current step.
     pub attempts: u32,
     /// The last error.

@@ -150,6 +150,18 @@ fn retry_in(ms: Option<u64>) -> String {
     }
 }
 
+/// `node_detach (w1)`; a backoff names its step: `backoff: node_detach (w1)`.
+fn pending(r: &ReleaseView) -> String {
+    let what = match &r.backoff_step {
+        Some(step) => format!("{}: {step}", r.pending),
+        None => r.pending.clone(),
+    };
+    match &r.pending_workload {
+        Some(w) => format!("{what} ({w})"),
+        None => what,
+    }
+}
+
 pub(crate) fn releases(list: &[ReleaseView]) -> String {
     let mut t = Table::new(&[
         "VOLUME",
@@ -169,10 +181,7 @@ pub(crate) fn releases(list: &[ReleaseView]) -> String {
         t.row(vec![
             r.volume.clone(),
             states.join(","),
-            match &r.pending_workload {
-                Some(w) => format!("{} ({w})", r.pending),
-                None => r.pending.clone(),
-            },
+            pending(r),
             r.attempts.to_string(),
             opt(&r.last_error_class),
             retry_in(r.next_retry_ms),
@@ -551,6 +560,41 @@ mod tests {
         }
     }
 
+    fn release(pending: &str, workload: Option<&str>, step: Option<&str>) -> ReleaseView {
+        ReleaseView {
+            volume: "v1".into(),
+            pending: pending.into(),
+            pending_workload: workload.map(Into::into),
+            backoff_step: step.map(Into::into),
+            attempts: 2,
+            last_error: Some("plugin returned Unavailable".into()),
+            last_error_class: Some("retry".into()),
+            next_retry_ms: Some(1500),
+            durable: true,
+            claims: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_release_backing_off_names_the_step_it_retries() {
+        let list = releases(&[
+            release("backoff", Some("w1"), Some("controller_detach")),
+            release("backoff", None, Some("store_read")),
+            release("node_detach", Some("w2"), None),
+        ]);
+        lines_only(&list, 4);
+        let rows: Vec<&str> = list.lines().skip(1).collect();
+        assert!(
+            rows[0].contains("backoff: controller_detach (w1)") && rows[0].contains(" 1s "),
+            "{list}"
+        );
+        assert!(rows[1].contains("backoff: store_read "), "{list}");
+        assert!(
+            rows[2].contains("node_detach (w2)") && !rows[2].contains("backoff"),
+            "{list}"
+        );
+    }
+
     #[test]
     fn plugin_text_cannot_forge_a_row_of_plugin_list() {
         let forged = "1.0\nmock2  n1  healthy  yes  yes  -  1  0  9.9\u{1b}[2J";
@@ -658,6 +702,7 @@ mod tests {
                 volume: "v1".into(),
                 pending: "node_unpublish".into(),
                 pending_workload: Some("w1".into()),
+                backoff_step: None,
                 attempts: 2,
                 last_error: Some("plugin returned Internal: disk\0gone\nforged".into()),
                 last_error_class: Some("retry".into()),

@@ -2007,6 +2007,11 @@ pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
         Pending::NodeDetach(w) => ("node_detach", Some(w.to_string())),
         Pending::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
         Pending::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
+        Pending::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
+    };
+    let backoff_step = match &s.pending {
+        Pending::Backoff { step, .. } => Some(step.name().to_owned()),
+        _ => None,
     };
     let (last_error, last_error_class) = match &s.last_error {
         Some(LastError::Detach { error, .. }) => (
@@ -2021,6 +2026,7 @@ pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
         volume: s.volume.to_string(),
         pending: pending.to_owned(),
         pending_workload,
+        backoff_step,
         attempts: s.attempts,
         last_error,
         last_error_class,
@@ -2044,6 +2050,60 @@ mod tests {
             error,
         };
         AgentError::shim("CreateVolume", &e)
+    }
+
+    fn status(pending: Pending, next_retry: Option<Instant>) -> VolumeStatus {
+        VolumeStatus {
+            volume: csi_structs::VolumeId::new("v1").unwrap(),
+            claims: Vec::new(),
+            pending,
+            attempts: 1,
+            last_error: None,
+            next_retry,
+            durable: true,
+        }
+    }
+
+    #[test]
+    fn a_release_backing_off_shows_the_step_and_stays_readable_by_older_clients() {
+        use csi_claims::machine::RetriedStep;
+        let until = Instant::now() + Duration::from_secs(60);
+        let workload = csi_structs::WorkloadId::new("w1").unwrap();
+        let node = release_view(&status(
+            Pending::Backoff {
+                step: RetriedStep::NodeDetach(workload.clone()),
+                until,
+            },
+            Some(until),
+        ));
+        assert_eq!(node.pending, "backoff");
+        assert_eq!(node.pending_workload.as_deref(), Some("w1"));
+        assert_eq!(node.backoff_step.as_deref(), Some("node_detach"));
+        assert!(node.next_retry_ms.is_some_and(|ms| ms > 50_000), "{node:?}");
+        let store = release_view(&status(
+            Pending::Backoff {
+                step: RetriedStep::StoreRead,
+                until,
+            },
+            Some(until),
+        ));
+        assert_eq!(
+            (store.pending_workload, store.backoff_step.as_deref()),
+            (None, Some("store_read"))
+        );
+
+        // Not backing off: no new field in the JSON, and older JSON without it still reads.
+        let calling = release_view(&status(Pending::ControllerDetach(workload), None));
+        assert_eq!(calling.pending, "controller_detach");
+        let json = serde_json::to_value(&calling).unwrap();
+        assert!(json.get("backoff_step").is_none(), "{json}");
+        let older: api::ReleaseView = serde_json::from_value(json).unwrap();
+        assert_eq!(older.backoff_step, None);
+        let idle = release_view(&status(Pending::Nothing, None));
+        assert_eq!(
+            (idle.pending.as_str(), idle.backoff_step),
+            ("nothing", None)
+        );
     }
 
     #[test]

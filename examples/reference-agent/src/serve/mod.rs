@@ -682,6 +682,36 @@ fn log_event(event: &csi_claims::Event) {
                 "claim freed"
             );
         }
+        // Once per failed attempt: which step, how it failed, the how-manieth failure it is
+        // and when it is retried (the error's text is in the driver's line about the call).
+        Event::StepFailed(failure) => {
+            let retry_in_ms = failure
+                .next_retry
+                .saturating_duration_since(std::time::Instant::now())
+                .as_millis();
+            tracing::warn!(
+                volume = %failure.volume,
+                workload = %failure.workload().map_or("-", |w| w.as_str()),
+                step = %failure.step.name(),
+                class = %failure.class.as_str(),
+                attempt = failure.attempt,
+                retry_in_ms,
+                "release step failed; retry scheduled"
+            );
+        }
+        Event::StepRecovered {
+            volume,
+            step,
+            failed_attempts,
+        } => {
+            tracing::info!(
+                %volume,
+                workload = %step.workload().map_or("-", |w| w.as_str()),
+                step = %step.name(),
+                failed_attempts,
+                "release step succeeded after failing"
+            );
+        }
     }
 }
 

@@ -271,7 +271,7 @@ async fn wait_for_status(
 /// The volume failed its node step once and is backing off.
 async fn wait_until_stuck(claims: &ClaimsHandle, volume: &VolumeId) -> VolumeStatus {
     wait_for_status(claims, volume, |s| {
-        s.attempts >= 1 && s.pending == Pending::Nothing && s.next_retry.is_some()
+        s.attempts >= 1 && matches!(s.pending, Pending::Backoff { .. }) && s.next_retry.is_some()
     })
     .await
 }

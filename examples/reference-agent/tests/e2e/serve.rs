@@ -618,6 +618,70 @@ pub(crate) async fn one_agent(mock: &MockPlugin) -> OneAgent {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_release_step_is_logged_per_attempt_and_status_names_its_backoff() {
+    let mock = MockPlugin::builder().build().expect("mock");
+    let mut one = one_agent(&mock).await;
+    let data = one.data.clone();
+    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    let _: csi_agent::ops::api::ClaimView =
+        json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
+    mock.faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail_times(10_000, tonic_code_unavailable(), "node plugin busy")
+        .install();
+    let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
+
+    // Between attempts the release names the step it backs off, not "nothing".
+    let backing_off = eventually("the release backs off its node step", async || {
+        let s: StatusView = json(&data, &["status"]).await;
+        s.stuck.into_iter().find(|r| {
+            r.volume == "v1" && r.attempts >= 2 && r.backoff_step.as_deref() == Some("node_detach")
+        })
+    })
+    .await;
+    assert_eq!(backing_off.pending, "backoff", "{backing_off:?}");
+    assert_eq!(backing_off.pending_workload.as_deref(), Some("w1"));
+    assert!(backing_off.next_retry_ms.is_some(), "{backing_off:?}");
+
+    // One log line per failed attempt, numbered 1, 2, ... with the class and the retry.
+    let failed: Vec<String> = one
+        .agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("release step failed; retry scheduled"))
+        .map(str::to_owned)
+        .collect();
+    assert!(failed.len() >= 2, "{failed:?}");
+    for (i, line) in failed.iter().enumerate() {
+        for field in [
+            "volume=v1",
+            "workload=w1",
+            "step=node_detach",
+            "class=retry ",
+            "retry_in_ms=",
+            &format!("attempt={} ", i + 1),
+        ] {
+            assert!(line.contains(field), "{field} missing in {line}");
+        }
+    }
+
+    mock.faults().clear();
+    eventually("the release completes", async || {
+        let v: VolumeView = json(&data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    let log = one.agent.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("release step succeeded after failing")
+                && l.contains("step=node_detach")),
+        "{log}"
+    );
+    assert_eq!(one.agent.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_explains_a_stuck_release_and_metrics_count_it() {
     let mock = MockPlugin::builder().build().expect("mock");
     let mut one = one_agent(&mock).await;
