@@ -1,24 +1,24 @@
-//! An orchestrator's node on the library crates alone: two workloads share a volume on the
-//! mock plugin, the second unmount unstages it, the claims are released through csi-claims
-//! and the volume is deleted.
+//! An orchestrator's node on the library crates alone, the whole flow: a plugin registered,
+//! a volume created for two access modes and validated, claimed by a writer and a reader and
+//! attached, the node restarted (its publications confirmed with the plugin), the volume
+//! expanded and snapshotted, both claims released while `NodeUnstageVolume` fails once (the
+//! failed attempt is an event, and the release retries it), the volume deleted and the plugin
+//! deregistered.
 //!
 //! `cargo run -p csi-node --example embed_node` (the mock plugin runs in-process on a unix
 //! socket in a temporary directory; it exits 1 naming the step that failed).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use csi_claims::driver::{ClaimsDriver, DriverConfig};
-use csi_claims::{ClaimMode, ClaimRequest, ControllerRequirement, MemoryStore, VolumeInfo};
-use csi_client::Endpoint;
-use csi_node::attach::Attacher;
-use csi_node::detach::{ClientControllerDetacher, NoSecrets, VolumeNodeDetacher};
-use csi_node::layout::Layout;
-use csi_node::plugins::{PluginManager, PluginManagerConfig};
-use csi_node::volumes::{Restore, Restored, VolumeEvent, VolumeManager};
+use csi_claims::{ClaimMode, ClaimRequest, ControllerRequirement, Event, VolumeInfo};
+use csi_client::{Code, Endpoint, Rpc, SnapshotFilter};
+use csi_node::Node;
+use csi_node::volumes::{ExpandRequest, Republish, Restore, Restored};
+use csi_structs::confirm::AskedCapabilities;
 use csi_structs::{
-    AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, RegisteredVolume, VolumeCapability,
-    VolumeId, VolumeSpec, WorkloadId,
+    AccessMode, AccessTypeKind, CapacityRange, ConfirmPolicy, Confirmation, MountOptions, NodeId,
+    Parameters, PluginId, RegisteredVolume, VolumeCapability, VolumeId, VolumeSecrets, VolumeSpec,
+    WorkloadId,
 };
 use tokio::time::Instant;
 
@@ -37,62 +37,36 @@ async fn main() {
 
 async fn run() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
-    // The plugin: csi-testkit's mock, serving on a socket as a real plugin would.
     let socket = dir.path().join("mock.sock");
     let mock = csi_testkit::MockPlugin::builder().build()?;
-    let server = mock.serve_unix(&socket).await?;
+    let (server, state) = (mock.serve_unix(&socket).await?, dir.path().join("csi"));
+    let (me, plugin) = (NodeId::new("node-1")?, PluginId::new("mock")?);
 
-    // 1. The plugin manager: register the plugin and wait until it is fingerprinted.
-    let plugins = PluginManager::builder(PluginManagerConfig::default())
-        .state_file(dir.path().join("plugins.json"))
-        .start()?;
-    let plugin = PluginId::new("mock")?;
-    plugins.register(plugin.clone(), Endpoint::unix(&socket)?)?;
-    let ready = plugins.wait_for(&plugin, Instant::now() + STEP).await?;
-    let plugin_node = ready
-        .fingerprint
-        .node
-        .clone()
-        .ok_or("no node service")?
-        .node_id;
-    println!("plugin {plugin}: {}", ready.fingerprint.plugin.name);
+    // 1. The node, from its state directory; the plugin registered and fingerprinted.
+    let node = Node::open(&state, me.clone()).await?;
+    node.register(plugin.clone(), Endpoint::unix(&socket)?)
+        .await?;
+    let ready = node.wait_for(&plugin, STEP).await?;
+    let plugin_node = ready.fingerprint.node.clone().ok_or("no node service")?;
+    let controller = ready.client.controller();
 
-    // 2. The volume manager, the claims and their release pipeline, the attach path.
-    let data = dir.path().join("csi");
-    let volumes = VolumeManager::open(
-        Layout::new(&data),
-        data.join("usage.json"),
-        Arc::new(plugins.clone()),
-    )?;
-    // After a restart the usage records say what was done before it, not what holds now
-    // (a rebooted host has nothing staged): they are confirmed with the plugin before any is
-    // trusted. This node's claims live in memory, so it knows of no earlier publication to
-    // publish again: each is kept for its release (and none exists in a fresh directory).
-    let restored = volumes.reconcile(&|_: &Restored| Restore::Keep).await;
-    println!("usage records restored: {}", restored.records.len());
-    let mut events = volumes.subscribe();
-    let (claims, driver) = ClaimsDriver::start(
-        Arc::new(MemoryStore::new()),
-        Arc::new(VolumeNodeDetacher::new(volumes.clone())),
-        Arc::new(ClientControllerDetacher::over(
-            Arc::new(plugins.clone()),
-            Arc::new(NoSecrets),
-        )),
-        DriverConfig::default(),
-    )
-    .await?;
-    let me = NodeId::new("node-1")?;
-    let attacher = Attacher::new(me.clone(), plugins.clone(), volumes.clone());
-
-    // 3. Create the volume from its spec.
-    let mode = AccessMode::SingleNodeMultiWriter;
-    let capability = VolumeCapability::mount(mode, MountOptions::new());
-    let spec = VolumeSpec::new(VolumeId::new("shared")?, plugin.clone(), vec![capability]);
+    // 2. A volume for two access modes, created and validated.
+    let writers = VolumeCapability::mount(AccessMode::SingleNodeMultiWriter, MountOptions::new());
+    let readers = VolumeCapability::mount(AccessMode::MultiNodeReaderOnly, MountOptions::new());
+    let both = vec![writers.clone(), readers];
+    let spec = VolumeSpec::new(VolumeId::new("db")?, plugin.clone(), both.clone());
     let mut volume = RegisteredVolume::for_creation(spec)?;
-    let created = ready.client.controller().create(volume.spec()).await?;
+    let created = controller.create(volume.spec()).await?;
     volume.record_created(&created);
-    let external_id = created.volume_id.clone();
-    println!("created volume {} (plugin id {external_id})", volume.id());
+    let (external_id, secrets) = (created.volume_id.clone(), volume.spec().secrets.clone());
+    let asked = AskedCapabilities::new(both);
+    let confirmed = controller
+        .validate_volume_capabilities(&external_id, &asked, &secrets, ConfirmPolicy::Strict)
+        .await?;
+    if confirmed != Confirmation::Confirmed {
+        return Err(format!("not confirmed: {confirmed:?}").into());
+    }
+    println!("created and validated {external_id}");
     let info = VolumeInfo {
         id: volume.id().clone(),
         external_id: external_id.clone(),
@@ -100,66 +74,104 @@ async fn run() -> Result<(), Error> {
         controller: ControllerRequirement::of(&ready.fingerprint.capabilities),
     };
 
-    // 4. Two workloads claim it on this node; each claim is attached here.
-    let workloads = [WorkloadId::new("web-1")?, WorkloadId::new("web-2")?];
-    for workload in &workloads {
+    // 3. A writer and a reader claim it on this node; each claim is attached here.
+    let (writer, reader) = (WorkloadId::new("web-1")?, WorkloadId::new("report-1")?);
+    for (workload, mode) in [(&writer, ClaimMode::Write), (&reader, ClaimMode::Read)] {
         let request = ClaimRequest {
             volume: volume.id().clone(),
             workload: workload.clone(),
             node: me.clone(),
-            plugin_node: plugin_node.clone(),
-            mode: ClaimMode::Write,
-            access_mode: mode,
+            plugin_node: plugin_node.node_id.clone(),
+            mode,
+            access_mode: AccessMode::SingleNodeMultiWriter,
             attachment: AccessTypeKind::Mount,
         };
-        let claim = claims.claim(&info, request).await?;
-        let attached = attacher.attach(&volume, &claim).await?;
-        println!(
-            "{workload}: published at {} (controller publish now: {})",
-            attached.target.display(),
-            attached.controller_published
-        );
-        next_event(&mut events).await?;
+        let claim = node.claims().claim(&info, request).await?;
+        let attached = node.attacher().attach(&volume, &claim).await?;
+        println!("{workload}: published at {}", attached.target.display());
     }
 
-    // 5. Release both through the claims' pipeline; only the last unmount unstages.
-    for (i, workload) in workloads.iter().enumerate() {
-        let freed = claims
+    // 4. A restart: every file closed, the node opened again; what its records say is
+    //    confirmed with the plugin (staged and published again; the plugin answers OK).
+    drop((ready, controller));
+    node.close().await?;
+    let node = Node::open(&state, me.clone()).await?;
+    let ready = node.wait_for(&plugin, STEP).await?;
+    let controller = ready.client.controller();
+    let context = created.volume_context.clone();
+    let lookup = |p: &Restored| {
+        Restore::Republish(Republish {
+            capability: writers.clone(),
+            read_only: p.workload == reader,
+            volume_context: context.clone(),
+            secrets: VolumeSecrets::default(),
+        })
+    };
+    let confirmed = node.volumes().reconcile(&lookup).await;
+    if !confirmed.is_complete() {
+        return Err(format!("restored records not confirmed: {:?}", confirmed.records).into());
+    }
+    println!("restarted: {} records confirmed", confirmed.records.len());
+
+    // 5. Expanded on the controller, then on this node where it is published; snapshotted.
+    let two_gib = CapacityRange::at_least(2 << 30)?;
+    let expanded = controller
+        .expand(&external_id, &two_gib, Some(&writers), &secrets)
+        .await?;
+    if expanded.node_expansion_required {
+        let request = ExpandRequest {
+            plugin: plugin.clone(),
+            volume: volume.id().clone(),
+            external_id: external_id.clone(),
+            capacity: two_gib,
+            capability: Some(writers.clone()),
+            secrets: secrets.clone(),
+        };
+        node.volumes().expand(&request).await?;
+    }
+    println!("expanded to {} bytes", expanded.capacity_bytes);
+    let snapshot = controller
+        .create_snapshot(&external_id, "db-nightly", &Parameters::default(), &secrets)
+        .await?;
+    let listed = controller
+        .list_all_snapshots_matching(&SnapshotFilter::of_volume(external_id.clone()), &secrets)
+        .await?;
+    controller
+        .delete_snapshot(&snapshot.snapshot_id, &secrets)
+        .await?;
+    println!("snapshot taken, {} listed, deleted", listed.len());
+
+    // 6. Both released; the last one's NodeUnstageVolume fails once and is retried.
+    mock.faults()
+        .on(Rpc::NodeUnstageVolume)
+        .fail(Code::Unavailable, "device busy")
+        .install();
+    let mut events = node.claims().subscribe();
+    for workload in [&reader, &writer] {
+        node.claims()
             .release_and_wait_until(volume.id(), workload, Instant::now() + STEP)
             .await?;
-        let unmounted = match next_event(&mut events).await? {
-            VolumeEvent::Unmount { outcome, .. } => outcome?,
-            other => return Err(format!("expected an unmount, got {other:?}").into()),
-        };
-        let last = i + 1 == workloads.len();
-        if unmounted.unstaged != last {
-            return Err(format!("{workload}: unstaged {}", unmounted.unstaged).into());
-        }
-        println!(
-            "{workload}: released ({}), unstaged: {}",
-            freed.state().name(),
-            unmounted.unstaged
-        );
+    }
+    let mut events = std::iter::from_fn(|| events.try_recv().ok());
+    let Some(Event::StepFailed(failed)) = events.find(|e| matches!(e, Event::StepFailed(_))) else {
+        return Err("the failed unstage was not reported".into());
+    };
+    println!(
+        "released; {} failed, attempt {}, retried",
+        failed.step, failed.attempt
+    );
+    if !mock.staged().is_empty() || !mock.published().is_empty() {
+        return Err("the plugin still has the volume staged or published".into());
     }
 
-    // 6. Delete the volume: nothing holds it any more.
-    ready
-        .client
-        .controller()
-        .delete(&external_id, &volume.spec().secrets)
-        .await?;
-    if !mock.volumes().is_empty() || !mock.staged().is_empty() {
-        return Err("the plugin still has the volume".into());
+    // 7. Deleted; the plugin deregistered; the node closed.
+    controller.delete(&external_id, &secrets).await?;
+    drop((ready, controller));
+    if !node.deregister_plugin(&plugin).await? {
+        return Err("the plugin was not registered any more".into());
     }
-    println!("deleted volume {}", volume.id());
-    driver.shutdown().await;
+    node.close().await?;
     server.shutdown().await?;
+    println!("deleted {}, plugin deregistered, node closed", volume.id());
     Ok(())
-}
-
-/// The volume manager's next event, within a step's time.
-async fn next_event(
-    events: &mut tokio::sync::broadcast::Receiver<VolumeEvent>,
-) -> Result<VolumeEvent, Error> {
-    Ok(tokio::time::timeout(STEP, events.recv()).await??)
 }

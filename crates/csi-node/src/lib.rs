@@ -35,10 +35,11 @@
 //! not a claim tracker (that is csi-claims, whose release pipeline it serves) and it routes
 //! nothing between nodes (that is csi-rpc-shim).
 //!
-//! `examples/embed_node.rs` in this crate is a whole node on the library crates alone: the
-//! mock plugin registered and fingerprinted, a volume created from its spec, two workloads'
-//! claims attached, released through csi-claims (the second unmount unstages), the volume
-//! deleted. `cargo run -p csi-node --example embed_node` runs it. The reference agent
+//! `examples/embed_node.rs` in this crate is the whole flow of a node on the library crates
+//! alone: the mock plugin registered, a volume created for two access modes and validated,
+//! claimed by a writer and a reader and attached, the node restarted and its records
+//! confirmed, the volume expanded and snapshotted, both claims released while an unstage
+//! fails once (reported as an event and retried), the volume deleted, the plugin deregistered. `cargo run -p csi-node --example embed_node` runs it. The reference agent
 //! (`csi-agent`) composes the same pieces.
 //!
 //! # Example

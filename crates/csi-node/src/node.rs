@@ -33,7 +33,7 @@ use csi_structs::{NodeId, PluginId};
 use crate::attach::Attacher;
 use crate::detach::{ClientControllerDetacher, NoSecrets, SecretsLookup, VolumeNodeDetacher};
 use crate::layout::Layout;
-use crate::plugins::{PluginManager, PluginManagerConfig, RegistrationId};
+use crate::plugins::{PluginManager, PluginManagerConfig, ReadyPlugin, RegistrationId, WaitError};
 use crate::state::StateFileError;
 use crate::volumes::{UsageDb, VolumeManager};
 
@@ -341,6 +341,33 @@ impl Node {
         blocking(move || plugins.register(plugin, endpoint))
             .await?
             .map_err(NodeError::from)
+    }
+
+    /// Waits until `plugin` is usable ([`PluginManager::wait_for`]), at most `within`.
+    ///
+    /// # Errors
+    ///
+    /// As [`PluginManager::wait_for`]: naming the plugin, the wait and what was missing.
+    pub async fn wait_for(
+        &self,
+        plugin: &PluginId,
+        within: Duration,
+    ) -> Result<ReadyPlugin, WaitError> {
+        let deadline = tokio::time::Instant::now() + within;
+        self.plugins.wait_for(plugin, deadline).await
+    }
+
+    /// Deregisters `plugin`'s current registration, whichever it is (one restored at
+    /// [`open`](Self::open) included); `false` when the plugin is not registered.
+    ///
+    /// # Errors
+    ///
+    /// [`NodeError::State`] when the registrations' file cannot be written.
+    pub async fn deregister_plugin(&self, plugin: &PluginId) -> Result<bool, NodeError> {
+        match self.plugins.status(plugin) {
+            Some(status) => self.deregister(status.registration).await,
+            None => Ok(false),
+        }
     }
 
     /// Deregisters a registration ([`PluginManager::deregister`]) on Tokio's blocking pool.

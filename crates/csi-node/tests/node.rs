@@ -93,8 +93,7 @@ async fn a_node_reopened_from_its_directory_has_its_plugins_claims_and_usage_rec
     // Every file was closed: the same directory opens again, with what it held.
     let node = Node::open(&state, me()).await.expect("opens again");
     let ready = node
-        .plugins()
-        .wait_for(&plugin, Instant::now() + GUARD)
+        .wait_for(&plugin, GUARD)
         .await
         .expect("the registration was restored");
     drop(ready);
@@ -119,6 +118,21 @@ async fn a_node_reopened_from_its_directory_has_its_plugins_claims_and_usage_rec
         .expect("released");
     assert!(mock.published().is_empty() && mock.staged().is_empty());
     assert!(node.volumes().record(&plugin, volume.id()).is_none());
+    // The registration restored at open is the one deregistered by the plugin's id.
+    assert!(node.deregister_plugin(&plugin).await.expect("written"));
+    assert!(
+        !node
+            .deregister_plugin(&plugin)
+            .await
+            .expect("nothing to write")
+    );
+    assert!(node.plugins().status(&plugin).is_none());
+    node.close().await.expect("closed");
+    let node = Node::open(&state, me()).await.expect("opens again");
+    assert!(
+        node.plugins().status(&plugin).is_none(),
+        "stays deregistered"
+    );
     node.close().await.expect("closed");
 }
 
