@@ -1,7 +1,7 @@
 //! The durable things a sequence of claims and releases writes, as the agent writes them:
 //! csi-claims' [`RedbStore`] (through its [`ClaimsDriver`]), csi-node's usage records (a
 //! [`UsageDb`] in the same database file, one record per volume) and the reference agent's
-//! volume book (`volumes.json`, [`Book`]). [`run_ops`] applies the operations; [`read_back`] reads what a
+//! volume book (`volumes.json`, csi-control's [`FileCatalog`]). [`run_ops`] applies the operations; [`read_back`] reads what a
 //! restart finds.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use csi_agent::serve::book::{Book, BookEntry};
 use csi_claims::driver::{ClaimsDriver, ControllerDetacher, DriverConfig, NodeDetacher};
 use csi_claims::store::ClaimStore;
 use csi_claims::{
     ClaimMode, ClaimRequest, ControllerDetachRequest, ControllerRequirement, DetachError,
     NodeDetachRequest, RedbStore, VolumeInfo,
 };
+use csi_control::catalog::{CatalogEntry, FileCatalog, VolumeCatalog};
 use csi_node::volumes::usage::{self, StepState, UserEntry, VolumeEntry};
 use csi_node::volumes::{UsageDb, UsageStore};
 use csi_structs::{
@@ -155,9 +155,9 @@ fn info(v: usize) -> Result<VolumeInfo, String> {
     })
 }
 
-fn entry(v: usize) -> Result<BookEntry, String> {
+fn entry(v: usize) -> Result<CatalogEntry, String> {
     let info = info(v)?;
-    Ok(BookEntry {
+    Ok(CatalogEntry {
         id: info.id,
         external_id: info.external_id,
         plugin: info.plugin,
@@ -216,7 +216,9 @@ pub(crate) async fn run_ops(
     let (claims, driver) = ClaimsDriver::start(store, Arc::new(Detach), Arc::new(Detach), config)
         .await
         .map_err(|e| e.to_string())?;
-    let book = Book::open(&paths.dir).map_err(|e| e.to_string())?;
+    let book = FileCatalog::open(&paths.dir)
+        .await
+        .map_err(|e| e.to_string())?;
     let plugin = PluginId::new(PLUGIN).map_err(|e| e.to_string())?;
     acked(None);
     for (i, op) in ops.iter().enumerate() {
@@ -335,7 +337,7 @@ pub(crate) fn read_usage(path: &Path) -> Read<BTreeSet<(usize, usize)>> {
 
 /// The book's volumes.
 pub(crate) fn read_book(dir: &Path) -> Read<BTreeSet<usize>> {
-    let book = Book::open(dir).map_err(|e| e.to_string())?;
+    let book = FileCatalog::open_blocking(dir).map_err(|e| e.to_string())?;
     book.list()
         .iter()
         .map(|e| index_of(e.id.as_str(), 'v'))

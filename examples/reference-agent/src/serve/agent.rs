@@ -22,11 +22,14 @@ use csi_structs::{
     VolumeContext, VolumeExpansion, VolumeId, WorkloadId,
 };
 
-use super::book::{Book, BookEntry, BookError, MayExist};
 use super::local::plugin_failure;
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
+// The volume book is csi-control's catalog; the agent keeps calling it the book.
+use csi_control::catalog::{
+    CatalogEntry as BookEntry, CatalogError as BookError, MayExist, VolumeCatalog,
+};
 use csi_node::layout::Usage;
 use csi_node::state::StateFileError;
 use csi_node::volumes::{
@@ -306,7 +309,7 @@ pub struct Agent {
     /// The node volume manager.
     pub volumes: VolumeManager,
     /// Registered volumes (shared with the release step's secrets lookup).
-    pub book: std::sync::Arc<Book>,
+    pub book: std::sync::Arc<dyn VolumeCatalog>,
     /// The claim driver.
     pub claims: ClaimsHandle,
     /// The shim.
@@ -1103,7 +1106,7 @@ impl Agent {
             true
         };
         self.book
-            .update(&entry.id, |e| {
+            .update(&entry.id, &|e| {
                 e.capacity_bytes = Some(capacity);
                 e.node_expansion = node_step.then_some(wanted);
             })
@@ -1150,7 +1153,7 @@ impl Agent {
             }
             if !mounted.is_empty() {
                 self.book
-                    .update(&entry.id, |e| {
+                    .update(&entry.id, &|e| {
                         e.capacity_bytes = Some(capacity);
                         e.node_expansion = None;
                     })
@@ -1205,7 +1208,7 @@ impl Agent {
                 tracing::info!(volume = %entry.id, capacity_bytes = wanted, "pending node expansion done");
                 if let Err(e) = self
                     .book
-                    .update(&entry.id, |e| e.node_expansion = None)
+                    .update(&entry.id, &|e| e.node_expansion = None)
                     .await
                 {
                     tracing::warn!(volume = %entry.id, error = %e, "the done node expansion could not be recorded; it runs again");

@@ -21,7 +21,6 @@
 //! package for an operator's walk-through.
 
 pub mod agent;
-pub mod book;
 #[cfg(feature = "etcd")]
 pub mod cluster;
 pub mod http;
@@ -42,6 +41,7 @@ use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::machine::Duties;
 use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{MachineConfig, RedbStore, StoreError};
+use csi_control::catalog::{CatalogSecrets, FileCatalog, VolumeCatalog};
 use csi_node::detach::ShimDetacher;
 use csi_node::layout::Layout;
 use csi_node::volumes::{UsageDb, VolumeManager};
@@ -275,12 +275,12 @@ pub async fn serve_until(
     let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
 
     // The release driver.
-    let book = Arc::new(stores.book);
+    let book = stores.book;
     // The controller release step sends the volume's secrets, read from the book.
     let detacher = Arc::new(ShimDetacher::new(
         shim.clone(),
         config.call_timeout,
-        Arc::clone(&book) as Arc<dyn csi_node::detach::SecretsLookup>,
+        Arc::new(CatalogSecrets::new(Arc::clone(&book))),
     ));
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     me.hash(&mut hasher);
@@ -516,7 +516,7 @@ const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
 
 /// The volume book and the claim store of the configured kind.
 struct Stores {
-    book: book::Book,
+    book: Arc<dyn VolumeCatalog>,
     claims: Arc<dyn ClaimStore>,
     /// The embedded store, through which a forced deregistration forgets claims.
     forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
@@ -537,7 +537,7 @@ struct Stores {
 async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
     match &config.store {
         StoreChoice::Embedded => {
-            let book = book::Book::open(&config.data_dir)?;
+            let book = Arc::new(FileCatalog::open(&config.data_dir).await?);
             let store_path = config.data_dir.join("claims.redb");
             let description = format!("embedded {}", store_path.display());
             let opened = store_path.clone();
@@ -564,7 +564,7 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
         #[cfg(feature = "etcd")]
         StoreChoice::Etcd(settings) => {
             let store = csi_claims::store::EtcdStore::connect(etcd_config(settings)?).await?;
-            let book = book::Book::cluster(cluster::ClusterBook::open(store.clone()).await?);
+            let book = Arc::new(csi_control::catalog::EtcdCatalog::open(store.clone()).await?);
             Ok(Stores {
                 book,
                 claims: Arc::new(store.clone()),

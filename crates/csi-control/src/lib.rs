@@ -1,0 +1,69 @@
+//! The control plane's volume service for CSI orchestrators.
+//!
+//! csi-claims says who holds a volume and releases it, csi-client calls plugins and csi-node
+//! is a node's side of them; what an orchestrator's control plane keeps above them is the
+//! volumes themselves: which volumes exist, in which plugin, with which access mode,
+//! context, topology and secrets, and which of them are being deleted. This crate is that
+//! service, as a library, so an embedder does not write it again. An orchestrator sits above
+//! it (the reference agent, `csi-agent`, is its first user) and nothing below it depends on
+//! it.
+//!
+//! - [`catalog`]: the volume catalog, [`VolumeCatalog`]: every registered (or created)
+//!   volume as a [`CatalogEntry`], each change written before it returns. [`FileCatalog`]
+//!   keeps it on one node in `volumes.json` (owner-only: it holds the volumes' secrets);
+//!   `EtcdCatalog` (cargo feature `etcd`) keeps it in etcd beside csi-claims' `EtcdStore`,
+//!   shared by a cluster, its deletes checked against the volume's claims in the same
+//!   transaction. Callers hold an `Arc<dyn VolumeCatalog>` and never branch on the backend.
+//!
+//! The operations of the volume service (register, create, claim, expand, snapshots,
+//! delete) still live in the reference agent; they move here next.
+//!
+//! # Example
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Arc;
+//!
+//! use csi_control::{CatalogEntry, FileCatalog, VolumeCatalog};
+//! use csi_structs::{AccessMode, AccessTypeKind, ExternalVolumeId, PluginId, VolumeId};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! // Reads `volumes.json` (if there is one) on Tokio's blocking pool.
+//! let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(dir.path()).await?);
+//!
+//! let id = VolumeId::new("db-data")?;
+//! let entry = CatalogEntry {
+//!     id: id.clone(),
+//!     external_id: ExternalVolumeId::new("vol-0123")?,
+//!     plugin: PluginId::new("ebs")?,
+//!     access_mode: AccessMode::SingleNodeWriter,
+//!     attachment: AccessTypeKind::Mount,
+//!     controller_publish: true,
+//!     created: false,
+//!     capacity_bytes: Some(10 << 30),
+//!     context: BTreeMap::new(),
+//!     deleting: false,
+//!     secrets: Default::default(),
+//!     accessible_topology: Vec::new(),
+//!     node_expansion: None,
+//!     may_exist: None,
+//! };
+//! assert!(catalog.insert(entry.clone()).await?); // written to volumes.json
+//! assert!(!catalog.insert(entry.clone()).await?, "the id is taken");
+//! assert_eq!(catalog.get(&id), Some(entry));
+//!
+//! let grown = catalog.update(&id, &|e| e.capacity_bytes = Some(20 << 30)).await?;
+//! assert_eq!(grown.and_then(|e| e.capacity_bytes), Some(20 << 30));
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod catalog;
+
+#[cfg(feature = "etcd")]
+pub use catalog::EtcdCatalog;
+pub use catalog::{
+    CatalogEntry, CatalogError, CatalogSecrets, FileCatalog, MayExist, VolumeCatalog,
+};
