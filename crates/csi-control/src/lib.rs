@@ -60,6 +60,11 @@
 //! # }
 //! ```
 
+// The README is the crate's page on crates.io; its examples run as doctests with these docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod catalog;
 
 #[cfg(feature = "etcd")]
