@@ -56,22 +56,7 @@ macro_rules! raw_rpc {
         }
     };
     ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => ()) => {
-        $(#[$doc])*
-        ///
-        /// # Errors
-        ///
-        /// An [`Error`](crate::Error) with the RPC's class: an invalid request is refused
-        /// before sending.
-        pub async fn $method(&self, request: $req) -> Result<(), $crate::error::Error> {
-            self.caller
-                .unary(
-                    &self.options,
-                    request,
-                    |ch, req| async move { <$raw>::new(ch).$method(req).await },
-                    |_| Ok(()),
-                )
-                .await
-        }
+        $crate::service::raw_rpc!($(#[$doc])* $method = $method, $raw, $req => ());
     };
     ($(#[$doc:meta])* $method:ident, $raw:ty, $req:ty => $resp:ty) => {
         $(#[$doc])*

@@ -908,13 +908,8 @@ impl ReleaseMachine {
                 entry.version = version;
                 entry.durable_rev = rev;
                 entry.unrecorded.retain(|(r, _, _)| *r > rev);
-                if let Some((step, failed_attempts)) = entry.store_retry.succeeded() {
-                    self.events.push_back(Event::StepRecovered {
-                        volume: volume.clone(),
-                        step,
-                        failed_attempts,
-                    });
-                }
+                self.events
+                    .extend(entry.store_retry.succeeded().map(|r| recovered(&volume, r)));
                 for waiter in entry.waiters.extract_if(.., |w| w.rev <= rev) {
                     self.events.push_back(waiter.event(&volume));
                 }
@@ -1062,13 +1057,8 @@ impl ReleaseMachine {
                 entry.rev = rev;
                 entry.durable_rev = 0;
                 entry.reload = Reload::None;
-                if let Some((step, failed_attempts)) = entry.store_retry.succeeded() {
-                    self.events.push_back(Event::StepRecovered {
-                        volume: volume.clone(),
-                        step,
-                        failed_attempts,
-                    });
-                }
+                self.events
+                    .extend(entry.store_retry.succeeded().map(|r| recovered(&volume, r)));
                 entry.store_fault = None;
                 self.store_down.remove(&volume);
                 // A change seen after this read was made: read again (the watch's report of
@@ -1128,13 +1118,9 @@ impl ReleaseMachine {
                 self.step_failed(&volume, step, e, now);
             }
             _ => {
-                if let Some(failed_attempts) = entry.step_retry.succeeded_step(&step) {
-                    self.events.push_back(Event::StepRecovered {
-                        volume: volume.clone(),
-                        step,
-                        failed_attempts,
-                    });
-                }
+                let failed = entry.step_retry.succeeded_step(&step);
+                self.events
+                    .extend(failed.map(|n| recovered(&volume, (step, n))));
                 if let Some(i) = entry.record.position(&workload) {
                     let claim = &mut Arc::make_mut(&mut entry.record).claims[i];
                     if claim.state == ClaimState::Releasing {
@@ -1188,13 +1174,9 @@ impl ReleaseMachine {
                 self.step_failed(&volume, step, e, now);
             }
             _ => {
-                if let Some(failed_attempts) = entry.step_retry.succeeded_step(&step) {
-                    self.events.push_back(Event::StepRecovered {
-                        volume: volume.clone(),
-                        step,
-                        failed_attempts,
-                    });
-                }
+                let failed = entry.step_retry.succeeded_step(&step);
+                self.events
+                    .extend(failed.map(|n| recovered(&volume, (step, n))));
                 // `ControllerUnpublishVolume` detaches the volume from the node, not from one
                 // claim: the claims on that node whose node step was done when the call was
                 // made (and that are still as they were) are detached by it too.
@@ -1772,6 +1754,15 @@ fn freed_elsewhere<'a>(
             claim.state = ClaimState::Freed(detached);
             Event::Freed(claim)
         })
+}
+
+/// [`Event::StepRecovered`]: `volume`'s `step` succeeded after `failed_attempts` failures.
+fn recovered(volume: &VolumeId, (step, failed_attempts): (RetriedStep, u32)) -> Event {
+    Event::StepRecovered {
+        volume: volume.clone(),
+        step,
+        failed_attempts,
+    }
 }
 
 #[cfg(test)]
