@@ -25,6 +25,8 @@
 //! - [`node`]: all of the above opened from one state directory ([`Node::open`]), async and
 //!   off the runtime's workers, with one [`Node::close`] that returns once every file is
 //!   closed.
+//! - `shim` (cargo feature `shim`): csi-rpc-shim's `LocalPlugins` over the plugin manager
+//!   and the volume manager, `NodeBackend`: what serves the calls routed to this node.
 //! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
 //!   could read it.
 //! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename),
@@ -85,6 +87,8 @@ pub mod layout;
 pub mod node;
 pub mod plugins;
 pub mod secrets;
+#[cfg(feature = "shim")]
+pub mod shim;
 pub mod state;
 pub mod volumes;
 

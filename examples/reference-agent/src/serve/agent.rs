@@ -22,10 +22,10 @@ use csi_structs::{
     VolumeContext, VolumeExpansion, VolumeId, WorkloadId,
 };
 
-use super::local::plugin_failure;
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
 use crate::ops::api;
+use csi_node::shim::plugin_failure;
 // The volume book is csi-control's catalog; the agent keeps calling it the book.
 use csi_control::catalog::{
     CatalogEntry as BookEntry, CatalogError as BookError, MayExist, VolumeCatalog,

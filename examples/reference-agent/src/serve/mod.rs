@@ -24,7 +24,6 @@ pub mod agent;
 #[cfg(feature = "etcd")]
 pub mod cluster;
 pub mod http;
-pub mod local;
 pub mod log;
 pub mod peers;
 pub mod plugins;
@@ -268,10 +267,10 @@ pub async fn serve_until(
         Scope::Cluster,
     );
     shim_config.connect_timeout = config.call_timeout.min(Duration::from_secs(10));
-    let backend = Arc::new(local::LocalBackend {
-        plugins: plugins.clone(),
-        volumes: volumes.clone(),
-    });
+    let backend = Arc::new(csi_node::shim::NodeBackend::new(
+        plugins.manager().clone(),
+        volumes.clone(),
+    ));
     let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
 
     // The release driver.

@@ -37,9 +37,9 @@ pub struct Timings {
     pub node_detach: NodeDetachPolicy,
 }
 
-/// Why a fingerprinted plugin's services are not ready for anything but release steps
-/// until its first probe answers.
-const NOT_PROBED: &str = "health unknown: not probed since its fingerprint";
+// Why a fingerprinted plugin's services are not ready for anything but release steps until
+// its first probe answers: the reason the shim's backend gives, shown the same way here.
+use csi_node::shim::NOT_PROBED;
 
 /// The local plugins. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -280,39 +280,6 @@ impl Plugins {
     /// is stale or gone fails the call after about one socket wait instead of minutes.
     pub fn detach_client(&self, plugin: &PluginId) -> Option<CsiClient> {
         self.manager.detach_client(plugin)
-    }
-
-    /// Whether `plugin`'s `service` is here and healthy, for the shim: a plugin not yet
-    /// fingerprinted or probed, or whose last probe failed, is `Unhealthy` (the shim still
-    /// sends it release steps).
-    pub fn status(&self, plugin: &PluginId, service: ServiceKind) -> csi_rpc_shim::LocalStatus {
-        use csi_rpc_shim::LocalStatus;
-        let Some(status) = self.manager.status(plugin) else {
-            return LocalStatus::Missing;
-        };
-        let Some(fp) = &status.fingerprint else {
-            // A node detach needs no fingerprint: say "here, not healthy" so the shim sends
-            // release steps and nothing else.
-            return LocalStatus::Unhealthy {
-                reason: "not fingerprinted yet".into(),
-            };
-        };
-        let offered = match service {
-            ServiceKind::Controller => fp.capabilities.plugin.has_controller_service(),
-            ServiceKind::Node => fp.serves_node(),
-        };
-        if !offered {
-            return LocalStatus::Missing;
-        }
-        match &status.health {
-            csi_node::plugins::Health::Healthy => LocalStatus::Healthy,
-            csi_node::plugins::Health::Unknown => LocalStatus::Unhealthy {
-                reason: NOT_PROBED.into(),
-            },
-            csi_node::plugins::Health::Unhealthy(why) => LocalStatus::Unhealthy {
-                reason: why.to_string(),
-            },
-        }
     }
 
     /// Every local plugin, for the control API.

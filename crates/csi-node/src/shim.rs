@@ -1,6 +1,7 @@
-//! The shim's backend: this node's plugins, reached with csi-client. Controller calls go to
-//! the local plugin's controller service; node detach goes through csi-node's
-//! [`VolumeManager`] so its usage records decide about unstaging.
+//! The node's side of csi-rpc-shim (cargo feature `shim`): [`NodeBackend`], csi-rpc-shim's
+//! [`LocalPlugins`] over this node's [`PluginManager`] and [`VolumeManager`]. Controller calls
+//! go to the local plugin's controller service with csi-client; node detach goes through the
+//! volume manager, so its usage records decide about unstaging; node expansion likewise.
 
 use async_trait::async_trait;
 use csi_client::{ErrorClass, Failure, SnapshotFilter};
@@ -13,17 +14,19 @@ use csi_rpc_shim::{
 };
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
-use super::plugins::Plugins;
-use csi_node::layout::Usage;
-use csi_node::volumes::{ExpandRequest, UnmountRequest, VolumeError, VolumeManager};
+use crate::layout::Usage;
+use crate::plugins::{Health, PluginManager};
+use crate::volumes::{ExpandRequest, UnmountRequest, VolumeError, VolumeManager};
 
-/// [`LocalPlugins`] over csi-client.
-#[derive(Debug)]
-pub struct LocalBackend {
-    /// The local plugins.
-    pub plugins: Plugins,
-    /// The node volume manager.
-    pub volumes: VolumeManager,
+/// The reason [`NodeBackend`] gives for a plugin whose health is not known yet.
+pub const NOT_PROBED: &str = "health unknown: not probed since its fingerprint";
+
+/// csi-rpc-shim's [`LocalPlugins`] over this node's plugin manager and volume manager: the
+/// node's side of the shim, what serves the calls other agents (and this one) route here.
+#[derive(Clone, Debug)]
+pub struct NodeBackend {
+    plugins: PluginManager,
+    volumes: VolumeManager,
 }
 
 /// What a failed plugin call came to: the plugin's status when it answered one, otherwise
@@ -66,7 +69,45 @@ fn node_failure(e: &VolumeError) -> PluginFailure {
     }
 }
 
-impl LocalBackend {
+impl NodeBackend {
+    /// The backend over `plugins` and `volumes` (the volume manager's plugins should be the
+    /// same manager's).
+    pub fn new(plugins: PluginManager, volumes: VolumeManager) -> Self {
+        Self { plugins, volumes }
+    }
+
+    /// Whether `plugin`'s `service` is here and healthy, for the shim: a plugin not yet
+    /// fingerprinted or probed, or whose last probe failed, is `Unhealthy` (the shim still
+    /// sends it release steps, never anything else).
+    pub fn status(&self, plugin: &PluginId, service: ServiceKind) -> LocalStatus {
+        let Some(status) = self.plugins.status(plugin) else {
+            return LocalStatus::Missing;
+        };
+        let Some(fp) = &status.fingerprint else {
+            // A node detach needs no fingerprint: "here, not healthy" lets the shim send
+            // release steps and nothing else.
+            return LocalStatus::Unhealthy {
+                reason: "not fingerprinted yet".into(),
+            };
+        };
+        let offered = match service {
+            ServiceKind::Controller => fp.capabilities.plugin.has_controller_service(),
+            ServiceKind::Node => fp.serves_node(),
+        };
+        if !offered {
+            return LocalStatus::Missing;
+        }
+        match &status.health {
+            Health::Healthy => LocalStatus::Healthy,
+            Health::Unknown => LocalStatus::Unhealthy {
+                reason: NOT_PROBED.into(),
+            },
+            Health::Unhealthy(why) => LocalStatus::Unhealthy {
+                reason: why.to_string(),
+            },
+        }
+    }
+
     fn controller(&self, plugin: &PluginId) -> Result<csi_client::ControllerClient, PluginError> {
         self.controller_and_caps(plugin).map(|(c, _)| c)
     }
@@ -76,9 +117,18 @@ impl LocalBackend {
         &self,
         plugin: &PluginId,
     ) -> Result<(csi_client::ControllerClient, ControllerCapabilities), PluginError> {
-        match self.plugins.client(plugin) {
-            Some((client, fp)) if fp.capabilities.plugin.has_controller_service() => {
-                Ok((client.controller(), fp.capabilities.controller.clone()))
+        match self.plugins.get(plugin) {
+            Some(ready)
+                if ready
+                    .fingerprint
+                    .capabilities
+                    .plugin
+                    .has_controller_service() =>
+            {
+                Ok((
+                    ready.client.controller(),
+                    ready.fingerprint.capabilities.controller.clone(),
+                ))
             }
             _ => Err(PluginError::failed(
                 ErrorClass::RetryElsewhere,
@@ -175,9 +225,9 @@ async fn within<T>(
 }
 
 #[async_trait]
-impl LocalPlugins for LocalBackend {
+impl LocalPlugins for NodeBackend {
     fn status(&self, plugin: &PluginId, service: ServiceKind) -> LocalStatus {
-        self.plugins.status(plugin, service)
+        NodeBackend::status(self, plugin, service)
     }
 
     async fn controller_attach(
