@@ -9,7 +9,7 @@
 //!   ([`open_volumes`]);
 //! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
 //!   driver, whose detachers (csi-node's `ShimDetacher`) go through the csi-rpc-shim so a release reaches the
-//!   node and the controller wherever they run; [`local`] serves the shim's calls with this
+//!   node and the controller wherever they run; csi-node's `NodeBackend` serves the shim's calls with this
 //!   node's plugins; [`peers`] learns which plugins peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
 //! - [`log`]: the log format, every field value escaped.
