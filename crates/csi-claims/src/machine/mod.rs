@@ -1469,14 +1469,7 @@ impl ReleaseMachine {
             &mut self.rng,
         );
         let attempt = entry.store_retry.attempts;
-        self.timers.push(Reverse((at, volume.clone())));
-        self.events.push_back(Event::StepFailed(StepFailure {
-            volume: volume.clone(),
-            step,
-            class,
-            attempt,
-            next_retry: at,
-        }));
+        self.retry_at(volume, step, class, attempt, at);
     }
 
     /// A detach call of `volume` failed: the volume's release steps wait out its backoff (at
@@ -1501,6 +1494,19 @@ impl ReleaseMachine {
             &mut self.rng,
         );
         let attempt = entry.step_retry.attempts;
+        self.retry_at(volume, step, class, attempt, at);
+    }
+
+    /// Wakes `volume` at `at` for the retry of `step`, whose `attempt` failed with `class`,
+    /// and announces it ([`Event::StepFailed`]).
+    fn retry_at(
+        &mut self,
+        volume: &VolumeId,
+        step: RetriedStep,
+        class: ErrorClass,
+        attempt: u32,
+        at: Instant,
+    ) {
         self.timers.push(Reverse((at, volume.clone())));
         self.events.push_back(Event::StepFailed(StepFailure {
             volume: volume.clone(),

@@ -2,7 +2,7 @@
 //! the node step the controller asks for, the published node in the volume's status, and a
 //! snapshot created, listed by its source, deleted (twice) and a NOT_FOUND delete.
 
-use csi_client::{Code, ErrorClass, ErrorKind, NodeExpand, NodePublish, NodeStage, Rpc};
+use csi_client::{Code, ErrorClass, ErrorKind, NodeExpand, Rpc};
 use csi_client::{SnapshotFilter, SnapshotPage};
 use csi_structs::{
     AccessMode, CapacityRange, ExternalVolumeId, MountOptions, Parameters, PublishContext, Secrets,
@@ -115,31 +115,9 @@ async fn expand_on_the_node_and_get_volume_report_the_published_volume() {
     assert_eq!(got.status.published_nodes, std::slice::from_ref(&node_id));
     assert_eq!(got.status.condition, None, "the mock reports no condition");
 
-    let staging = mock.dir.path().join("staging");
-    std::fs::create_dir_all(&staging).unwrap();
-    let target = mock.dir.path().join("target");
-    guard(node.stage(&NodeStage {
-        volume: &volume,
-        staging_target_path: &staging,
-        capability: &cap,
-        publish_context: &publish_context,
-        volume_context: &context,
-        secrets: &secrets,
-    }))
-    .await
-    .unwrap();
-    guard(node.publish(&NodePublish {
-        volume: &volume,
-        staging_target_path: Some(&staging),
-        target_path: &target,
-        capability: &cap,
-        readonly: false,
-        publish_context: &publish_context,
-        volume_context: &context,
-        secrets: &secrets,
-    }))
-    .await
-    .unwrap();
+    let (staging, target) = mock
+        .stage_and_publish(&node, &volume, &cap, &publish_context)
+        .await;
 
     let on_node = guard(node.expand(&NodeExpand {
         volume: &volume,

@@ -227,6 +227,45 @@ impl Mock {
         csi_client::Endpoint::unix(self.path()).expect("test invariant: temp paths are short")
     }
 
+    /// Stages `volume` at `<dir>/staging` (made first: the orchestrator creates it) and
+    /// publishes it read-write at `<dir>/target` through `node`, with no context or secrets;
+    /// returns the staging path and the target.
+    pub(crate) async fn stage_and_publish(
+        &self,
+        node: &csi_client::NodeClient,
+        volume: &csi_structs::ExternalVolumeId,
+        capability: &csi_structs::VolumeCapability,
+        publish_context: &csi_structs::PublishContext,
+    ) -> (std::path::PathBuf, std::path::PathBuf) {
+        let (context, secrets) = Default::default();
+        let staging = self.dir.path().join("staging");
+        std::fs::create_dir_all(&staging).expect("test invariant: temp dirs can be made");
+        let target = self.dir.path().join("target");
+        guard(node.stage(&csi_client::NodeStage {
+            volume,
+            staging_target_path: &staging,
+            capability,
+            publish_context,
+            volume_context: &context,
+            secrets: &secrets,
+        }))
+        .await
+        .expect("staged");
+        guard(node.publish(&csi_client::NodePublish {
+            volume,
+            staging_target_path: Some(&staging),
+            target_path: &target,
+            capability,
+            readonly: false,
+            publish_context,
+            volume_context: &context,
+            secrets: &secrets,
+        }))
+        .await
+        .expect("published");
+        (staging, target)
+    }
+
     pub(crate) fn faults(&self) -> csi_testkit::Faults {
         self.plugin.faults()
     }

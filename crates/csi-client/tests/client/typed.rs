@@ -399,7 +399,6 @@ async fn metadata_streams_are_read_to_their_clean_end() {
 
 #[tokio::test]
 async fn a_full_attach_cycle_with_domain_values() {
-    use csi_client::{NodePublish, NodeStage};
     use csi_structs::{PluginNodeId, PublishContext, VolumeContext};
 
     let mock = Mock::start(
@@ -426,31 +425,9 @@ async fn a_full_attach_cycle_with_domain_values() {
         guard(controller.publish(&volume, &node_id, &cap, false, &context, &secrets))
             .await
             .unwrap();
-    let staging = mock.dir.path().join("staging");
-    std::fs::create_dir_all(&staging).unwrap();
-    let target = mock.dir.path().join("target");
-    guard(node.stage(&NodeStage {
-        volume: &volume,
-        staging_target_path: &staging,
-        capability: &cap,
-        publish_context: &publish_context,
-        volume_context: &context,
-        secrets: &secrets,
-    }))
-    .await
-    .unwrap();
-    guard(node.publish(&NodePublish {
-        volume: &volume,
-        staging_target_path: Some(&staging),
-        target_path: &target,
-        capability: &cap,
-        readonly: false,
-        publish_context: &publish_context,
-        volume_context: &context,
-        secrets: &secrets,
-    }))
-    .await
-    .unwrap();
+    let (staging, target) = mock
+        .stage_and_publish(&node, &volume, &cap, &publish_context)
+        .await;
     assert_eq!(mock.plugin.published().len(), 1);
 
     guard(node.unpublish(&volume, &target)).await.unwrap();
