@@ -117,7 +117,9 @@ impl NodeBuilder {
         self
     }
 
-    /// Where the controller release step finds a volume's secrets (default: none).
+    /// Where the controller release step finds a volume's secrets (default: none). A
+    /// [`controller_detacher`](Self::controller_detacher) of the embedder's brings its own
+    /// and this is not used.
     pub fn secrets(mut self, secrets: Arc<dyn SecretsLookup>) -> Self {
         self.secrets = secrets;
         self

@@ -1,6 +1,9 @@
-//! The volume manager's usage file (the reference agent keeps it at
-//! `<data_dir>/node/usage.json`): which volumes are staged on this node, at which path, and
-//! which workloads have them published.
+//! The volume manager's usage records: which volumes are staged on this node, at which path,
+//! and which workloads have them published. This module is their JSON file's format
+//! ([`UsageJson`](super::UsageJson)); the records in a node's database
+//! ([`UsageDb`](super::UsageDb), where the reference agent and [`Node`](crate::Node) keep
+//! them) are the same records, one per key, and a file of either format below is moved into
+//! it once.
 //!
 //! One record per volume (per plugin) on this node, keyed `<plugin>/<volume>`: a volume is
 //! staged once, at one path, and every publication of it (read or write, any workload) uses
