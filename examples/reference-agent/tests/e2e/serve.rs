@@ -617,10 +617,10 @@ pub(crate) async fn one_agent(mock: &MockPlugin) -> OneAgent {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_release_step_is_logged_per_attempt_and_status_names_its_backoff() {
-    let mock = MockPlugin::builder().build().expect("mock");
-    let mut one = one_agent(&mock).await;
+/// One agent whose volume `v1`, claimed by `w1`, is being released while every
+/// `NodeUnpublishVolume` of the mock fails (`UNAVAILABLE`).
+async fn releasing_while_unpublish_fails(mock: &MockPlugin) -> OneAgent {
+    let one = one_agent(mock).await;
     let data = one.data.clone();
     let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
     let _: csi_agent::ops::api::ClaimView =
@@ -630,6 +630,14 @@ async fn a_failing_release_step_is_logged_per_attempt_and_status_names_its_backo
         .fail_times(10_000, tonic_code_unavailable(), "node plugin busy")
         .install();
     let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
+    one
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_release_step_is_logged_per_attempt_and_status_names_its_backoff() {
+    let mock = MockPlugin::builder().build().expect("mock");
+    let mut one = releasing_while_unpublish_fails(&mock).await;
+    let data = one.data.clone();
 
     // Between attempts the release names the step it backs off, not "nothing".
     let backing_off = eventually("the release backs off its node step", async || {
@@ -684,17 +692,8 @@ async fn a_failing_release_step_is_logged_per_attempt_and_status_names_its_backo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_explains_a_stuck_release_and_metrics_count_it() {
     let mock = MockPlugin::builder().build().expect("mock");
-    let mut one = one_agent(&mock).await;
+    let mut one = releasing_while_unpublish_fails(&mock).await;
     let data = one.data.clone();
-    let _: VolumeView = json(&data, &["volume", "create", "v1", "--plugin", "mock"]).await;
-    let _: csi_agent::ops::api::ClaimView =
-        json(&data, &["volume", "claim", "v1", "--workload", "w1"]).await;
-
-    mock.faults()
-        .on(Rpc::NodeUnpublishVolume)
-        .fail_times(10_000, tonic_code_unavailable(), "node plugin busy")
-        .install();
-    let _: VolumeView = json(&data, &["volume", "release", "v1", "--workload", "w1"]).await;
     let stuck = eventually("the release is reported stuck after a retry", async || {
         let s: StatusView = json(&data, &["status"]).await;
         s.stuck
