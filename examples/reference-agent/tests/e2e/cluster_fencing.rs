@@ -295,15 +295,18 @@ async fn fencing_round(round: usize, nodes: &[Node; 3], mock: &MockPlugin) -> Ro
         (cluster_view(&n.data).await.members.len() == 2).then_some(())
     })
     .await;
+    // H is stopped from before the takeover until step 5, so every detach since the takeover
+    // is the new holder's. Usually one; two when its first call's outcome was uncertain (its
+    // deadline passed as the plugin answered, seen under load) and it retried the call, as it
+    // must. Whether H acts on the lost duty is checked in step 6.
     let since_takeover = unpublishes(mock, &ext, takeover);
     let ok = since_takeover
         .iter()
         .filter(|r| r.outcome == Outcome::Ok)
         .count();
-    assert_eq!(
-        ok,
-        1,
-        "one successful detach, the new holder's: {:?}",
+    assert!(
+        ok >= 1,
+        "the new holder detached V: {:?}",
         describe(&since_takeover)
     );
     assert!(mock.published_nodes(&ext).is_empty());
@@ -352,7 +355,8 @@ async fn fencing_round(round: usize, nodes: &[Node; 3], mock: &MockPlugin) -> Ro
             .iter()
             .filter(|r| r.outcome == Outcome::Ok)
             .count(),
-        1
+        ok,
+        "no successful detach since the new holder's"
     );
     assert_eq!(mock.published_nodes(&ext), attached, "still attached to N");
     let woke = h
