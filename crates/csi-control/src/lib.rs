@@ -15,8 +15,12 @@
 //!   shared by a cluster, its deletes checked against the volume's claims in the same
 //!   transaction. Callers hold an `Arc<dyn VolumeCatalog>` and never branch on the backend.
 //!
-//! The operations of the volume service (register, create, claim, expand, snapshots,
-//! delete) still live in the reference agent; they move here next.
+//! - [`service`]: the operations, [`VolumeService`]: register (validated against the
+//!   plugin), create (an uncertain outcome undone before the answer), claim (controller
+//!   publish through csi-rpc-shim, then stage and publish here), release, expand,
+//!   snapshots, detach, deregister, delete, and the confirmation of a node's usage records
+//!   after a restart. Requests are typed, failures are a [`ServiceError`] naming what is in
+//!   the way, and what was done goes out as a [`ServiceEvent`].
 //!
 //! # Example
 //!
@@ -66,9 +70,11 @@
 struct ReadmeDoctests;
 
 pub mod catalog;
+pub mod service;
 
 #[cfg(feature = "etcd")]
 pub use catalog::EtcdCatalog;
 pub use catalog::{
     CatalogEntry, CatalogError, CatalogSecrets, FileCatalog, MayExist, VolumeCatalog,
 };
+pub use service::{NoPeers, Peers, ServiceError, ServiceEvent, VolumeService};

@@ -48,8 +48,9 @@ pub struct CatalogEntry {
     pub controller_publish: bool,
     /// Whether the orchestrator created it in the plugin.
     pub created: bool,
-    /// Capacity, when known.
-    pub capacity_bytes: Option<i64>,
+    /// Capacity in bytes, when known. (Sizes are `u64` here: the wire's `int64` fields are
+    /// checked where they are read and written, and a negative size was never stored.)
+    pub capacity_bytes: Option<u64>,
     /// The volume context (from creation or registration).
     pub context: BTreeMap<String, String>,
     /// A delete has begun: no new claim is admitted.
@@ -66,7 +67,7 @@ pub struct CatalogEntry {
     /// A controller expansion asked for a `NodeExpandVolume` that has not run yet (the volume
     /// was published nowhere): the capacity asked for, expanded on the node at the next claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_expansion: Option<i64>,
+    pub node_expansion: Option<u64>,
     /// Not a volume yet: a `CreateVolume` by this entry's id had an uncertain outcome that
     /// could not be undone, so a volume may exist in the plugin under that name, with an id
     /// the orchestrator does not know (`external_id` is a placeholder). Kept, and shown, until

@@ -320,11 +320,11 @@ fn follow_gone(
     let now = membership.gone_nodes();
     for node in now.difference(applied) {
         tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
-        agent.claims.node_gone(node);
+        agent.claims().node_gone(node);
     }
     for node in applied.difference(&now) {
         tracing::info!(node = %node, "node no longer reported gone");
-        agent.claims.node_returned(node);
+        agent.claims().node_returned(node);
     }
     *applied = now;
 }
@@ -354,10 +354,12 @@ fn follow_members(
             routes.insert(node.clone(), addr);
             tracing::info!(member = %m.node, shim = %m.shim, "cluster member joined");
             agent
-                .shim
+                .service
+                .shim()
                 .update_routes(|r| r.set_direct(node.clone(), addr));
             agent
-                .shim
+                .service
+                .shim()
                 .update_tokens(|t| t.insert(node.clone(), token.clone(), Scope::Cluster));
         }
         peers::apply(agent, &node, Ok(m.plugins.clone()));

@@ -78,7 +78,7 @@ fn bounded(mut message: String) -> String {
 }
 
 fn agent_error(e: &AgentError) -> Answer {
-    let (status, kind, class) = e.parts();
+    let (status, kind, class) = super::agent::parts(e);
     error(status, kind, e.to_string(), class.map(|c| c.as_str()))
 }
 

@@ -338,19 +338,27 @@ pub async fn serve_until(
         .flat_map(|r| r.claims().to_vec())
         .filter(|c| c.state().is_releasing())
         .count();
+    let peers = Arc::new(agent::AgentPeers::new(cluster_status.clone()));
+    let mut service = csi_control::VolumeService::builder(
+        me.clone(),
+        book,
+        claims,
+        shim.clone(),
+        plugins.manager().clone(),
+        volumes,
+    )
+    .peers(Arc::clone(&peers) as Arc<dyn csi_control::Peers>)
+    .call_timeout(config.call_timeout);
+    if let Some(store) = stores.forgetting {
+        service = service.forgetting(store);
+    }
     let agent = Arc::new(agent::Agent {
         me: me.clone(),
         plugins: plugins.clone(),
-        volumes,
-        book,
-        claims,
-        shim: shim.clone(),
+        service: service.build(),
         metrics,
-        peers: Mutex::new(Default::default()),
-        call_timeout: config.call_timeout,
+        peers,
         cluster: cluster_status,
-        forgetting: stores.forgetting,
-        creating: Mutex::new(Default::default()),
         reconciled: Mutex::new(None),
     });
 

@@ -54,11 +54,8 @@ async fn poll(agent: &Agent, peer: &Peer, token: &str, limit: Duration) {
 
 /// Feeds the shim's registry with what a peer hosts (`Ok`), or marks it down (`Err`, why).
 pub fn apply(agent: &Agent, node: &NodeId, answer: Result<Vec<PeerPlugin>, String>) {
-    let registry = agent.shim.registry();
-    let mut peers = agent
-        .peers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let registry = agent.service.shim().registry();
+    let mut peers = agent.peers.states();
     let state = peers.entry(node.clone()).or_default();
     match answer {
         Ok(plugins) => {

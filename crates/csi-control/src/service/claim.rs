@@ -1,0 +1,375 @@
+//! Claim (and publish here), release, and detach a node's claims.
+
+use std::path::PathBuf;
+
+use csi_claims::{Claim, ClaimMode, ClaimRequest};
+use csi_node::layout::Usage;
+use csi_node::volumes::{ExpandRequest, MountRequest};
+use csi_rpc_shim::{ControllerAttach, ControllerQuery};
+use csi_structs::topology::check_accessible;
+use csi_structs::{NodeId, PluginNodeId, PublishContext, SecretsUse, VolumeId, WorkloadId};
+
+use super::error::{deleting, invalid, no_volume};
+use super::{ServiceError, ServiceEvent, VolumeService};
+use crate::catalog::CatalogEntry;
+
+/// A claim to take: [`VolumeService::claim`].
+#[derive(Clone, Debug)]
+pub struct ClaimVolume {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The workload claiming it.
+    pub workload: WorkloadId,
+    /// Read or write.
+    pub mode: ClaimMode,
+}
+
+/// A claim taken and published on this node.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    /// The claim, as stored.
+    pub claim: Claim,
+    /// Where the volume is published for the workload.
+    pub target_path: PathBuf,
+}
+
+/// A detach of a node's claims: [`VolumeService::detach`].
+#[derive(Clone, Debug)]
+pub struct DetachVolume {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The node whose claims go.
+    pub node: NodeId,
+    /// The node is gone for good: its claims are released without node steps, and the
+    /// controller step runs though its agent is not there.
+    pub node_gone: bool,
+}
+
+/// What a detach started.
+#[derive(Clone, Debug)]
+pub struct Detached {
+    /// The workloads whose claims on the node are releasing.
+    pub releasing: Vec<WorkloadId>,
+    /// Whether the node was reported gone for good.
+    pub node_gone: bool,
+    /// Something the operator should know (the node's agent is not reachable).
+    pub note: Option<String>,
+}
+
+impl VolumeService {
+    /// Claims a volume for a workload on this node and publishes it here: claim (durable),
+    /// controller publish through the shim when the volume needs it, then stage and publish.
+    /// When publishing fails after the claim, the claim is released at once so the release
+    /// pipeline undoes whatever may have happened (uncertain outcomes included), and the
+    /// answer waits for that (up to the call timeout) and says how it ended. A node expansion
+    /// left waiting for a claim runs after the publish.
+    ///
+    /// Refused before anything is recorded or called: a volume being deleted or that may
+    /// exist only, a plugin not known to be healthy here, a node outside the volume's
+    /// accessible topology, a workload id that cannot name a directory.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError`]: the refusals above, the claim layer's, and the publish's.
+    pub async fn claim(&self, r: ClaimVolume) -> Result<Claimed, ServiceError> {
+        let entry = self.entry(&r.volume)?;
+        if entry.deleting {
+            return Err(deleting(&entry.id));
+        }
+        let workload = r.workload;
+        let mode = r.mode;
+        // Nothing is published through a plugin whose health is not known to be good:
+        // refused (retryably, naming the plugin and its health) before the claim.
+        let ready = self
+            .volumes
+            .publishable(&entry.plugin)
+            .map_err(|e| ServiceError::node("claim", &e))?;
+        let plugin_node = ready
+            .fingerprint
+            .node
+            .as_ref()
+            .map(|n| n.node_id.clone())
+            .ok_or_else(|| ServiceError::Conflict("node plugin reported no node id".into()))?;
+        let node_topology = ready
+            .fingerprint
+            .node
+            .as_ref()
+            .and_then(|n| n.topology.as_ref());
+        if let Err(refused) = check_accessible(&entry.accessible_topology, node_topology) {
+            return Err(ServiceError::Conflict(format!(
+                "volume {} is {refused} (plugin {} on node {})",
+                entry.id, entry.plugin, self.me,
+            )));
+        }
+        let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
+        self.volumes
+            .layout()
+            .target_path(
+                &entry.id,
+                &workload,
+                &Usage::of(&entry.capability(), read_only),
+            )
+            .map_err(|e| invalid("workload", e))?;
+        let claim = self
+            .claims
+            .claim(
+                &entry.info(),
+                ClaimRequest {
+                    volume: entry.id.clone(),
+                    workload: workload.clone(),
+                    node: self.me.clone(),
+                    plugin_node: plugin_node.clone(),
+                    mode,
+                    access_mode: entry.access_mode,
+                    attachment: entry.attachment,
+                },
+            )
+            .await?;
+        tracing::info!(volume = %entry.id, workload = %workload, "claim durable");
+        // In a cluster another node may have deleted the volume between our read of the
+        // catalog and the claim: its delete compares the claims key, so it either failed (our
+        // claim came first) or came first, and then the volume is gone now.
+        let refusal = match self.catalog.confirm(&entry.id).await {
+            Ok(Some(now)) if !now.deleting => None,
+            Ok(Some(_)) => Some(deleting(&entry.id)),
+            Ok(None) => Some(no_volume(&entry.id)),
+            Err(e) => Some(e.into()),
+        };
+        if let Some(refusal) = refusal {
+            tracing::warn!(volume = %entry.id, workload = %workload, error = %refusal, "claim given up: the volume is being deleted");
+            if let Err(r) = self.claims.release(&entry.id, &workload).await {
+                tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release of the given-up claim was refused");
+            }
+            return Err(refusal);
+        }
+        match self
+            .publish(&entry, &workload, &plugin_node, read_only)
+            .await
+        {
+            Ok(target_path) => {
+                self.emit(ServiceEvent::Claimed {
+                    volume: entry.id.clone(),
+                    workload: workload.clone(),
+                    target_path: target_path.clone(),
+                });
+                self.pending_node_expansion(&entry).await;
+                Ok(Claimed { claim, target_path })
+            }
+            Err(e) => {
+                tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
+                // The release undoes whatever the publish may have done (an uncertain
+                // controller publish included); the answer waits for it, up to a call's time.
+                let deadline = tokio::time::Instant::now() + self.call_timeout;
+                let (undone, note) = match self
+                    .claims
+                    .release_and_wait_until(&entry.id, &workload, deadline)
+                    .await
+                {
+                    Ok(_) => (
+                        true,
+                        "the claim is released and whatever the publish may have done is undone"
+                            .to_owned(),
+                    ),
+                    Err(r) => {
+                        tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release after failed publish not finished");
+                        (
+                            false,
+                            format!(
+                                "the claim's release, which undoes whatever the publish may have done, is not finished: {r}"
+                            ),
+                        )
+                    }
+                };
+                self.emit(ServiceEvent::PublishFailed {
+                    volume: entry.id.clone(),
+                    workload,
+                    undone,
+                });
+                Err(e.with_note(&note))
+            }
+        }
+    }
+
+    async fn publish(
+        &self,
+        entry: &CatalogEntry,
+        workload: &WorkloadId,
+        plugin_node: &PluginNodeId,
+        read_only: bool,
+    ) -> Result<PathBuf, ServiceError> {
+        let publish_context = if entry.controller_publish {
+            self.shim
+                .controller_attach(
+                    ControllerAttach {
+                        query: ControllerQuery::new(entry.plugin.clone()),
+                        volume: entry.id.clone(),
+                        external_volume: entry.external_id.clone(),
+                        node: self.me.clone(),
+                        plugin_node: plugin_node.clone(),
+                        capability: entry.capability(),
+                        // The attachment is the volume's on this node, shared by every claim
+                        // here (read or write), so it is read-only only when the access mode
+                        // is; a read claim is read-only at its own NodePublishVolume. A
+                        // per-claim value would make a write claim after a read claim on the
+                        // same node an ALREADY_EXISTS (published with another readonly). The
+                        // backend that calls the plugin sends it only with PUBLISH_READONLY.
+                        read_only: entry.access_mode.is_read_only(),
+                        secrets: entry.secrets.for_use(SecretsUse::ControllerPublish),
+                        volume_context: entry.volume_context(),
+                    },
+                    self.call_timeout,
+                )
+                .await
+                .map_err(|e| ServiceError::shim("ControllerPublishVolume", &e))?
+                .publish_context
+        } else {
+            PublishContext::default()
+        };
+        self.volumes
+            .mount(&MountRequest {
+                plugin: entry.plugin.clone(),
+                volume: entry.id.clone(),
+                external_id: entry.external_id.clone(),
+                capability: entry.capability(),
+                read_only,
+                workload: workload.clone(),
+                publish_context,
+                volume_context: entry.volume_context(),
+                secrets: entry.secrets.clone(),
+            })
+            .await
+            .map_err(|e| ServiceError::node("mount", &e))
+    }
+
+    /// The `NodeExpandVolume` an expansion left for the volume's next claim, run here now
+    /// that it is published (the spec's order for offline expansion: controller expand,
+    /// stage and publish, then node expand). A failure is logged and the expansion stays
+    /// pending for the next claim or expansion.
+    async fn pending_node_expansion(&self, entry: &CatalogEntry) {
+        let Some(wanted) = entry.node_expansion else {
+            return;
+        };
+        let Ok(capacity) = csi_structs::CapacityRange::new(Some(wanted), None) else {
+            return;
+        };
+        let request = ExpandRequest {
+            plugin: entry.plugin.clone(),
+            volume: entry.id.clone(),
+            external_id: entry.external_id.clone(),
+            capacity,
+            capability: Some(entry.capability()),
+            secrets: entry.secrets.for_use(SecretsUse::NodeExpand),
+        };
+        let done = match self.volumes.expand(&request).await {
+            Ok(_) => {
+                tracing::info!(volume = %entry.id, capacity_bytes = wanted, "pending node expansion done");
+                if let Err(e) = self
+                    .catalog
+                    .update(&entry.id, &|e| e.node_expansion = None)
+                    .await
+                {
+                    tracing::warn!(volume = %entry.id, error = %e, "the done node expansion could not be recorded; it runs again");
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(volume = %entry.id, error = %e, "pending node expansion failed; it stays pending");
+                false
+            }
+        };
+        self.emit(ServiceEvent::PendingNodeExpansion {
+            volume: entry.id.clone(),
+            capacity_bytes: wanted,
+            done,
+        });
+    }
+
+    /// Starts releasing a claim; returns once the release is durable (the release pipeline
+    /// runs the steps).
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`], and the claim layer's refusal.
+    pub async fn release(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+    ) -> Result<(), ServiceError> {
+        let entry = self.entry(volume)?;
+        self.claims.release(&entry.id, workload).await?;
+        tracing::info!(volume = %entry.id, workload = %workload, "release durable");
+        self.emit(ServiceEvent::Released {
+            volume: entry.id,
+            workload: workload.clone(),
+        });
+        Ok(())
+    }
+
+    /// Releases every claim of a volume on one node (the node steps through that node's
+    /// agent, then the controller step). With `node_gone` the node is reported gone for good
+    /// first: every claim made from it (on every volume) is released without node steps, and
+    /// the controller step runs even though its agent is not there.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Conflict`] when the volume has no claim on the node,
+    /// [`ServiceError::Invalid`] for `node_gone` on this service's own node.
+    pub async fn detach(&self, r: DetachVolume) -> Result<Detached, ServiceError> {
+        let entry = self.entry(&r.volume)?;
+        let node = r.node;
+        if r.node_gone && node == self.me {
+            return Err(invalid(
+                "node_gone",
+                format!("node {node} is this agent's own node, not gone; detach without it"),
+            ));
+        }
+        let on_node: Vec<Claim> = self
+            .claims_of(&entry.id)
+            .into_iter()
+            .filter(|c| c.node() == &node)
+            .collect();
+        if on_node.is_empty() {
+            let hint = if !self.peers.shares_claims() && node != self.me {
+                " (without a cluster store each agent keeps the claims of its own node: run \
+                 this on that node's agent)"
+            } else {
+                ""
+            };
+            return Err(ServiceError::Conflict(format!(
+                "volume {} has no claim on node {node} here{hint}",
+                entry.id
+            )));
+        }
+        if r.node_gone {
+            if !self.peers.report_node_gone(&node).await? {
+                self.claims.node_gone(&node);
+            }
+            tracing::warn!(node = %node, volume = %entry.id, "node reported gone for good by an operator");
+        }
+        let mut releasing = Vec::new();
+        for claim in &on_node {
+            if !claim.state().is_releasing() {
+                self.claims.release(&entry.id, claim.workload()).await?;
+            }
+            releasing.push(claim.workload().clone());
+        }
+        tracing::info!(volume = %entry.id, node = %node, claims = releasing.len(), node_gone = r.node_gone, "detach of a node's claims durable");
+        let note = (!r.node_gone && self.node_reachable(&node) == Some(false)).then(|| {
+            format!(
+                "node {node}'s agent is not reachable now: its node steps wait for it; if the \
+                 node is gone for good, detach again with --node-gone"
+            )
+        });
+        self.emit(ServiceEvent::Detached {
+            volume: entry.id,
+            node,
+            node_gone: r.node_gone,
+            releasing: releasing.clone(),
+        });
+        Ok(Detached {
+            releasing,
+            node_gone: r.node_gone,
+            note,
+        })
+    }
+}

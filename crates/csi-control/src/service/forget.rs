@@ -1,0 +1,200 @@
+//! Deregister (forget without the plugin) and delete (in the plugin too).
+
+use std::collections::BTreeSet;
+
+use csi_claims::Claim;
+use csi_rpc_shim::{ControllerQuery, DeleteVolume};
+use csi_structs::{SecretsUse, VolumeId};
+
+use super::error::{invalid, no_volume};
+use super::{ServiceError, ServiceEvent, VolumeService};
+use crate::catalog::CatalogEntry;
+
+/// What a deregistration did.
+#[derive(Clone, Debug)]
+pub struct Deregistered {
+    /// The volume's entry as it was.
+    pub entry: CatalogEntry,
+    /// How many claims were forgotten without being released (a forced deregistration).
+    pub dropped_claims: usize,
+    /// What stays in the plugin and on nodes, each with the call that would remove it.
+    pub left_behind: Vec<Leftover>,
+}
+
+/// Something a deregistration leaves behind (its `Display` says what, and which call
+/// removes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leftover(String);
+
+impl std::fmt::Display for Leftover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl VolumeService {
+    /// Drops a volume from the catalog without calling the plugin. Without `force` it must
+    /// have no claims; with `force` (and `confirmed`) its claims are forgotten, not released.
+    /// The answer lists what stays in the plugin and on nodes, with the call that would
+    /// remove each. A volume that may exist only (an uncertain create) is deregistered too.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Conflict`] for claims without `force`, [`ServiceError::Invalid`]
+    /// (field `confirmed`, listing what would be left) for `force` without `confirmed`.
+    pub async fn deregister(
+        &self,
+        volume: &VolumeId,
+        force: bool,
+        confirmed: bool,
+    ) -> Result<Deregistered, ServiceError> {
+        let entry = self.any_entry(volume)?;
+        let claims = self.claims_of(&entry.id);
+        let left = self.leftovers(&entry, &claims);
+        if !claims.is_empty() && !force {
+            return Err(ServiceError::Conflict(format!(
+                "volume {volume} still has {} claim(s); release them (or `volume detach` a gone \
+                 node's), or deregister with --force to forget them",
+                claims.len()
+            )));
+        }
+        if force && !confirmed {
+            return Err(invalid(
+                "confirmed",
+                format!(
+                    "a forced deregistration forgets {} claim(s) of volume {volume} without \
+                     releasing them, and leaves: {}; confirm it (--yes) to go ahead",
+                    claims.len(),
+                    left.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            ));
+        }
+        if claims.is_empty() {
+            // As `delete`: no claim is admitted from here on.
+            if self.catalog.mark_deleting(&entry.id).await?.is_none() {
+                return Err(no_volume(volume));
+            }
+            self.catalog.remove(&entry.id).await?;
+        } else {
+            if let Some(store) = &self.forgetting {
+                store.forget(&entry.id).await?;
+            }
+            self.catalog.forget(&entry.id).await?;
+            tracing::warn!(volume = %entry.id, claims = claims.len(), "volume deregistered by force: its claims are forgotten, not released");
+        }
+        tracing::info!(volume = %entry.id, "volume deregistered; the plugin keeps it");
+        self.emit(ServiceEvent::Deregistered {
+            volume: entry.id.clone(),
+            dropped_claims: claims.len(),
+        });
+        Ok(Deregistered {
+            entry,
+            dropped_claims: claims.len(),
+            left_behind: left,
+        })
+    }
+
+    /// What stays behind when the service forgets `entry` with `claims`: the volume in the
+    /// plugin, the node and controller steps not done, and this node's usage record.
+    fn leftovers(&self, entry: &CatalogEntry, claims: &[Claim]) -> Vec<Leftover> {
+        if let Some(may) = &entry.may_exist {
+            return vec![Leftover(format!(
+                "a volume that may exist in plugin {} under name {} ({}): CreateVolume by that \
+                 name, then DeleteVolume of the id it gives, removes it",
+                entry.plugin, entry.id, may.why
+            ))];
+        }
+        let mut out = vec![Leftover(format!(
+            "volume {} in plugin {}{}: DeleteVolume removes it",
+            entry.external_id,
+            entry.plugin,
+            if entry.created {
+                " (created by this agent)"
+            } else {
+                ""
+            }
+        ))];
+        let mut attached = BTreeSet::new();
+        for c in claims {
+            if c.state().node_step().is_none() {
+                let at = (c.node() == &self.me)
+                    .then(|| self.volumes.published(&entry.id, c.workload()))
+                    .flatten()
+                    .map(|p| format!(" at {}", p.display()))
+                    .unwrap_or_default();
+                out.push(Leftover(format!(
+                    "publication for workload {} on node {}{at}: NodeUnpublishVolume (and \
+                     NodeUnstageVolume with the node's last one) not done",
+                    c.workload(),
+                    c.node()
+                )));
+            }
+            if entry.controller_publish
+                && c.state().controller_step().is_none()
+                && attached.insert(c.node().clone())
+            {
+                out.push(Leftover(format!(
+                    "attachment to node {} (plugin node {}): ControllerUnpublishVolume not done",
+                    c.node(),
+                    c.plugin_node()
+                )));
+            }
+        }
+        if self.volumes.records().iter().any(|r| r.volume == entry.id) {
+            out.push(Leftover(
+                "this node's usage record of the volume (in the node's database), kept while \
+                 its mounts may exist"
+                    .to_owned(),
+            ));
+        }
+        out
+    }
+
+    /// Deletes a volume with no claims: `DeleteVolume` when the orchestrator created it, then
+    /// out of the catalog. From its start no claim is admitted; in a cluster, a claim another
+    /// node made a moment before makes the delete fail instead.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Conflict`] while claims remain, and the call's error (the volume
+    /// stays in the catalog, marked deleting, and a delete again finishes it).
+    pub async fn delete(&self, volume: &VolumeId) -> Result<CatalogEntry, ServiceError> {
+        let entry = self.entry(volume)?;
+        let claims = self
+            .claims
+            .stored_record(&entry.id)
+            .map_or(0, |r| r.claims().len());
+        if claims > 0 {
+            return Err(ServiceError::Conflict(format!(
+                "volume {volume} still has {claims} claim(s); release them first"
+            )));
+        }
+        let Some(entry) = self.catalog.mark_deleting(&entry.id).await? else {
+            return Err(no_volume(volume));
+        };
+        if entry.created {
+            self.shim
+                .delete_volume(
+                    DeleteVolume {
+                        query: ControllerQuery::new(entry.plugin.clone()),
+                        volume: entry.id.clone(),
+                        external_volume: entry.external_id.clone(),
+                        secrets: entry.secrets.for_use(SecretsUse::Delete),
+                    },
+                    self.call_timeout,
+                )
+                .await
+                .map_err(|e| ServiceError::shim("DeleteVolume", &e))?;
+        }
+        self.catalog.remove(&entry.id).await?;
+        tracing::info!(volume = %entry.id, "volume deleted");
+        self.emit(ServiceEvent::Deleted {
+            volume: entry.id.clone(),
+            in_plugin: entry.created,
+        });
+        Ok(entry)
+    }
+}

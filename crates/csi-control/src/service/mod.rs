@@ -1,0 +1,492 @@
+//! The volume service: the operations an orchestrator's control plane runs on volumes,
+//! over the [catalog](crate::catalog), the claim driver, csi-rpc-shim's [`Shim`] and this
+//! node's plugin and volume managers.
+//!
+//! | operation | what it does |
+//! |---|---|
+//! | [`register`](VolumeService::register) | records an existing volume, validated against its plugin's controller when one is known |
+//! | [`create`](VolumeService::create) | `CreateVolume` through a controller (here or on a peer), an uncertain outcome undone before the answer |
+//! | [`claim`](VolumeService::claim) | a durable claim, then controller publish through the shim, then stage and publish here |
+//! | [`release`](VolumeService::release) | starts a claim's release (the release pipeline runs its steps) |
+//! | [`expand`](VolumeService::expand) | `ControllerExpandVolume`, then `NodeExpandVolume` where the volume is published |
+//! | [`create_snapshot`](VolumeService::create_snapshot), [`list_snapshots`](VolumeService::list_snapshots), [`delete_snapshot`](VolumeService::delete_snapshot) | snapshots of a volume, or of a plugin |
+//! | [`detach`](VolumeService::detach) | releases every claim of a volume on one node, which may be gone for good |
+//! | [`deregister`](VolumeService::deregister) | forgets a volume without calling its plugin, saying what stays behind |
+//! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
+//! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins |
+//!
+//! Each operation checks its request against the volume, the catalog and the plugin's
+//! advertised capabilities before any plugin call, and fails with a [`ServiceError`] that
+//! names the field, the plugin or the state in the way. What it did is also sent as a
+//! [`ServiceEvent`] to every [`subscribe`](VolumeService::subscribe)r.
+//!
+//! Capabilities come from this node's fingerprints first, then from what [`Peers`] report
+//! (a cluster's other nodes); without peers, only local plugins are known.
+
+mod claim;
+mod create;
+mod error;
+mod events;
+mod expand;
+mod forget;
+mod reconcile;
+mod snapshots;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use csi_claims::driver::ClaimsHandle;
+use csi_claims::store::{ClaimStore, Forgetting};
+use csi_claims::{Claim, StoreError, VolumeStatus};
+use csi_node::plugins::PluginManager;
+use csi_node::volumes::VolumeManager;
+use csi_rpc_shim::Shim;
+use csi_structs::{Capabilities, NodeId, PluginId, VolumeId};
+use tokio::sync::broadcast;
+
+use crate::catalog::{CatalogEntry, VolumeCatalog};
+
+pub use claim::{ClaimVolume, Claimed, DetachVolume, Detached};
+pub use create::{NewVolume, RegisterVolume};
+pub use error::{CallFailure, ServiceError};
+pub use events::ServiceEvent;
+pub use expand::Expanded;
+pub use forget::{Deregistered, Leftover};
+pub use reconcile::NodeReconciled;
+pub use snapshots::{ExternalVolume, NewSnapshot, Snapshot, SnapshotsOf};
+
+use error::{invalid, no_volume};
+
+/// A plugin as another node reported it (its fingerprint, in short).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerPlugin {
+    /// The node it runs on.
+    pub node: NodeId,
+    /// The plugin.
+    pub plugin: PluginId,
+    /// Whether it serves the controller service there.
+    pub controller: bool,
+    /// Whether it serves the node service there.
+    pub node_service: bool,
+    /// Whether its volumes need `ControllerPublishVolume`.
+    pub controller_publish: bool,
+    /// What it advertises, when the peer said.
+    pub capabilities: Option<Capabilities>,
+}
+
+/// What the service learns from the other nodes of a cluster.
+///
+/// [`NoPeers`] is a node on its own. An orchestrator with peers implements it over whatever
+/// it keeps of them (the reference agent: its peers' last reports and the cluster's members).
+#[async_trait::async_trait]
+pub trait Peers: std::fmt::Debug + Send + Sync {
+    /// The plugins other nodes reported.
+    fn plugins(&self) -> Vec<PeerPlugin>;
+
+    /// Whether `node`'s agent answers now (`None`: not known).
+    fn reachable(&self, node: &NodeId) -> Option<bool>;
+
+    /// Whether the claims of every node are in one shared store (a cluster), so a node's
+    /// claims can be released from any other. Without it each node keeps its own.
+    fn shares_claims(&self) -> bool;
+
+    /// Reports `node` gone for good to every node, whose drivers then skip its node steps.
+    /// `Ok(false)`: there is no one to tell, and the service tells its own driver.
+    ///
+    /// # Errors
+    ///
+    /// When the shared store cannot be written.
+    async fn report_node_gone(&self, node: &NodeId) -> Result<bool, StoreError>;
+}
+
+/// A node on its own: no peers, claims kept per node.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPeers;
+
+#[async_trait::async_trait]
+impl Peers for NoPeers {
+    fn plugins(&self) -> Vec<PeerPlugin> {
+        Vec::new()
+    }
+
+    fn reachable(&self, _: &NodeId) -> Option<bool> {
+        None
+    }
+
+    fn shares_claims(&self) -> bool {
+        false
+    }
+
+    async fn report_node_gone(&self, _: &NodeId) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+}
+
+/// The control plane's volume operations on one node (module docs: [`self`]).
+///
+/// Cheap to share behind an `Arc`; every operation takes `&self`.
+#[derive(Debug)]
+pub struct VolumeService {
+    me: NodeId,
+    catalog: Arc<dyn VolumeCatalog>,
+    claims: ClaimsHandle,
+    shim: Shim,
+    plugins: PluginManager,
+    volumes: VolumeManager,
+    peers: Arc<dyn Peers>,
+    forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
+    call_timeout: Duration,
+    /// Ids whose `CreateVolume`, or the undo of an uncertain one, is in flight here. A second
+    /// create of the same id is refused meanwhile, so an undo never deletes the volume a
+    /// concurrent create of the same name was given.
+    creating: Mutex<BTreeSet<VolumeId>>,
+    events: broadcast::Sender<ServiceEvent>,
+}
+
+/// Builds a [`VolumeService`]: [`VolumeService::builder`].
+#[derive(Debug)]
+pub struct VolumeServiceBuilder {
+    service: VolumeService,
+}
+
+impl VolumeServiceBuilder {
+    /// What the other nodes report (default: [`NoPeers`]).
+    pub fn peers(mut self, peers: Arc<dyn Peers>) -> Self {
+        self.service.peers = peers;
+        self
+    }
+
+    /// The claim store a forced [`deregister`](VolumeService::deregister) forgets a volume's
+    /// claims through (csi-claims' [`Forgetting`] over the store the driver runs on). Without
+    /// it, only the catalog's record goes, as a cluster's catalog takes the claims with it.
+    pub fn forgetting(mut self, store: Arc<Forgetting<dyn ClaimStore>>) -> Self {
+        self.service.forgetting = Some(store);
+        self
+    }
+
+    /// The deadline of each plugin call the service makes, and of the wait for a failed
+    /// claim's release (default: 30 s).
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.service.call_timeout = timeout;
+        self
+    }
+
+    /// The service.
+    pub fn build(self) -> VolumeService {
+        self.service
+    }
+}
+
+/// How many events a slow subscriber may fall behind before it misses some.
+const EVENT_BACKLOG: usize = 256;
+
+impl VolumeService {
+    /// A service for node `me` over its catalog, claim driver, shim (the way to every node's
+    /// plugins, this one's included) and this node's plugin and volume managers.
+    pub fn builder(
+        me: NodeId,
+        catalog: Arc<dyn VolumeCatalog>,
+        claims: ClaimsHandle,
+        shim: Shim,
+        plugins: PluginManager,
+        volumes: VolumeManager,
+    ) -> VolumeServiceBuilder {
+        VolumeServiceBuilder {
+            service: VolumeService {
+                me,
+                catalog,
+                claims,
+                shim,
+                plugins,
+                volumes,
+                peers: Arc::new(NoPeers),
+                forgetting: None,
+                call_timeout: Duration::from_secs(30),
+                creating: Mutex::new(BTreeSet::new()),
+                events: broadcast::channel(EVENT_BACKLOG).0,
+            },
+        }
+    }
+
+    /// A service over csi-node's [`Node`](csi_node::Node): its id, claims, plugins and
+    /// volumes.
+    pub fn for_node(
+        node: &csi_node::Node,
+        catalog: Arc<dyn VolumeCatalog>,
+        shim: Shim,
+    ) -> VolumeServiceBuilder {
+        Self::builder(
+            node.id().clone(),
+            catalog,
+            node.claims().clone(),
+            shim,
+            node.plugins().clone(),
+            node.volumes().clone(),
+        )
+    }
+
+    /// Every [`ServiceEvent`] from now on. A receiver that falls more than 256 events behind
+    /// misses the oldest (and is told so by `recv`).
+    pub fn subscribe(&self) -> broadcast::Receiver<ServiceEvent> {
+        self.events.subscribe()
+    }
+
+    /// This node.
+    pub fn node(&self) -> &NodeId {
+        &self.me
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Arc<dyn VolumeCatalog> {
+        &self.catalog
+    }
+
+    /// The claim driver.
+    pub fn claims(&self) -> &ClaimsHandle {
+        &self.claims
+    }
+
+    /// The shim the service calls plugins through.
+    pub fn shim(&self) -> &Shim {
+        &self.shim
+    }
+
+    /// This node's volume manager.
+    pub fn volumes(&self) -> &VolumeManager {
+        &self.volumes
+    }
+
+    /// What the other nodes report.
+    pub fn peers(&self) -> &Arc<dyn Peers> {
+        &self.peers
+    }
+
+    fn emit(&self, event: ServiceEvent) {
+        // No subscriber is not an error.
+        let _ = self.events.send(event);
+    }
+
+    /// A volume of the catalog; one that may exist only (an uncertain create not undone) is
+    /// refused, naming it.
+    fn entry(&self, id: &VolumeId) -> Result<CatalogEntry, ServiceError> {
+        let entry = self.any_entry(id)?;
+        if let Some(may) = &entry.may_exist {
+            return Err(ServiceError::Conflict(format!(
+                "volume {} is not created: it may exist in plugin {} under name {} ({}); \
+                 `volume create` of the id again resolves it, `volume deregister` clears it",
+                entry.id, entry.plugin, entry.id, may.why
+            )));
+        }
+        Ok(entry)
+    }
+
+    /// A volume of the catalog, including one that may exist only.
+    fn any_entry(&self, id: &VolumeId) -> Result<CatalogEntry, ServiceError> {
+        self.catalog.get(id).ok_or_else(|| no_volume(id))
+    }
+
+    /// Whether `plugin` needs controller publish, from any fingerprint seen (here or on a
+    /// peer); `None` when no controller of it was fingerprinted anywhere.
+    pub fn controller_publish_of(&self, plugin: &PluginId) -> Option<bool> {
+        let local = self
+            .plugins
+            .get(plugin)
+            .filter(|p| p.fingerprint.capabilities.plugin.has_controller_service())
+            .map(|p| {
+                p.fingerprint
+                    .capabilities
+                    .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume)
+            });
+        local.or_else(|| {
+            self.peers
+                .plugins()
+                .into_iter()
+                .find(|p| &p.plugin == plugin && p.controller)
+                .map(|p| p.controller_publish)
+        })
+    }
+
+    /// What `plugin`'s controller advertises, from a fingerprint here or a peer's report.
+    pub fn controller_capabilities(&self, plugin: &PluginId) -> Option<Capabilities> {
+        let local = self
+            .plugins
+            .get(plugin)
+            .map(|p| p.fingerprint.capabilities.clone())
+            .filter(|c| c.plugin.has_controller_service());
+        local.or_else(|| {
+            self.peers
+                .plugins()
+                .into_iter()
+                .filter(|p| &p.plugin == plugin && p.controller)
+                .find_map(|p| p.capabilities)
+        })
+    }
+
+    /// Whether a node instance of `plugin` (here or on a peer) advertises `EXPAND_VOLUME`.
+    fn node_can_expand(&self, plugin: &PluginId) -> bool {
+        let local = self.plugins.get(plugin).is_some_and(|p| {
+            p.fingerprint.serves_node() && p.fingerprint.capabilities.node.can_expand()
+        });
+        local
+            || self
+                .peers
+                .plugins()
+                .into_iter()
+                .filter(|p| &p.plugin == plugin && p.node_service)
+                .any(|p| p.capabilities.as_ref().is_some_and(|c| c.node.can_expand()))
+    }
+
+    /// Whether `node`'s agent answers (`None`: not known here).
+    fn node_reachable(&self, node: &NodeId) -> Option<bool> {
+        if node == &self.me {
+            return Some(true);
+        }
+        self.peers.reachable(node)
+    }
+
+    /// Refuses, naming what is missing, unless `plugin`'s controller (here or on a peer)
+    /// advertises what `rpc` needs.
+    fn require(&self, plugin: &PluginId, rpc: csi_client::Rpc) -> Result<(), ServiceError> {
+        let caps = self
+            .controller_capabilities(plugin)
+            .ok_or_else(|| ServiceError::Call {
+                step: rpc.name(),
+                class: csi_structs::ErrorClass::RetryElsewhere,
+                failure: CallFailure::Unreachable,
+                detail: format!(
+                    "plugin {plugin} has no fingerprinted controller here or on a peer"
+                ),
+            })?;
+        match caps.unmet(csi_structs::capability_set::requirement_for(rpc)) {
+            None => Ok(()),
+            Some(missing) => Err(ServiceError::Unsupported(format!(
+                "plugin {plugin} does not advertise {missing}: it serves no {}",
+                rpc.name()
+            ))),
+        }
+    }
+
+    /// The stored claims of a volume (one being written is not shown before it is durable).
+    fn claims_of(&self, volume: &VolumeId) -> Vec<Claim> {
+        self.claims
+            .record(volume)
+            .map(|r| r.claims().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// One volume as the service sees it: its catalog entry, its stored claims (with their
+    /// publish directory on this node) and its release, when one is under way or failing.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`].
+    pub fn volume(&self, id: &VolumeId) -> Result<VolumeState, ServiceError> {
+        let entry = self.any_entry(id)?;
+        Ok(self.state(entry))
+    }
+
+    /// Every volume of the catalog, as [`volume`](Self::volume) shows it.
+    pub fn volume_states(&self) -> Vec<VolumeState> {
+        self.catalog
+            .list()
+            .into_iter()
+            .map(|e| self.state(e))
+            .collect()
+    }
+
+    /// `entry` as [`volume`](Self::volume) shows it, with its claims and release now.
+    pub fn state(&self, entry: CatalogEntry) -> VolumeState {
+        let claims = self
+            .claims
+            .stored_record(&entry.id)
+            .map(|r| {
+                r.claims()
+                    .iter()
+                    .map(|c| {
+                        let target_path = (c.node() == &self.me)
+                            .then(|| self.volumes.published(c.volume(), c.workload()))
+                            .flatten();
+                        (c.clone(), target_path)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let release = self.claims.status(&entry.id).filter(|s| {
+            s.last_error.is_some() || s.claims.iter().any(|c| c.state().is_releasing())
+        });
+        VolumeState {
+            entry,
+            claims,
+            release,
+        }
+    }
+
+    /// Claims per state name over every volume of the catalog.
+    pub fn claim_counts(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for e in self.catalog.list() {
+            if let Some(r) = self.claims.stored_record(&e.id) {
+                for c in r.claims() {
+                    *counts.entry(c.state().name().to_owned()).or_default() += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    /// Refuses an id that cannot name a directory on this node.
+    fn check_volume_id(&self, id: &VolumeId) -> Result<(), ServiceError> {
+        self.volumes
+            .layout()
+            .staging_path(id)
+            .map(drop)
+            .map_err(|e| invalid("id", e))
+    }
+
+    /// Takes `id`'s turn to create, refusing while another create of it runs here.
+    fn creating(&self, id: &VolumeId) -> Result<CreateTurn<'_>, ServiceError> {
+        if !self
+            .creating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone())
+        {
+            return Err(ServiceError::Conflict(format!(
+                "volume {id} is being created (or its uncertain creation undone)"
+            )));
+        }
+        Ok(CreateTurn {
+            ids: &self.creating,
+            id: id.clone(),
+        })
+    }
+}
+
+/// One volume: [`VolumeService::volume`].
+#[derive(Clone, Debug)]
+pub struct VolumeState {
+    /// Its catalog entry.
+    pub entry: CatalogEntry,
+    /// Its stored claims, each with its publish directory when it is on this node and
+    /// published.
+    pub claims: Vec<(Claim, Option<PathBuf>)>,
+    /// Its release, when a claim is releasing or the last step failed.
+    pub release: Option<VolumeStatus>,
+}
+
+/// An id in [`VolumeService::creating`], taken out again when dropped.
+struct CreateTurn<'a> {
+    ids: &'a Mutex<BTreeSet<VolumeId>>,
+    id: VolumeId,
+}
+
+impl Drop for CreateTurn<'_> {
+    fn drop(&mut self) {
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}

@@ -1,0 +1,90 @@
+//! After a restart: the node's usage records confirmed with their plugins, and the
+//! publications whose claims are still taken published again.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use csi_node::volumes::{Reconciled, Republish, Restore, Restored};
+use csi_structs::PluginId;
+
+use super::{ServiceEvent, VolumeService};
+
+/// What [`VolumeService::reconcile_node`] found and did.
+#[derive(Clone, Debug)]
+pub struct NodeReconciled {
+    /// The plugins of restored records that were not fingerprinted and healthy in time; their
+    /// records are kept (as the report says).
+    pub plugins_not_ready: Vec<PluginId>,
+    /// One outcome per restored publication or staging.
+    pub report: Reconciled,
+}
+
+impl VolumeService {
+    /// Confirms the node's usage records restored at start against their plugins (csi-node's
+    /// [`VolumeManager::reconcile`](csi_node::volumes::VolumeManager::reconcile)), after
+    /// waiting up to `wait` for each of their plugins to be fingerprinted and healthy. A
+    /// record says what was done before the restart, not what the host has now: a
+    /// publication whose claim is taken on this node is staged and published again with the
+    /// catalog's capability, context and secrets (read-only as the claim says); every other
+    /// one (its claim releasing, or unknown) is kept for its release.
+    pub async fn reconcile_node(&self, wait: Duration) -> NodeReconciled {
+        let records = self.volumes.records();
+        let plugins: BTreeSet<PluginId> = records.iter().map(|r| r.plugin.clone()).collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut plugins_not_ready = Vec::new();
+        for id in plugins {
+            if let Err(e) = self.plugins.wait_for(&id, deadline).await {
+                tracing::warn!(plugin = %id, error = %e, "plugin of restored usage records not ready; their records are kept");
+                plugins_not_ready.push(id);
+            }
+        }
+        let lookup = |p: &Restored| self.restore(p);
+        let report = self.volumes.reconcile(&lookup).await;
+        let count = |action: &str| {
+            report
+                .records
+                .iter()
+                .filter(|r| r.action() == action)
+                .count()
+        };
+        tracing::info!(
+            records = report.records.len(),
+            republished = count("republished"),
+            released = count("released") + count("cleaned"),
+            kept = count("kept"),
+            not_confirmed = report.failed().count(),
+            "usage records restored at start confirmed with their plugins"
+        );
+        self.emit(ServiceEvent::NodeReconciled {
+            records: report.records.len(),
+            republished: count("republished"),
+            not_confirmed: report.failed().count(),
+        });
+        NodeReconciled {
+            plugins_not_ready,
+            report,
+        }
+    }
+
+    /// What a restored publication needs to be published again: its claim taken on this
+    /// node and the volume in the catalog; otherwise it is kept for its release.
+    fn restore(&self, p: &Restored) -> Restore {
+        let Some(entry) = self.catalog.get(&p.volume).filter(|e| e.plugin == p.plugin) else {
+            return Restore::Keep;
+        };
+        let Some(record) = self.claims.record(&p.volume) else {
+            return Restore::Keep;
+        };
+        let Some(claim) = record.claims().iter().find(|c| {
+            c.workload() == &p.workload && c.node() == &self.me && !c.state().is_releasing()
+        }) else {
+            return Restore::Keep;
+        };
+        Restore::Republish(Republish {
+            capability: entry.capability(),
+            read_only: csi_node::attach::read_only(claim),
+            volume_context: entry.volume_context(),
+            secrets: entry.secrets.clone(),
+        })
+    }
+}

@@ -1,0 +1,222 @@
+//! Snapshots, and the plugin's own listing of its volumes.
+
+use std::collections::BTreeMap;
+
+use csi_rpc_shim::{
+    ControllerQuery, CreateSnapshot, DeleteSnapshot, ListSnapshots, ListVolumes, ListedVolume,
+    SnapshotInfo,
+};
+use csi_structs::{
+    ExternalVolumeId, Parameters, PluginId, Secrets, SecretsUse, SnapshotId, VolumeId,
+};
+
+use super::error::invalid;
+use super::{ServiceError, ServiceEvent, VolumeService};
+
+/// Whose snapshots a snapshot call is about.
+#[derive(Clone, Debug)]
+pub enum SnapshotsOf {
+    /// A volume's (its plugin, its `snapshot` secrets, its snapshots only when listing).
+    Volume(VolumeId),
+    /// A plugin's, of any volume (no secrets).
+    Plugin(PluginId),
+}
+
+/// A snapshot to cut: [`VolumeService::create_snapshot`].
+#[derive(Clone, Debug)]
+pub struct NewSnapshot {
+    /// The `CreateSnapshot` name (the spec's limits apply).
+    pub name: String,
+    /// The plugin's parameters.
+    pub parameters: Parameters,
+}
+
+/// A snapshot, with the orchestrator's id of its source volume when it knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Its plugin.
+    pub plugin: PluginId,
+    /// What the plugin said of it.
+    pub info: SnapshotInfo,
+    /// The catalog's id of its source volume.
+    pub source_volume: Option<VolumeId>,
+}
+
+/// A volume of the plugin's own listing, with the catalog's id for it when there is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExternalVolume {
+    /// What the plugin listed.
+    pub listed: ListedVolume,
+    /// The catalog's id of it.
+    pub known_as: Option<VolumeId>,
+}
+
+impl VolumeService {
+    /// The plugin's own listing (`ListVolumes`, every page), each volume with the catalog's
+    /// id for it when there is one.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Unsupported`] without `LIST_VOLUMES`, and the call's error.
+    pub async fn list_external(
+        &self,
+        plugin: &PluginId,
+    ) -> Result<Vec<ExternalVolume>, ServiceError> {
+        self.require(plugin, csi_client::Rpc::ListVolumes)?;
+        let page = self
+            .shim
+            .list_volumes(
+                ListVolumes {
+                    query: ControllerQuery::new(plugin.clone()),
+                    max_entries: 0,
+                    starting_token: String::new(),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| ServiceError::shim("ListVolumes", &e))?;
+        let known = self.known_volumes(plugin);
+        Ok(page
+            .entries
+            .into_iter()
+            .map(|listed| ExternalVolume {
+                known_as: known.get(&listed.external_volume).cloned(),
+                listed,
+            })
+            .collect())
+    }
+
+    /// The catalog's volumes of `plugin`, by the plugin's id.
+    fn known_volumes(&self, plugin: &PluginId) -> BTreeMap<ExternalVolumeId, VolumeId> {
+        self.catalog
+            .list()
+            .into_iter()
+            .filter(|e| &e.plugin == plugin)
+            .map(|e| (e.external_id, e.id))
+            .collect()
+    }
+
+    fn snapshot(&self, plugin: &PluginId, info: SnapshotInfo) -> Snapshot {
+        Snapshot {
+            source_volume: self.known_volumes(plugin).get(&info.source).cloned(),
+            plugin: plugin.clone(),
+            info,
+        }
+    }
+
+    /// Cuts a snapshot of a volume (`CreateSnapshot`, with the volume's `snapshot` secrets).
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Unsupported`] without `CREATE_DELETE_SNAPSHOT`,
+    /// [`ServiceError::Invalid`] for a name the spec does not allow, and the call's error.
+    pub async fn create_snapshot(
+        &self,
+        volume: &VolumeId,
+        r: NewSnapshot,
+    ) -> Result<Snapshot, ServiceError> {
+        let entry = self.entry(volume)?;
+        self.require(&entry.plugin, csi_client::Rpc::CreateSnapshot)?;
+        csi_structs::limits::validate_request_name(&csi_structs::FieldPath::named("name"), &r.name)
+            .map_err(|e| invalid("name", e))?;
+        let info = self
+            .shim
+            .create_snapshot(
+                CreateSnapshot {
+                    query: ControllerQuery::new(entry.plugin.clone()),
+                    volume: entry.id.clone(),
+                    source: entry.external_id.clone(),
+                    name: r.name,
+                    parameters: r.parameters,
+                    secrets: entry.secrets.for_use(SecretsUse::Snapshot),
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| ServiceError::shim("CreateSnapshot", &e))?;
+        tracing::info!(volume = %entry.id, snapshot = %info.snapshot, ready = info.ready_to_use, "snapshot cut");
+        self.emit(ServiceEvent::SnapshotCut {
+            volume: entry.id.clone(),
+            snapshot: info.snapshot.clone(),
+            ready_to_use: info.ready_to_use,
+        });
+        Ok(self.snapshot(&entry.plugin, info))
+    }
+
+    /// Every snapshot (`ListSnapshots`, every page) of a volume, or of a plugin.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Unsupported`] without `LIST_SNAPSHOTS`, and the call's error.
+    pub async fn list_snapshots(&self, of: &SnapshotsOf) -> Result<Vec<Snapshot>, ServiceError> {
+        let (plugin, source, secrets) = self.snapshots_of(of)?;
+        self.require(&plugin, csi_client::Rpc::ListSnapshots)?;
+        let page = self
+            .shim
+            .list_snapshots(
+                ListSnapshots {
+                    query: ControllerQuery::new(plugin.clone()),
+                    source,
+                    snapshot: None,
+                    max_entries: 0,
+                    starting_token: String::new(),
+                    secrets,
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| ServiceError::shim("ListSnapshots", &e))?;
+        Ok(page
+            .entries
+            .into_iter()
+            .map(|s| self.snapshot(&plugin, s))
+            .collect())
+    }
+
+    /// Deletes a snapshot of a volume (with its `snapshot` secrets) or of a plugin. Returns
+    /// the plugin it was deleted in.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Unsupported`] without `CREATE_DELETE_SNAPSHOT`, and the call's error.
+    pub async fn delete_snapshot(
+        &self,
+        of: &SnapshotsOf,
+        snapshot: &SnapshotId,
+    ) -> Result<PluginId, ServiceError> {
+        let (plugin, _, secrets) = self.snapshots_of(of)?;
+        self.require(&plugin, csi_client::Rpc::DeleteSnapshot)?;
+        self.shim
+            .delete_snapshot(
+                DeleteSnapshot {
+                    query: ControllerQuery::new(plugin.clone()),
+                    snapshot: snapshot.clone(),
+                    secrets,
+                },
+                self.call_timeout,
+            )
+            .await
+            .map_err(|e| ServiceError::shim("DeleteSnapshot", &e))?;
+        tracing::info!(plugin = %plugin, snapshot = %snapshot, "snapshot deleted");
+        self.emit(ServiceEvent::SnapshotDeleted {
+            plugin: plugin.clone(),
+            snapshot: snapshot.clone(),
+        });
+        Ok(plugin)
+    }
+
+    /// The plugin, the source filter and the secrets of a snapshot call.
+    fn snapshots_of(
+        &self,
+        of: &SnapshotsOf,
+    ) -> Result<(PluginId, Option<ExternalVolumeId>, Secrets), ServiceError> {
+        match of {
+            SnapshotsOf::Volume(id) => {
+                let entry = self.entry(id)?;
+                let secrets = entry.secrets.for_use(SecretsUse::Snapshot);
+                Ok((entry.plugin, Some(entry.external_id), secrets))
+            }
+            SnapshotsOf::Plugin(plugin) => Ok((plugin.clone(), None, Secrets::default())),
+        }
+    }
+}
