@@ -26,7 +26,9 @@
 //!   off the runtime's workers, with one [`Node::close`] that returns once every file is
 //!   closed.
 //! - `shim` (cargo feature `shim`): csi-rpc-shim's `LocalPlugins` over the plugin manager
-//!   and the volume manager, `NodeBackend`: what serves the calls routed to this node.
+//!   and the volume manager, `NodeBackend`: what serves the calls routed to this node; and
+//!   `RegistryFeed`, a plugin observer that keeps the shim's registry in step with the
+//!   plugins (given to the node with `NodeBuilder::observer`).
 //! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
 //!   could read it.
 //! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename),

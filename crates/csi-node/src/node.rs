@@ -26,14 +26,16 @@ use std::time::Duration;
 use csi_claims::driver::{
     ClaimsDriver, ClaimsHandle, ControllerDetacher, DriverConfig, NodeDetacher,
 };
-use csi_claims::store::{ClaimStore, RedbStore, StoreError};
+use csi_claims::store::{ClaimStore, Forgetting, RedbStore, StoreError};
 use csi_client::Endpoint;
 use csi_structs::{NodeId, PluginId};
 
 use crate::attach::Attacher;
 use crate::detach::{ClientControllerDetacher, NoSecrets, SecretsLookup, VolumeNodeDetacher};
 use crate::layout::Layout;
-use crate::plugins::{PluginManager, PluginManagerConfig, ReadyPlugin, RegistrationId, WaitError};
+use crate::plugins::{
+    PluginManager, PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
+};
 use crate::state::StateFileError;
 use crate::volumes::{UsageDb, VolumeManager};
 
@@ -82,6 +84,7 @@ pub struct NodeBuilder {
     claims: Option<Arc<dyn ClaimStore>>,
     secrets: Arc<dyn SecretsLookup>,
     controller: Option<Arc<dyn ControllerDetacher>>,
+    observers: Vec<Arc<dyn PluginObserver>>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -125,6 +128,14 @@ impl NodeBuilder {
         self
     }
 
+    /// Tells `observer` of every plugin event ([`PluginObserver`]), from the first; with the
+    /// `shim` feature, csi-node's `RegistryFeed` is one, which keeps csi-rpc-shim's registry
+    /// in step with the plugins.
+    pub fn observer(mut self, observer: Arc<dyn PluginObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
     /// Sends the controller release steps through `detacher` (another node's controller,
     /// through csi-rpc-shim, say) instead of this node's plugins.
     pub fn controller_detacher(mut self, detacher: Arc<dyn ControllerDetacher>) -> Self {
@@ -149,17 +160,30 @@ impl NodeBuilder {
             claims,
             secrets,
             controller,
+            observers,
         } = self;
         let opened = {
             let dir = dir.clone();
-            blocking(move || open_files(&dir, plugins)).await??
+            blocking(move || open_files(&dir, plugins, observers)).await??
         };
         let Opened {
             db,
             plugins,
             volumes,
         } = opened;
-        let claims = claims.unwrap_or_else(|| Arc::new(db.clone()));
+        // The node's own database is the claims' store of one writer, so claims can be
+        // forgotten through it; an embedder's store forgets (or not) its own way.
+        let (claims, forgetting) = match claims {
+            Some(store) => (store, None),
+            None => {
+                let own: Arc<dyn ClaimStore> = Arc::new(db.clone());
+                let forgetting = Arc::new(Forgetting::new(own));
+                (
+                    Arc::clone(&forgetting) as Arc<dyn ClaimStore>,
+                    Some(forgetting),
+                )
+            }
+        };
         let node_detacher: Arc<dyn NodeDetacher> =
             Arc::new(VolumeNodeDetacher::new(volumes.clone()));
         let controller = controller.unwrap_or_else(|| {
@@ -185,6 +209,7 @@ impl NodeBuilder {
             claims: handle,
             attacher,
             driver,
+            forgetting,
             db,
         })
     }
@@ -197,12 +222,18 @@ struct Opened {
     volumes: VolumeManager,
 }
 
-fn open_files(dir: &Path, plugins: PluginManagerConfig) -> Result<Opened, NodeError> {
+fn open_files(
+    dir: &Path,
+    plugins: PluginManagerConfig,
+    observers: Vec<Arc<dyn PluginObserver>>,
+) -> Result<Opened, NodeError> {
     create_dir(dir)?;
     let db_file = dir.join(DATABASE_FILE);
     let db = RedbStore::open(&db_file)?;
     let usage = UsageDb::open(&db, &db_file, Some(&dir.join(LEGACY_USAGE_FILE)))?;
-    let plugins = PluginManager::builder(plugins)
+    let plugins = observers
+        .into_iter()
+        .fold(PluginManager::builder(plugins), |b, o| b.observer(o))
         .state_file(dir.join(PLUGINS_FILE))
         .start()?;
     match VolumeManager::open_with(Layout::new(dir), Arc::new(usage), Arc::new(plugins.clone())) {
@@ -260,6 +291,7 @@ pub struct Node {
     claims: ClaimsHandle,
     attacher: Attacher,
     driver: ClaimsDriver,
+    forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
     db: RedbStore,
 }
 
@@ -283,6 +315,7 @@ impl Node {
             claims: None,
             secrets: Arc::new(NoSecrets),
             controller: None,
+            observers: Vec::new(),
         }
     }
 
@@ -323,6 +356,13 @@ impl Node {
     /// The attach path for claims taken on this node.
     pub fn attacher(&self) -> &Attacher {
         &self.attacher
+    }
+
+    /// The claim store through which a volume's claims are forgotten without being released
+    /// ([`Forgetting`]): the node's own database; `None` with a claim store of the
+    /// embedder's ([`NodeBuilder::claim_store`]).
+    pub fn forgetting(&self) -> Option<&Arc<Forgetting<dyn ClaimStore>>> {
+        self.forgetting.as_ref()
     }
 
     /// Registers a plugin instance at `endpoint` ([`PluginManager::register`]), writing the
@@ -410,12 +450,13 @@ impl Node {
             claims,
             attacher,
             driver,
+            forgetting,
             db,
             ..
         } = self;
         driver.shutdown().await;
         plugins.shutdown();
-        drop((attacher, volumes, claims, plugins));
+        drop((attacher, volumes, claims, plugins, forgetting));
         db.close(within).await?;
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! [`LocalPlugins`] over this node's [`PluginManager`] and [`VolumeManager`]. Controller calls
 //! go to the local plugin's controller service with csi-client; node detach goes through the
 //! volume manager, so its usage records decide about unstaging; node expansion likewise.
+//! [`RegistryFeed`] keeps the shim's registry in step with the plugin manager.
 
 use async_trait::async_trait;
 use csi_client::{ErrorClass, Failure, SnapshotFilter};
@@ -13,6 +14,10 @@ use csi_rpc_shim::{
     SnapshotInfo, SnapshotPage, Validated, VolumePage,
 };
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
+
+mod registry;
+
+pub use registry::RegistryFeed;
 
 use crate::layout::Usage;
 use crate::plugins::{Health, PluginManager};

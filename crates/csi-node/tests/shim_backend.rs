@@ -83,3 +83,59 @@ async fn a_healthy_local_plugin_serves_controller_calls_and_an_unknown_one_is_mi
         .expect("deleted");
     assert!(plugin.mock.volumes().is_empty());
 }
+
+#[tokio::test]
+async fn the_registry_feed_publishes_a_healthy_plugin_and_takes_it_away_when_it_goes() {
+    use std::sync::Arc;
+
+    use csi_node::Node;
+    use csi_node::plugins::PluginObserver;
+    use csi_node::shim::RegistryFeed;
+    use csi_rpc_shim::{NodePlugin, NodeStatus, Registry};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mock = csi_testkit::MockPlugin::builder().build().expect("mock");
+    let socket = dir.path().join("mock.sock");
+    let _server = mock.serve_unix(&socket).await.expect("serves");
+    let me = NodeId::new("n1").expect("id");
+    let plugin = PluginId::new("mock").expect("id");
+    let registry = Arc::new(Registry::new());
+    registry.set_node_status(&me, NodeStatus::Ready);
+    let feed = Arc::new(RegistryFeed::new(me.clone(), Arc::clone(&registry)));
+    let node = Node::builder(dir.path().join("node"), me.clone())
+        .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
+        .open()
+        .await
+        .expect("opens");
+    assert!(feed.wake(node.claims().clone()));
+    assert!(
+        !feed.wake(node.claims().clone()),
+        "a second driver is refused"
+    );
+    assert_eq!(registry.node_plugin(&me, &plugin), NodePlugin::Missing);
+
+    node.register(
+        plugin.clone(),
+        csi_client::Endpoint::unix(&socket).expect("endpoint"),
+    )
+    .await
+    .expect("registered");
+    node.wait_for(&plugin, Duration::from_secs(60))
+        .await
+        .expect("fingerprinted and healthy (hang guard)");
+    assert_eq!(registry.controllers(&plugin).ready, vec![me.clone()]);
+    assert!(
+        matches!(
+            registry.node_plugin(&me, &plugin),
+            NodePlugin::Ready { plugin_node } if plugin_node.as_str() == "node-1"
+        ),
+        "{:?}",
+        registry.node_plugin(&me, &plugin)
+    );
+
+    assert!(node.deregister_plugin(&plugin).await.expect("deregistered"));
+    assert_eq!(registry.node_plugin(&me, &plugin), NodePlugin::Missing);
+    assert!(registry.controllers(&plugin).ready.is_empty());
+    assert!(registry.controllers(&plugin).refused.is_empty());
+    node.close().await.expect("closed");
+}

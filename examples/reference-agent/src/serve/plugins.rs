@@ -1,11 +1,11 @@
 //! The agent's plugins: csi-node's [`PluginManager`] fed by a [`DirWatcher`] over the plugin
 //! directory (`<plugin-id>.sock` sockets), with the agent's clients (the `call_timeout` cap
-//! and the metrics layers) and an observer (`Links`) that logs each transition, feeds the
-//! shim's [`Registry`] and wakes stuck releases when a plugin is healthy again.
+//! and the metrics layers), csi-node's [`RegistryFeed`] (which fills the shim's [`Registry`]
+//! and wakes stuck releases when a plugin is healthy again) and an observer that logs each
+//! transition.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::driver::ClaimsHandle;
@@ -15,8 +15,9 @@ use csi_node::plugins::{
     DirWatcher, PluginEvent, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
     Source,
 };
+use csi_node::shim::RegistryFeed;
 use csi_node::state::StateFileError;
-use csi_rpc_shim::{Health, Instance, Registry, ServiceKind};
+use csi_rpc_shim::Registry;
 use csi_structs::{NodeId, PluginId};
 
 use crate::metrics::Metrics;
@@ -37,80 +38,22 @@ pub struct Timings {
     pub node_detach: NodeDetachPolicy,
 }
 
-// Why a fingerprinted plugin's services are not ready for anything but release steps until
-// its first probe answers: the reason the shim's backend gives, shown the same way here.
-use csi_node::shim::NOT_PROBED;
-
 /// The local plugins. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Plugins {
     me: NodeId,
     manager: PluginManager,
     watcher: Arc<DirWatcher>,
-    links: Arc<Links>,
+    feed: Arc<RegistryFeed>,
     /// Every plugin call in flight, of every local plugin.
     calls: Arc<CallsInFlight>,
 }
 
-/// What the registry was told about one plugin.
+/// The plugins' transitions, in the agent's log.
 #[derive(Debug)]
-struct Known {
-    fingerprint: Option<Arc<Fingerprint>>,
-    health: Health,
-}
+struct LogTransitions;
 
-/// Where the plugins' transitions go: the log, the shim's registry and the release driver.
-#[derive(Debug)]
-struct Links {
-    me: NodeId,
-    registry: Arc<Registry>,
-    claims: OnceLock<ClaimsHandle>,
-    known: Mutex<BTreeMap<PluginId, Known>>,
-}
-
-impl Links {
-    /// Records `change` for `id` and publishes the plugin's services with what it then knows.
-    fn set(&self, id: &PluginId, change: impl FnOnce(&mut Known)) {
-        let (fingerprint, health) = {
-            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-            let k = known.entry(id.clone()).or_insert(Known {
-                fingerprint: None,
-                health: Health::Healthy,
-            });
-            change(k);
-            (k.fingerprint.clone(), k.health.clone())
-        };
-        let Some(fp) = fingerprint else { return };
-        if fp.capabilities.plugin.has_controller_service() {
-            self.registry
-                .update(&self.me, id, Instance::Controller(health.clone()));
-        }
-        if let Some(node) = &fp.node {
-            self.registry.update(
-                &self.me,
-                id,
-                Instance::Node {
-                    plugin_node: node.node_id.clone(),
-                    health,
-                },
-            );
-        }
-    }
-
-    fn remove(&self, id: &PluginId) {
-        self.registry.remove(&self.me, id, ServiceKind::Controller);
-        self.registry.remove(&self.me, id, ServiceKind::Node);
-    }
-
-    fn wake(&self, id: &PluginId) {
-        if let Some(claims) = self.claims.get() {
-            claims.plugin_available(id, Some(&self.me));
-            claims.plugin_available(id, None);
-        }
-    }
-}
-
-impl PluginObserver for Links {
+impl PluginObserver for LogTransitions {
     fn on_event(&self, event: &PluginEvent) {
         match event {
             PluginEvent::Registered {
@@ -140,9 +83,6 @@ impl PluginObserver for Links {
                         node = fp.serves_node(),
                         "plugin fingerprint changed"
                     );
-                    // Services the plugin no longer offers go; the rest keep their health.
-                    self.remove(plugin);
-                    self.set(plugin, |k| k.fingerprint = Some(Arc::clone(fp)));
                     return;
                 }
                 tracing::info!(
@@ -153,13 +93,6 @@ impl PluginObserver for Links {
                     node = fp.serves_node(),
                     "plugin fingerprinted"
                 );
-                // Not probed since it answered: nothing but release steps goes to it until a
-                // probe answers ready (health is advice for clean-up, not a gate).
-                self.set(plugin, |k| {
-                    k.fingerprint = Some(Arc::clone(fp));
-                    k.health = Health::unhealthy(NOT_PROBED);
-                });
-                self.wake(plugin);
             }
             PluginEvent::FingerprintFailed {
                 plugin,
@@ -175,20 +108,12 @@ impl PluginObserver for Links {
             }
             PluginEvent::Healthy { plugin, .. } => {
                 tracing::info!(plugin = %plugin, health = "healthy", reason = "-", "plugin health transition");
-                self.set(plugin, |k| k.health = Health::Healthy);
-                self.wake(plugin);
             }
             PluginEvent::Unhealthy { plugin, why, .. } => {
                 let name = csi_node::plugins::Health::Unhealthy(why.clone()).name();
                 tracing::info!(plugin = %plugin, health = name, reason = %why, "plugin health transition");
-                self.set(plugin, |k| k.health = Health::unhealthy(why.to_string()));
             }
             PluginEvent::Gone { plugin, .. } => {
-                self.known
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(plugin);
-                self.remove(plugin);
                 tracing::info!(plugin = %plugin, "plugin socket removed or replaced; plugin deregistered");
             }
         }
@@ -212,12 +137,7 @@ impl Plugins {
         metrics: Metrics,
         timings: Timings,
     ) -> Result<Self, StateFileError> {
-        let links = Arc::new(Links {
-            me: me.clone(),
-            registry,
-            claims: OnceLock::new(),
-            known: Mutex::new(BTreeMap::new()),
-        });
+        let feed = Arc::new(RegistryFeed::new(me.clone(), registry));
         let limit = timings.call_timeout;
         let calls = Arc::new(CallsInFlight::new());
         let listed = Arc::clone(&calls);
@@ -240,14 +160,15 @@ impl Plugins {
                     .calls_in_flight(Arc::clone(&listed)),
             )
         })
-        .observer(Arc::clone(&links) as Arc<dyn PluginObserver>)
+        .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
+        .observer(Arc::new(LogTransitions))
         .start()?;
         let watcher = Arc::new(DirWatcher::new(manager.clone(), dir));
         Ok(Self {
             me,
             manager,
             watcher,
-            links,
+            feed,
             calls,
         })
     }
@@ -264,7 +185,7 @@ impl Plugins {
 
     /// Lets the registry wake stuck releases when a plugin becomes healthy.
     pub fn set_claims(&self, claims: ClaimsHandle) {
-        let _ = self.links.claims.set(claims);
+        self.feed.wake(claims);
     }
 
     /// The client of a fingerprinted local plugin, with its fingerprint.
