@@ -305,6 +305,32 @@ impl VolumeService {
         Ok(())
     }
 
+    /// Releases a claim and waits until its release has finished (the claim freed: node and
+    /// controller steps done), or until `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release), and the claim layer's
+    /// [`StillReleasing`](csi_claims::driver::DriverError::StillReleasing) at the deadline,
+    /// saying where the release stands; it goes on.
+    pub async fn release_and_wait(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claim, ServiceError> {
+        let entry = self.entry(volume)?;
+        let freed = self
+            .claims
+            .release_and_wait_until(&entry.id, workload, deadline)
+            .await?;
+        self.emit(ServiceEvent::Released {
+            volume: entry.id,
+            workload: workload.clone(),
+        });
+        Ok(freed)
+    }
+
     /// Releases every claim of a volume on one node (the node steps through that node's
     /// agent, then the controller step). With `node_gone` the node is reported gone for good
     /// first: every claim made from it (on every volume) is released without node steps, and

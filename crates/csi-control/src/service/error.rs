@@ -204,9 +204,10 @@ impl ServiceError {
         }
     }
 
-    /// Adds what the service did about a failed call (an undo, a release) to its detail.
+    /// Adds what the service did about a failure (an undo, a release) to its detail: a
+    /// plugin call's, or the service's own I/O's.
     pub(crate) fn with_note(mut self, note: &str) -> ServiceError {
-        if let ServiceError::Call { detail, .. } = &mut self {
+        if let ServiceError::Call { detail, .. } | ServiceError::Local { detail, .. } = &mut self {
             detail.push_str("; ");
             detail.push_str(note);
         }

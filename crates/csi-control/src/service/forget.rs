@@ -41,7 +41,9 @@ impl VolumeService {
     /// # Errors
     ///
     /// [`ServiceError::Conflict`] for claims without `force`, [`ServiceError::Invalid`]
-    /// (field `confirmed`, listing what would be left) for `force` without `confirmed`.
+    /// (field `confirmed`, listing what would be left) for `force` without `confirmed`,
+    /// [`ServiceError::Unsupported`] for `force` when the claims cannot be forgotten (no
+    /// [`forgetting`](super::VolumeServiceBuilder::forgetting) store, and claims not shared).
     pub async fn deregister(
         &self,
         volume: &VolumeId,
@@ -55,6 +57,12 @@ impl VolumeService {
             return Err(ServiceError::Conflict(format!(
                 "volume {volume} still has {} claim(s); release them (or `volume detach` a gone \
                  node's), or deregister with --force to forget them",
+                claims.len()
+            )));
+        }
+        if force && !claims.is_empty() && self.forgetting.is_none() && !self.peers.shares_claims() {
+            return Err(ServiceError::Unsupported(format!(
+                "volume {volume}'s {} claim(s) cannot be forgotten: this service has no claim                  store to forget them through; release them (or `volume detach` a gone                  node's) instead",
                 claims.len()
             )));
         }

@@ -160,7 +160,8 @@ impl VolumeServiceBuilder {
 
     /// The claim store a forced [`deregister`](VolumeService::deregister) forgets a volume's
     /// claims through (csi-claims' [`Forgetting`] over the store the driver runs on). Without
-    /// it, only the catalog's record goes, as a cluster's catalog takes the claims with it.
+    /// it a forced deregistration of a volume with claims is refused, unless [`Peers`] says
+    /// the claims are shared, where the catalog's record and the claims go together.
     pub fn forgetting(mut self, store: Arc<Forgetting<dyn ClaimStore>>) -> Self {
         self.service.forgetting = Some(store);
         self
@@ -211,20 +212,26 @@ impl VolumeService {
     }
 
     /// A service over csi-node's [`Node`](csi_node::Node): its id, claims, plugins and
-    /// volumes.
+    /// volumes, and its claim store to forget claims through when it has one
+    /// ([`Node::forgetting`](csi_node::Node::forgetting)). Drop the service before
+    /// [`Node::close`](csi_node::Node::close): it holds the node's managers.
     pub fn for_node(
         node: &csi_node::Node,
         catalog: Arc<dyn VolumeCatalog>,
         shim: Shim,
     ) -> VolumeServiceBuilder {
-        Self::builder(
+        let builder = Self::builder(
             node.id().clone(),
             catalog,
             node.claims().clone(),
             shim,
             node.plugins().clone(),
             node.volumes().clone(),
-        )
+        );
+        match node.forgetting() {
+            Some(store) => builder.forgetting(Arc::clone(store)),
+            None => builder,
+        }
     }
 
     /// Every [`ServiceEvent`] from now on. A receiver that falls more than 256 events behind
