@@ -17,7 +17,8 @@
 //! [`InMemoryMetrics`] is a ready sink: lock-free counters per RPC and outcome and a latency
 //! histogram per RPC with fixed buckets ([`LATENCY_BUCKETS`]), rendered in the Prometheus
 //! text format by [`InMemoryMetrics::render_prometheus`] (or [`write_prometheus`] for several
-//! plugins in one exposition).
+//! plugins in one exposition). [`PluginMetrics`] keeps one per plugin, with the calls that
+//! never reached a plugin ([`Unsent`]), for a node that talks to many.
 //!
 //! # Layer or observer?
 //!
@@ -53,6 +54,7 @@
 mod future;
 mod layer;
 mod memory;
+mod plugins;
 mod prometheus;
 
 use std::fmt;
@@ -66,6 +68,7 @@ use crate::observe::code_name;
 pub use future::ResponseFuture;
 pub use layer::{MetricsLayer, MetricsService};
 pub use memory::{Histogram, InMemoryMetrics, LATENCY_BUCKETS};
+pub use plugins::{PluginMetrics, UNSENT_TOTAL, Unsent};
 pub use prometheus::{LabelError, write_prometheus};
 
 /// How one request to the plugin ended, as the metrics layer saw it.

@@ -64,20 +64,25 @@ fn check_labels(labels: &[(&str, &str)]) -> Result<(), LabelError> {
     Ok(())
 }
 
+/// Writes `value` as a label value: backslash, quote and newline escaped.
+pub(crate) fn push_label_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
 /// Writes `{extra..., rpc="X"` (without closing brace) into `out`.
 fn open_labels(out: &mut String, extra: &[(&str, &str)], rpc: Rpc) {
     out.push('{');
     for (name, value) in extra {
         out.push_str(name);
         out.push_str("=\"");
-        for c in value.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '"' => out.push_str("\\\""),
-                '\n' => out.push_str("\\n"),
-                c => out.push(c),
-            }
-        }
+        push_label_value(out, value);
         out.push_str("\",");
     }
     out.push_str("rpc=\"");
