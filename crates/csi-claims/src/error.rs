@@ -82,8 +82,9 @@ impl StoreError {
 
 impl ClaimError {
     /// What the caller should do about it: [`ErrorClass::Retry`] when waiting can help (the
-    /// holders may release the volume, a detach or reload settles), [`ErrorClass::Fatal`]
-    /// when the request itself must change.
+    /// holders may release the volume, a detach or reload settles),
+    /// [`ErrorClass::RetryElsewhere`] when the node is at its plugin's attach limit,
+    /// [`ErrorClass::Fatal`] when the request itself must change.
     pub fn class(&self) -> ErrorClass {
         match self {
             ClaimError::Denied(denied) => match denied.reason {
@@ -101,6 +102,9 @@ impl ClaimError {
             ClaimError::DetachInFlight { .. }
             | ClaimError::Reloading { .. }
             | ClaimError::StoreUnavailable { .. } => ErrorClass::Retry,
+            // The node is full for this plugin: another node can take the workload (or this
+            // one, once a volume is detached).
+            ClaimError::AttachLimit { .. } => ErrorClass::RetryElsewhere,
             ClaimError::VolumeMismatch { .. }
             | ClaimError::VolumeInfoMismatch { .. }
             | ClaimError::NodeGone { .. } => ErrorClass::Fatal,

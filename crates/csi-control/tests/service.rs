@@ -6,7 +6,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_claims::{ClaimMode, ClaimRequest};
+use csi_claims::driver::DriverError;
+use csi_claims::{ClaimError, ClaimMode, ClaimRequest};
 use csi_client::{Code, Rpc};
 use csi_control::service::{CallFailure, DetachVolume, NewSnapshot, RegisterVolume, SnapshotsOf};
 use csi_control::{ServiceError, ServiceEvent, VolumeService};
@@ -482,6 +483,58 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
             target_path: claimed.target_path.clone(),
         }]
     );
+}
+
+#[tokio::test]
+async fn a_claim_past_the_plugin_s_attach_limit_is_refused_before_any_call() {
+    let h = Harness::with(MockPlugin::builder().max_volumes_per_node(2)).await;
+    for id in ["a", "b", "c"] {
+        h.create(id).await;
+    }
+    h.claim("a", "web-1").await;
+    h.claim("b", "web-2").await;
+    let publishes = h.mock.calls().count(Rpc::ControllerPublishVolume);
+    let stages = h.mock.calls().count(Rpc::NodeStageVolume);
+
+    let refused = h
+        .service
+        .claim(write_claim("c", "web-3"))
+        .await
+        .expect_err("a third volume on the node");
+    let ServiceError::Claims(DriverError::Claim(ClaimError::AttachLimit {
+        plugin,
+        node,
+        limit,
+        count,
+        ..
+    })) = &refused
+    else {
+        panic!("{refused:?}");
+    };
+    assert_eq!((plugin, node, *limit, *count), (&h.plugin, &me(), 2, 2));
+    assert_eq!(refused.class(), Some(ErrorClass::RetryElsewhere));
+    let text = refused.to_string();
+    assert!(
+        text.contains("plugin mock") && text.contains("node n1"),
+        "{text}"
+    );
+    // Nothing was recorded or called for it.
+    assert!(
+        h.service
+            .volume(&volume_id("c"))
+            .expect("known")
+            .claims
+            .is_empty()
+    );
+    assert_eq!(
+        h.mock.calls().count(Rpc::ControllerPublishVolume),
+        publishes
+    );
+    assert_eq!(h.mock.calls().count(Rpc::NodeStageVolume), stages);
+
+    // Once a volume is released (and detached), the node takes the third.
+    h.release_and_wait("a", "web-1").await;
+    h.claim("c", "web-3").await;
 }
 
 #[tokio::test]

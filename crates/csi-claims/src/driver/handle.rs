@@ -289,6 +289,24 @@ impl ClaimsHandle {
         info: &VolumeInfo,
         request: ClaimRequest,
     ) -> Result<Claim, DriverError> {
+        self.claim_within(info, request, None).await
+    }
+
+    /// [`claim`](Self::claim) within the plugin's attach limit (`max_volumes_per_node` of
+    /// its `NodeGetInfo`, csi-structs' `NodeInfo::max_volumes`): a claim that would attach
+    /// the volume on a node where that many of the plugin's volumes hold claims is refused
+    /// with [`ClaimError::AttachLimit`], before anything is written. `None`: no limit.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim), and [`DriverError::Claim`] with
+    /// [`ClaimError::AttachLimit`].
+    pub async fn claim_within(
+        &self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
+    ) -> Result<Claim, DriverError> {
         // With a store shared by several agents, another agent may write the volume between
         // this machine's decision and its write; the write is then refused, the volume read
         // again, and the claim decided again on what the store holds (so the answer is the
@@ -296,7 +314,7 @@ impl ClaimsHandle {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.claim_once(info, request.clone()).await {
+            match self.claim_once(info, request.clone(), attach_limit).await {
                 Err(DriverError::Lost { .. }) if attempts < CLAIM_ATTEMPTS => {
                     // Other agents are writing the volume: step aside a little longer each
                     // time (10 ms, 20 ms, ...) so that racing claims do not collide again.
@@ -355,6 +373,7 @@ impl ClaimsHandle {
         &self,
         info: &VolumeInfo,
         request: ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
     ) -> Result<Claim, DriverError> {
         let key = (request.volume.clone(), request.workload.clone());
         let rx = {
@@ -362,7 +381,9 @@ impl ClaimsHandle {
             if state.stopped {
                 return Err(DriverError::Stopped);
             }
-            let admitted = state.machine.claim(info, request, now())?;
+            let admitted = state
+                .machine
+                .claim_within(info, request, attach_limit, now())?;
             if admitted.durable {
                 return Ok(admitted.claim);
             }

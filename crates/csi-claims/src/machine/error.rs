@@ -1,6 +1,6 @@
 //! Errors of the machine's inputs.
 
-use csi_structs::{NodeId, VolumeId, WorkloadId};
+use csi_structs::{NodeId, PluginId, VolumeId, WorkloadId};
 
 use crate::accounting::ClaimDenied;
 
@@ -26,6 +26,27 @@ pub enum ClaimError {
         volume: VolumeId,
         /// `external_id`, `plugin` or `controller`.
         field: &'static str,
+    },
+    /// A new attachment would take the node past its plugin's limit (`max_volumes_per_node`
+    /// of `NodeGetInfo`): as many of the plugin's volumes as it allows hold claims on the
+    /// node (a claim keeps its attachment until it is freed). Refused before anything is
+    /// recorded or called; a claim of a volume already attached on the node is not one.
+    #[error(
+        "volume {volume} cannot be attached on node {node}: plugin {plugin} allows {limit} \
+         volume(s) per node and {count} of its volumes are attached there (claimed, or \
+         releasing and not yet detached)"
+    )]
+    AttachLimit {
+        /// The volume.
+        volume: VolumeId,
+        /// The node.
+        node: NodeId,
+        /// The plugin.
+        plugin: PluginId,
+        /// The plugin's limit.
+        limit: u64,
+        /// Its volumes attached on the node now.
+        count: u64,
     },
     /// The node is gone for good; nothing can be published there.
     #[error("cannot claim volume {volume} on node {node}: the node is gone")]

@@ -456,6 +456,24 @@ impl ReleaseMachine {
         &mut self,
         info: &VolumeInfo,
         request: ClaimRequest,
+        now: Instant,
+    ) -> Result<Admitted, ClaimError> {
+        self.claim_within(info, request, None, now)
+    }
+
+    /// [`claim`](Self::claim), refused with [`ClaimError::AttachLimit`] when the claim would
+    /// attach the volume on a node where `attach_limit` of the plugin's volumes already hold
+    /// claims (counted over every volume the machine knows; with a store shared by a
+    /// cluster, that is every volume, and only the node's own agent claims for it).
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim), and [`ClaimError::AttachLimit`].
+    pub fn claim_within(
+        &mut self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
         _now: Instant,
     ) -> Result<Admitted, ClaimError> {
         if request.volume != info.id {
@@ -470,6 +488,9 @@ impl ReleaseMachine {
                 node: request.node,
             });
         }
+        if let Some(limit) = attach_limit {
+            self.check_attach_limit(info, &request, limit.get())?;
+        }
         let volume = request.volume.clone();
         let result = self.claim_inner(info, request);
         if result.is_err() && self.volumes.get(&volume).is_some_and(Entry::finished) {
@@ -480,6 +501,42 @@ impl ReleaseMachine {
             self.read_again_now(&volume);
         }
         result
+    }
+
+    /// Refuses a claim that would attach `request`'s volume on its node past `limit`.
+    fn check_attach_limit(
+        &self,
+        info: &VolumeInfo,
+        request: &ClaimRequest,
+        limit: u64,
+    ) -> Result<(), ClaimError> {
+        let on_node =
+            |record: &VolumeRecord| record.claims.iter().any(|c| c.node() == &request.node);
+        if self
+            .volumes
+            .get(&request.volume)
+            .is_some_and(|e| on_node(&e.record))
+        {
+            // Attached there already: one more claim is no new attachment.
+            return Ok(());
+        }
+        let count = self
+            .volumes
+            .iter()
+            .filter(|(id, e)| {
+                **id != request.volume && e.record.info.plugin == info.plugin && on_node(&e.record)
+            })
+            .count() as u64;
+        if count >= limit {
+            return Err(ClaimError::AttachLimit {
+                volume: request.volume.clone(),
+                node: request.node.clone(),
+                plugin: info.plugin.clone(),
+                limit,
+                count,
+            });
+        }
+        Ok(())
     }
 
     fn claim_inner(

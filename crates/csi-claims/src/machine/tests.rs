@@ -1433,3 +1433,76 @@ fn a_failed_store_read_is_reported_and_shown_as_its_backoff() {
     );
     assert_eq!(h.m.status(&vid("v")).unwrap().pending, Pending::Nothing);
 }
+
+#[test]
+fn a_node_at_its_plugin_s_attach_limit_takes_no_new_volume_until_one_is_detached() {
+    let mut h = Harness::new();
+    let limit = std::num::NonZeroU64::new(2);
+    let claim = |h: &mut Harness, volume: &str, workload: &str, node: &str| {
+        let v = info(volume, ControllerRequirement::Required);
+        let r =
+            h.m.claim_within(&v, write_claim(volume, workload, node), limit, h.now);
+        h.pump();
+        r
+    };
+    claim(&mut h, "v1", "a", "n1").expect("first");
+    claim(&mut h, "v2", "b", "n1").expect("second");
+    let refused = claim(&mut h, "v3", "c", "n1").expect_err("a third on n1");
+    assert_eq!(
+        refused,
+        ClaimError::AttachLimit {
+            volume: vid("v3"),
+            node: nid("n1"),
+            plugin: PluginId::new("plug").unwrap(),
+            limit: 2,
+            count: 2,
+        }
+    );
+    assert_eq!(refused.class(), ErrorClass::RetryElsewhere);
+    let text = refused.to_string();
+    for part in [
+        "v3",
+        "node n1",
+        "plugin plug",
+        "allows 2",
+        "2 of its volumes",
+    ] {
+        assert!(text.contains(part), "{part:?} in {text}");
+    }
+    assert!(h.m.record(&vid("v3")).is_none(), "nothing recorded");
+    // Another node, and a volume already attached on n1, are no new attachment there.
+    claim(&mut h, "v3", "c", "n2").expect("on n2");
+    let shared = info("v1", ControllerRequirement::Required);
+    let reader = request(
+        "v1",
+        "a2",
+        "n1",
+        ClaimMode::Write,
+        AccessMode::SingleNodeMultiWriter,
+    );
+    assert!(
+        matches!(
+            h.m.claim_within(&shared, reader, limit, h.now),
+            Err(ClaimError::Denied(_))
+        ),
+        "refused for its access mode, not for the limit"
+    );
+    // A volume of another plugin does not count against this one's limit.
+    let mut other = info("w1", ControllerRequirement::Required);
+    other.plugin = PluginId::new("other").unwrap();
+    h.m.claim_within(&other, write_claim("w1", "d", "n1"), limit, h.now)
+        .expect("another plugin's");
+    h.pump();
+
+    // Releasing keeps the attachment until the controller step is done and the claim freed.
+    h.release("v1", "a");
+    let refused = claim(&mut h, "v4", "e", "n1").expect_err("v1 still attached");
+    assert!(
+        matches!(refused, ClaimError::AttachLimit { count: 2, .. }),
+        "{refused:?}"
+    );
+    h.answer_node(Ok(()));
+    h.answer_controller(Ok(()));
+    assert_eq!(h.freed(), ["a"]);
+    claim(&mut h, "v4", "e", "n1").expect("a slot is free");
+}

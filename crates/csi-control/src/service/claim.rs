@@ -66,7 +66,9 @@ impl VolumeService {
     ///
     /// Refused before anything is recorded or called: a volume being deleted or that may
     /// exist only, a plugin not known to be healthy here, a node outside the volume's
-    /// accessible topology, a workload id that cannot name a directory.
+    /// accessible topology, a workload id that cannot name a directory, a node where the
+    /// plugin's attach limit (`max_volumes_per_node`) is reached
+    /// ([`ClaimError::AttachLimit`](csi_claims::ClaimError::AttachLimit)).
     ///
     /// # Errors
     ///
@@ -110,9 +112,11 @@ impl VolumeService {
                 &Usage::of(&entry.capability(), read_only),
             )
             .map_err(|e| invalid("workload", e))?;
+        // The plugin's attach limit counts against every claim on this node, before any call.
+        let attach_limit = ready.fingerprint.node.as_ref().and_then(|n| n.max_volumes);
         let claim = self
             .claims
-            .claim(
+            .claim_within(
                 &entry.info(),
                 ClaimRequest {
                     volume: entry.id.clone(),
@@ -123,6 +127,7 @@ impl VolumeService {
                     access_mode: entry.access_mode,
                     attachment: entry.attachment,
                 },
+                attach_limit,
             )
             .await?;
         tracing::info!(volume = %entry.id, workload = %workload, "claim durable");

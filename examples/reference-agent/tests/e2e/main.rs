@@ -4,9 +4,12 @@
 //! One test binary (one link) with a module per area.
 
 mod adapters;
+mod attach_limit;
 mod claims_release;
 #[cfg(feature = "etcd")]
 mod cluster;
+#[cfg(feature = "etcd")]
+mod cluster_attach_limit;
 #[cfg(feature = "etcd")]
 mod cluster_fencing;
 mod demo;
