@@ -547,6 +547,8 @@ async fn create_volumes(control: &Control, ids: &[Vec<String>]) -> Result<(), Be
             secrets: Default::default(),
             requisite_topology: Vec::new(),
             preferred_topology: Vec::new(),
+            snapshot: None,
+            clone: None,
         };
         tasks.spawn(async move {
             let _permit = permits.acquire().await;

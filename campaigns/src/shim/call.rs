@@ -444,6 +444,7 @@ fn build(
                 parameters: f.map("parameters"),
                 secrets: f.secrets("secrets"),
                 accessibility_requirements: f.requirement("accessibility_requirements"),
+                content_source: f.content_source("content_source"),
             };
             (body.encode_to_vec(), Acting::ClusterWide)
         }

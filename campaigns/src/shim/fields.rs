@@ -315,6 +315,27 @@ impl<'r> Fields<'r> {
         })
     }
 
+    /// A create's content source: absent most of the time; a snapshot or a volume id (as
+    /// [`id`](Self::id)), or one without a type, which is missing.
+    pub(crate) fn content_source(
+        &mut self,
+        field: &'static str,
+    ) -> Option<pb::VolumeContentSource> {
+        use pb::volume_content_source::Type;
+        if self.rng.percent(70) {
+            return None;
+        }
+        let r#type = match self.rng.weighted(&[45, 45, 10]) {
+            0 => Some(Type::SnapshotId(self.id(field, &["snap-1", "snap-2"]))),
+            1 => Some(Type::VolumeId(self.id(field, &["ext-vol-1", "vol-9"]))),
+            _ => {
+                self.check(field, false);
+                None
+            }
+        };
+        Some(pb::VolumeContentSource { r#type })
+    }
+
     /// A plain string map (parameters, context): at most 4 KiB; any keys.
     pub(crate) fn map(&mut self, field: &'static str) -> BTreeMap<String, String> {
         let n = self.rng.weighted(&[40, 40, 15, 5]);

@@ -87,6 +87,7 @@ async fn run() -> Result<(), Error> {
             secrets: VolumeSecrets::default(),
             requisite_topology: Vec::new(),
             preferred_topology: Vec::new(),
+            source: None,
         })
         .await?;
     println!("created {} as {}", created.id, created.external_id);

@@ -9,7 +9,9 @@ use std::time::Duration;
 use csi_claims::driver::DriverError;
 use csi_claims::{ClaimError, ClaimMode, ClaimRequest};
 use csi_client::{Code, Rpc};
-use csi_control::service::{CallFailure, DetachVolume, NewSnapshot, RegisterVolume, SnapshotsOf};
+use csi_control::service::{
+    CallFailure, DetachVolume, NewSnapshot, NewVolumeSource, RegisterVolume, SnapshotsOf,
+};
 use csi_control::{ServiceError, ServiceEvent, VolumeService};
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
@@ -759,6 +761,88 @@ async fn expand_is_unsupported_without_expand_volume() {
 }
 
 // ---- snapshots --------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_volume_is_made_from_a_snapshot_or_a_clone_of_a_catalog_volume() {
+    let h = Harness::start().await;
+    let source = h.create("data").await;
+    let snapshot = h
+        .service
+        .create_snapshot(
+            &volume_id("data"),
+            NewSnapshot {
+                name: "data-nightly".into(),
+                parameters: Parameters::default(),
+            },
+        )
+        .await
+        .expect("cut");
+
+    let mut restore = h.new_volume("restored", 0);
+    restore.source = Some(NewVolumeSource::Snapshot(snapshot.info.snapshot.clone()));
+    let restored = h.service.create(restore).await.expect("restored");
+    let sent = h
+        .mock
+        .calls()
+        .last(Rpc::CreateVolume)
+        .expect("sent")
+        .request;
+    assert!(
+        sent.contains(snapshot.info.snapshot.as_str()),
+        "the snapshot is the content source: {sent}"
+    );
+    assert!(
+        restored.capacity_bytes >= source.capacity_bytes,
+        "at least the snapshot's size: {restored:?}"
+    );
+
+    let mut clone = h.new_volume("copy", 0);
+    clone.source = Some(NewVolumeSource::Clone(volume_id("data")));
+    h.service.create(clone).await.expect("cloned");
+    let sent = h
+        .mock
+        .calls()
+        .last(Rpc::CreateVolume)
+        .expect("sent")
+        .request;
+    assert!(
+        sent.contains(source.external_id.as_str()),
+        "the source's plugin id is the content source: {sent}"
+    );
+
+    // A clone of a volume the catalog does not know: refused before any call.
+    let creates = h.mock.calls().count(Rpc::CreateVolume);
+    let mut unknown = h.new_volume("copy-2", 0);
+    unknown.source = Some(NewVolumeSource::Clone(volume_id("nope")));
+    let err = h.service.create(unknown).await.expect_err("no such volume");
+    assert!(matches!(err, ServiceError::NotFound { .. }), "{err:?}");
+    assert_eq!(h.mock.calls().count(Rpc::CreateVolume), creates);
+    assert!(h.entry(&volume_id("copy-2")).is_none());
+}
+
+#[tokio::test]
+async fn a_clone_for_a_plugin_without_clone_volume_is_refused_naming_it() {
+    let h = Harness::with(
+        MockPlugin::builder().controller_capabilities(
+            CONTROLLER_IMPLEMENTED
+                .iter()
+                .copied()
+                .filter(|c| *c != ControllerCapability::CloneVolume),
+        ),
+    )
+    .await;
+    h.create("data").await;
+    let creates = h.mock.calls().count(Rpc::CreateVolume);
+    let mut clone = h.new_volume("copy", 0);
+    clone.source = Some(NewVolumeSource::Clone(volume_id("data")));
+    let err = h.service.create(clone).await.expect_err("no CLONE_VOLUME");
+    assert!(
+        matches!(&err, ServiceError::Unsupported(m) if m.contains("CLONE_VOLUME")),
+        "{err:?}"
+    );
+    assert_eq!(h.mock.calls().count(Rpc::CreateVolume), creates);
+    assert!(h.entry(&volume_id("copy")).is_none());
+}
 
 #[tokio::test]
 async fn snapshots_are_cut_listed_by_volume_and_deleted() {

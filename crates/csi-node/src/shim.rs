@@ -326,6 +326,7 @@ impl LocalPlugins for NodeBackend {
                 parameters: req.parameters.to_wire(),
                 secrets: req.secrets.to_wire(),
                 accessibility_requirements: req.accessibility_requirements.as_ref().map(Into::into),
+                volume_content_source: req.content_source.as_ref().map(Into::into),
                 ..Default::default()
             };
             let volume = c.create_volume(wire).await.map_err(client_error)?;

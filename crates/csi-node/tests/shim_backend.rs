@@ -53,6 +53,7 @@ async fn a_healthy_local_plugin_serves_controller_calls_and_an_unknown_one_is_mi
         parameters: Parameters::default(),
         secrets: Secrets::default(),
         accessibility_requirements: None,
+        content_source: None,
     };
     let created = backend
         .create_volume(&context(), create(&plugin.id))

@@ -8,8 +8,8 @@
 //! [`AgentRpc`]: crate::AgentRpc
 
 use csi_structs::{
-    ExternalVolumeId, NodeId, Parameters, PluginId, PluginNodeId, PublishContext, Secrets,
-    SnapshotId, Topology, TopologyRequirement, VolumeCapability, VolumeContext, VolumeId,
+    ContentSource, ExternalVolumeId, NodeId, Parameters, PluginId, PluginNodeId, PublishContext,
+    Secrets, SnapshotId, Topology, TopologyRequirement, VolumeCapability, VolumeContext, VolumeId,
     WorkloadId,
 };
 
@@ -137,6 +137,9 @@ pub struct CreateVolume {
     /// Where the volume must or should be reachable; only for a plugin with
     /// `VOLUME_ACCESSIBILITY_CONSTRAINTS`.
     pub accessibility_requirements: Option<TopologyRequirement>,
+    /// What the volume is made from: a snapshot (a plugin with `CREATE_DELETE_SNAPSHOT`) or
+    /// a volume of the same plugin (`CLONE_VOLUME`); `None`: empty.
+    pub content_source: Option<ContentSource>,
 }
 
 /// The answer to [`CreateVolume`].

@@ -11,9 +11,10 @@ use csi_structs::capability::AccessModeError;
 use csi_structs::limits::MAX_STRING_BYTES;
 use csi_structs::validation::SizeUnit;
 use csi_structs::{
-    AccessMode, AccessType, ExternalVolumeId, FieldPath, MountFlags, MountOptions, NodeId,
-    Parameters, PluginId, PluginNodeId, Problem, PublishContext, Secrets, SnapshotId, Topology,
-    TopologyRequirement, ValidationErrors, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
+    AccessMode, AccessType, ContentSource, ExternalVolumeId, FieldPath, MountFlags, MountOptions,
+    NodeId, Parameters, PluginId, PluginNodeId, Problem, PublishContext, Secrets, SnapshotId,
+    Topology, TopologyRequirement, ValidationErrors, VolumeCapability, VolumeContext, VolumeId,
+    WorkloadId,
 };
 
 use std::collections::BTreeMap;
@@ -382,6 +383,30 @@ impl Decoder {
         }
     }
 
+    /// A create's content source: absent is `Some(None)`; one without a type is missing.
+    pub(crate) fn content_source(
+        &mut self,
+        field: &'static str,
+        value: Option<pb::VolumeContentSource>,
+    ) -> Option<Option<ContentSource>> {
+        let Some(source) = value else {
+            return Some(None);
+        };
+        let at = Self::at(field);
+        match source.r#type {
+            Some(pb::volume_content_source::Type::SnapshotId(id)) => self
+                .id_at(&at.field("snapshot_id"), id)
+                .map(|id| Some(ContentSource::Snapshot(id))),
+            Some(pb::volume_content_source::Type::VolumeId(id)) => self
+                .id_at(&at.field("volume_id"), id)
+                .map(|id| Some(ContentSource::Volume(id))),
+            None => {
+                self.found.violations.push(at, Problem::Missing);
+                None
+            }
+        }
+    }
+
     /// `Ok(value)` when nothing was found and `build` produced the value.
     pub(crate) fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, InvalidMessage> {
         if !self.found.is_empty() {
@@ -401,6 +426,17 @@ pub(crate) fn topology_to_wire(t: &Topology) -> pb::Topology {
 }
 
 /// The wire form of a topology requirement.
+/// A content source as the agents' wire carries it.
+pub(crate) fn content_source_to_wire(source: &ContentSource) -> pb::VolumeContentSource {
+    use pb::volume_content_source::Type;
+    pb::VolumeContentSource {
+        r#type: Some(match source {
+            ContentSource::Snapshot(id) => Type::SnapshotId(id.to_wire()),
+            ContentSource::Volume(id) => Type::VolumeId(id.to_wire()),
+        }),
+    }
+}
+
 pub(crate) fn requirement_to_wire(r: &TopologyRequirement) -> pb::TopologyRequirement {
     pb::TopologyRequirement {
         requisite: r.requisite().iter().map(topology_to_wire).collect(),

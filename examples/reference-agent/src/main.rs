@@ -26,7 +26,7 @@ enum Command {
     /// Inspect the plugins a running agent knows.
     Plugin(csi_agent::ops::PluginArgs),
     /// Manage volumes through a running agent.
-    Volume(csi_agent::ops::VolumeArgs),
+    Volume(Box<csi_agent::ops::VolumeArgs>),
     /// Show a running agent's state, explaining every stuck release.
     Status(csi_agent::ops::StatusArgs),
 }
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => exit(csi_agent::demo::run(args)),
         Command::Serve(args) => exit(csi_agent::serve::run(*args)),
         Command::Plugin(args) => exit(csi_agent::ops::plugin(args)),
-        Command::Volume(args) => exit(csi_agent::ops::volume(args)),
+        Command::Volume(args) => exit(csi_agent::ops::volume(*args)),
         Command::Status(args) => exit(csi_agent::ops::status(args)),
     }
 }

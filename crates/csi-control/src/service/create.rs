@@ -7,11 +7,12 @@ use csi_rpc_shim::{
     Validated,
 };
 use csi_structs::{
-    AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, Parameters, PluginId, PluginService,
-    Secrets, SecretsUse, Topology, TopologyRequirement, VolumeContext, VolumeId, VolumeSecrets,
+    AccessMode, AccessTypeKind, ContentSource, ControllerCapability, ErrorClass, ExternalVolumeId,
+    Parameters, PluginId, PluginService, Secrets, SecretsUse, SnapshotId, Topology,
+    TopologyRequirement, VolumeContext, VolumeId, VolumeSecrets,
 };
 
-use super::error::{CallFailure, invalid, wire_size};
+use super::error::{CallFailure, deleting, invalid, wire_size};
 use super::{ServiceError, ServiceEvent, VolumeService};
 use crate::catalog::{CatalogEntry, MayExist};
 
@@ -60,6 +61,19 @@ pub struct NewVolume {
     pub requisite_topology: Vec<Topology>,
     /// Where it should preferably be.
     pub preferred_topology: Vec<Topology>,
+    /// What it is made from (`None`: empty).
+    pub source: Option<NewVolumeSource>,
+}
+
+/// What a new volume is made from ([`NewVolume::source`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewVolumeSource {
+    /// A snapshot of the plugin (its id, as `list_snapshots` shows it); the plugin needs
+    /// controller `CREATE_DELETE_SNAPSHOT`.
+    Snapshot(SnapshotId),
+    /// A copy of a volume of the catalog, in the same plugin; the plugin needs controller
+    /// `CLONE_VOLUME`.
+    Clone(VolumeId),
 }
 
 impl VolumeService {
@@ -178,6 +192,10 @@ impl VolumeService {
         let required_bytes = wire_size("capacity_bytes", r.capacity_bytes)?;
         let accessibility_requirements =
             self.requirement(&r.plugin, r.requisite_topology, r.preferred_topology)?;
+        let content_source = match &r.source {
+            Some(source) => Some(self.content_source(&r.plugin, source)?),
+            None => None,
+        };
         let draft = CatalogEntry {
             id: id.clone(),
             external_id: ExternalVolumeId::new("pending").map_err(|e| invalid("id", e))?,
@@ -209,6 +227,7 @@ impl VolumeService {
             parameters: r.parameters,
             secrets: draft.secrets.for_use(SecretsUse::Create),
             accessibility_requirements,
+            content_source,
         };
         let delete_secrets = draft.secrets.for_use(SecretsUse::Delete);
         if let Some(left) = left {
@@ -240,6 +259,63 @@ impl VolumeService {
             ..draft
         })
         .await
+    }
+
+    /// The plugin's `VolumeContentSource` for `source`, refused before any call when the
+    /// plugin's controller does not advertise what it needs, or the volume to clone is not
+    /// the plugin's (or not a volume yet, or being deleted).
+    fn content_source(
+        &self,
+        plugin: &PluginId,
+        source: &NewVolumeSource,
+    ) -> Result<ContentSource, ServiceError> {
+        let (field, needs, what) = match source {
+            NewVolumeSource::Snapshot(id) => (
+                "snapshot",
+                ControllerCapability::CreateDeleteSnapshot,
+                format!("restore snapshot {id}"),
+            ),
+            NewVolumeSource::Clone(id) => (
+                "clone",
+                ControllerCapability::CloneVolume,
+                format!("clone volume {id}"),
+            ),
+        };
+        let caps = self.controller_capabilities(plugin).ok_or_else(|| {
+            invalid(
+                field,
+                format!(
+                    "plugin {plugin} has no fingerprinted controller here or on a peer, so \
+                     whether it can {what} is not known"
+                ),
+            )
+        })?;
+        if !caps.controller.contains(needs) {
+            return Err(ServiceError::Unsupported(format!(
+                "plugin {plugin} does not advertise controller {}: it cannot {what}",
+                needs.wire_name()
+            )));
+        }
+        match source {
+            NewVolumeSource::Snapshot(id) => Ok(ContentSource::Snapshot(id.clone())),
+            NewVolumeSource::Clone(id) => {
+                let from = self.entry(id)?;
+                if &from.plugin != plugin {
+                    return Err(invalid(
+                        "clone",
+                        format!(
+                            "volume {id} is in plugin {}, not {plugin}: a clone is made in its \
+                             source's plugin",
+                            from.plugin
+                        ),
+                    ));
+                }
+                if from.deleting {
+                    return Err(deleting(id));
+                }
+                Ok(ContentSource::Volume(from.external_id))
+            }
+        }
     }
 
     /// The `accessibility_requirements` of a create: none without topologies; with them, only

@@ -49,7 +49,7 @@ use tokio::sync::broadcast;
 use crate::catalog::{CatalogEntry, VolumeCatalog};
 
 pub use claim::{ClaimVolume, Claimed, DetachVolume, Detached};
-pub use create::{NewVolume, RegisterVolume};
+pub use create::{NewVolume, NewVolumeSource, RegisterVolume};
 pub use error::{CallFailure, ServiceError};
 pub use events::ServiceEvent;
 pub use expand::Expanded;

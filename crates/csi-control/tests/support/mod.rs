@@ -135,6 +135,7 @@ impl Harness {
             secrets: VolumeSecrets::default(),
             requisite_topology: Vec::new(),
             preferred_topology: Vec::new(),
+            source: None,
         }
     }
 

@@ -11,8 +11,8 @@ use crate::request::{
 };
 use crate::rpc::AgentRpc;
 use crate::wire::{
-    Decoder, InvalidMessage, WireId, WireMap, capability_to_wire, pb, requirement_to_wire,
-    topology_to_wire,
+    Decoder, InvalidMessage, WireId, WireMap, capability_to_wire, content_source_to_wire, pb,
+    requirement_to_wire, topology_to_wire,
 };
 
 impl Op for ControllerAttach {
@@ -292,6 +292,7 @@ impl Op for CreateVolume {
                 .accessibility_requirements
                 .as_ref()
                 .map(requirement_to_wire),
+            content_source: self.content_source.as_ref().map(content_source_to_wire),
         }
     }
 
@@ -305,6 +306,7 @@ impl Op for CreateVolume {
         let secrets = d.map("secrets", w.secrets);
         let requirements =
             d.requirement("accessibility_requirements", w.accessibility_requirements);
+        let content_source = d.content_source("content_source", w.content_source);
         d.finish(|| {
             Some((
                 CreateVolume {
@@ -316,6 +318,7 @@ impl Op for CreateVolume {
                     parameters: parameters?,
                     secrets: secrets?,
                     accessibility_requirements: requirements?,
+                    content_source: content_source?,
                 },
                 target?,
             ))

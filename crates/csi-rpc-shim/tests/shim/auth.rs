@@ -178,6 +178,7 @@ async fn node_scope_cannot_make_cluster_wide_calls() {
         parameters: Default::default(),
         secrets: secrets(),
         accessibility_requirements: None,
+        content_source: None,
     };
     let err = guarded(cluster.agent("a").shim.create_volume(create.clone(), CALL))
         .await

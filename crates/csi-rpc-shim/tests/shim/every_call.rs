@@ -4,7 +4,9 @@ use csi_rpc_shim::{
     AgentRpc, ControllerExpand, ControllerQuery, ControllerValidate, CreateSnapshot, CreateVolume,
     DeleteSnapshot, DeleteVolume, ListSnapshots, Validated,
 };
-use csi_structs::{ExternalVolumeId, SnapshotId, Topology, TopologyRequirement, VolumeId};
+use csi_structs::{
+    ContentSource, ExternalVolumeId, SnapshotId, Topology, TopologyRequirement, VolumeId,
+};
 
 use crate::support::*;
 
@@ -31,12 +33,18 @@ async fn every_controller_call_round_trips() {
             accessibility_requirements: Some(
                 TopologyRequirement::new(vec![zone("a"), zone("b")], vec![zone("b")]).unwrap(),
             ),
+            content_source: Some(ContentSource::Snapshot(SnapshotId::new("snap-9").unwrap())),
         },
         CALL,
     ))
     .await
     .unwrap();
     assert_eq!(created.accessible_topology, [zone("b")]);
+    assert_eq!(
+        created.volume_context.get("from-snapshot"),
+        Some("snap-9"),
+        "the content source crossed the wire"
+    );
 
     let validated = guarded(shim.controller_validate(
         ControllerValidate {

@@ -16,8 +16,8 @@ use csi_rpc_shim::{
     SnapshotPage, Strategy, Token, TokenBook, Validated, VolumePage,
 };
 use csi_structs::{
-    AccessMode, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId, PublishContext,
-    Secrets, VolumeCapability, VolumeId, WorkloadId,
+    AccessMode, ContentSource, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
+    PublishContext, Secrets, VolumeCapability, VolumeContext, VolumeId, WorkloadId,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -223,7 +223,16 @@ impl LocalPlugins for FakePlugins {
         let out = CreatedVolume {
             external_volume: ExternalVolumeId::new(format!("ext-{}", req.volume)).unwrap(),
             capacity_bytes: req.required_bytes,
-            volume_context: Default::default(),
+            // Says what it was made from, so a test sees the content source arrive.
+            volume_context: match &req.content_source {
+                Some(ContentSource::Snapshot(id)) => {
+                    VolumeContext::try_from_iter([("from-snapshot", id.as_str())]).unwrap()
+                }
+                Some(ContentSource::Volume(id)) => {
+                    VolumeContext::try_from_iter([("cloned-from", id.as_str())]).unwrap()
+                }
+                None => VolumeContext::default(),
+            },
             // Reachable where it was asked to be, first choice first.
             accessible_topology: req
                 .accessibility_requirements

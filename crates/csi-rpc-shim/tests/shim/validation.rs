@@ -87,6 +87,7 @@ async fn refused_create(
         parameters: Default::default(),
         secrets: secrets(),
         accessibility_requirements: None,
+        content_source: None,
     };
     let err = guarded(cluster.agent("ops").shim.create_volume(create, CALL))
         .await

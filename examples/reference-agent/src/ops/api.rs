@@ -198,6 +198,12 @@ pub struct CreateVolume {
     /// of the requisite ones when those are given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preferred_topology: Vec<BTreeMap<String, String>>,
+    /// Make it from this snapshot of the plugin (absent: not from a snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Make it a copy of this registered volume (absent: not a clone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<String>,
 }
 
 /// Grow a volume (`POST /v1/volumes/{id}/expand`).

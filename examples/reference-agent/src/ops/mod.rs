@@ -141,6 +141,14 @@ pub enum VolumeCommand {
         /// list).
         #[arg(long = "preferred-topology")]
         preferred_topology: Vec<String>,
+        /// Make it from this snapshot of the plugin (its id, as `volume snapshot list`
+        /// shows it); the plugin needs controller CREATE_DELETE_SNAPSHOT.
+        #[arg(long, conflicts_with = "clone")]
+        snapshot: Option<String>,
+        /// Make it a copy of this registered volume (in the same plugin); the plugin needs
+        /// controller CLONE_VOLUME.
+        #[arg(long)]
+        clone: Option<String>,
     },
     /// Claim a volume for a workload on the agent's node and publish it there.
     Claim {
@@ -570,6 +578,8 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 secrets_file,
                 topology,
                 preferred_topology,
+                snapshot,
+                clone,
             } => {
                 let body = api::CreateVolume {
                     id,
@@ -581,6 +591,8 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     secrets: read_secrets(secrets_file.as_deref())?,
                     requisite_topology: topologies("topology", &topology)?,
                     preferred_topology: topologies("preferred-topology", &preferred_topology)?,
+                    snapshot,
+                    clone,
                 };
                 let v: api::VolumeView = conn
                     .send(Method::POST, "/v1/volumes/create", Some(&body))

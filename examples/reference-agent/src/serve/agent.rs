@@ -11,8 +11,8 @@ use csi_claims::{Claim, ClaimMode, VolumeStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
 use csi_control::service::{
-    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, PeerPlugin, Peers,
-    RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
+    Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{PendingStep, Reconciliation, StepState, VolumeManager};
 use csi_structs::{
@@ -299,6 +299,21 @@ impl Agent {
             secrets: r.secrets,
             requisite_topology: parse_topologies("requisite_topology", r.requisite_topology)?,
             preferred_topology: parse_topologies("preferred_topology", r.preferred_topology)?,
+            source: match (r.snapshot, r.clone) {
+                (Some(_), Some(_)) => {
+                    return Err(bad(
+                        "clone",
+                        "a volume is made from a snapshot or a clone, not both",
+                    ));
+                }
+                (Some(snapshot), None) => Some(NewVolumeSource::Snapshot(
+                    SnapshotId::new(snapshot).map_err(|e| bad("snapshot", e))?,
+                )),
+                (None, Some(clone)) => Some(NewVolumeSource::Clone(
+                    VolumeId::new(clone).map_err(|e| bad("clone", e))?,
+                )),
+                (None, None) => None,
+            },
         };
         let entry = self.service.create(request).await?;
         Ok(self.view_of(entry))

@@ -150,6 +150,8 @@ async fn a_state_file_that_cannot_be_written_fails_requests_at_once_as_our_own_a
         secrets: Default::default(),
         requisite_topology: Vec::new(),
         preferred_topology: Vec::new(),
+        snapshot: None,
+        clone: None,
     };
     let _: VolumeView = api(
         &data,

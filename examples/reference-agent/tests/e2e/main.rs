@@ -12,6 +12,7 @@ mod cluster;
 mod cluster_attach_limit;
 #[cfg(feature = "etcd")]
 mod cluster_fencing;
+mod content_source;
 mod demo;
 mod detach;
 mod expand;

@@ -283,6 +283,8 @@ async fn create_volumes(control: &Control, count: usize) -> Arc<[Volume]> {
             secrets: Default::default(),
             requisite_topology: Vec::new(),
             preferred_topology: Vec::new(),
+            snapshot: None,
+            clone: None,
         };
         let created: VolumeView = match control
             .call(Method::POST, "/v1/volumes/create", Some(&create))
