@@ -90,6 +90,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("csi_descriptor.bin"),
         compiler.encode_file_descriptor_set(),
     )?;
+    kubelet_registration(grpc)?;
+    Ok(())
+}
+
+/// Kubelet's plugin registration protocol (`pluginregistration.proto`), the messages always,
+/// the client and server with the `grpc` feature. It carries no secrets.
+fn kubelet_registration(grpc: bool) -> Result<(), Box<dyn std::error::Error>> {
+    const FILE: &str = "pluginregistration.proto";
+    println!("cargo:rerun-if-changed={PROTO_DIR}/{FILE}");
+    let mut compiler = protox::Compiler::new([PROTO_DIR])?;
+    compiler.include_imports(true);
+    compiler.open_file(FILE)?;
+    tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
+        .build_transport(false)
+        .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }
 

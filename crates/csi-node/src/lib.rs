@@ -29,6 +29,8 @@
 //!   and the volume manager, `NodeBackend`: what serves the calls routed to this node; and
 //!   `RegistryFeed`, a plugin observer that keeps the shim's registry in step with the
 //!   plugins (given to the node with `NodeBuilder::observer`).
+//! - [`kubelet`]: kubelet's plugin registration protocol, so CSI drivers deployed for
+//!   Kubernetes (their `node-driver-registrar` sidecar) register with the plugin manager.
 //! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
 //!   could read it.
 //! - [`state`]: small JSON state files written atomically (temporary file, `fsync`, rename),
@@ -85,6 +87,7 @@ struct ReadmeDoctests;
 
 pub mod attach;
 pub mod detach;
+pub mod kubelet;
 pub mod layout;
 pub mod node;
 pub mod plugins;

@@ -47,6 +47,19 @@ struct ReadmeDoctests;
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub mod pluginregistration {
+    //! Kubelet's plugin registration protocol, version 1: the messages, and with the `grpc`
+    //! feature the `Registration` client and server. A node-driver-registrar sidecar serves it
+    //! on a socket in kubelet's registration directory; csi-node's `kubelet` module dials it.
+    #![allow(
+        missing_docs,
+        clippy::all,
+        unreachable_pub,
+        missing_debug_implementations
+    )]
+    include!(concat!(env!("OUT_DIR"), "/pluginregistration.rs"));
+}
+
 /// Messages, enums, clients (`*_client`) and servers (`*_server`) of package `csi.v1`.
 ///
 /// The clients and servers exist with the `grpc` feature (on by default); without it this is

@@ -82,6 +82,7 @@ pub mod faults;
 mod metadata;
 mod plugin;
 pub mod quirks;
+pub mod registrar;
 pub mod server;
 mod services;
 mod state;

@@ -45,6 +45,11 @@ pub struct ConfigArgs {
     /// (default `<data_dir>/plugins`).
     #[arg(long, env = "CSI_AGENT_PLUGIN_DIR")]
     pub plugin_dir: Option<PathBuf>,
+    /// Kubelet's plugin registration directory (e.g. `/var/lib/kubelet/plugins_registry`),
+    /// watched for the sockets of node-driver-registrar sidecars: each announces a CSI
+    /// driver, registered at the endpoint it gives (default: none).
+    #[arg(long, env = "CSI_AGENT_KUBELET_REGISTRATION_DIR")]
+    pub kubelet_registration_dir: Option<PathBuf>,
     /// Loopback address of the control API and `/metrics` (default `127.0.0.1:7600`; port 0
     /// picks one, written to `<data_dir>/agent.json`).
     #[arg(long, env = "CSI_AGENT_LISTEN")]
@@ -137,6 +142,7 @@ struct FileConfig {
     node_id: Option<String>,
     data_dir: Option<PathBuf>,
     plugin_dir: Option<PathBuf>,
+    kubelet_registration_dir: Option<PathBuf>,
     listen: Option<String>,
     shim_listen: Option<String>,
     peers: Option<Vec<String>>,
@@ -296,6 +302,8 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     /// The watched plugin directory.
     pub plugin_dir: PathBuf,
+    /// Kubelet's plugin registration directory, when watched.
+    pub kubelet_registration_dir: Option<PathBuf>,
     /// Control API and metrics address (loopback only).
     pub listen: SocketAddr,
     /// Shim server address, if any.
@@ -726,6 +734,17 @@ impl AgentConfig {
         if plugin_dir.as_os_str().is_empty() {
             return Err(invalid("plugin_dir", "", "must not be empty"));
         }
+        let kubelet_registration_dir = a.kubelet_registration_dir.or(f.kubelet_registration_dir);
+        if kubelet_registration_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(invalid(
+                "kubelet_registration_dir",
+                "",
+                "must not be empty (leave it out to watch none)",
+            ));
+        }
         let listen_text = a
             .listen
             .or(f.listen)
@@ -838,6 +857,7 @@ impl AgentConfig {
             controller_calls,
             data_dir,
             plugin_dir,
+            kubelet_registration_dir,
             listen,
             shim_listen,
             peers,
@@ -1041,6 +1061,7 @@ mod tests {
         assert!(file.node_id.is_some() && file.release_backoff_max.is_some());
         assert!(file.node_detach_socket_wait.is_some() && file.node_detach_attempts.is_some());
         assert_eq!(file.peers.map(|p| p.len()), Some(1));
+        assert!(file.kubelet_registration_dir.is_some());
     }
 
     #[test]

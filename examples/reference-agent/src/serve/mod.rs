@@ -365,6 +365,23 @@ pub async fn serve_until(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
+    if let Some(dir) = &config.kubelet_registration_dir {
+        // CSI drivers deployed for Kubernetes: their node-driver-registrar sidecars announce
+        // them in kubelet's registration directory.
+        let watcher =
+            csi_node::kubelet::RegistrationWatcher::new(plugins.manager().clone(), dir.clone())
+                .call_timeout(config.call_timeout);
+        tracing::info!(dir = %dir.display(), "watching kubelet's plugin registration directory");
+        let mut stop = stop_rx.clone();
+        let interval = config.scan_interval;
+        tasks.spawn(async move {
+            watcher
+                .run(interval, async move {
+                    let _ = stop.changed().await;
+                })
+                .await;
+        });
+    }
     let http_task = tokio::spawn(http::serve(
         http_listener,
         Arc::clone(&agent),

@@ -18,6 +18,7 @@ mod detach;
 mod expand;
 mod faults;
 mod health;
+mod kubelet;
 mod load;
 mod long_calls;
 mod plugin_text;
