@@ -22,6 +22,11 @@
 //!   after a restart. Requests are typed, failures are a [`ServiceError`] naming what is in
 //!   the way, and what was done goes out as a [`ServiceEvent`].
 //!
+//! - `cluster` (cargo feature `etcd`): the membership of a cluster of orchestrators sharing
+//!   one etcd, `Membership`: each member's record under a lease (its node id checked against
+//!   the live members'), the others' records, the nodes reported gone for good, and the
+//!   election of the member that performs controller-side release steps.
+//!
 //! # Example
 //!
 //! ```
@@ -70,6 +75,8 @@
 struct ReadmeDoctests;
 
 pub mod catalog;
+#[cfg(feature = "etcd")]
+pub mod cluster;
 pub mod service;
 
 #[cfg(feature = "etcd")]
@@ -77,4 +84,6 @@ pub use catalog::EtcdCatalog;
 pub use catalog::{
     CatalogEntry, CatalogError, CatalogSecrets, FileCatalog, MayExist, VolumeCatalog,
 };
+#[cfg(feature = "etcd")]
+pub use cluster::{JoinError, MemberRecord, Membership};
 pub use service::{NoPeers, Peers, ServiceError, ServiceEvent, VolumeService};

@@ -5,25 +5,30 @@
 //!   admitted against every agent's claims of the volume in one compare-and-swap;
 //! - `volumes/<volume>`: the volume book (csi-control's `EtcdCatalog`), so every agent sees
 //!   every volume exactly once;
-//! - `members/<node>`: each agent's [`MemberRecord`] under a lease ([`Membership`]): its
-//!   addresses and plugins, which replace the static `--peer` list;
-//! - `leader/controller-duty`: the agent that performs controller-side release steps (one at a
-//!   time, elected; another takes over within the lease TTL when it dies);
-//! - `gone/<node>`: nodes an operator reported gone for good (`volume detach --node-gone`):
-//!   every agent's driver skips their node steps, so the duty holder runs the controller step
-//!   without them. A gone node's agent that joins again removes its key.
+//! - `members/<node>`, `gone/<node>` and `leader/controller-duty`: csi-control's
+//!   [`Membership`] (see [`csi_control::cluster`]): each agent's record under a lease, which
+//!   replaces the static `--peer` list; the nodes an operator reported gone for good (`volume
+//!   detach --node-gone`: every agent's driver skips their node steps, so the duty holder runs
+//!   the controller step without them); and the agent that performs controller-side release
+//!   steps (one at a time, elected; another takes over within the lease TTL when it dies).
+//!
+//! What is the agent's own stays here: what it says of itself in its record ([`MemberInfo`]:
+//! its control API, its shim address and its plugins, written beside the library's `format`,
+//! `node` and `instance` exactly as before the move), the `status` view of the cluster
+//! ([`Cluster`], the agent's [`ClusterStatus`]), and [`run`], which keeps the record current
+//! and feeds the other members' routes, tokens and plugins to the shim and the registry.
 //!
 //! Node-side release steps stay with the node's own agent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::duty::Duty;
-use csi_claims::store::etcd_client::{Txn, TxnOp};
-use csi_claims::store::{ControllerElection, EtcdStore, Held, HeldKey, Mirror};
+use csi_claims::store::EtcdStore;
 use csi_claims::{StoreError, driver::ClaimsHandle};
+use csi_control::cluster::{JoinError, MemberRecord, Membership};
 use csi_rpc_shim::{Scope, Token};
 use csi_structs::NodeId;
 use serde::{Deserialize, Serialize};
@@ -33,20 +38,10 @@ use super::peers;
 use crate::config::EtcdSettings;
 use crate::ops::api;
 
-/// The format of the values this agent writes under `members/` and `gone/` (csi-control's
-/// catalog writes the same under `volumes/`).
-const FORMAT: u32 = 1;
-
-/// What an agent says of itself under `members/<node>`.
+/// What an agent says of itself under `members/<node>`, beside the record's `format`, `node`
+/// and `instance`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberRecord {
-    /// The value format.
-    pub format: u32,
-    /// Its node id.
-    pub node: String,
-    /// Identifies one data directory: a restarted agent keeps it, another agent that was
-    /// given the same node id by mistake does not.
-    pub instance: String,
+pub struct MemberInfo {
     /// Its control API (loopback: for the operator on that host).
     pub http: String,
     /// Its agent-to-agent (shim) address.
@@ -55,160 +50,50 @@ pub struct MemberRecord {
     pub plugins: Vec<api::PeerPlugin>,
 }
 
-/// This agent's membership, the other members, and the controller duty.
+/// An agent's record under `members/<node>`.
+pub type AgentRecord = MemberRecord<MemberInfo>;
+
+/// This agent in the cluster: its [`Membership`], and how `status` names the store.
 #[derive(Debug)]
-pub struct Membership {
-    settings: EtcdSettings,
-    me: NodeId,
-    store: EtcdStore,
-    members: Mirror,
-    /// `gone/<node>`: nodes reported gone for good.
-    gone: Mirror,
-    /// This agent's membership, until it leaves.
-    held: Mutex<Option<HeldKey>>,
-    election: Mutex<Option<ControllerElection>>,
-    /// The driver the election hands the duty to, asked what it holds.
-    claims: ClaimsHandle,
+pub struct Cluster {
+    /// This agent's membership, the other members, and the controller duty.
+    pub membership: Membership<MemberInfo>,
+    /// The store as the operator wrote it ([`EtcdSettings::display`]).
+    store: String,
+    /// The key prefix.
+    prefix: String,
 }
 
-/// Why cluster mode could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum JoinError {
-    /// etcd failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Another live agent uses this node id.
-    #[error(
-        "node id {node} is already a member of the cluster (agent at {shim}, another data \
-         directory); every agent needs its own node id"
-    )]
-    DuplicateNode {
-        /// The node id.
-        node: String,
-        /// The other agent's shim address.
-        shim: String,
-    },
-}
-
-impl Membership {
-    /// Checks that no other live agent has this node id, then registers this agent under a
-    /// lease and campaigns for the controller duty.
+impl Cluster {
+    /// Joins the cluster (see [`Membership::join`]) with the lease and duty timing of
+    /// `settings`.
     ///
     /// # Errors
     ///
-    /// [`JoinError`].
+    /// Why cluster mode could not start, as `serve` reports it (another agent has this node
+    /// id, say).
     pub async fn join(
         store: &EtcdStore,
-        settings: EtcdSettings,
-        record: &MemberRecord,
+        settings: &EtcdSettings,
+        record: &AgentRecord,
         claims: ClaimsHandle,
-    ) -> Result<Self, JoinError> {
-        let me = NodeId::new(record.node.clone()).map_err(|e| StoreError::Etcd {
-            endpoints: settings.endpoints.join(","),
-            operation: "join the cluster".into(),
-            detail: e.to_string(),
-        })?;
-        let members = store.mirror("members").await?;
-        if let Some(found) = members.get(me.as_str())
-            && let Ok(other) = serde_json::from_slice::<MemberRecord>(&found.value)
-            && other.instance != record.instance
-        {
-            return Err(JoinError::DuplicateNode {
-                node: other.node,
-                shim: other.shim,
-            });
-        }
-        // This node is back, if it was reported gone.
-        let gone = store.mirror("gone").await?;
-        let back = Txn::new().and_then([TxnOp::delete(gone.key(me.as_str()), None)]);
-        store
-            .txn(|| format!("clear node {me}'s gone mark"), back)
-            .await?;
-        let held = store.hold_key(
-            members.key(me.as_str()),
-            encode_member(record),
-            settings.lease_ttl,
-        );
+    ) -> Result<Self, String> {
         // The configuration checked the TTL and the margin (`lease_margin`).
-        let election = store.elect_controller_duty(me.as_str(), settings.duty, claims.clone());
+        let membership = Membership::join(store, settings.lease_ttl, settings.duty, record, claims)
+            .await
+            .map_err(|e| match e {
+                JoinError::DuplicateNode { node, other } => format!(
+                    "node id {node} is already a member of the cluster (agent at {}, another \
+                     data directory); every agent needs its own node id",
+                    other.about.shim
+                ),
+                e => e.to_string(),
+            })?;
         Ok(Self {
-            settings,
-            me,
-            claims,
-            store: store.clone(),
-            members,
-            gone,
-            held: Mutex::new(Some(held)),
-            election: Mutex::new(Some(election)),
+            membership,
+            store: settings.display(),
+            prefix: settings.prefix.clone(),
         })
-    }
-
-    /// Publishes a new record of this agent (its plugins changed).
-    pub fn update(&self, record: &MemberRecord) {
-        if let Some(held) = self
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            held.set(encode_member(record));
-        }
-    }
-
-    /// The members that decode, by node.
-    pub fn members(&self) -> Vec<MemberRecord> {
-        self.members
-            .list()
-            .into_iter()
-            .filter_map(|(name, e)| {
-                serde_json::from_slice::<MemberRecord>(&e.value)
-                    .ok()
-                    .filter(|m| m.node == name && m.format == FORMAT)
-            })
-            .collect()
-    }
-
-    /// Wakes when the members change.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.members.subscribe()
-    }
-
-    /// The nodes reported gone for good.
-    pub fn gone_nodes(&self) -> std::collections::BTreeSet<NodeId> {
-        self.gone
-            .list()
-            .into_iter()
-            .filter_map(|(name, _)| NodeId::new(name).ok())
-            .collect()
-    }
-
-    /// Gives up the controller duty and the membership at once (a clean stop), so the others
-    /// need not wait for the leases to expire.
-    pub async fn leave(&self) {
-        let election = self
-            .election
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(e) = election {
-            e.resign().await;
-        }
-        let held = self
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(held) = held {
-            held.release().await;
-        }
-    }
-
-    fn duty_holder(&self) -> Option<String> {
-        self.election
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .and_then(ControllerElection::leader)
     }
 }
 
@@ -226,53 +111,31 @@ fn duty_view(duty: &Duty) -> api::DutyView {
     }
 }
 
-fn encode_member(record: &MemberRecord) -> Vec<u8> {
-    // A record of strings and booleans always encodes.
-    serde_json::to_vec(record).unwrap_or_default()
-}
-
 #[async_trait::async_trait]
-impl ClusterStatus for Membership {
+impl ClusterStatus for Cluster {
     async fn report_node_gone(&self, node: &NodeId) -> Result<(), StoreError> {
-        let key = self.gone.key(node.as_str());
-        let value = serde_json::json!({ "format": FORMAT, "reported_by": self.me.as_str() })
-            .to_string()
-            .into_bytes();
-        let put = Txn::new().and_then([TxnOp::put(key.as_str(), value, None)]);
-        self.store
-            .txn(|| format!("report node {node} gone"), put)
-            .await?;
-        Ok(())
+        self.membership.report_node_gone(node).await
     }
 
     fn view(&self) -> api::ClusterView {
-        let held = self
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(HeldKey::state);
-        let outage = self.members.outage().or_else(|| match held {
-            Some(Held::Failing(e)) => Some(format!("membership: {e}")),
-            _ => None,
-        });
+        let m = &self.membership;
         api::ClusterView {
-            store: self.settings.display(),
-            prefix: self.settings.prefix.clone(),
-            controller_duty: self.duty_holder(),
-            held_duty: self.claims.duty().map(|duty| duty_view(&duty)),
-            members: self
+            store: self.store.clone(),
+            prefix: self.prefix.clone(),
+            controller_duty: m.duty_holder(),
+            held_duty: m.held_duty().map(|duty| duty_view(&duty)),
+            members: m
                 .members()
                 .into_iter()
-                .map(|m| api::MemberView {
-                    me: m.node == self.me.as_str(),
-                    node: m.node,
-                    http: m.http,
-                    shim: m.shim,
-                    plugins: m.plugins.into_iter().map(|p| p.id).collect(),
+                .map(|r| api::MemberView {
+                    me: r.node == m.me().as_str(),
+                    node: r.node,
+                    http: r.about.http,
+                    shim: r.about.shim,
+                    plugins: r.about.plugins.into_iter().map(|p| p.id).collect(),
                 })
                 .collect(),
-            outage,
+            outage: m.outage(),
         }
     }
 }
@@ -281,26 +144,29 @@ impl ClusterStatus for Membership {
 /// registry, until `stop`.
 pub async fn run(
     agent: Arc<Agent>,
-    membership: Arc<Membership>,
-    mut record: MemberRecord,
+    cluster: Arc<Cluster>,
+    mut record: AgentRecord,
     token: Token,
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let membership = &cluster.membership;
     let mut changes = membership.subscribe();
-    let mut gone_changes = membership.gone.subscribe();
-    let mut gone = std::collections::BTreeSet::new();
+    let mut gone_changes = membership.subscribe_gone();
+    let mut gone = BTreeSet::new();
     let mut routes = BTreeMap::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let plugins = agent.plugins.peer_view();
-        if plugins != record.plugins {
-            record.plugins = plugins;
-            membership.update(&record);
+        if plugins != record.about.plugins {
+            record.about.plugins = plugins;
+            if let Err(e) = membership.update(&record) {
+                tracing::warn!(error = %e, "cannot publish this agent's plugins to the cluster");
+            }
         }
-        follow_members(&agent, &membership, &token, &mut routes);
-        follow_gone(&agent, &membership, &mut gone);
+        follow_members(&agent, membership, &token, &mut routes);
+        follow_gone(&agent, membership, &mut gone);
         tokio::select! {
             _ = ticker.tick() => {}
             _ = changes.changed() => {}
@@ -312,11 +178,7 @@ pub async fn run(
 
 /// Tells this agent's driver of the nodes reported gone for good (their node steps are
 /// skipped) and of the ones back.
-fn follow_gone(
-    agent: &Agent,
-    membership: &Membership,
-    applied: &mut std::collections::BTreeSet<NodeId>,
-) {
+fn follow_gone(agent: &Agent, membership: &Membership<MemberInfo>, applied: &mut BTreeSet<NodeId>) {
     let now = membership.gone_nodes();
     for node in now.difference(applied) {
         tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
@@ -333,7 +195,7 @@ fn follow_gone(
 /// down.
 fn follow_members(
     agent: &Agent,
-    membership: &Membership,
+    membership: &Membership<MemberInfo>,
     token: &Token,
     routes: &mut BTreeMap<NodeId, SocketAddr>,
 ) {
@@ -346,13 +208,14 @@ fn follow_members(
         if node == agent.me {
             continue;
         }
-        let Ok(addr) = m.shim.parse::<SocketAddr>() else {
-            tracing::warn!(member = %m.node, shim = %m.shim, "member has an unusable shim address");
+        let shim = &m.about.shim;
+        let Ok(addr) = shim.parse::<SocketAddr>() else {
+            tracing::warn!(member = %m.node, shim = %shim, "member has an unusable shim address");
             continue;
         };
         if routes.get(&node) != Some(&addr) {
             routes.insert(node.clone(), addr);
-            tracing::info!(member = %m.node, shim = %m.shim, "cluster member joined");
+            tracing::info!(member = %m.node, shim = %shim, "cluster member joined");
             agent
                 .service
                 .shim()
@@ -362,7 +225,7 @@ fn follow_members(
                 .shim()
                 .update_tokens(|t| t.insert(node.clone(), token.clone(), Scope::Cluster));
         }
-        peers::apply(agent, &node, Ok(m.plugins.clone()));
+        peers::apply(agent, &node, Ok(m.about.plugins.clone()));
         present.push(node);
     }
     let gone: Vec<NodeId> = routes
@@ -379,5 +242,81 @@ fn follow_members(
             &node,
             Err("not a cluster member: its lease expired or it stopped".to_owned()),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The record as agents wrote it before membership moved to csi-control, field for field.
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    struct OldMemberRecord {
+        format: u32,
+        node: String,
+        instance: String,
+        http: String,
+        shim: String,
+        plugins: Vec<api::PeerPlugin>,
+    }
+
+    fn plugins() -> Vec<api::PeerPlugin> {
+        // Known and unknown capabilities: sets, enums and numbers inside the flattened part.
+        let mut capabilities = csi_structs::Capabilities::default();
+        capabilities.plugin.insert_service_wire(1);
+        capabilities.controller.insert_wire(1);
+        capabilities.controller.insert_wire(999);
+        capabilities.node.insert_wire(1);
+        vec![
+            api::PeerPlugin {
+                id: "ebs".into(),
+                controller: Some(true),
+                node: Some(("i-0a".into(), true)),
+                controller_publish: true,
+                capabilities: Some(capabilities),
+            },
+            api::PeerPlugin {
+                id: "nfs".into(),
+                controller: None,
+                node: Some(("n-1".into(), false)),
+                controller_publish: false,
+                capabilities: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn an_agents_record_is_the_json_agents_wrote_before_the_move_and_reads_theirs() {
+        let new = AgentRecord::new(
+            "n1",
+            "3f2a9c",
+            MemberInfo {
+                http: "127.0.0.1:8080".into(),
+                shim: "10.0.0.1:9000".into(),
+                plugins: plugins(),
+            },
+        );
+        let old = OldMemberRecord {
+            format: 1,
+            node: "n1".into(),
+            instance: "3f2a9c".into(),
+            http: "127.0.0.1:8080".into(),
+            shim: "10.0.0.1:9000".into(),
+            plugins: plugins(),
+        };
+        let written = serde_json::to_string(&new).expect("encodes");
+        assert_eq!(written, serde_json::to_string(&old).expect("encodes"));
+        assert!(
+            written.starts_with(
+                r#"{"format":1,"node":"n1","instance":"3f2a9c","http":"127.0.0.1:8080","shim":"10.0.0.1:9000","plugins":[{"id":"ebs","#
+            ),
+            "{written}"
+        );
+        // Each side reads the other's.
+        let read_old: OldMemberRecord = serde_json::from_str(&written).expect("old reads new");
+        assert_eq!(read_old, old);
+        let old_written = serde_json::to_vec(&old).expect("encodes");
+        let read_new: AgentRecord = serde_json::from_slice(&old_written).expect("new reads old");
+        assert_eq!(read_new, new);
     }
 }

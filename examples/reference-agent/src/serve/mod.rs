@@ -309,18 +309,18 @@ pub async fn serve_until(
     #[cfg(feature = "etcd")]
     let membership = match &stores.etcd {
         Some((store, settings)) => {
-            let record = cluster::MemberRecord {
-                format: 1,
-                node: me.to_string(),
-                instance: random_file(&data, "instance.id")?,
-                http: http_addr.to_string(),
-                shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
-                plugins: Vec::new(),
-            };
-            let joined =
-                cluster::Membership::join(store, settings.clone(), &record, claims.clone())
-                    .await
-                    .map_err(|e| ServeError::Cluster(e.to_string()))?;
+            let record = cluster::AgentRecord::new(
+                me.to_string(),
+                random_file(&data, "instance.id")?,
+                cluster::MemberInfo {
+                    http: http_addr.to_string(),
+                    shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
+                    plugins: Vec::new(),
+                },
+            );
+            let joined = cluster::Cluster::join(store, settings, &record, claims.clone())
+                .await
+                .map_err(ServeError::Cluster)?;
             Some((Arc::new(joined), record))
         }
         None => None,
@@ -492,8 +492,8 @@ pub async fn serve_until(
     driver.shutdown().await;
     // Hand the controller duty and the membership over now rather than at lease expiry.
     #[cfg(feature = "etcd")]
-    if let Some((membership, _)) = &membership {
-        membership.leave().await;
+    if let Some((cluster, _)) = &membership {
+        cluster.membership.leave().await;
     }
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
