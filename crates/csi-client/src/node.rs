@@ -6,7 +6,7 @@ use csi_proto::v1 as pb;
 use csi_proto::v1::node_client::NodeClient as Raw;
 use csi_structs::{
     CapacityRange, ExternalVolumeId, FieldPath, NodeCapabilities, NodeExpansion, NodeInfo, Problem,
-    PublishContext, Secrets, ValidationErrors, VolumeCapability, VolumeContext,
+    PublishContext, Secrets, ValidationErrors, VolumeCapability, VolumeContext, VolumeStats,
 };
 
 use crate::convert;
@@ -208,6 +208,39 @@ impl NodeClient {
                 &self.options,
                 request,
                 |ch, req| async move { Raw::new(ch).node_expand_volume(req).await },
+                convert::wire,
+            )
+            .await
+    }
+
+    /// `NodeGetVolumeStats` of a volume published at `volume_path` (staged at
+    /// `staging_target_path`, when the plugin stages): its usage in bytes and inodes, and its
+    /// condition from a plugin with node `VOLUME_CONDITION`.
+    ///
+    /// # Errors
+    ///
+    /// As [`node_get_volume_stats`](Self::node_get_volume_stats); a path that is not UTF-8
+    /// is refused before sending, and a negative number in the answer is an invalid response.
+    pub async fn volume_stats(
+        &self,
+        volume: &ExternalVolumeId,
+        volume_path: &Path,
+        staging_target_path: Option<&Path>,
+    ) -> Result<VolumeStats, Error> {
+        let mut errs = ValidationErrors::new();
+        let request = pb::NodeGetVolumeStatsRequest {
+            volume_id: volume.as_str().to_owned(),
+            volume_path: wire_path(volume_path, "volume_path", &mut errs),
+            staging_target_path: staging_target_path
+                .map(|p| wire_path(p, "staging_target_path", &mut errs))
+                .unwrap_or_default(),
+        };
+        self.refuse_bad_paths(&request, errs)?;
+        self.caller
+            .unary(
+                &self.options,
+                request,
+                |ch, req| async move { Raw::new(ch).node_get_volume_stats(req).await },
                 convert::wire,
             )
             .await

@@ -29,6 +29,8 @@
 //!   and the volume manager, `NodeBackend`: what serves the calls routed to this node; and
 //!   `RegistryFeed`, a plugin observer that keeps the shim's registry in step with the
 //!   plugins (given to the node with `NodeBuilder::observer`).
+//! - [`health`]: the health of the volumes published here (usage, and conditions where the
+//!   plugin reports them), with typed events when a volume turns abnormal and recovers.
 //! - [`kubelet`]: kubelet's plugin registration protocol, so CSI drivers deployed for
 //!   Kubernetes (their `node-driver-registrar` sidecar) register with the plugin manager.
 //! - [`secrets`]: a volume's secrets read from an operator's file, refused when other users
@@ -87,6 +89,7 @@ struct ReadmeDoctests;
 
 pub mod attach;
 pub mod detach;
+pub mod health;
 pub mod kubelet;
 pub mod layout;
 pub mod node;

@@ -112,7 +112,9 @@ pub use topology::{Topology, TopologyRequirement};
 #[doc(inline)]
 pub use validation::{FieldPath, Problem, ValidationErrors, Violation};
 #[doc(inline)]
-pub use volume::{ContentSource, Volume, VolumeCondition, VolumeStatus, VolumeWithStatus};
+pub use volume::{
+    ContentSource, Usage, Volume, VolumeCondition, VolumeStats, VolumeStatus, VolumeWithStatus,
+};
 #[doc(inline)]
 pub use volume_secrets::{SecretsUse, VolumeSecrets};
 #[doc(inline)]

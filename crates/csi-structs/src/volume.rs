@@ -57,6 +57,30 @@ pub struct VolumeCondition {
     pub message: String,
 }
 
+/// One kind of usage of a volume on a node (`VolumeUsage`): bytes or inodes.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct Usage {
+    /// Available now.
+    pub available: u64,
+    /// In all.
+    pub total: u64,
+    /// In use.
+    pub used: u64,
+}
+
+/// What `NodeGetVolumeStats` says of a published volume: its usage and its condition.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeStats {
+    /// Bytes, when the plugin reported them.
+    pub bytes: Option<Usage>,
+    /// Inodes, when the plugin reported them.
+    pub inodes: Option<Usage>,
+    /// Its condition; `None` from a plugin without node `VOLUME_CONDITION`.
+    pub condition: Option<VolumeCondition>,
+}
+
 /// What a plugin says about a volume besides the volume itself (`VolumeStatus` of
 /// `ControllerGetVolume`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -27,6 +27,8 @@ pub(crate) struct Inner {
     pub(crate) quirks: Quirks,
     /// Keys (`volume:<id>`, `snapshot:<id>`, …) of mutating calls being served right now.
     pub(crate) in_flight: HashSet<String>,
+    /// Volume conditions set by the test, by the plugin's volume id (not saved with the state).
+    pub(crate) conditions: BTreeMap<String, csi_proto::v1::VolumeCondition>,
 }
 
 /// What every handle of one plugin shares.
@@ -68,6 +70,7 @@ impl Shared {
                 faults: FaultTable::default(),
                 quirks,
                 in_flight: HashSet::new(),
+                conditions: BTreeMap::new(),
             }),
             log_changed: Notify::new(),
             release: Notify::new(),
@@ -220,5 +223,26 @@ impl MockPlugin {
     /// The ids of every snapshot, ordered.
     pub fn snapshot_ids(&self) -> Vec<String> {
         self.shared.lock().state.snapshots.keys().cloned().collect()
+    }
+
+    /// Reports volume `volume_id` (the plugin's id) as `abnormal` with `message` from now on,
+    /// wherever the plugin advertises `VOLUME_CONDITION`: `ControllerGetVolume` and
+    /// `ListVolumes` (controller capability), `NodeGetVolumeStats` (node capability). A volume
+    /// with no condition set is reported normal there; the capabilities are opted into with
+    /// [`MockPluginBuilder::controller_capabilities`](crate::MockPluginBuilder::controller_capabilities)
+    /// and [`node_capabilities`](crate::MockPluginBuilder::node_capabilities).
+    pub fn set_volume_condition(&self, volume_id: &str, abnormal: bool, message: &str) {
+        self.shared.lock().conditions.insert(
+            volume_id.to_owned(),
+            csi_proto::v1::VolumeCondition {
+                abnormal,
+                message: message.to_owned(),
+            },
+        );
+    }
+
+    /// Reports volume `volume_id` normal again.
+    pub fn clear_volume_condition(&self, volume_id: &str) {
+        self.shared.lock().conditions.remove(volume_id);
     }
 }

@@ -9,6 +9,9 @@
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
 //! - `csi_agent_plugins{health}`: known plugins by health.
+//! - `csi_agent_volume_abnormal{volume,source}` (0 or 1), `csi_agent_volume_bytes{volume,kind}`
+//!   and `csi_agent_volume_inodes{volume,kind}`: the health of the volumes published here, as
+//!   csi-node's `HealthMonitor` last polled it (where the plugin reports conditions or usage).
 //! - `csi_agent_store_failing` (0 or 1) and `csi_agent_state_files_failing`: the agent's own
 //!   storage failing (the claim store; state files under the data directory). Never counted
 //!   against a plugin.
@@ -41,6 +44,8 @@ pub struct Gauges {
     pub store_failing: bool,
     /// State files whose last write failed.
     pub failing_files: u64,
+    /// The health of the volumes published here, by volume.
+    pub volumes: BTreeMap<csi_structs::VolumeId, csi_node::health::VolumeHealth>,
 }
 
 impl Default for Metrics {
@@ -91,6 +96,53 @@ impl Metrics {
             "csi_agent_state_files_failing {}",
             gauges.failing_files
         );
+        out.push_str(
+            "# HELP csi_agent_volume_abnormal 1 while the plugin reports the volume abnormal (by who reports it), else 0.\n",
+        );
+        out.push_str("# TYPE csi_agent_volume_abnormal gauge\n");
+        for (volume, h) in &gauges.volumes {
+            for (source, c) in [("controller", &h.controller), ("node", &h.node)] {
+                if let Some(c) = c {
+                    let _ = writeln!(
+                        out,
+                        "csi_agent_volume_abnormal{{volume=\"{}\",source=\"{source}\"}} {}",
+                        escape(volume.as_str()),
+                        u8::from(c.abnormal)
+                    );
+                }
+            }
+        }
+        for (family, what, pick) in [
+            (
+                "csi_agent_volume_bytes",
+                "Bytes of a volume published here, by kind (used, available, total).",
+                (|h: &csi_node::health::VolumeHealth| h.bytes)
+                    as fn(&csi_node::health::VolumeHealth) -> Option<csi_structs::Usage>,
+            ),
+            (
+                "csi_agent_volume_inodes",
+                "Inodes of a volume published here, by kind (used, available, total).",
+                |h| h.inodes,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {family} {what}");
+            let _ = writeln!(out, "# TYPE {family} gauge");
+            for (volume, h) in &gauges.volumes {
+                if let Some(u) = pick(h) {
+                    for (kind, n) in [
+                        ("used", u.used),
+                        ("available", u.available),
+                        ("total", u.total),
+                    ] {
+                        let _ = writeln!(
+                            out,
+                            "{family}{{volume=\"{}\",kind=\"{kind}\"}} {n}",
+                            escape(volume.as_str())
+                        );
+                    }
+                }
+            }
+        }
         out.push_str("# HELP csi_agent_plugins Known plugins by health.\n");
         out.push_str("# TYPE csi_agent_plugins gauge\n");
         for (health, n) in &gauges.plugins {

@@ -7,7 +7,9 @@ use super::{by_ref_and_value, collect, finish, optional_size, size_to_wire};
 use crate::ids::{ExternalVolumeId, PluginNodeId, SnapshotId};
 use crate::maps::{PublishContext, VolumeContext};
 use crate::validation::{FieldPath, Problem, ValidationErrors};
-use crate::volume::{ContentSource, Volume, VolumeCondition, VolumeStatus, VolumeWithStatus};
+use crate::volume::{
+    ContentSource, Usage, Volume, VolumeCondition, VolumeStats, VolumeStatus, VolumeWithStatus,
+};
 
 impl From<&ContentSource> for v1::VolumeContentSource {
     fn from(s: &ContentSource) -> Self {
@@ -183,6 +185,45 @@ impl From<&VolumeCondition> for v1::VolumeCondition {
     }
 }
 
+impl TryFrom<&v1::NodeGetVolumeStatsResponse> for VolumeStats {
+    type Error = super::WireError;
+    /// Negative numbers are refused naming the entry; an entry of unit `UNKNOWN` is left out,
+    /// and of two entries of one unit the first counts.
+    fn try_from(w: &v1::NodeGetVolumeStatsResponse) -> Result<Self, Self::Error> {
+        use v1::volume_usage::Unit;
+        let mut errs = ValidationErrors::new();
+        let mut stats = VolumeStats {
+            condition: w.volume_condition.as_ref().map(VolumeCondition::from),
+            ..VolumeStats::default()
+        };
+        for (i, u) in w.usage.iter().enumerate() {
+            let at = FieldPath::named("usage").index(i);
+            let mut number = |field: &'static str, value: i64| {
+                u64::try_from(value).unwrap_or_else(|_| {
+                    errs.push(at.clone().field(field), Problem::Negative { value });
+                    0
+                })
+            };
+            let usage = Usage {
+                available: number("available", u.available),
+                total: number("total", u.total),
+                used: number("used", u.used),
+            };
+            match Unit::try_from(u.unit) {
+                Ok(Unit::Bytes) => {
+                    stats.bytes.get_or_insert(usage);
+                }
+                Ok(Unit::Inodes) => {
+                    stats.inodes.get_or_insert(usage);
+                }
+                _ => {}
+            }
+        }
+        finish("NodeGetVolumeStatsResponse", errs, Some(stats))
+    }
+}
+by_ref_and_value!(v1::NodeGetVolumeStatsResponse => VolumeStats);
+
 impl From<&v1::VolumeCondition> for VolumeCondition {
     fn from(w: &v1::VolumeCondition) -> Self {
         VolumeCondition {
@@ -268,6 +309,48 @@ impl From<&VolumeWithStatus> for v1::ControllerGetVolumeResponse {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn volume_stats_keep_bytes_inodes_and_the_condition_and_refuse_negatives() {
+        use v1::volume_usage::Unit;
+        let usage = |unit: Unit, used: i64| v1::VolumeUsage {
+            available: 10,
+            total: 10 + used,
+            used,
+            unit: unit as i32,
+        };
+        let w = v1::NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(Unit::Unknown, 99),
+                usage(Unit::Bytes, 5),
+                usage(Unit::Bytes, 7),
+                usage(Unit::Inodes, 1),
+            ],
+            volume_condition: Some(v1::VolumeCondition {
+                abnormal: true,
+                message: "read-only file system".into(),
+            }),
+        };
+        let stats = VolumeStats::try_from(&w).expect("valid");
+        assert_eq!(
+            stats.bytes,
+            Some(Usage {
+                available: 10,
+                total: 15,
+                used: 5
+            }),
+            "the first of a unit counts"
+        );
+        assert_eq!(stats.inodes.map(|u| u.used), Some(1));
+        assert!(stats.condition.is_some_and(|c| c.abnormal));
+        let bad = v1::NodeGetVolumeStatsResponse {
+            usage: vec![usage(Unit::Bytes, -1)],
+            volume_condition: None,
+        };
+        let err = VolumeStats::try_from(&bad).expect_err("negative");
+        assert!(err.to_string().contains("usage[0].used"), "{err}");
+    }
+
     use super::*;
 
     #[test]

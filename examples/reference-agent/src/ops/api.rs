@@ -440,6 +440,10 @@ pub struct VolumeView {
     /// `volume create` of the id resolves it, or `volume deregister` clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub may_exist: Option<MayExistView>,
+    /// What the plugin last said of the volume's health on this agent's node (its conditions
+    /// and usage), when the agent polls any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<VolumeHealthView>,
 }
 
 /// A volume that may exist in a plugin, though the agent cannot name it.
@@ -544,6 +548,57 @@ pub struct StatusView {
     /// yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconcile: Option<ReconcileView>,
+    /// The volumes published here that their plugin reports abnormal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abnormal: Vec<AbnormalView>,
+}
+
+/// A volume's health on this node, as its plugin last reported it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeHealthView {
+    /// The controller's condition (`ControllerGetVolume`, `ListVolumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<ConditionView>,
+    /// The node service's condition (`NodeGetVolumeStats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<ConditionView>,
+    /// Bytes: used, available, in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<UsageView>,
+    /// Inodes: used, available, in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<UsageView>,
+}
+
+/// A volume condition.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConditionView {
+    /// Whether the plugin says the volume is abnormal.
+    pub abnormal: bool,
+    /// The plugin's words.
+    pub message: String,
+}
+
+/// One kind of usage.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UsageView {
+    /// In use.
+    pub used: u64,
+    /// Available.
+    pub available: u64,
+    /// In all.
+    pub total: u64,
+}
+
+/// A volume its plugin reports abnormal.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AbnormalView {
+    /// The volume.
+    pub volume: String,
+    /// Who says so: `controller` or `node`.
+    pub source: String,
+    /// The plugin's words.
+    pub message: String,
 }
 
 /// How the usage records restored at start were confirmed against their plugins (csi-node's

@@ -11,7 +11,7 @@ use csi_structs::untrusted::{escape, escaped};
 
 use super::api::{
     ClaimView, DeregisterView, DetachView, DutyView, ExpandView, ExternalVolumeView, PluginView,
-    ReleaseView, SnapshotView, StatusView, VolumeView,
+    ReleaseView, SnapshotView, StatusView, VolumeHealthView, VolumeView,
 };
 
 /// A left-aligned text table.
@@ -289,6 +289,9 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
             escaped(&v.secret_names.join(", "))
         ));
     }
+    if let Some(h) = &v.health {
+        out.push_str(&health(h));
+    }
     for call in &v.calls_in_flight {
         out.push_str(&format!("in flight: {}\n", escaped(&call.summary)));
     }
@@ -402,6 +405,33 @@ fn held_duty(d: &DutyView) -> String {
     }
 }
 
+/// A volume's health lines: each condition reported, and the usage.
+fn health(h: &VolumeHealthView) -> String {
+    let mut out = String::new();
+    for (source, c) in [("controller", &h.controller), ("node", &h.node)] {
+        if let Some(c) = c {
+            out.push_str(&format!(
+                "health ({source}): {}{}\n",
+                if c.abnormal { "ABNORMAL" } else { "normal" },
+                if c.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", escaped(&c.message))
+                }
+            ));
+        }
+    }
+    for (kind, u) in [("bytes", &h.bytes), ("inodes", &h.inodes)] {
+        if let Some(u) = u {
+            out.push_str(&format!(
+                "usage ({kind}): {} used, {} available, {} in all\n",
+                u.used, u.available, u.total
+            ));
+        }
+    }
+    out
+}
+
 pub(crate) fn status(s: &StatusView) -> String {
     let counts: Vec<String> = s.claims.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut out = format!(
@@ -455,6 +485,14 @@ pub(crate) fn status(s: &StatusView) -> String {
                 p.plugins.to_string(),
                 opt(&p.last_error),
             ]);
+        }
+        out.push_str(&t.render());
+    }
+    if !s.abnormal.is_empty() {
+        out.push_str("\nABNORMAL VOLUMES\n");
+        let mut t = Table::new(&["VOLUME", "SOURCE", "MESSAGE"]);
+        for a in &s.abnormal {
+            t.row(vec![a.volume.clone(), a.source.clone(), a.message.clone()]);
         }
         out.push_str(&t.render());
     }
@@ -640,6 +678,7 @@ mod tests {
             store_failure: None,
             failing_files: Vec::new(),
             reconcile: None,
+            abnormal: Vec::new(),
         };
         assert!(status(&s).contains("RESTORED NODE RECORDS\nbeing confirmed"));
         s.reconcile = Some(ReconcileView::default());
@@ -712,6 +751,7 @@ mod tests {
             }),
             calls_in_flight: Vec::new(),
             may_exist: None,
+            health: None,
         };
         lines_only(&volumes(std::slice::from_ref(&volume)), 2);
         // The detail: one line, the claims table (2), "release:", the release table (2).

@@ -233,6 +233,8 @@ pub struct Agent {
     pub service: VolumeService,
     /// Call metrics.
     pub metrics: Metrics,
+    /// The health of the volumes published here.
+    pub health: Arc<csi_node::health::HealthMonitor>,
     /// Peers, by node, and the cluster.
     pub peers: Arc<AgentPeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
@@ -580,6 +582,7 @@ impl Agent {
                 why: may.why.clone(),
                 error: may.error.clone(),
             }),
+            health: self.health.health().get(&entry.id).map(health_view),
         }
     }
 
@@ -700,6 +703,20 @@ impl Agent {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone(),
+            abnormal: self
+                .health
+                .health()
+                .iter()
+                .flat_map(|(volume, h)| {
+                    h.abnormal()
+                        .into_iter()
+                        .map(|(source, c)| api::AbnormalView {
+                            volume: volume.to_string(),
+                            source: source.as_str().to_owned(),
+                            message: c.message.clone(),
+                        })
+                })
+                .collect(),
         }
     }
 
@@ -735,7 +752,27 @@ impl Agent {
             plugins,
             store_failing: self.claims().store_failure().is_some(),
             failing_files: failing_files().len() as u64,
+            volumes: self.health.health(),
         })
+    }
+}
+
+/// A volume's health for the API.
+fn health_view(h: &csi_node::health::VolumeHealth) -> api::VolumeHealthView {
+    let condition = |c: &csi_structs::VolumeCondition| api::ConditionView {
+        abnormal: c.abnormal,
+        message: c.message.clone(),
+    };
+    let usage = |u: &csi_structs::Usage| api::UsageView {
+        used: u.used,
+        available: u.available,
+        total: u.total,
+    };
+    api::VolumeHealthView {
+        controller: h.controller.as_ref().map(condition),
+        node: h.node.as_ref().map(condition),
+        bytes: h.bytes.as_ref().map(usage),
+        inodes: h.inodes.as_ref().map(usage),
     }
 }
 

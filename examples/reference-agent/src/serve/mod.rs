@@ -352,10 +352,16 @@ pub async fn serve_until(
     if let Some(store) = stores.forgetting {
         service = service.forgetting(store);
     }
+    let service = service.build();
+    let health = Arc::new(csi_node::health::HealthMonitor::new(
+        plugins.manager().clone(),
+        service.volumes().clone(),
+    ));
     let agent = Arc::new(agent::Agent {
+        health: Arc::clone(&health),
         me: me.clone(),
         plugins: plugins.clone(),
-        service: service.build(),
+        service,
         metrics,
         peers,
         cluster: cluster_status,
@@ -365,6 +371,18 @@ pub async fn serve_until(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
+    {
+        // The health of the volumes published here, polled as often as the plugins' health.
+        let mut stop = stop_rx.clone();
+        let interval = config.health_interval;
+        tasks.spawn(async move {
+            health
+                .run(interval, async move {
+                    let _ = stop.changed().await;
+                })
+                .await;
+        });
+    }
     if let Some(dir) = &config.kubelet_registration_dir {
         // CSI drivers deployed for Kubernetes: their node-driver-registrar sidecars announce
         // them in kubelet's registration directory.

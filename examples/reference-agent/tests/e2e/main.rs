@@ -28,3 +28,4 @@ mod snapshots;
 mod support;
 mod topology;
 mod uncertain;
+mod volume_health;

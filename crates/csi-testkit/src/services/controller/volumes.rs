@@ -231,7 +231,8 @@ impl MockPlugin {
         req: ListVolumesRequest,
     ) -> Result<ListVolumesResponse, Status> {
         validate::optional("starting_token", &req.starting_token)?;
-        let with_status = self.has_controller_cap(ControllerCapability::ListVolumesPublishedNodes);
+        let with_nodes = self.has_controller_cap(ControllerCapability::ListVolumesPublishedNodes);
+        let with_condition = self.has_controller_cap(ControllerCapability::VolumeCondition);
         let inner = self.shared.lock();
         let state = &inner.state;
         let (volumes, next_token) = page(
@@ -244,9 +245,16 @@ impl MockPlugin {
             .into_iter()
             .map(|v| list_volumes_response::Entry {
                 volume: Some(v.to_wire()),
-                status: with_status.then(|| list_volumes_response::VolumeStatus {
-                    published_node_ids: state.published_nodes(&v.id),
-                    volume_condition: None,
+                status: (with_nodes || with_condition).then(|| {
+                    list_volumes_response::VolumeStatus {
+                        published_node_ids: if with_nodes {
+                            state.published_nodes(&v.id)
+                        } else {
+                            Vec::new()
+                        },
+                        volume_condition: with_condition
+                            .then(|| inner.conditions.get(&v.id).cloned().unwrap_or_default()),
+                    }
                 }),
             })
             .collect();
@@ -275,7 +283,15 @@ impl MockPlugin {
                 } else {
                     Vec::new()
                 },
-                volume_condition: None,
+                volume_condition: self
+                    .has_controller_cap(ControllerCapability::VolumeCondition)
+                    .then(|| {
+                        inner
+                            .conditions
+                            .get(&req.volume_id)
+                            .cloned()
+                            .unwrap_or_default()
+                    }),
             }),
         })
     }

@@ -197,6 +197,7 @@ fn two_writers_on_a_single_writer_volume_are_seen() {
         release: None,
         calls_in_flight: Vec::new(),
         may_exist: None,
+        health: None,
     };
     let fine = [
         view(

@@ -1,0 +1,372 @@
+//! Volume health on this node ([`HealthMonitor`]): for the volumes published here, how full
+//! they are and whether their plugin says they are abnormal, polled where the plugin
+//! advertises it, with typed events when a condition turns abnormal and when it recovers.
+//!
+//! Where the condition comes from:
+//!
+//! | source | the plugin advertises | the call |
+//! |---|---|---|
+//! | [`Source::Node`] | node `VOLUME_CONDITION` (and `GET_VOLUME_STATS`) | `NodeGetVolumeStats` of a publication here |
+//! | [`Source::Controller`] | controller `VOLUME_CONDITION` with `GET_VOLUME` | `ControllerGetVolume` |
+//! | [`Source::Controller`] | controller `VOLUME_CONDITION` with `LIST_VOLUMES` | `ListVolumes`, once per plugin |
+//!
+//! Usage (bytes and inodes) comes from `NodeGetVolumeStats` of a plugin with node
+//! `GET_VOLUME_STATS`. The controller is asked when it runs on this node (its plugin's
+//! fingerprint here has the controller service); a controller elsewhere reports through its
+//! own node's monitor. A poll that fails is logged and changes nothing: a volume is never
+//! reported recovered because its plugin did not answer.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use csi_client::proto as pb;
+use csi_structs::{
+    ControllerCapability, NodeCapability, PluginId, Usage, VolumeCondition, VolumeId,
+};
+use tokio::sync::broadcast;
+
+use crate::plugins::PluginManager;
+use crate::volumes::VolumeManager;
+
+/// Who reported a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// The plugin's controller (`ControllerGetVolume` or `ListVolumes`).
+    Controller,
+    /// The plugin's node service here (`NodeGetVolumeStats`).
+    Node,
+}
+
+impl Source {
+    /// `controller` or `node`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Controller => "controller",
+            Source::Node => "node",
+        }
+    }
+}
+
+/// What the monitor last learned of one volume published here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeHealth {
+    /// Its plugin.
+    pub plugin: Option<PluginId>,
+    /// The controller's condition, when it reports one.
+    pub controller: Option<VolumeCondition>,
+    /// The node service's condition, when it reports one.
+    pub node: Option<VolumeCondition>,
+    /// Bytes used, available and in all, when the plugin reports them.
+    pub bytes: Option<Usage>,
+    /// Inodes, likewise.
+    pub inodes: Option<Usage>,
+}
+
+impl VolumeHealth {
+    /// The abnormal conditions, by who reported them.
+    pub fn abnormal(&self) -> Vec<(Source, &VolumeCondition)> {
+        [
+            (Source::Controller, self.controller.as_ref()),
+            (Source::Node, self.node.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(s, c)| c.filter(|c| c.abnormal).map(|c| (s, c)))
+        .collect()
+    }
+}
+
+/// A condition that changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HealthEvent {
+    /// A volume is reported abnormal (or its abnormal condition's message changed).
+    Abnormal {
+        /// The volume.
+        volume: VolumeId,
+        /// Its plugin.
+        plugin: PluginId,
+        /// Who says so.
+        source: Source,
+        /// The plugin's words.
+        message: String,
+    },
+    /// A volume reported abnormal is reported normal again.
+    Recovered {
+        /// The volume.
+        volume: VolumeId,
+        /// Its plugin.
+        plugin: PluginId,
+        /// Who says so.
+        source: Source,
+    },
+}
+
+/// Polls the health of the volumes published on this node (module docs: [`self`]).
+#[derive(Debug)]
+pub struct HealthMonitor {
+    plugins: PluginManager,
+    volumes: VolumeManager,
+    health: Mutex<BTreeMap<VolumeId, VolumeHealth>>,
+    events: broadcast::Sender<HealthEvent>,
+}
+
+impl HealthMonitor {
+    /// A monitor of `volumes`' publications, calling the plugins of `plugins`.
+    pub fn new(plugins: PluginManager, volumes: VolumeManager) -> Self {
+        Self {
+            plugins,
+            volumes,
+            health: Mutex::new(BTreeMap::new()),
+            events: broadcast::channel(256).0,
+        }
+    }
+
+    /// Every [`HealthEvent`] from now on (a receiver more than 256 behind misses the oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<HealthEvent> {
+        self.events.subscribe()
+    }
+
+    /// What the last polls found, by volume (the volumes published here at the last poll).
+    pub fn health(&self) -> BTreeMap<VolumeId, VolumeHealth> {
+        self.health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Polls every `interval` until `stop` completes.
+    pub async fn run(&self, interval: Duration, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = ticker.tick() => {}
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = self.poll() => {}
+            }
+        }
+    }
+
+    /// One round over the volumes published here. Returns the events it sent.
+    pub async fn poll(&self) -> Vec<HealthEvent> {
+        let records = self.volumes.records();
+        let mut now: BTreeMap<VolumeId, VolumeHealth> = BTreeMap::new();
+        // One listing per plugin whose controller reports conditions only through it.
+        let mut listed: BTreeMap<PluginId, Option<BTreeMap<String, VolumeCondition>>> =
+            BTreeMap::new();
+        let before = self.health();
+        for record in &records {
+            let Some(target) = record.users.values().next().map(|u| u.target.clone()) else {
+                continue;
+            };
+            let mut health = before.get(&record.volume).cloned().unwrap_or_default();
+            health.plugin = Some(record.plugin.clone());
+            let Some(ready) = self.plugins.get(&record.plugin) else {
+                now.insert(record.volume.clone(), health);
+                continue;
+            };
+            let caps = &ready.fingerprint.capabilities;
+            if caps.node.can_get_volume_stats() {
+                let stats = ready
+                    .client
+                    .node()
+                    .volume_stats(&record.external_id, &target, record.staging.as_deref())
+                    .await;
+                match stats {
+                    Ok(stats) => {
+                        health.bytes = stats.bytes;
+                        health.inodes = stats.inodes;
+                        health.node = stats
+                            .condition
+                            .filter(|_| caps.node.contains(NodeCapability::VolumeCondition));
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %record.volume, plugin = %record.plugin, error = %e, "NodeGetVolumeStats failed; the volume's health is as last seen");
+                    }
+                }
+            }
+            let controller = &caps.controller;
+            if caps.plugin.has_controller_service()
+                && controller.contains(ControllerCapability::VolumeCondition)
+            {
+                if controller.contains(ControllerCapability::GetVolume) {
+                    match ready
+                        .client
+                        .controller()
+                        .get_volume(&record.external_id)
+                        .await
+                    {
+                        Ok(v) => health.controller = v.status.condition,
+                        Err(e) => {
+                            tracing::warn!(volume = %record.volume, plugin = %record.plugin, error = %e, "ControllerGetVolume failed; the volume's health is as last seen");
+                        }
+                    }
+                } else if controller.contains(ControllerCapability::ListVolumes) {
+                    if !listed.contains_key(&record.plugin) {
+                        let conditions = list_conditions(&ready.client).await;
+                        if let Err(e) = &conditions {
+                            tracing::warn!(plugin = %record.plugin, error = %e, "ListVolumes failed; its volumes' health is as last seen");
+                        }
+                        listed.insert(record.plugin.clone(), conditions.ok());
+                    }
+                    if let Some(Some(conditions)) = listed.get(&record.plugin) {
+                        health.controller = conditions.get(record.external_id.as_str()).cloned();
+                    }
+                }
+            }
+            now.insert(record.volume.clone(), health);
+        }
+        let events = changes(&before, &now);
+        for e in &events {
+            match e {
+                HealthEvent::Abnormal {
+                    volume,
+                    plugin,
+                    source,
+                    message,
+                } => {
+                    tracing::warn!(volume = %volume, plugin = %plugin, source = source.as_str(), message = %message, "volume reported abnormal");
+                }
+                HealthEvent::Recovered {
+                    volume,
+                    plugin,
+                    source,
+                } => {
+                    tracing::info!(volume = %volume, plugin = %plugin, source = source.as_str(), "volume reported normal again");
+                }
+            }
+            let _ = self.events.send(e.clone());
+        }
+        *self.health.lock().unwrap_or_else(PoisonError::into_inner) = now;
+        events
+    }
+}
+
+/// The conditions `ListVolumes` reports, by the plugin's volume id.
+async fn list_conditions(
+    client: &csi_client::CsiClient,
+) -> Result<BTreeMap<String, VolumeCondition>, csi_client::Error> {
+    let entries = client
+        .controller()
+        .list_all_volumes(pb::ListVolumesRequest::default())
+        .await?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|e| {
+            let id = e.volume?.volume_id;
+            let condition = e.status?.volume_condition?;
+            Some((id, VolumeCondition::from(&condition)))
+        })
+        .collect())
+}
+
+/// What changed between two polls: a condition turning abnormal (or its message changing),
+/// and one turning normal again. A volume no longer published here is no event.
+fn changes(
+    before: &BTreeMap<VolumeId, VolumeHealth>,
+    now: &BTreeMap<VolumeId, VolumeHealth>,
+) -> Vec<HealthEvent> {
+    let mut out = Vec::new();
+    for (volume, health) in now {
+        let Some(plugin) = &health.plugin else {
+            continue;
+        };
+        let old = before.get(volume);
+        for (source, current, previous) in [
+            (
+                Source::Controller,
+                health.controller.as_ref(),
+                old.and_then(|o| o.controller.as_ref()),
+            ),
+            (
+                Source::Node,
+                health.node.as_ref(),
+                old.and_then(|o| o.node.as_ref()),
+            ),
+        ] {
+            let was = previous.filter(|c| c.abnormal);
+            match (was, current) {
+                (_, Some(c)) if c.abnormal && was != Some(c) => out.push(HealthEvent::Abnormal {
+                    volume: volume.clone(),
+                    plugin: plugin.clone(),
+                    source,
+                    message: c.message.clone(),
+                }),
+                (Some(_), Some(c)) if !c.abnormal => out.push(HealthEvent::Recovered {
+                    volume: volume.clone(),
+                    plugin: plugin.clone(),
+                    source,
+                }),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vid(s: &str) -> VolumeId {
+        VolumeId::new(s).expect("id")
+    }
+
+    fn with(node: Option<(bool, &str)>) -> VolumeHealth {
+        VolumeHealth {
+            plugin: Some(PluginId::new("p").expect("id")),
+            node: node.map(|(abnormal, m)| VolumeCondition {
+                abnormal,
+                message: m.to_owned(),
+            }),
+            ..VolumeHealth::default()
+        }
+    }
+
+    #[test]
+    fn abnormal_and_recovered_are_told_once_each_and_a_new_message_again() {
+        let at = |h: VolumeHealth| BTreeMap::from([(vid("v"), h)]);
+        let none = BTreeMap::new();
+        assert!(changes(&none, &at(with(Some((false, ""))))).is_empty());
+        let bad = changes(&none, &at(with(Some((true, "disk gone")))));
+        assert!(
+            matches!(&bad[..], [HealthEvent::Abnormal { source: Source::Node, message, .. }] if message == "disk gone"),
+            "{bad:?}"
+        );
+        assert!(
+            changes(
+                &at(with(Some((true, "disk gone")))),
+                &at(with(Some((true, "disk gone"))))
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            changes(
+                &at(with(Some((true, "disk gone")))),
+                &at(with(Some((true, "read-only"))))
+            )
+            .len(),
+            1,
+            "a new message is told"
+        );
+        let back = changes(&at(with(Some((true, "x")))), &at(with(Some((false, "")))));
+        assert!(
+            matches!(
+                &back[..],
+                [HealthEvent::Recovered {
+                    source: Source::Node,
+                    ..
+                }]
+            ),
+            "{back:?}"
+        );
+        // No answer is not recovery; a volume gone from here is no event.
+        assert!(changes(&at(with(Some((true, "x")))), &at(with(None))).is_empty());
+        assert!(changes(&at(with(Some((true, "x")))), &none).is_empty());
+    }
+}
