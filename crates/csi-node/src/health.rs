@@ -137,19 +137,7 @@ impl HealthMonitor {
 
     /// Polls every `interval` until `stop` completes.
     pub async fn run(&self, interval: Duration, stop: impl Future<Output = ()>) {
-        let mut stop = std::pin::pin!(stop);
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = ticker.tick() => {}
-            }
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = self.poll() => {}
-            }
-        }
+        crate::every(interval, stop, || self.poll()).await;
     }
 
     /// One round over the volumes published here. Returns the events it sent.

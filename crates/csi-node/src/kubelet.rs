@@ -140,19 +140,7 @@ impl RegistrationWatcher {
 
     /// Scans the directory every `interval` until `stop` completes.
     pub async fn run(&self, interval: Duration, stop: impl Future<Output = ()>) {
-        let mut stop = std::pin::pin!(stop);
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = ticker.tick() => {}
-            }
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = self.scan() => {}
-            }
-        }
+        crate::every(interval, stop, || self.scan()).await;
     }
 
     /// One scan: registers the drivers of new sockets, deregisters those whose socket went.

@@ -101,3 +101,25 @@ pub mod state;
 pub mod volumes;
 
 pub use node::{Node, NodeBuilder, NodeError};
+
+/// Runs `round` every `interval` (the first at once; a late round delays the next) until
+/// `stop` completes, dropping a round under way then.
+pub(crate) async fn every<F: Future>(
+    interval: std::time::Duration,
+    stop: impl Future<Output = ()>,
+    mut round: impl FnMut() -> F,
+) {
+    let mut stop = std::pin::pin!(stop);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = ticker.tick() => {}
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = round() => {}
+        }
+    }
+}
