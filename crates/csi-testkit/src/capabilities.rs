@@ -20,9 +20,12 @@ pub use csi_proto::v1::plugin_capability::service::Type as PluginService;
 /// A plugin-level volume expansion mode (`PluginCapability.VolumeExpansion.Type`).
 pub use csi_proto::v1::plugin_capability::volume_expansion::Type as VolumeExpansion;
 
-/// Every controller capability the mock advertises by default. `VOLUME_CONDITION` (reserved in
-/// v1.13) is not among them; a test opts into it with `controller_capabilities`, and the mock
-/// then reports the conditions set with `MockPlugin::set_volume_condition`.
+/// Every controller capability the mock advertises by default. The mock also implements
+/// `VOLUME_CONDITION` (v1.12, reserved in v1.13), which is not among them so that the default
+/// mock's capabilities do not change; a test opts into it with
+/// [`controller_capabilities`](crate::MockPluginBuilder::controller_capabilities), and the mock
+/// then reports the conditions set with
+/// [`MockPlugin::set_volume_condition`](crate::MockPlugin::set_volume_condition).
 pub const CONTROLLER_IMPLEMENTED: &[ControllerCapability] = &[
     ControllerCapability::CreateDeleteVolume,
     ControllerCapability::PublishUnpublishVolume,
@@ -42,8 +45,9 @@ pub const CONTROLLER_IMPLEMENTED: &[ControllerCapability] = &[
     ControllerCapability::ListVolumeHealth,
 ];
 
-/// Every node capability the mock advertises by default. `VOLUME_CONDITION` is not among them;
-/// opted into with `node_capabilities`, as the controller's.
+/// Every node capability the mock advertises by default. `VOLUME_CONDITION`, also implemented,
+/// is not among them; a test opts into it with
+/// [`node_capabilities`](crate::MockPluginBuilder::node_capabilities), as the controller's.
 pub const NODE_IMPLEMENTED: &[NodeCapability] = &[
     NodeCapability::StageUnstageVolume,
     NodeCapability::GetVolumeStats,

@@ -177,7 +177,9 @@ pub struct SeedVolume {
 }
 
 /// Builds a [`MockPlugin`]. Every setting has a default: a plugin named `mock.csi.example`,
-/// node `node-1`, controller and node roles, every capability the mock implements.
+/// node `node-1`, controller and node roles, every capability the mock implements except the
+/// v1.12 `VOLUME_CONDITION` ones, which a test opts into (see
+/// [`controller_capabilities`](Self::controller_capabilities)).
 #[derive(Clone, Debug)]
 pub struct MockPluginBuilder {
     config: Config,
@@ -307,7 +309,25 @@ impl MockPluginBuilder {
         self
     }
 
-    /// The controller capabilities (replacing the defaults).
+    /// The controller capabilities (replacing the defaults,
+    /// [`CONTROLLER_IMPLEMENTED`]).
+    ///
+    /// Any capability may be listed, including the v1.12 `VOLUME_CONDITION` the defaults leave
+    /// out: with it, `ControllerGetVolume` and `ListVolumes` report each volume's condition
+    /// (see [`MockPlugin::set_volume_condition`]). To add it to the defaults:
+    ///
+    /// ```
+    /// use csi_testkit::capabilities::CONTROLLER_IMPLEMENTED;
+    /// use csi_testkit::{ControllerCapability, MockPlugin};
+    ///
+    /// let plugin = MockPlugin::builder()
+    ///     .controller_capabilities(
+    ///         CONTROLLER_IMPLEMENTED.iter().copied().chain([ControllerCapability::VolumeCondition]),
+    ///     )
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(plugin.config().controller_caps.contains(&ControllerCapability::VolumeCondition));
+    /// ```
     pub fn controller_capabilities(
         mut self,
         caps: impl IntoIterator<Item = ControllerCapability>,
@@ -316,7 +336,13 @@ impl MockPluginBuilder {
         self
     }
 
-    /// The node capabilities (replacing the defaults).
+    /// The node capabilities (replacing the defaults,
+    /// [`NODE_IMPLEMENTED`]).
+    ///
+    /// Any capability may be listed, including the v1.12 `VOLUME_CONDITION` the defaults leave
+    /// out: with it, `NodeGetVolumeStats` reports the volume's condition (see
+    /// [`MockPlugin::set_volume_condition`]), as in
+    /// [`controller_capabilities`](Self::controller_capabilities).
     pub fn node_capabilities(mut self, caps: impl IntoIterator<Item = NodeCapability>) -> Self {
         self.config.node_caps = caps.into_iter().collect();
         self

@@ -11,6 +11,9 @@
 //! | `hang RPC[:after=N][:times=M][:volume=ID]` | adds a hang |
 //! | `clear` | removes every fault not yet consumed |
 //! | `release` | ends hung and delayed calls with UNAVAILABLE |
+//! | `condition VOLUME_ID abnormal MESSAGE` | reports the volume abnormal with `MESSAGE` (the rest of the line) where `VOLUME_CONDITION` is advertised ([`MockPlugin::set_volume_condition`]) |
+//! | `condition VOLUME_ID normal [MESSAGE]` | reports it normal, with `MESSAGE` if given |
+//! | `condition VOLUME_ID clear` | forgets the volume's condition: normal, no message ([`MockPlugin::clear_volume_condition`]) |
 //! | `calls` | one line per recorded call: `call SEQ RPC OUTCOME [volume=ID]` |
 //! | `drain` | as `calls`, and forgets the records it printed, in the same step |
 //! | `log` | `log limit=N kept=K evicted=E received=R`: the log's limit (`none` for no limit), the records it holds, those it dropped because it was full, and every call received |
@@ -176,6 +179,10 @@ pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
             plugin.faults().release_hung();
             "ok\n".into()
         }
+        "condition" => match condition(plugin, argument) {
+            Ok(()) => "ok\n".into(),
+            Err(err) => format!("error: {err}\n"),
+        },
         "calls" => call_lines(&plugin.calls().snapshot()),
         "drain" => call_lines(&plugin.calls().drain()),
         "log" => {
@@ -194,7 +201,47 @@ pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
 }
 
 /// The commands, for the error that names an unknown one.
-const KNOWN: &str = "fault, delay, hang, clear, release, calls, drain, log";
+const KNOWN: &str = "fault, delay, hang, clear, release, condition, calls, drain, log";
+
+/// The forms of `condition`, for the error that refuses another.
+const CONDITION_FORMS: &str = "condition VOLUME_ID abnormal MESSAGE, \
+     condition VOLUME_ID normal [MESSAGE] or condition VOLUME_ID clear";
+
+/// `VOLUME_ID abnormal MESSAGE`, `VOLUME_ID normal [MESSAGE]` or `VOLUME_ID clear`.
+fn condition(plugin: &MockPlugin, argument: &str) -> Result<(), String> {
+    let (volume_id, rest) = argument.split_once(' ').unwrap_or((argument, ""));
+    let (state, message) = rest.trim().split_once(' ').unwrap_or((rest.trim(), ""));
+    let message = message.trim();
+    if volume_id.is_empty() {
+        return Err(format!("condition needs a volume id: {CONDITION_FORMS}"));
+    }
+    match state {
+        "abnormal" if message.is_empty() => Err(format!(
+            "an abnormal condition needs a message: {CONDITION_FORMS}"
+        )),
+        "abnormal" => {
+            plugin.set_volume_condition(volume_id, true, message);
+            Ok(())
+        }
+        "normal" => {
+            plugin.set_volume_condition(volume_id, false, message);
+            Ok(())
+        }
+        "clear" if message.is_empty() => {
+            plugin.clear_volume_condition(volume_id);
+            Ok(())
+        }
+        "clear" => Err(format!(
+            "condition {volume_id} clear takes no message: {CONDITION_FORMS}"
+        )),
+        "" => Err(format!(
+            "condition {volume_id} needs abnormal, normal or clear: {CONDITION_FORMS}"
+        )),
+        other => Err(format!(
+            "unknown condition {other:?} (abnormal, normal or clear): {CONDITION_FORMS}"
+        )),
+    }
+}
 
 /// One `call SEQ RPC OUTCOME [volume=ID]` line per record, then `ok`.
 fn call_lines(calls: &CallList) -> String {
@@ -256,6 +303,51 @@ mod tests {
         assert_eq!(
             execute(&plugin, "log"),
             "log limit=none kept=0 evicted=0 received=0\nok\n"
+        );
+    }
+
+    #[test]
+    fn condition_sets_replaces_and_clears_a_volume_condition() {
+        use csi_proto::v1::VolumeCondition;
+        let plugin = MockPlugin::builder().build().unwrap();
+        let reported = |id: &str| plugin.shared.lock().volume_condition(true, id);
+        let normal = Some(VolumeCondition::default());
+        assert_eq!(reported("vol-1"), normal);
+        assert_eq!(
+            execute(&plugin, "condition vol-1 abnormal disk  detached"),
+            "ok\n"
+        );
+        let detached = VolumeCondition {
+            abnormal: true,
+            message: "disk  detached".into(),
+        };
+        assert_eq!(reported("vol-1"), Some(detached));
+        assert_eq!(reported("vol-2"), normal, "only the named volume");
+        assert_eq!(execute(&plugin, "condition vol-1 normal resynced"), "ok\n");
+        let resynced = VolumeCondition {
+            abnormal: false,
+            message: "resynced".into(),
+        };
+        assert_eq!(reported("vol-1"), Some(resynced));
+        assert_eq!(execute(&plugin, "condition vol-1 clear"), "ok\n");
+        assert_eq!(reported("vol-1"), normal);
+        for (line, names) in [
+            ("condition", "volume id"),
+            ("condition vol-1", "abnormal, normal or clear"),
+            ("condition vol-1 abnormal", "needs a message"),
+            ("condition vol-1 broken badly", "\"broken\""),
+            ("condition vol-1 clear now", "no message"),
+        ] {
+            let err = execute(&plugin, line);
+            assert!(
+                err.starts_with("error: ") && err.contains(names),
+                "{line}: {err}"
+            );
+        }
+        assert_eq!(
+            reported("vol-1"),
+            normal,
+            "a refused command changes nothing"
         );
     }
 

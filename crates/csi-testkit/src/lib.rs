@@ -7,7 +7,9 @@
 //! its capabilities do not cover, size limits), creates and removes real directories for node
 //! staging and publishing (without mounting anything), and can be told to misbehave: per-rpc
 //! fault scripts (a status, a delay, a hang, a dropped connection) and quirks real plugins have.
-//! Every call is recorded so a test can assert exactly what the orchestrator did.
+//! Every call is recorded so a test can assert exactly what the orchestrator did. With the
+//! v1.12 `VOLUME_CONDITION` capabilities opted into, it reports the per-volume conditions a
+//! test sets with [`MockPlugin::set_volume_condition`].
 //!
 //! It is a test double, not a CSI plugin framework, and it depends only on `csi-proto` and
 //! `csi-structs`. The `csi-mock-plugin` binary serves the same mock to clients in any language.

@@ -31,6 +31,21 @@ pub(crate) struct Inner {
     pub(crate) conditions: BTreeMap<String, csi_proto::v1::VolumeCondition>,
 }
 
+impl Inner {
+    /// What the plugin reports as `volume_condition` of `volume_id`: nothing when
+    /// `advertised` (the controller's or the node's `VOLUME_CONDITION`) is false or
+    /// [`Quirk::NoVolumeCondition`] is on, else the condition set for it, normal (`abnormal:
+    /// false`, empty message) when none is.
+    pub(crate) fn volume_condition(
+        &self,
+        advertised: bool,
+        volume_id: &str,
+    ) -> Option<csi_proto::v1::VolumeCondition> {
+        (advertised && !self.quirks.no_volume_condition)
+            .then(|| self.conditions.get(volume_id).cloned().unwrap_or_default())
+    }
+}
+
 /// What every handle of one plugin shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -225,12 +240,59 @@ impl MockPlugin {
         self.shared.lock().state.snapshots.keys().cloned().collect()
     }
 
-    /// Reports volume `volume_id` (the plugin's id) as `abnormal` with `message` from now on,
-    /// wherever the plugin advertises `VOLUME_CONDITION`: `ControllerGetVolume` and
-    /// `ListVolumes` (controller capability), `NodeGetVolumeStats` (node capability). A volume
-    /// with no condition set is reported normal there; the capabilities are opted into with
+    /// Sets the condition of volume `volume_id` (the plugin's own id, as `CreateVolume`
+    /// returned it): from the next call on, the plugin reports `abnormal` and `message` as the
+    /// volume's `VolumeCondition` wherever it advertises `VOLUME_CONDITION` (a v1.12 capability
+    /// the default mock does not advertise; opt in with
     /// [`MockPluginBuilder::controller_capabilities`](crate::MockPluginBuilder::controller_capabilities)
-    /// and [`node_capabilities`](crate::MockPluginBuilder::node_capabilities).
+    /// and [`node_capabilities`](crate::MockPluginBuilder::node_capabilities)):
+    ///
+    /// - controller `VOLUME_CONDITION`: `ControllerGetVolume`'s `status.volume_condition`
+    ///   and, in `ListVolumes`, each entry's `status.volume_condition`;
+    /// - node `VOLUME_CONDITION`: `NodeGetVolumeStats`' `volume_condition`.
+    ///
+    /// A volume with no condition set is reported normal there (`abnormal: false`, empty
+    /// message); without the capability (or with [`Quirk::NoVolumeCondition`]) nothing is
+    /// reported, whatever is set. Works while the plugin is serving, for any id (also one the
+    /// plugin does not know yet, e.g. on a node-only mock); setting it again replaces it.
+    /// Conditions are not saved in the [state file](crate::MockPluginBuilder::state_file). The
+    /// control socket's `condition` command does the same from outside the process.
+    ///
+    /// ```
+    /// use csi_proto::v1::controller_client::ControllerClient;
+    /// use csi_proto::v1::{ControllerGetVolumeRequest, VolumeCondition};
+    /// use csi_testkit::capabilities::CONTROLLER_IMPLEMENTED;
+    /// use csi_testkit::{ControllerCapability, MockPlugin};
+    /// use tonic::transport::Channel;
+    ///
+    /// async fn condition(channel: &Channel) -> Result<Option<VolumeCondition>, tonic::Status> {
+    ///     let request = ControllerGetVolumeRequest { volume_id: "vol-a".into() };
+    ///     let answer = ControllerClient::new(channel.clone()).controller_get_volume(request).await?;
+    ///     Ok(answer.into_inner().status.and_then(|status| status.volume_condition))
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let plugin = MockPlugin::builder()
+    ///     .controller_capabilities(
+    ///         CONTROLLER_IMPLEMENTED.iter().copied().chain([ControllerCapability::VolumeCondition]),
+    ///     )
+    ///     .volume("vol-a", 1 << 30)
+    ///     .build()?;
+    /// let (server, channel) = plugin.serve_in_memory().await?;
+    /// let normal = VolumeCondition { abnormal: false, message: String::new() };
+    /// assert_eq!(condition(&channel).await?, Some(normal.clone()));
+    ///
+    /// plugin.set_volume_condition("vol-a", true, "disk detached");
+    /// let detached = VolumeCondition { abnormal: true, message: "disk detached".into() };
+    /// assert_eq!(condition(&channel).await?, Some(detached));
+    ///
+    /// plugin.clear_volume_condition("vol-a");
+    /// assert_eq!(condition(&channel).await?, Some(normal));
+    /// server.shutdown().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_volume_condition(&self, volume_id: &str, abnormal: bool, message: &str) {
         self.shared.lock().conditions.insert(
             volume_id.to_owned(),
@@ -241,7 +303,10 @@ impl MockPlugin {
         );
     }
 
-    /// Reports volume `volume_id` normal again.
+    /// Forgets the condition set for volume `volume_id` with
+    /// [`set_volume_condition`](Self::set_volume_condition): from the next call on, the plugin
+    /// reports the volume normal (`abnormal: false`, empty message) where it advertises
+    /// `VOLUME_CONDITION`. Clearing a volume with no condition set does nothing.
     pub fn clear_volume_condition(&self, volume_id: &str) {
         self.shared.lock().conditions.remove(volume_id);
     }

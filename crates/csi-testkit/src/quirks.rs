@@ -39,6 +39,11 @@ pub enum Quirk {
     /// somewhere the node is not: the node's topology keys, each with the value `elsewhere`
     /// (a mock without a topology answers as usual).
     VolumesElsewhere,
+    /// `ControllerGetVolume`, `ListVolumes` and `NodeGetVolumeStats` leave `volume_condition`
+    /// unset although the plugin advertises `VOLUME_CONDITION` (the conditions set with
+    /// [`MockPlugin::set_volume_condition`](crate::MockPlugin::set_volume_condition) are kept,
+    /// and reported again once the quirk is cleared).
+    NoVolumeCondition,
 }
 
 /// What `Probe` answers.
@@ -63,6 +68,7 @@ pub(crate) struct Quirks {
     pub(crate) argument_checks_first: bool,
     pub(crate) any_mutable_parameter_key: bool,
     pub(crate) volumes_elsewhere: bool,
+    pub(crate) no_volume_condition: bool,
 }
 
 impl Quirks {
@@ -79,6 +85,7 @@ impl Quirks {
             Quirk::ArgumentChecksFirst => self.argument_checks_first = true,
             Quirk::AnyMutableParameterKey => self.any_mutable_parameter_key = true,
             Quirk::VolumesElsewhere => self.volumes_elsewhere = true,
+            Quirk::NoVolumeCondition => self.no_volume_condition = true,
         }
     }
 }

@@ -747,3 +747,163 @@ async fn the_binary_exits_two_for_bad_flags_and_endpoints() {
         );
     }
 }
+
+/// The mock's default capabilities plus the v1.12 `VOLUME_CONDITION` on both sides.
+fn with_volume_condition() -> MockPluginBuilder {
+    use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
+    MockPlugin::builder()
+        .controller_capabilities(
+            CONTROLLER_IMPLEMENTED
+                .iter()
+                .copied()
+                .chain([ControllerCapability::VolumeCondition]),
+        )
+        .node_capabilities(
+            NODE_IMPLEMENTED
+                .iter()
+                .copied()
+                .chain([NodeCapability::VolumeCondition]),
+        )
+}
+
+const CONDITION_CHECKS: [Check; 2] = [Check::ControllerVolumeCondition, Check::NodeVolumeCondition];
+
+/// Runs only the two volume condition checks.
+async fn condition_checks(served: &Served) -> Report {
+    let suite = Suite::connect(served.options())
+        .await
+        .expect("the suite can connect to the mock")
+        .only(|check| CONDITION_CHECKS.contains(&check));
+    tokio::time::timeout(HANG_GUARD, suite.run())
+        .await
+        .expect("the suite finishes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_with_volume_condition_passes_every_check() {
+    let served = Served::start(with_volume_condition()).await;
+    // Conditions the test set stay in the answers: an abnormal volume is still conformant.
+    served
+        .plugin
+        .set_volume_condition("vol-1", true, "disk detached");
+    let report = served.run(served.options()).await;
+    assert_no_failures_and_stated_skips(&report);
+    for check in CONDITION_CHECKS {
+        assert_eq!(outcome(&report, check), Outcome::Pass, "{check}:\n{report}");
+    }
+    let calls = served.server.calls();
+    for rpc in [
+        Rpc::ControllerGetVolume,
+        Rpc::ListVolumes,
+        Rpc::NodeGetVolumeStats,
+    ] {
+        assert!(calls.count(rpc) > 0, "{} was called", rpc.name());
+    }
+    assert!(served.plugin.volumes().is_empty(), "volumes left");
+    assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_condition_checks_are_skipped_where_it_is_not_advertised() {
+    // The default mock: neither side advertises VOLUME_CONDITION.
+    let served = Served::start(MockPlugin::builder()).await;
+    let report = condition_checks(&served).await;
+    for (check, side) in [
+        (Check::ControllerVolumeCondition, "controller"),
+        (Check::NodeVolumeCondition, "node"),
+    ] {
+        match outcome(&report, check) {
+            Outcome::Skip { reason } => assert!(
+                reason.contains(&format!(
+                    "{side} capability VOLUME_CONDITION not advertised"
+                )),
+                "{check}: {reason}"
+            ),
+            other => panic!("{check} should be skipped, got {other:?}\n{report}"),
+        }
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+
+    // Controller VOLUME_CONDITION with neither GET_VOLUME nor LIST_VOLUMES: nothing reports it.
+    let served = Served::start(MockPlugin::builder().controller_capabilities([
+        ControllerCapability::CreateDeleteVolume,
+        ControllerCapability::VolumeCondition,
+    ]))
+    .await;
+    let report = condition_checks(&served).await;
+    match outcome(&report, Check::ControllerVolumeCondition) {
+        Outcome::Skip { reason } => assert!(
+            reason.contains("GET_VOLUME and LIST_VOLUMES not advertised"),
+            "{reason}"
+        ),
+        other => panic!("expected a skip, got {other:?}\n{report}"),
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+/// Only one of the two rpcs, and only one side: each check looks at what is advertised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_check_covers_list_volumes_alone() {
+    let list_only = || {
+        MockPlugin::builder().controller_capabilities([
+            ControllerCapability::CreateDeleteVolume,
+            ControllerCapability::ListVolumes,
+            ControllerCapability::VolumeCondition,
+        ])
+    };
+    let served = Served::start(list_only()).await;
+    let report = condition_checks(&served).await;
+    assert_eq!(
+        outcome(&report, Check::ControllerVolumeCondition),
+        Outcome::Pass,
+        "{report}"
+    );
+    assert!(
+        outcome(&report, Check::NodeVolumeCondition).is_skip(),
+        "{report}"
+    );
+    assert_eq!(served.server.calls().count(Rpc::ControllerGetVolume), 0);
+    served.server.shutdown().await.expect("the mock shuts down");
+
+    let served = Served::start(list_only().quirk(Quirk::NoVolumeCondition)).await;
+    let report = condition_checks(&served).await;
+    match outcome(&report, Check::ControllerVolumeCondition) {
+        Outcome::Fail { reason } => assert!(
+            reason.contains("ListVolumes listed 1 of 1 entries without status.volume_condition")
+                && !reason.contains("ControllerGetVolume"),
+            "{reason}"
+        ),
+        other => panic!("expected a failure, got {other:?}\n{report}"),
+    }
+    served.server.shutdown().await.expect("the mock shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_omits_the_advertised_condition_fails_the_condition_checks() {
+    let served = Served::start(with_volume_condition().quirk(Quirk::NoVolumeCondition)).await;
+    let report = served.run(served.options()).await;
+    match outcome(&report, Check::ControllerVolumeCondition) {
+        Outcome::Fail { reason } => assert!(
+            reason.contains("ControllerGetVolume of volume")
+                && reason.contains("without status.volume_condition")
+                && reason.contains("ListVolumes listed"),
+            "both rpcs are named: {reason}"
+        ),
+        other => panic!("ControllerVolumeCondition should fail, got {other:?}\n{report}"),
+    }
+    match outcome(&report, Check::NodeVolumeCondition) {
+        Outcome::Fail { reason } => assert!(
+            reason.contains("NodeGetVolumeStats of volume") && reason.contains("volume_condition"),
+            "{reason}"
+        ),
+        other => panic!("NodeVolumeCondition should fail, got {other:?}\n{report}"),
+    }
+    // Only the checks the quirk touches fail, and the node check undid its publication.
+    let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
+    assert_eq!(failed, CONDITION_CHECKS, "{report}");
+    assert!(report.cleanup_problems.is_empty(), "{report}");
+    assert!(served.plugin.volumes().is_empty(), "volumes left");
+    assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
+    served.server.shutdown().await.expect("the mock shuts down");
+}

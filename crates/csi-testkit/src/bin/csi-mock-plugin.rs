@@ -105,6 +105,9 @@ enum QuirkArg {
     AnyMutableParameterKey,
     /// CreateVolume answers volumes reachable from where the node is not.
     VolumesElsewhere,
+    /// ControllerGetVolume, ListVolumes and NodeGetVolumeStats leave volume_condition unset
+    /// although VOLUME_CONDITION is advertised.
+    NoVolumeCondition,
 }
 
 impl QuirkArg {
@@ -120,6 +123,7 @@ impl QuirkArg {
             QuirkArg::ArgumentChecksFirst => Quirk::ArgumentChecksFirst,
             QuirkArg::AnyMutableParameterKey => Quirk::AnyMutableParameterKey,
             QuirkArg::VolumesElsewhere => Quirk::VolumesElsewhere,
+            QuirkArg::NoVolumeCondition => Quirk::NoVolumeCondition,
         }
     }
 }
@@ -174,10 +178,12 @@ struct Args {
     #[arg(long, value_enum, default_value = "online")]
     expansion: ExpansionArg,
     /// Controller capabilities, comma-separated wire names (CREATE_DELETE_VOLUME,...), or
-    /// `none` (default: every one the mock implements).
+    /// `none` (default: every one the mock implements, except the v1.12 VOLUME_CONDITION,
+    /// which is served only when listed here).
     #[arg(long, value_parser = parse_list::<ControllerCapability>)]
     controller_caps: Option<List<ControllerCapability>>,
-    /// Node capabilities, comma-separated wire names, or `none` (default: all implemented).
+    /// Node capabilities, comma-separated wire names, or `none` (default: all implemented,
+    /// except VOLUME_CONDITION, served only when listed here).
     #[arg(long, value_parser = parse_list::<NodeCapability>)]
     node_caps: Option<List<NodeCapability>>,
     /// Behave like a plugin with this quirk (repeatable).
@@ -211,8 +217,8 @@ struct Args {
     #[arg(long = "hang", value_name = "SPEC", value_parser = FaultSpec::parse_hang)]
     hangs: Vec<FaultSpec>,
     /// Serve a control socket, unix:///absolute/path.sock: one command per line (fault,
-    /// delay, hang, clear, release, calls, drain, log) to change faults and read the call
-    /// log at run time.
+    /// delay, hang, clear, release, condition, calls, drain, log) to change faults and
+    /// volume conditions and read the call log at run time.
     #[arg(long, value_name = "ENDPOINT")]
     control: Option<String>,
     /// Keep at most N call records, dropping the oldest first, so memory stays flat however

@@ -53,6 +53,15 @@ pub enum Check {
     /// cannot support with INVALID_ARGUMENT (and change nothing), and accept the keys given
     /// with [`Options::mutable_parameter`](super::Options::mutable_parameter).
     MutableParameterKeys,
+    /// With controller `VOLUME_CONDITION` (CSI v1.3 to v1.12): ControllerGetVolume (with
+    /// `GET_VOLUME`) answers `status.volume_condition`, and every ListVolumes entry (with
+    /// `LIST_VOLUMES`) carries `status.volume_condition`. Skipped when the capability is not
+    /// advertised, or neither RPC is.
+    ControllerVolumeCondition,
+    /// With node `VOLUME_CONDITION` (CSI v1.3 to v1.12): NodeGetVolumeStats of a volume
+    /// published on the node answers `volume_condition`. Skipped when the capability is not
+    /// advertised.
+    NodeVolumeCondition,
 }
 
 /// RPCs with a [`Check::RequiredFields`] check, in run order.
@@ -136,6 +145,8 @@ impl Check {
             Check::SecretsPassedThrough,
             Check::SizeLimits,
             Check::MutableParameterKeys,
+            Check::ControllerVolumeCondition,
+            Check::NodeVolumeCondition,
         ]);
         all
     }
@@ -160,6 +171,8 @@ impl Check {
             Check::SecretsPassedThrough => "secrets/passed-through".into(),
             Check::SizeLimits => "limits/string-sizes".into(),
             Check::MutableParameterKeys => "controller/mutable-parameter-keys".into(),
+            Check::ControllerVolumeCondition => "controller/volume-condition".into(),
+            Check::NodeVolumeCondition => "node/volume-condition".into(),
         }
     }
 
@@ -209,6 +222,15 @@ impl Check {
             }
             Check::MutableParameterKeys => {
                 "an unsupported mutable_parameters key is refused, the configured ones accepted"
+                    .into()
+            }
+            Check::ControllerVolumeCondition => {
+                "with controller VOLUME_CONDITION, ControllerGetVolume and ListVolumes report \
+                 each volume's condition"
+                    .into()
+            }
+            Check::NodeVolumeCondition => {
+                "with node VOLUME_CONDITION, NodeGetVolumeStats reports the volume's condition"
                     .into()
             }
         }

@@ -519,3 +519,67 @@ async fn the_call_log_is_bounded_by_default_and_by_the_flag() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[tokio::test]
+async fn volume_conditions_from_the_control_socket_and_the_quirk_flag() {
+    use csi_proto::v1::ControllerGetVolumeRequest;
+    use csi_proto::v1::controller_client::ControllerClient;
+    async fn reported(running: &Running, volume_id: &str) -> Option<(bool, String)> {
+        ControllerClient::new(running.channel().await)
+            .controller_get_volume(ControllerGetVolumeRequest {
+                volume_id: volume_id.into(),
+            })
+            .await
+            .expect("ControllerGetVolume")
+            .into_inner()
+            .status
+            .and_then(|s| s.volume_condition)
+            .map(|c| (c.abnormal, c.message))
+    }
+    let caps = "CREATE_DELETE_VOLUME,GET_VOLUME,VOLUME_CONDITION";
+    let dir = tempfile::tempdir().unwrap();
+    let control_socket = dir.path().join("control.sock");
+    let control_arg = format!("unix://{}", control_socket.display());
+    let running = Running::start(
+        dir.path(),
+        &["--controller-caps", caps, "--control", &control_arg],
+    )
+    .await;
+    let volume = create_volume(&running, "data").await;
+    assert_eq!(
+        reported(&running, &volume).await,
+        Some((false, String::new()))
+    );
+    let set = format!("condition {volume} abnormal disk detached");
+    assert_eq!(control(&control_socket, &set).await, ["ok"]);
+    assert_eq!(
+        reported(&running, &volume).await,
+        Some((true, "disk detached".into()))
+    );
+    let clear = format!("condition {volume} clear");
+    assert_eq!(control(&control_socket, &clear).await, ["ok"]);
+    assert_eq!(
+        reported(&running, &volume).await,
+        Some((false, String::new()))
+    );
+    let refused = control(&control_socket, &format!("condition {volume} sideways")).await;
+    assert!(
+        refused.len() == 1 && refused[0].contains("sideways"),
+        "{refused:?}"
+    );
+    assert_eq!(running.stop().await, Some(0));
+
+    let dir = tempfile::tempdir().unwrap();
+    let running = Running::start(
+        dir.path(),
+        &["--controller-caps", caps, "--quirk", "no-volume-condition"],
+    )
+    .await;
+    let volume = create_volume(&running, "data").await;
+    assert_eq!(
+        reported(&running, &volume).await,
+        None,
+        "the quirk omits it"
+    );
+    assert_eq!(running.stop().await, Some(0));
+}

@@ -3,6 +3,7 @@
 
 mod binary;
 mod check_order;
+mod condition;
 mod controller;
 mod errors;
 mod faults;

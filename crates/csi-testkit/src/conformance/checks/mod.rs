@@ -1,5 +1,6 @@
 //! The checks, one concern per file, and the dispatch from [`Check`] to code.
 
+mod condition;
 mod consistency;
 mod idempotent;
 mod identity;
@@ -33,5 +34,7 @@ pub(crate) async fn run(ctx: &mut Ctx, check: Check) -> Step {
         Check::SecretsPassedThrough => secrets::passed_through(ctx).await,
         Check::SizeLimits => limits::string_sizes(ctx).await,
         Check::MutableParameterKeys => mutable::keys(ctx).await,
+        Check::ControllerVolumeCondition => condition::controller(ctx).await,
+        Check::NodeVolumeCondition => condition::node(ctx).await,
     }
 }

@@ -252,8 +252,7 @@ impl MockPlugin {
                         } else {
                             Vec::new()
                         },
-                        volume_condition: with_condition
-                            .then(|| inner.conditions.get(&v.id).cloned().unwrap_or_default()),
+                        volume_condition: inner.volume_condition(with_condition, &v.id),
                     }
                 }),
             })
@@ -270,6 +269,7 @@ impl MockPlugin {
     ) -> Result<ControllerGetVolumeResponse, Status> {
         validate::required("volume_id", &req.volume_id)?;
         let with_nodes = self.has_controller_cap(ControllerCapability::ListVolumesPublishedNodes);
+        let with_condition = self.has_controller_cap(ControllerCapability::VolumeCondition);
         let inner = self.shared.lock();
         let volume =
             inner.state.volumes.get(&req.volume_id).ok_or_else(|| {
@@ -283,15 +283,7 @@ impl MockPlugin {
                 } else {
                     Vec::new()
                 },
-                volume_condition: self
-                    .has_controller_cap(ControllerCapability::VolumeCondition)
-                    .then(|| {
-                        inner
-                            .conditions
-                            .get(&req.volume_id)
-                            .cloned()
-                            .unwrap_or_default()
-                    }),
+                volume_condition: inner.volume_condition(with_condition, &req.volume_id),
             }),
         })
     }

@@ -75,15 +75,10 @@ impl MockPlugin {
                     unit: volume_usage::Unit::Inodes as i32,
                 },
             ],
-            volume_condition: self
-                .has_node_cap(crate::capabilities::NodeCapability::VolumeCondition)
-                .then(|| {
-                    inner
-                        .conditions
-                        .get(&req.volume_id)
-                        .cloned()
-                        .unwrap_or_default()
-                }),
+            volume_condition: inner.volume_condition(
+                self.has_node_cap(crate::capabilities::NodeCapability::VolumeCondition),
+                &req.volume_id,
+            ),
         })
     }
 
