@@ -162,3 +162,40 @@ async fn without_volume_condition_only_usage_is_kept() {
     drop(monitor);
     node.close().await.expect("closed");
 }
+
+#[tokio::test]
+async fn a_controller_without_get_volume_is_asked_through_list_volumes() {
+    let mock = MockPlugin::builder()
+        .controller_capabilities(
+            CONTROLLER_IMPLEMENTED
+                .iter()
+                .copied()
+                .filter(|c| *c != ControllerCapability::GetVolume)
+                .chain([ControllerCapability::VolumeCondition]),
+        )
+        .build()
+        .expect("mock");
+    let Published {
+        node,
+        volume,
+        external,
+        _dir,
+        _server,
+    } = published(&mock).await;
+    let monitor = HealthMonitor::new(node.plugins().clone(), node.volumes().clone());
+    mock.set_volume_condition(external.as_str(), true, "pool degraded");
+    let told = monitor.poll().await;
+    assert!(
+        matches!(&told[..], [HealthEvent::Abnormal { source: Source::Controller, message, .. }] if message == "pool degraded"),
+        "{told:?}"
+    );
+    assert_eq!(mock.calls().count(csi_client::Rpc::ControllerGetVolume), 0);
+    assert!(mock.calls().count(csi_client::Rpc::ListVolumes) >= 1);
+    assert_eq!(
+        monitor.health()[&volume].node,
+        None,
+        "the node does not advertise it"
+    );
+    drop(monitor);
+    node.close().await.expect("closed");
+}
