@@ -12,8 +12,8 @@ use csi_structs::{
     AccessMode, ExternalVolumeId, MountOptions, NodeId, PluginId, Secrets, VolumeCapability,
     VolumeContext, VolumeId, WorkloadId,
 };
-use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
-use csi_testkit::{ControllerCapability, MockPlugin, MockServer, NodeCapability};
+use csi_testkit::capabilities::CONTROLLER_IMPLEMENTED;
+use csi_testkit::{ControllerCapability, MockPlugin, MockServer};
 use support::{GUARD, create_and_attach};
 
 /// A node with `mock` registered, and volume `data` created, attached and published for `w1`.
@@ -68,18 +68,7 @@ async fn published(mock: &MockPlugin) -> Published {
 #[tokio::test]
 async fn a_volume_turning_abnormal_is_told_once_and_its_recovery_too() {
     let mock = MockPlugin::builder()
-        .controller_capabilities(
-            CONTROLLER_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([ControllerCapability::VolumeCondition]),
-        )
-        .node_capabilities(
-            NODE_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([NodeCapability::VolumeCondition]),
-        )
+        .volume_condition()
         .build()
         .expect("mock");
     let Published {

@@ -348,6 +348,19 @@ impl MockPluginBuilder {
         self
     }
 
+    /// Adds `VOLUME_CONDITION` to the controller and the node capabilities set so far: the
+    /// mock then reports the conditions set with [`MockPlugin::set_volume_condition`]
+    /// (`ControllerGetVolume`, `ListVolumes`, `NodeGetVolumeStats`).
+    pub fn volume_condition(mut self) -> Self {
+        self.config
+            .controller_caps
+            .insert(ControllerCapability::VolumeCondition);
+        self.config
+            .node_caps
+            .insert(NodeCapability::VolumeCondition);
+        self
+    }
+
     /// The group controller capabilities (replacing the defaults).
     pub fn group_controller_capabilities(
         mut self,

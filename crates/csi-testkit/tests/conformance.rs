@@ -750,20 +750,7 @@ async fn the_binary_exits_two_for_bad_flags_and_endpoints() {
 
 /// The mock's default capabilities plus the v1.12 `VOLUME_CONDITION` on both sides.
 fn with_volume_condition() -> MockPluginBuilder {
-    use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
-    MockPlugin::builder()
-        .controller_capabilities(
-            CONTROLLER_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([ControllerCapability::VolumeCondition]),
-        )
-        .node_capabilities(
-            NODE_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([NodeCapability::VolumeCondition]),
-        )
+    MockPlugin::builder().volume_condition()
 }
 
 const CONDITION_CHECKS: [Check; 2] = [Check::ControllerVolumeCondition, Check::NodeVolumeCondition];

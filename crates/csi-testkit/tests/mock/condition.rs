@@ -7,26 +7,13 @@ use std::path::{Path, PathBuf};
 
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
 use csi_testkit::{ControllerCapability, MockPlugin, MockPluginBuilder, NodeCapability, Quirk};
 
 use crate::support::*;
 
 /// The default capabilities plus `VOLUME_CONDITION` on both sides.
 fn with_volume_condition() -> MockPluginBuilder {
-    MockPlugin::builder()
-        .controller_capabilities(
-            CONTROLLER_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([ControllerCapability::VolumeCondition]),
-        )
-        .node_capabilities(
-            NODE_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([NodeCapability::VolumeCondition]),
-        )
+    MockPlugin::builder().volume_condition()
 }
 
 fn condition(abnormal: bool, message: &str) -> Option<VolumeCondition> {

@@ -2,26 +2,14 @@
 //! abnormal; `volume status`, `status` and `/metrics` show it, and its recovery.
 
 use csi_agent::ops::api::{StatusView, VolumeView};
-use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
-use csi_testkit::{ControllerCapability, MockPlugin, NodeCapability};
+use csi_testkit::MockPlugin;
 
 use crate::serve::{cli, eventually, json, metrics, one_agent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abnormal_volume_is_shown_in_status_and_metrics_until_it_recovers() {
     let mock = MockPlugin::builder()
-        .controller_capabilities(
-            CONTROLLER_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([ControllerCapability::VolumeCondition]),
-        )
-        .node_capabilities(
-            NODE_IMPLEMENTED
-                .iter()
-                .copied()
-                .chain([NodeCapability::VolumeCondition]),
-        )
+        .volume_condition()
         .build()
         .expect("mock");
     let one = one_agent(&mock).await;
