@@ -22,6 +22,10 @@
 //!   after a restart. Requests are typed, failures are a [`ServiceError`] naming what is in
 //!   the way, and what was done goes out as a [`ServiceEvent`].
 //!
+//! - [`stores`]: the catalog and csi-claims' claim store opened together from one
+//!   [`StoreConfig`] (one node's directory, or etcd), with what follows for the release
+//!   pipeline, so a caller never branches on where they live.
+//!
 //! - `cluster` (cargo feature `etcd`): the membership of a cluster of orchestrators sharing
 //!   one etcd, `Membership`: each member's record under a lease (its node id checked against
 //!   the live members'), the others' records, the nodes reported gone for good, and the
@@ -78,6 +82,7 @@ pub mod catalog;
 #[cfg(feature = "etcd")]
 pub mod cluster;
 pub mod service;
+pub mod stores;
 
 #[cfg(feature = "etcd")]
 pub use catalog::EtcdCatalog;
@@ -87,3 +92,4 @@ pub use catalog::{
 #[cfg(feature = "etcd")]
 pub use cluster::{JoinError, MemberRecord, Membership};
 pub use service::{NoPeers, Peers, ServiceError, ServiceEvent, VolumeService};
+pub use stores::{StoreConfig, Stores, StoresError};

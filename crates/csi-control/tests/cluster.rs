@@ -378,3 +378,72 @@ async fn records_that_do_not_decode_are_of_another_format_or_name_another_node_a
         [MemberRecord::new("a", "ia", about("a"))]
     );
 }
+
+/// `Stores` opens the shared catalog and claims from an `EtcdConfig`: two nodes see one
+/// catalog, neither performs controller steps until elected, and neither may forget claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_open_one_catalog_shared_by_every_node() {
+    use csi_control::CatalogEntry;
+    use csi_control::stores::{EtcdConfig, StoreConfig, Stores};
+    use csi_structs::{AccessMode, AccessTypeKind, ExternalVolumeId, PluginId, VolumeId};
+
+    let etcd = Etcd::start();
+    // Once etcd answers, through a store of the test's own.
+    drop(etcd.store("/stores").await);
+    let config = StoreConfig::Etcd(Box::new(EtcdConfig {
+        endpoints: etcd.0.endpoints(),
+        prefix: "/stores".into(),
+        ca_file: None,
+        identity: None,
+        user: None,
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = Stores::open(&config, dir.path(), &node("a"))
+        .await
+        .expect("a");
+    let b = Stores::open(&config, dir.path(), &node("b"))
+        .await
+        .expect("b");
+    for (stores, me) in [(&a, "a"), (&b, "b")] {
+        assert!(stores.shared);
+        assert!(stores.forgetting.is_none() && stores.database.is_none());
+        assert_eq!(stores.duties, Duties::node(node(me), false));
+        assert!(stores.etcd.is_some());
+        assert!(
+            stores.description.ends_with("prefix /stores"),
+            "{}",
+            stores.description
+        );
+    }
+    assert!(
+        !dir.path().join("volumes.json").exists(),
+        "nothing is written to the directory"
+    );
+
+    let id = VolumeId::new("shared-vol").expect("id");
+    let entry = CatalogEntry {
+        id: id.clone(),
+        external_id: ExternalVolumeId::new("ext-1").expect("id"),
+        plugin: PluginId::new("p").expect("id"),
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment: AccessTypeKind::Mount,
+        controller_publish: false,
+        created: false,
+        capacity_bytes: None,
+        context: Default::default(),
+        deleting: false,
+        secrets: Default::default(),
+        accessible_topology: Vec::new(),
+        node_expansion: None,
+        may_exist: None,
+    };
+    assert!(a.catalog.insert(entry.clone()).await.expect("insert"));
+    assert!(
+        !b.catalog.insert(entry).await.expect("insert"),
+        "b sees a's volume"
+    );
+    eventually("b's mirror sees a's volume", || {
+        b.catalog.get(&id).is_some()
+    })
+    .await;
+}

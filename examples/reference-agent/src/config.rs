@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::duty::{DutyTiming, MIN_DUTY_MARGIN};
+use csi_control::stores::{EtcdConfig, StoreConfig};
 
 use csi_node::detach::NodeDetachPolicy;
 use csi_rpc_shim::Token;
@@ -179,19 +180,22 @@ pub enum StoreChoice {
     Etcd(Box<EtcdSettings>),
 }
 
-/// How to reach the cluster's etcd (files are read when `serve` starts).
+impl StoreChoice {
+    /// Where csi-control's [`Stores`](csi_control::Stores) are opened.
+    pub fn stores(&self) -> StoreConfig {
+        match self {
+            StoreChoice::Embedded => StoreConfig::Embedded,
+            StoreChoice::Etcd(settings) => StoreConfig::Etcd(Box::new(settings.store.clone())),
+        }
+    }
+}
+
+/// Cluster mode's settings: how to reach etcd (csi-control's [`EtcdConfig`], whose files are
+/// read when `serve` starts) and the lease of the membership and the controller duty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdSettings {
-    /// Client URLs (`http://` or, with a CA file, `https://`).
-    pub endpoints: Vec<String>,
-    /// The key prefix.
-    pub prefix: String,
-    /// The CA certificate file.
-    pub ca_file: Option<PathBuf>,
-    /// The client certificate and key files.
-    pub identity: Option<(PathBuf, PathBuf)>,
-    /// The user and the file holding the password.
-    pub user: Option<(String, PathBuf)>,
+    /// The endpoints, the key prefix, TLS and the user.
+    pub store: EtcdConfig,
     /// The lease of membership and of the controller duty.
     pub lease_ttl: Duration,
     /// The controller duty's timing: its lease (`lease_ttl`) and the margin its holder keeps
@@ -200,18 +204,9 @@ pub struct EtcdSettings {
 }
 
 impl EtcdSettings {
-    /// The store as the operator wrote it: `etcd://HOST:PORT,...` (`https` when TLS is on).
+    /// The store as the operator wrote it ([`EtcdConfig::display`]).
     pub fn display(&self) -> String {
-        let hosts: Vec<&str> = self
-            .endpoints
-            .iter()
-            .map(|e| {
-                e.trim_start_matches("https://")
-                    .trim_start_matches("http://")
-            })
-            .collect();
-        let tls = if self.ca_file.is_some() { " (TLS)" } else { "" };
-        format!("etcd://{}{tls}", hosts.join(","))
+        self.store.display()
     }
 }
 
@@ -702,11 +697,13 @@ impl AgentConfig {
             Some(text) => parse_margin(&text, lease_ttl)?,
         };
         Ok(StoreChoice::Etcd(Box::new(EtcdSettings {
-            endpoints,
-            prefix,
-            ca_file,
-            identity,
-            user,
+            store: EtcdConfig {
+                endpoints,
+                prefix,
+                ca_file,
+                identity,
+                user,
+            },
             lease_ttl,
             duty,
         })))
@@ -1118,7 +1115,7 @@ mod tests {
         let StoreChoice::Etcd(settings) = &c.store else {
             panic!("not etcd: {:?}", c.store);
         };
-        assert_eq!(settings.prefix, "/csi-agent");
+        assert_eq!(settings.store.prefix, "/csi-agent");
         assert_eq!(settings.lease_ttl, Duration::from_secs(10));
         assert_eq!(settings.display(), "etcd://127.0.0.1:2379");
 
@@ -1266,9 +1263,15 @@ mod tests {
         let StoreChoice::Etcd(settings) = c.store else {
             panic!("the example is a cluster config");
         };
-        assert_eq!(settings.endpoints.len(), 3);
-        assert!(settings.endpoints.iter().all(|e| e.starts_with("https://")));
-        assert!(settings.identity.is_some() && settings.user.is_some());
+        assert_eq!(settings.store.endpoints.len(), 3);
+        assert!(
+            settings
+                .store
+                .endpoints
+                .iter()
+                .all(|e| e.starts_with("https://"))
+        );
+        assert!(settings.store.identity.is_some() && settings.store.user.is_some());
         assert_eq!(settings.duty.margin(), Duration::from_secs(2));
     }
 

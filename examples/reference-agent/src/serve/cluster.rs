@@ -92,7 +92,7 @@ impl Cluster {
         Ok(Self {
             membership,
             store: settings.display(),
-            prefix: settings.prefix.clone(),
+            prefix: settings.store.prefix.clone(),
         })
     }
 }

@@ -37,17 +37,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
-use csi_claims::machine::Duties;
-use csi_claims::store::{ClaimStore, Forgetting};
 use csi_claims::{MachineConfig, RedbStore, StoreError};
-use csi_control::catalog::{CatalogSecrets, FileCatalog, VolumeCatalog};
+use csi_control::catalog::CatalogSecrets;
+use csi_control::stores::{Stores, StoresError};
 use csi_node::detach::ShimDetacher;
 use csi_node::layout::Layout;
 use csi_node::volumes::{UsageDb, VolumeManager};
 use csi_rpc_shim::NodeStatus;
 use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
 
-use crate::config::{AgentConfig, ConfigArgs, ConfigError, StoreChoice};
+use crate::config::{AgentConfig, ConfigArgs, ConfigError};
 use crate::metrics::Metrics;
 use crate::ops::api::AgentInfo;
 
@@ -80,6 +79,9 @@ pub enum ServeError {
     /// The claim store cannot be opened or read.
     #[error("claim store: {0}")]
     Store(#[from] StoreError),
+    /// The volume book or the claim store cannot be opened.
+    #[error(transparent)]
+    Stores(StoresError),
     /// An address cannot be bound.
     #[error("cannot listen on {addr} (config key `{key}`): {source}")]
     Bind {
@@ -213,7 +215,7 @@ pub async fn serve_until(
     )?;
     // The volume book, the claim store, and the node's database (the usage records).
     let stores = open_stores(&config).await?;
-    let (node_db, node_db_file) = match &stores.node_db {
+    let (node_db, node_db_file) = match &stores.database {
         Some(db) => db.clone(),
         None => {
             let path = data.join("node").join("node.redb");
@@ -274,7 +276,7 @@ pub async fn serve_until(
     let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
 
     // The release driver.
-    let book = stores.book;
+    let book = stores.catalog;
     // The controller release step sends the volume's secrets, read from the book.
     let detacher = Arc::new(ShimDetacher::new(
         shim.clone(),
@@ -291,8 +293,11 @@ pub async fn serve_until(
             ..MachineConfig::with_seed(hasher.finish())
         },
         call_timeout: config.call_timeout.saturating_mul(2),
-        first_plugin_wait: stores.first_plugin_wait,
-        first_plugin_wait_controllers: stores.first_plugin_wait_controllers,
+        // This node's steps call its own plugins, found by the first scan. With shared claims
+        // a controller may be another member's, which this agent never fingerprints, so
+        // controller steps do not wait.
+        first_plugin_wait: FIRST_FINGERPRINT_WAIT,
+        first_plugin_wait_controllers: !stores.shared,
         ..DriverConfig::default()
     };
     let (claims, driver) = ClaimsDriver::start(
@@ -307,8 +312,8 @@ pub async fn serve_until(
     // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
     let store_description = stores.description;
     #[cfg(feature = "etcd")]
-    let membership = match &stores.etcd {
-        Some((store, settings)) => {
+    let membership = match (&stores.etcd, &config.store) {
+        (Some(store), crate::config::StoreChoice::Etcd(settings)) => {
             let record = cluster::AgentRecord::new(
                 me.to_string(),
                 random_file(&data, "instance.id")?,
@@ -323,7 +328,7 @@ pub async fn serve_until(
                 .map_err(ServeError::Cluster)?;
             Some((Arc::new(joined), record))
         }
-        None => None,
+        _ => None,
     };
     #[cfg(feature = "etcd")]
     let cluster_status = membership
@@ -556,129 +561,36 @@ pub fn open_volumes(
 /// there is fingerprinted within one scan; a plugin that never comes is tried after this).
 const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
 
-/// The volume book and the claim store of the configured kind.
-struct Stores {
-    book: Arc<dyn VolumeCatalog>,
-    claims: Arc<dyn ClaimStore>,
-    /// The embedded store, through which a forced deregistration forgets claims.
-    forgetting: Option<Arc<Forgetting<dyn ClaimStore>>>,
-    duties: Duties,
-    /// How long resumed releases wait for their plugin's first fingerprint.
-    first_plugin_wait: Duration,
-    /// Whether controller steps wait too, or node steps only.
-    first_plugin_wait_controllers: bool,
-    /// What `serve` logs at the start.
-    description: String,
-    /// The embedded claim store, where the node's usage records go too (`None`: the node
-    /// keeps its own database).
-    node_db: Option<(RedbStore, PathBuf)>,
-    #[cfg(feature = "etcd")]
-    etcd: Option<(csi_claims::store::EtcdStore, crate::config::EtcdSettings)>,
-}
-
+/// csi-control's stores of the configured kind. A file of the etcd settings that cannot be
+/// used, or etcd in a build without it, is a configuration error naming the agent's key.
 async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
-    match &config.store {
-        StoreChoice::Embedded => {
-            let book = Arc::new(FileCatalog::open(&config.data_dir).await?);
-            let store_path = config.data_dir.join("claims.redb");
-            let description = format!("embedded {}", store_path.display());
-            let opened = store_path.clone();
-            let store = tokio::task::spawn_blocking(move || RedbStore::open(opened))
-                .await
-                .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
-            let node_db = Some((store.clone(), store_path));
-            let store: Arc<dyn ClaimStore> = Arc::new(store);
-            let forgetting = Arc::new(Forgetting::new(store));
-            Ok(Stores {
-                book,
-                claims: Arc::clone(&forgetting) as Arc<dyn ClaimStore>,
-                forgetting: Some(forgetting),
-                duties: Duties::ALL,
-                // Every plugin a release needs is on this node: found by the first scan.
-                first_plugin_wait: FIRST_FINGERPRINT_WAIT,
-                first_plugin_wait_controllers: true,
-                description,
-                node_db,
-                #[cfg(feature = "etcd")]
-                etcd: None,
-            })
+    let opened = Stores::open(&config.store.stores(), &config.data_dir, &config.node_id).await;
+    opened.map_err(|e| match e {
+        StoresError::File {
+            setting,
+            path,
+            reason,
+        } => ConfigError::Invalid {
+            key: match setting {
+                "ca_file" => "etcd_ca_file",
+                "cert_file" => "etcd_cert_file",
+                "key_file" => "etcd_key_file",
+                _ => "etcd_password_file",
+            },
+            value: path.display().to_string(),
+            reason,
         }
-        #[cfg(feature = "etcd")]
-        StoreChoice::Etcd(settings) => {
-            let store = csi_claims::store::EtcdStore::connect(etcd_config(settings)?).await?;
-            let book = Arc::new(csi_control::catalog::EtcdCatalog::open(store.clone()).await?);
-            Ok(Stores {
-                book,
-                claims: Arc::new(store.clone()),
-                forgetting: None,
-                // The node steps of this node's claims; the controller duty when elected.
-                duties: Duties::node(config.node_id.clone(), false),
-                // This node's steps call its own plugins, found by the first scan; a
-                // controller may be another member's, which this agent never fingerprints:
-                // controller steps do not wait.
-                first_plugin_wait: FIRST_FINGERPRINT_WAIT,
-                first_plugin_wait_controllers: false,
-                description: format!("{} prefix {}", settings.display(), settings.prefix),
-                node_db: None,
-                etcd: Some((store, crate::config::EtcdSettings::clone(settings))),
-            })
-        }
-        #[cfg(not(feature = "etcd"))]
-        StoreChoice::Etcd(settings) => Err(ConfigError::Invalid {
+        .into(),
+        StoresError::NoEtcd { store } => ConfigError::Invalid {
             key: "store",
-            value: settings.display(),
+            value: store,
             reason: "this csi-agent was built without cluster mode; build it with \
                      `cargo build --release -p csi-agent --features etcd`"
                 .into(),
         }
-        .into()),
-    }
-}
-
-/// The etcd client's configuration, with the files of `settings` read.
-#[cfg(feature = "etcd")]
-fn etcd_config(
-    settings: &crate::config::EtcdSettings,
-) -> Result<csi_claims::store::EtcdStoreConfig, ConfigError> {
-    use csi_claims::store::{EtcdPassword, EtcdStoreConfig, EtcdTls};
-    let read = |key: &'static str, path: &Path| {
-        std::fs::read(path).map_err(|e| ConfigError::Invalid {
-            key,
-            value: path.display().to_string(),
-            reason: format!("cannot read the file: {e}"),
-        })
-    };
-    let mut config =
-        EtcdStoreConfig::new(settings.endpoints.clone()).with_prefix(settings.prefix.clone());
-    if let Some(ca) = &settings.ca_file {
-        let identity = match &settings.identity {
-            Some((cert, key)) => Some((read("etcd_cert_file", cert)?, read("etcd_key_file", key)?)),
-            None => None,
-        };
-        config.tls = Some(EtcdTls {
-            ca_pem: read("etcd_ca_file", ca)?,
-            identity,
-        });
-    }
-    if let Some((user, file)) = &settings.user {
-        let bytes = read("etcd_password_file", file)?;
-        // The error names the file, never its content.
-        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Invalid {
-            key: "etcd_password_file",
-            value: file.display().to_string(),
-            reason: "the password is not UTF-8".into(),
-        })?;
-        let password = text.trim_end_matches(['\r', '\n']);
-        if password.is_empty() {
-            return Err(ConfigError::Invalid {
-                key: "etcd_password_file",
-                value: file.display().to_string(),
-                reason: "the file is empty".into(),
-            });
-        }
-        config.user = Some((user.clone(), EtcdPassword::new(password)));
-    }
-    Ok(config)
+        .into(),
+        e => ServeError::Stores(e),
+    })
 }
 
 /// One log line per claim event (the release's own steps are logged by the driver).
