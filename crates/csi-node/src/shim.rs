@@ -5,7 +5,7 @@
 //! [`RegistryFeed`] keeps the shim's registry in step with the plugin manager.
 
 use async_trait::async_trait;
-use csi_client::{ErrorClass, Failure, SnapshotFilter};
+use csi_client::{CallOptions, ErrorClass, Failure, Rpc, SnapshotFilter};
 use csi_rpc_shim::{
     Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
@@ -113,14 +113,30 @@ impl NodeBackend {
         }
     }
 
-    fn controller(&self, plugin: &PluginId) -> Result<csi_client::ControllerClient, PluginError> {
-        self.controller_and_caps(plugin).map(|(c, _)| c)
+    fn controller(
+        &self,
+        plugin: &PluginId,
+        rpc: Rpc,
+        ctx: &CallContext,
+    ) -> Result<csi_client::ControllerClient, PluginError> {
+        self.controller_and_caps(plugin, rpc, ctx).map(|(c, _)| c)
     }
 
-    /// The controller client, and the plugin's controller capabilities as fingerprinted.
+    /// The controller client for `rpc` served under `ctx`, and the plugin's controller
+    /// capabilities as fingerprinted.
+    ///
+    /// The client's whole-call budget is cut to the time left until the caller's deadline
+    /// (never lengthened past its policy's), so that csi-client plans its retries against the
+    /// deadline that counts: it does not pause for a retry the caller will not wait for, and it
+    /// clips each attempt (and the `grpc-timeout` the plugin sees) to what is left. Without
+    /// it, a retryable failure (UNAVAILABLE) under a short caller deadline (a duty holder's,
+    /// say) became an uncertain "deadline passed" at that deadline instead of the plugin's
+    /// answer at once.
     fn controller_and_caps(
         &self,
         plugin: &PluginId,
+        rpc: Rpc,
+        ctx: &CallContext,
     ) -> Result<(csi_client::ControllerClient, ControllerCapabilities), PluginError> {
         match self.plugins.get(plugin) {
             Some(ready)
@@ -130,8 +146,13 @@ impl NodeBackend {
                     .plugin
                     .has_controller_service() =>
             {
+                let left = ctx
+                    .deadline
+                    .saturating_duration_since(tokio::time::Instant::now());
+                let budget = ready.client.policies().get(rpc).total_budget.min(left);
+                let options = CallOptions::new().total_budget(budget);
                 Ok((
-                    ready.client.controller(),
+                    ready.client.controller().with_options(options),
                     ready.fingerprint.capabilities.controller.clone(),
                 ))
             }
@@ -240,7 +261,8 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ControllerAttach,
     ) -> Result<Attached, PluginError> {
-        let (c, caps) = self.controller_and_caps(&req.query.plugin)?;
+        let (c, caps) =
+            self.controller_and_caps(&req.query.plugin, Rpc::ControllerPublishVolume, ctx)?;
         // The spec: the CO must send `readonly = false` unless the plugin has
         // PUBLISH_READONLY. Without it, read-only is left to NodePublishVolume.
         let read_only = req.read_only && caps.allows_readonly_publish();
@@ -266,7 +288,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::ControllerUnpublishVolume, ctx)?;
         within(ctx, async move {
             c.unpublish(&req.external_volume, Some(&req.plugin_node), &req.secrets)
                 .await
@@ -280,7 +302,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ControllerValidate,
     ) -> Result<Validated, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::ValidateVolumeCapabilities, ctx)?;
         within(ctx, async move {
             let asked = csi_structs::confirm::AskedCapabilities {
                 volume_capabilities: req.capabilities.clone(),
@@ -312,7 +334,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: CreateVolume,
     ) -> Result<CreatedVolume, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::CreateVolume, ctx)?;
         within(ctx, async move {
             let range = CapacityRange::new(
                 u64::try_from(req.required_bytes).ok(),
@@ -344,7 +366,7 @@ impl LocalPlugins for NodeBackend {
     }
 
     async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::DeleteVolume, ctx)?;
         within(ctx, async move {
             c.delete(&req.external_volume, &req.secrets)
                 .await
@@ -358,7 +380,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::ControllerExpandVolume, ctx)?;
         let range = capacity_range(req.required_bytes, req.limit_bytes)?;
         within(ctx, async move {
             let answer = c
@@ -386,7 +408,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::ListVolumes, ctx)?;
         within(ctx, async move {
             let request = csi_client::proto::ListVolumesRequest {
                 max_entries: req.max_entries,
@@ -417,7 +439,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::CreateSnapshot, ctx)?;
         within(ctx, async move {
             let snapshot = c
                 .create_snapshot(&req.source, &req.name, &req.parameters, &req.secrets)
@@ -433,7 +455,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: DeleteSnapshot,
     ) -> Result<(), PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::DeleteSnapshot, ctx)?;
         within(ctx, async move {
             c.delete_snapshot(&req.snapshot, &req.secrets)
                 .await
@@ -448,7 +470,7 @@ impl LocalPlugins for NodeBackend {
         ctx: &CallContext,
         req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
-        let c = self.controller(&req.query.plugin)?;
+        let c = self.controller(&req.query.plugin, Rpc::ListSnapshots, ctx)?;
         within(ctx, async move {
             let filter = SnapshotFilter {
                 source_volume: req.source.clone(),

@@ -140,3 +140,76 @@ async fn the_registry_feed_publishes_a_healthy_plugin_and_takes_it_away_when_it_
     assert!(registry.controllers(&plugin).refused.is_empty());
     node.close().await.expect("closed");
 }
+
+/// A call served under a caller's deadline shorter than csi-client's retry pause (a duty
+/// holder's forwarded `ControllerUnpublishVolume`, say): the plugin's retryable failure comes
+/// back at once, not an uncertain "deadline passed" once the client paused past the deadline.
+#[tokio::test]
+async fn a_retryable_failure_under_a_short_caller_deadline_is_answered_at_once() {
+    use csi_client::{Code, Rpc};
+    use csi_rpc_shim::{ControllerDetach, GrpcCode};
+    use csi_testkit::FaultStep;
+
+    let plugin = mock_plugin().await;
+    let backend = NodeBackend::new(plugin.plugins.clone(), plugin.volumes("csi"));
+    let capability = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
+    let (volume, external, _) =
+        support::create_and_attach(&plugin.plugins, &plugin.id, "v", &capability).await;
+    let ready = plugin.plugins.get(&plugin.id).expect("fingerprinted");
+    let plugin_node = ready
+        .fingerprint
+        .node
+        .as_ref()
+        .expect("node")
+        .node_id
+        .clone();
+    plugin
+        .mock
+        .faults()
+        .on(Rpc::ControllerUnpublishVolume)
+        .step(FaultStep::Fail {
+            code: Code::Unavailable,
+            message: "controller busy (test)".into(),
+        })
+        .install();
+
+    // Less than csi-client's first pause before retrying an unpublish (a second or more).
+    let left = Duration::from_millis(500);
+    let started = tokio::time::Instant::now();
+    let ctx = CallContext {
+        deadline: started + left,
+        ..context()
+    };
+    let err = backend
+        .controller_detach(
+            &ctx,
+            ControllerDetach {
+                query: ControllerQuery::new(plugin.id.clone()),
+                volume,
+                external_volume: external.clone(),
+                node: NodeId::new("n1").expect("id"),
+                plugin_node,
+                secrets: Secrets::default(),
+            },
+        )
+        .await
+        .expect_err("the plugin failed it");
+    let took = started.elapsed();
+    assert_eq!(
+        err.failure,
+        PluginFailure::Status(GrpcCode::from(Code::Unavailable)),
+        "{err:?}"
+    );
+    assert!(took < left, "answered after {took:?}, not at once: {err:?}");
+    assert_eq!(
+        plugin
+            .mock
+            .calls()
+            .of(Rpc::ControllerUnpublishVolume)
+            .into_records()
+            .len(),
+        1,
+        "no retry was sent"
+    );
+    assert_eq!(plugin.mock.published_nodes(external.as_str()).len(), 1);
+}
