@@ -170,6 +170,55 @@ impl ControllerClient {
         paging::every_page(request, paging::MAX_PAGES, |req| self.list_volumes(req)).await
     }
 
+    /// `ListVolumes`, every page (as [`list_all_volumes`](Self::list_all_volumes)), as
+    /// csi-structs values: each entry's volume with its status, the plugin's ids of the nodes
+    /// it is published to and its condition. Each entry is converted and checked as
+    /// [`get_volume`](Self::get_volume)'s answer is (a ListVolumes entry has the same `volume`
+    /// and `status`), in the plugin's order.
+    ///
+    /// `max_entries` is the most entries the plugin should put in one page (0: as many as it
+    /// chooses; more than `i32::MAX` asks for `i32::MAX`); the listing is complete either way.
+    ///
+    /// An entry without `status` is allowed: a plugin without `LIST_VOLUMES_PUBLISHED_NODES`
+    /// and `VOLUME_CONDITION` sends none. Its status is then empty (no published nodes, no
+    /// condition), as it is from a plugin that sends a status without those fields.
+    ///
+    /// ```no_run
+    /// # async fn run(client: csi_client::CsiClient) -> Result<(), Box<dyn std::error::Error>> {
+    /// let volumes = client.controller().list_all_volumes_with_status(0).await?;
+    /// for v in &volumes {
+    ///     let abnormal = v.status.condition.as_ref().is_some_and(|c| c.abnormal);
+    ///     println!(
+    ///         "{} on {} node(s), abnormal: {abnormal}",
+    ///         v.volume.volume_id,
+    ///         v.status.published_nodes.len()
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first page call that failed, or the invalid response that ended the listing; an
+    /// entry that breaks the spec is an invalid response naming its field, never a panic.
+    /// Each page's volumes are checked on arrival, so an entry without a volume, with an
+    /// empty volume id or a negative size is named by its place in its page (e.g.
+    /// `entries[1].volume`); a status that breaks the spec (an empty or too long published
+    /// node id) by the entry's place in the whole listing (e.g.
+    /// `entries[3].status.published_node_ids[0]`).
+    pub async fn list_all_volumes_with_status(
+        &self,
+        max_entries: u32,
+    ) -> Result<Vec<VolumeWithStatus>, Error> {
+        let request = pb::ListVolumesRequest {
+            max_entries: i32::try_from(max_entries).unwrap_or(i32::MAX),
+            starting_token: String::new(),
+        };
+        let context = request.context();
+        let entries = self.list_all_volumes(request).await?;
+        listed_volumes(entries).map_err(|errs| invalid_listing(context, errs))
+    }
+
     /// `ListSnapshots`, every page (as [`list_all_volumes`](Self::list_all_volumes)), raw;
     /// [`list_all_snapshots_matching`](Self::list_all_snapshots_matching) answers csi-structs
     /// snapshots.
@@ -479,15 +528,7 @@ impl ControllerClient {
         let request = filter.to_request(secrets, 0, String::new());
         let context = request.context();
         let entries = self.list_all_snapshots(request).await?;
-        listed_snapshots(&entries).map_err(|errs| {
-            let class = classify_failure(context.rpc(), Failure::InvalidResponse);
-            Error::new(
-                context,
-                ErrorKind::InvalidResponse(ResponseError::Fields(errs)),
-                class,
-                1,
-            )
-        })
+        listed_snapshots(&entries).map_err(|errs| invalid_listing(context, errs))
     }
 
     /// `ListSnapshots`, one page of the snapshots `filter` selects: at most `max_entries`
@@ -664,6 +705,44 @@ pub struct SnapshotPage {
     pub next_token: Option<String>,
 }
 
+/// The error of a listing whose pages were answered but whose entries break the spec.
+fn invalid_listing(context: crate::error::CallContext, errs: ValidationErrors) -> Error {
+    let class = classify_failure(context.rpc(), Failure::InvalidResponse);
+    Error::new(
+        context,
+        ErrorKind::InvalidResponse(ResponseError::Fields(errs)),
+        class,
+        1,
+    )
+}
+
+/// The entries of a `ListVolumes` listing as volumes with their status. Each entry goes
+/// through `ControllerGetVolume`'s conversion (same `volume` and `status` fields; the one
+/// place the rules live), with a missing `status` taken as an empty one: unlike
+/// `ControllerGetVolume`'s, it is optional here. The violations name each entry by its place
+/// in the listing.
+fn listed_volumes(
+    entries: Vec<pb::list_volumes_response::Entry>,
+) -> Result<Vec<VolumeWithStatus>, ValidationErrors> {
+    let mut errs = ValidationErrors::new();
+    let mut volumes = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let status = entry.status.unwrap_or_default();
+        let answer = pb::ControllerGetVolumeResponse {
+            volume: entry.volume,
+            status: Some(pb::controller_get_volume_response::VolumeStatus {
+                published_node_ids: status.published_node_ids,
+                volume_condition: status.volume_condition,
+            }),
+        };
+        match VolumeWithStatus::try_from(answer) {
+            Ok(volume) => volumes.push(volume),
+            Err(e) => errs.extend_under(&FieldPath::named("entries").index(i), e.errors),
+        }
+    }
+    errs.into_result(volumes)
+}
+
 /// The entries of a `ListSnapshots` listing as csi-structs snapshots; the violations name
 /// each entry by its place in the listing.
 fn listed_snapshots(
@@ -717,6 +796,81 @@ mod tests {
                     Problem::Negative { value: -1 }
                 ),
                 ("entries[2].snapshot".to_owned(), Problem::Missing),
+            ]
+        );
+    }
+
+    #[test]
+    fn listed_volumes_get_the_get_volume_rules_and_name_the_entry() {
+        use pb::list_volumes_response::{Entry, VolumeStatus};
+        let volume = |id: &str| {
+            Some(pb::Volume {
+                volume_id: id.into(),
+                capacity_bytes: 1 << 30,
+                ..Default::default()
+            })
+        };
+        let status = |nodes: &[&str], abnormal: Option<bool>| {
+            Some(VolumeStatus {
+                published_node_ids: nodes.iter().map(|n| (*n).to_owned()).collect(),
+                volume_condition: abnormal.map(|abnormal| pb::VolumeCondition {
+                    abnormal,
+                    message: "m".into(),
+                }),
+            })
+        };
+        let ok = listed_volumes(vec![
+            Entry {
+                volume: volume("vol-1"),
+                status: status(&["node-a", "node-b"], Some(true)),
+            },
+            // No status: a plugin without LIST_VOLUMES_PUBLISHED_NODES and VOLUME_CONDITION.
+            Entry {
+                volume: volume("vol-2"),
+                status: None,
+            },
+        ])
+        .unwrap();
+        assert_eq!(ok[0].volume.volume_id.as_str(), "vol-1");
+        assert_eq!(ok[0].volume.capacity_bytes, Some(1 << 30));
+        let nodes: Vec<&str> = ok[0]
+            .status
+            .published_nodes
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(nodes, ["node-a", "node-b"]);
+        assert!(ok[0].status.condition.as_ref().is_some_and(|c| c.abnormal));
+        assert_eq!(ok[1].status, csi_structs::VolumeStatus::default());
+
+        let errs = listed_volumes(vec![
+            Entry {
+                volume: volume("vol-1"),
+                status: status(&[], None),
+            },
+            Entry {
+                volume: None,
+                status: None,
+            },
+            Entry {
+                volume: volume(""),
+                status: status(&["node-a", ""], Some(false)),
+            },
+        ])
+        .unwrap_err();
+        let got: Vec<(String, Problem)> = errs
+            .into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("entries[1].volume".to_owned(), Problem::Missing),
+                ("entries[2].volume.volume_id".to_owned(), Problem::Missing),
+                (
+                    "entries[2].status.published_node_ids[1]".to_owned(),
+                    Problem::Missing
+                ),
             ]
         );
     }

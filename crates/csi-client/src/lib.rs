@@ -32,7 +32,9 @@
 //!   until its budget runs out sends nothing and fails with [`ErrorKind::VolumeBusy`].
 //! - **Listings to the end** ([`paging`]): `list_all_volumes` and its siblings follow
 //!   `next_token` page by page, refuse a plugin whose tokens loop or never end, and start
-//!   over when the plugin refuses its own token (ABORTED), as the spec says.
+//!   over when the plugin refuses its own token (ABORTED), as the spec says;
+//!   `list_all_volumes_with_status` and `list_all_snapshots_matching` answer checked
+//!   csi-structs values.
 //! - **Requests are checked before sending and answers on arrival**, with errors naming the
 //!   field; secrets never reach a log line, a span or an error.
 //! - **Observable**: `tracing` spans per call and attempt, plus two hooks for metrics.
@@ -206,6 +208,7 @@ mod send_checks {
             ));
             is_send(&controller.list_all_snapshots_matching(&SnapshotFilter::all(), &secrets));
             is_send(&controller.list_snapshots_page(&SnapshotFilter::all(), &secrets, 0, None));
+            is_send(&controller.list_all_volumes_with_status(0));
             let path = std::path::Path::new("/v");
             is_send(&client.node().expand(&NodeExpand {
                 volume: &volume,

@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use csi_client::proto as pb;
 use csi_structs::{
-    ControllerCapability, NodeCapability, PluginId, Usage, VolumeCondition, VolumeId,
+    ControllerCapability, ExternalVolumeId, NodeCapability, PluginId, Usage, VolumeCondition,
+    VolumeId,
 };
 use tokio::sync::broadcast;
 
@@ -145,7 +145,7 @@ impl HealthMonitor {
         let records = self.volumes.records();
         let mut now: BTreeMap<VolumeId, VolumeHealth> = BTreeMap::new();
         // One listing per plugin whose controller reports conditions only through it.
-        let mut listed: BTreeMap<PluginId, Option<BTreeMap<String, VolumeCondition>>> =
+        let mut listed: BTreeMap<PluginId, Option<BTreeMap<ExternalVolumeId, VolumeCondition>>> =
             BTreeMap::new();
         let before = self.health();
         for record in &records {
@@ -203,7 +203,7 @@ impl HealthMonitor {
                         listed.insert(record.plugin.clone(), conditions.ok());
                     }
                     if let Some(Some(conditions)) = listed.get(&record.plugin) {
-                        health.controller = conditions.get(record.external_id.as_str()).cloned();
+                        health.controller = conditions.get(&record.external_id).cloned();
                     }
                 }
             }
@@ -235,21 +235,15 @@ impl HealthMonitor {
     }
 }
 
-/// The conditions `ListVolumes` reports, by the plugin's volume id.
+/// The conditions `ListVolumes` reports, by the plugin's volume id (a volume listed without
+/// a condition is left out).
 async fn list_conditions(
     client: &csi_client::CsiClient,
-) -> Result<BTreeMap<String, VolumeCondition>, csi_client::Error> {
-    let entries = client
-        .controller()
-        .list_all_volumes(pb::ListVolumesRequest::default())
-        .await?;
-    Ok(entries
+) -> Result<BTreeMap<ExternalVolumeId, VolumeCondition>, csi_client::Error> {
+    let volumes = client.controller().list_all_volumes_with_status(0).await?;
+    Ok(volumes
         .into_iter()
-        .filter_map(|e| {
-            let id = e.volume?.volume_id;
-            let condition = e.status?.volume_condition?;
-            Some((id, VolumeCondition::from(&condition)))
-        })
+        .filter_map(|v| Some((v.volume.volume_id, v.status.condition?)))
         .collect())
 }
 

@@ -456,3 +456,66 @@ async fn a_bad_published_node_id_in_get_volume_is_refused_naming_it() {
     // A read whose answer was unusable may be asked again.
     assert_eq!(err.class(), ErrorClass::Retry, "{err}");
 }
+
+#[tokio::test]
+async fn a_bad_entry_in_list_volumes_is_refused_naming_its_place() {
+    use csi_structs::Problem;
+    use prost::Message;
+
+    let volume = |id: &str| {
+        Some(proto::Volume {
+            volume_id: id.into(),
+            capacity_bytes: 1 << 30,
+            ..Default::default()
+        })
+    };
+    // One page: an entry without status (allowed), then one naming an empty node.
+    let page = proto::ListVolumesResponse {
+        entries: vec![
+            proto::list_volumes_response::Entry {
+                volume: volume("vol-1"),
+                status: None,
+            },
+            proto::list_volumes_response::Entry {
+                volume: volume("vol-2"),
+                status: Some(proto::list_volumes_response::VolumeStatus {
+                    published_node_ids: vec!["node-a".into(), String::new()],
+                    volume_condition: None,
+                }),
+            },
+        ],
+        next_token: String::new(),
+    };
+    let (_dir, server, client) = setup(Bad::Message(page.encode_to_vec()));
+    let err = guard(client.controller().list_all_volumes_with_status(0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        violations(&err),
+        [(
+            "entries[1].status.published_node_ids[1]".to_owned(),
+            Problem::Missing
+        )]
+    );
+    // A read whose answer was unusable may be asked again.
+    assert_eq!(err.class(), ErrorClass::Retry, "{err}");
+    assert!(err.to_string().contains("ListVolumes"), "{err}");
+    assert_eq!(server.requests(), 1);
+
+    // An entry without a volume is refused with the page, naming it.
+    let page = proto::ListVolumesResponse {
+        entries: vec![proto::list_volumes_response::Entry {
+            volume: None,
+            status: None,
+        }],
+        next_token: String::new(),
+    };
+    let (_dir, _server, client) = setup(Bad::Message(page.encode_to_vec()));
+    let err = guard(client.controller().list_all_volumes_with_status(0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        violations(&err),
+        [("entries[0].volume".to_owned(), Problem::Missing)]
+    );
+}

@@ -488,6 +488,124 @@ async fn list_all_volumes_follows_every_page_of_the_mock() {
 }
 
 #[tokio::test]
+async fn list_all_volumes_with_status_follows_every_page_with_nodes_and_conditions() {
+    use csi_structs::{PluginNodeId, PublishContext, VolumeCondition, VolumeContext};
+
+    let mock = Mock::start(
+        csi_testkit::MockPlugin::builder()
+            .volume("vol-1", 1 << 30)
+            .volume_condition()
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = mock.client(|_| {});
+    let controller = client.controller();
+    let mut created = std::collections::BTreeSet::from(["vol-1".to_owned()]);
+    for i in 0..6 {
+        let volume = guard(controller.create_volume(proto::CreateVolumeRequest {
+            name: format!("pvc-{i}"),
+            volume_capabilities: vec![
+                (&VolumeCapability::block(AccessMode::SingleNodeWriter)).into(),
+            ],
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        created.insert(volume.volume_id.as_str().to_owned());
+    }
+    let node = PluginNodeId::new("node-1").unwrap();
+    let _: PublishContext = guard(controller.publish(
+        &vol1(),
+        &node,
+        &VolumeCapability::block(AccessMode::SingleNodeWriter),
+        false,
+        &VolumeContext::default(),
+        &Secrets::default(),
+    ))
+    .await
+    .unwrap();
+    let sick = created.iter().find(|id| *id != "vol-1").unwrap().clone();
+    mock.plugin
+        .set_volume_condition(&sick, true, "disk detached");
+
+    let volumes = guard(controller.list_all_volumes_with_status(2))
+        .await
+        .unwrap();
+    // Four pages of at most two entries each.
+    assert_eq!(mock.count(Rpc::ListVolumes), 4);
+    let listed: std::collections::BTreeSet<String> = volumes
+        .iter()
+        .map(|v| v.volume.volume_id.as_str().to_owned())
+        .collect();
+    assert_eq!((volumes.len(), listed), (7, created));
+    for v in &volumes {
+        let id = v.volume.volume_id.as_str();
+        let nodes: Vec<&str> = v
+            .status
+            .published_nodes
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        let expected_nodes: &[&str] = if id == "vol-1" { &["node-1"] } else { &[] };
+        assert_eq!(nodes, expected_nodes, "{id}");
+        let expected = if id == sick {
+            VolumeCondition {
+                abnormal: true,
+                message: "disk detached".into(),
+            }
+        } else {
+            VolumeCondition {
+                abnormal: false,
+                message: String::new(),
+            }
+        };
+        assert_eq!(v.status.condition.as_ref(), Some(&expected), "{id}");
+    }
+    let vol_1 = volumes
+        .iter()
+        .find(|v| v.volume.volume_id == vol1())
+        .unwrap();
+    assert_eq!(vol_1.volume.capacity_bytes, Some(1 << 30));
+}
+
+#[tokio::test]
+async fn list_all_volumes_with_status_takes_an_entry_without_status_as_empty() {
+    use csi_testkit::ControllerCapability;
+    use csi_testkit::capabilities::CONTROLLER_IMPLEMENTED;
+
+    // Neither LIST_VOLUMES_PUBLISHED_NODES nor VOLUME_CONDITION: the entries carry no status.
+    let mock = Mock::start(
+        csi_testkit::MockPlugin::builder()
+            .volume("vol-1", 1 << 30)
+            .controller_capabilities(
+                CONTROLLER_IMPLEMENTED
+                    .iter()
+                    .copied()
+                    .filter(|c| *c != ControllerCapability::ListVolumesPublishedNodes),
+            )
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = mock.client(|_| {});
+    let raw = guard(
+        client
+            .controller()
+            .list_all_volumes(proto::ListVolumesRequest::default()),
+    )
+    .await
+    .unwrap();
+    assert!(raw.iter().all(|e| e.status.is_none()), "{raw:?}");
+    let volumes = guard(client.controller().list_all_volumes_with_status(0))
+        .await
+        .unwrap();
+    assert_eq!(volumes.len(), 1);
+    assert_eq!(volumes[0].volume.volume_id, vol1());
+    assert_eq!(volumes[0].status, csi_structs::VolumeStatus::default());
+}
+
+#[tokio::test]
 async fn a_node_path_that_is_not_utf8_is_refused_before_it_is_sent() {
     use std::os::unix::ffi::OsStrExt;
     let mock = Mock::start(csi_testkit::MockPlugin::builder().build().unwrap()).await;
