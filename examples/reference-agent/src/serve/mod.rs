@@ -709,3 +709,44 @@ async fn log_long_calls(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster configuration (`store = etcd://...`), its other keys as `set` leaves them.
+    fn cluster_config(dir: &Path, set: impl FnOnce(&mut ConfigArgs)) -> AgentConfig {
+        let token = dir.join("token");
+        std::fs::write(&token, "a-cluster-token-of-enough-length").expect("token");
+        let mut args = ConfigArgs {
+            data_dir: Some(dir.join("data")),
+            store: Some("etcd://127.0.0.1:1".into()),
+            shim_listen: Some("127.0.0.1:0".into()),
+            cluster_token_file: Some(token),
+            ..ConfigArgs::default()
+        };
+        set(&mut args);
+        AgentConfig::load(&args).expect("a valid cluster configuration")
+    }
+
+    /// The stores' errors are the agent's configuration errors, naming its keys.
+    #[tokio::test]
+    async fn a_store_that_cannot_be_opened_names_the_agent_s_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        #[cfg(not(feature = "etcd"))]
+        let (config, key) = (cluster_config(dir.path(), |_| {}), "store");
+        #[cfg(feature = "etcd")]
+        let (config, key) = (
+            cluster_config(dir.path(), |a| {
+                a.etcd_ca_file = Some(dir.path().join("no-such-ca.pem"));
+            }),
+            "etcd_ca_file",
+        );
+        match open_stores(&config).await {
+            Err(ServeError::Config(ConfigError::Invalid { key: named, .. })) => {
+                assert_eq!(named, key);
+            }
+            other => panic!("expected a configuration error naming {key}: {other:?}"),
+        }
+    }
+}
