@@ -130,7 +130,9 @@ pub enum StoresError {
     Interrupted(String),
 }
 
-/// The catalog and the claim store, open, and what follows from where they live.
+/// The catalog and the claim store, open, and what follows from where they live. Made by
+/// [`Stores::open`] only (`#[non_exhaustive]`: more may follow).
+#[non_exhaustive]
 pub struct Stores {
     /// The volume catalog.
     pub catalog: Arc<dyn VolumeCatalog>,
