@@ -32,6 +32,11 @@
 //! - A claim's controller step is only asked for after its node step succeeded or was
 //!   skipped because its node is gone for good (see [`crate::transition`]).
 //! - At most [`MachineConfig::controller_limit`] controller calls per plugin are outstanding.
+//!   Volumes whose controller step finds no free slot wait in line, first come first served:
+//!   a freed slot wakes only the volume at the front of its plugin's line, and passes on to
+//!   the next one if that volume no longer takes it (a volume woken with a store write or
+//!   read to do first, or whose next step changed, rejoins the line at the back when it
+//!   reaches a controller step again).
 //! - A failed step is retried after a per-volume, capped, jittered backoff, or earlier when
 //!   an event says the cause may be gone. The machine's own writes never wake a failed step,
 //!   so there is no tight loop. Each failed attempt is announced ([`Event::StepFailed`]: the
@@ -279,6 +284,10 @@ struct Entry {
     /// The newest change another writer made that the machine could not take over at once
     /// (a write or read was out): its version, and whether a record exists after it.
     stale: Option<(Version, bool)>,
+    /// A controller-call slot of this plugin handed to the volume when it was woken from the
+    /// line of [`Op::WaitingSlot`]: taken by its controller step, or passed on to the next
+    /// waiter once the volume has been looked at (see [`ReleaseMachine::poll_action`]).
+    slot_grant: Option<PluginId>,
     /// The newest version of the record this machine knows of (written, read or observed),
     /// kept across a delete: a store's watch may bring back older changes, the machine's own
     /// among them, after the machine has moved past them.
@@ -312,6 +321,7 @@ impl Entry {
             frees: Vec::new(),
             queued: false,
             stale: None,
+            slot_grant: None,
             floor: version,
             deleted_here: false,
             unrecorded: Vec::new(),
@@ -343,6 +353,7 @@ impl Entry {
         self.record.claims.is_empty()
             && self.clean()
             && self.op == Op::Idle
+            && self.slot_grant.is_none()
             && self.reload == Reload::None
             && self.waiters.is_empty()
             && self.frees.is_empty()
@@ -357,6 +368,21 @@ enum Outstanding {
     Controller(VolumeId, PluginId),
 }
 
+/// The controller-call slots of one plugin.
+///
+/// `busy + granted` never exceeds the plugin's limit, and `waiters` is only non-empty while
+/// no slot is free (`busy + granted >= limit`): every place that frees or hands back a slot
+/// wakes the next waiters ([`ReleaseMachine::wake_slot_waiters`]).
+#[derive(Debug, Default)]
+struct Slots {
+    /// Controller calls in flight.
+    busy: usize,
+    /// Slots handed to woken waiters that have not taken them or passed them on yet.
+    granted: usize,
+    /// The volumes in [`Op::WaitingSlot`], oldest first; each at most once.
+    waiters: VecDeque<VolumeId>,
+}
+
 /// The claim and release state machine for all volumes of one agent. See the
 /// [module docs](self) for the calling protocol.
 #[derive(Debug)]
@@ -367,8 +393,8 @@ pub struct ReleaseMachine {
     events: VecDeque<Event>,
     timers: BinaryHeap<Reverse<(Instant, VolumeId)>>,
     outstanding: HashMap<Ticket, Outstanding>,
-    controller_busy: HashMap<PluginId, usize>,
-    slot_waiters: HashMap<PluginId, Vec<VolumeId>>,
+    /// Controller-call slots per plugin.
+    slots: HashMap<PluginId, Slots>,
     gone: HashSet<NodeId>,
     controller_duty: bool,
     /// Whether a store's changes are fed to [`observed`](Self::observed): then the floors of
@@ -405,8 +431,7 @@ impl ReleaseMachine {
             events: VecDeque::new(),
             timers: BinaryHeap::new(),
             outstanding: HashMap::new(),
-            controller_busy: HashMap::new(),
-            slot_waiters: HashMap::new(),
+            slots: HashMap::new(),
             gone: HashSet::new(),
             rng,
             next_ticket: 0,
@@ -1315,7 +1340,10 @@ impl ReleaseMachine {
                 continue;
             };
             entry.queued = false;
-            if let Some(action) = self.next_action(&volume) {
+            let action = self.next_action(&volume);
+            // A slot the volume was woken for and did not take goes to the next in line.
+            self.pass_on_slot(&volume);
+            if let Some(action) = action {
                 // The volume may have more to do (a write while a call is out); look again.
                 self.queue(&volume);
                 return Some(action);
@@ -1602,17 +1630,54 @@ impl ReleaseMachine {
         Ticket(self.next_ticket)
     }
 
+    /// A controller call of `plugin` ended: its slot goes to the next in line.
     fn release_slot(&mut self, plugin: &PluginId) {
-        if let Some(busy) = self.controller_busy.get_mut(plugin) {
-            *busy = busy.saturating_sub(1);
+        if let Some(slots) = self.slots.get_mut(plugin) {
+            slots.busy = slots.busy.saturating_sub(1);
         }
-        for volume in self.slot_waiters.remove(plugin).unwrap_or_default() {
-            if let Some(entry) = self.volumes.get_mut(&volume)
-                && matches!(entry.op, Op::WaitingSlot { .. })
-            {
-                entry.op = Op::Idle;
+        self.wake_slot_waiters(plugin);
+    }
+
+    /// `volume` was looked at: a slot it was woken for and did not take is handed back, and
+    /// goes to the next in line.
+    fn pass_on_slot(&mut self, volume: &VolumeId) {
+        let Some(plugin) = self
+            .volumes
+            .get_mut(volume)
+            .and_then(|e| e.slot_grant.take())
+        else {
+            return;
+        };
+        if let Some(slots) = self.slots.get_mut(&plugin) {
+            slots.granted = slots.granted.saturating_sub(1);
+        }
+        self.wake_slot_waiters(&plugin);
+    }
+
+    /// Wakes the oldest waiters of `plugin`, one per free slot, handing each a slot. Entries
+    /// that no longer wait (gone, or no longer in [`Op::WaitingSlot`]) are dropped unwoken.
+    fn wake_slot_waiters(&mut self, plugin: &PluginId) {
+        let limit = self.config.controller_limit(plugin);
+        let Some(slots) = self.slots.get_mut(plugin) else {
+            return;
+        };
+        while slots.busy + slots.granted < limit {
+            let Some(volume) = slots.waiters.pop_front() else {
+                break;
+            };
+            let Some(entry) = self.volumes.get_mut(&volume) else {
+                continue;
+            };
+            if !matches!(entry.op, Op::WaitingSlot { .. }) {
+                continue;
             }
-            self.queue(&volume);
+            entry.op = Op::Idle;
+            entry.slot_grant = Some(plugin.clone());
+            slots.granted += 1;
+            if !entry.queued {
+                entry.queued = true;
+                self.ready.push_back(volume);
+            }
         }
     }
 
@@ -1723,18 +1788,28 @@ impl ReleaseMachine {
                 let info = &entry.record.info;
                 let plugin = info.plugin.clone();
                 let limit = self.config.controller_limit(&plugin);
-                let busy = self.controller_busy.entry(plugin.clone()).or_insert(0);
-                if *busy >= limit {
+                let slots = self.slots.entry(plugin.clone()).or_default();
+                // A volume woken from the line takes the slot it was handed; any other takes
+                // a free one only when nobody waits (no overtaking the line).
+                let woken = entry.slot_grant.take_if(|p| *p == plugin).is_some();
+                if woken {
+                    slots.granted = slots.granted.saturating_sub(1);
+                }
+                let free = slots.busy + slots.granted < limit;
+                if !free || (!woken && !slots.waiters.is_empty()) {
                     entry.op = Op::WaitingSlot {
                         workload: claim.workload.clone(),
                     };
-                    self.slot_waiters
-                        .entry(plugin)
-                        .or_default()
-                        .push(volume.clone());
+                    debug_assert!(
+                        !slots.waiters.contains(volume),
+                        "a volume waits for a slot at most once"
+                    );
+                    slots.waiters.push_back(volume.clone());
+                    // Should a slot be free, the line moves on (never stranded).
+                    self.wake_slot_waiters(&plugin);
                     return None;
                 }
-                *busy += 1;
+                slots.busy += 1;
                 self.next_ticket += 1;
                 let ticket = Ticket(self.next_ticket);
                 let request = ControllerDetachRequest {

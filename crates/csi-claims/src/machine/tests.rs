@@ -546,6 +546,192 @@ fn controller_calls_per_plugin_are_bounded() {
     }
 }
 
+/// The name of the `i`th volume of [`lined_up`].
+fn lined(i: usize) -> String {
+    format!("v{i:02}")
+}
+
+/// `n` volumes of one plugin, each released on n1 with its node step answered in turn: the
+/// first `limit` are at their controller calls, the others wait for a slot in that order.
+fn lined_up(limit: usize, n: usize) -> Harness {
+    let mut config = MachineConfig::with_seed(1);
+    config.controller_calls_per_plugin = NonZeroUsize::new(limit).unwrap();
+    let mut h = Harness::with_config(config);
+    for i in 0..n {
+        let name = lined(i);
+        h.claim(
+            &info(&name, ControllerRequirement::Required),
+            write_claim(&name, "w", "n1"),
+        )
+        .unwrap();
+        h.release(&name, "w");
+        h.answer_node(Ok(()));
+    }
+    assert_eq!(h.controller_calls.len(), limit.min(n));
+    assert_eq!(waiting_for_slot(&h), lined_volumes(limit..n));
+    h
+}
+
+fn lined_volumes(range: std::ops::Range<usize>) -> Vec<VolumeId> {
+    range.map(|i| vid(&lined(i))).collect()
+}
+
+/// The volumes in line for a controller slot of the plugin, oldest first.
+fn waiting_for_slot(h: &Harness) -> Vec<VolumeId> {
+    let line: Vec<VolumeId> =
+        h.m.slots
+            .get(&PluginId::new("plug").unwrap())
+            .map(|s| s.waiters.iter().cloned().collect())
+            .unwrap_or_default();
+    // The line is exactly the volumes that show as waiting for a slot.
+    let mut shown: Vec<&VolumeId> =
+        h.m.volumes()
+            .filter(|v| matches!(h.m.status(v).unwrap().pending, Pending::ControllerSlot(_)))
+            .collect();
+    shown.sort();
+    let mut sorted: Vec<&VolumeId> = line.iter().collect();
+    sorted.sort();
+    assert_eq!(shown, sorted, "the line holds each waiting volume once");
+    line
+}
+
+/// Volumes woken from the line and not yet looked at.
+fn woken(h: &Harness) -> usize {
+    h.m.volumes
+        .values()
+        .filter(|e| e.slot_grant.is_some())
+        .count()
+}
+
+#[test]
+fn a_freed_controller_slot_wakes_only_the_oldest_waiter() {
+    let n = 50;
+    let mut h = lined_up(1, n);
+    let mut issued = vec![h.controller_calls[0].volume.clone()];
+    for i in 0..n {
+        let call = h.controller_calls.remove(0);
+        assert_eq!(call.volume, vid(&lined(i)));
+        h.m.controller_detached(call.ticket, Ok(()), h.now);
+        // One slot freed: one waiter woken (the oldest), the others left waiting.
+        let more = usize::from(i + 1 < n);
+        assert_eq!(woken(&h), more, "after answer {i}");
+        assert_eq!(
+            h.m.ready.len(),
+            1 + more,
+            "the answered volume and the woken one"
+        );
+        assert_eq!(waiting_for_slot(&h), lined_volumes((i + 2).min(n)..n));
+        h.pump();
+        // Exactly one new controller call, for the volume that waited longest.
+        assert_eq!(h.controller_calls.len(), more, "after answer {i}");
+        issued.extend(h.controller_calls.iter().map(|c| c.volume.clone()));
+        assert_eq!(woken(&h), 0);
+    }
+    assert_eq!(
+        issued,
+        lined_volumes(0..n),
+        "calls made in the order the volumes waited"
+    );
+    assert_eq!(h.freed().len(), n);
+    assert!(h.m.slots.values().all(|s| s.busy == 0 && s.granted == 0));
+}
+
+#[test]
+fn a_woken_waiter_that_no_longer_needs_the_slot_passes_it_on() {
+    let mut h = lined_up(1, 4);
+    // Another writer finished v01's release and deleted its record while v01 waited.
+    let stored = h.store.load_now(&vid(&lined(1))).unwrap();
+    h.store
+        .compare_and_swap_now(&vid(&lined(1)), Some(stored.version), None)
+        .unwrap();
+    let deleted = Version::after(Some(stored.version));
+    h.m.observed(&vid(&lined(1)), deleted, None, h.now);
+    h.pump();
+    assert_eq!(waiting_for_slot(&h), lined_volumes(1..4), "still in line");
+
+    // v00's slot is woken for v01, which has nothing left to do: v02 gets it.
+    h.answer_controller(Ok(()));
+    let next: Vec<&VolumeId> = h.controller_calls.iter().map(|c| &c.volume).collect();
+    assert_eq!(next, [&vid(&lined(2))]);
+    assert!(h.m.record(&vid(&lined(1))).is_none(), "v01 dropped");
+    assert_eq!(waiting_for_slot(&h), lined_volumes(3..4));
+    h.answer_controller(Ok(()));
+    assert_eq!(h.controller_calls[0].volume, vid(&lined(3)));
+    h.answer_controller(Ok(()));
+    // v00, v02 and v03 freed here, v01's claim announced as freed elsewhere.
+    assert_eq!(h.freed().len(), 4);
+    assert!(h.m.slots.values().all(|s| s.busy == 0 && s.granted == 0));
+}
+
+#[test]
+fn waiters_woken_after_the_controller_duty_is_lost_are_not_stranded() {
+    let mut h = lined_up(1, 5);
+    let call = h.controller_calls.remove(0);
+    h.m.controller_not_started(call.ticket, NotStarted::NotHolder, h.now);
+    h.pump();
+    // Without the duty nobody takes the slot: each woken waiter passes it on, once.
+    assert!(h.controller_calls.is_empty());
+    assert!(waiting_for_slot(&h).is_empty(), "nobody left waiting");
+    assert_eq!(woken(&h), 0);
+    // With the duty back the volumes go again, one call at a time, and all finish.
+    h.m.set_controller_duty(true, h.now);
+    h.pump();
+    assert_eq!(h.controller_calls.len(), 1);
+    assert_eq!(waiting_for_slot(&h).len(), 4);
+    let mut done = 0;
+    while !h.controller_calls.is_empty() {
+        h.answer_controller(Ok(()));
+        done += 1;
+        assert!(h.controller_calls.len() <= 1);
+    }
+    assert_eq!(done, 5);
+    assert_eq!(h.freed().len(), 5);
+}
+
+#[test]
+fn with_two_slots_each_freed_slot_wakes_one_waiter_in_order() {
+    let n = 10;
+    let mut h = lined_up(2, n);
+    let mut issued: Vec<VolumeId> = h
+        .controller_calls
+        .iter()
+        .map(|c| c.volume.clone())
+        .collect();
+    assert_eq!(issued, lined_volumes(0..2));
+
+    // One answer: one new call, for the oldest waiter.
+    h.answer_controller(Ok(()));
+    assert_eq!(h.controller_calls.len(), 2);
+    issued.push(h.controller_calls[1].volume.clone());
+    assert_eq!(waiting_for_slot(&h), lined_volumes(3..n));
+
+    // Both slots freed before the machine is polled: the two oldest waiters are woken.
+    let calls = std::mem::take(&mut h.controller_calls);
+    for call in &calls {
+        h.m.controller_detached(call.ticket, Ok(()), h.now);
+    }
+    assert_eq!(woken(&h), 2);
+    assert_eq!(waiting_for_slot(&h), lined_volumes(5..n));
+    h.pump();
+    assert_eq!(h.controller_calls.len(), 2);
+    issued.extend(h.controller_calls.iter().map(|c| c.volume.clone()));
+
+    while !h.controller_calls.is_empty() {
+        let before = h.controller_calls.len();
+        h.answer_controller(Ok(()));
+        assert!(h.controller_calls.len() <= 2);
+        if h.controller_calls.len() == before {
+            issued.push(h.controller_calls.last().unwrap().volume.clone());
+        }
+    }
+    assert_eq!(
+        issued,
+        lined_volumes(0..n),
+        "calls made in the order the volumes waited"
+    );
+    assert_eq!(h.freed().len(), n);
+}
+
 #[test]
 fn a_claim_cannot_race_a_controller_detach_on_the_same_node() {
     let mut h = Harness::new();
