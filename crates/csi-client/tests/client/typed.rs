@@ -441,27 +441,32 @@ async fn a_full_attach_cycle_with_domain_values() {
     assert!(mock.plugin.published_nodes("vol-1").is_empty());
 }
 
-#[tokio::test]
-async fn list_all_volumes_follows_every_page_of_the_mock() {
-    let mock = Mock::default().await;
-    let client = mock.client(|_| {});
+/// Creates `pvc-0` to `pvc-5` (block, single-node writer) beside the mock's `vol-1`; answers
+/// the ids of all seven.
+async fn six_volumes_beside_vol1(
+    controller: &csi_client::ControllerClient,
+) -> std::collections::BTreeSet<String> {
     let mut created = std::collections::BTreeSet::from(["vol-1".to_owned()]);
     for i in 0..6 {
-        let volume = guard(
-            client
-                .controller()
-                .create_volume(proto::CreateVolumeRequest {
-                    name: format!("pvc-{i}"),
-                    volume_capabilities: vec![
-                        (&VolumeCapability::block(AccessMode::SingleNodeWriter)).into(),
-                    ],
-                    ..Default::default()
-                }),
-        )
+        let volume = guard(controller.create_volume(proto::CreateVolumeRequest {
+            name: format!("pvc-{i}"),
+            volume_capabilities: vec![
+                (&VolumeCapability::block(AccessMode::SingleNodeWriter)).into(),
+            ],
+            ..Default::default()
+        }))
         .await
         .unwrap();
         created.insert(volume.volume_id.as_str().to_owned());
     }
+    created
+}
+
+#[tokio::test]
+async fn list_all_volumes_follows_every_page_of_the_mock() {
+    let mock = Mock::default().await;
+    let client = mock.client(|_| {});
+    let created = six_volumes_beside_vol1(&client.controller()).await;
     let entries = guard(
         client
             .controller()
@@ -501,19 +506,7 @@ async fn list_all_volumes_with_status_follows_every_page_with_nodes_and_conditio
     .await;
     let client = mock.client(|_| {});
     let controller = client.controller();
-    let mut created = std::collections::BTreeSet::from(["vol-1".to_owned()]);
-    for i in 0..6 {
-        let volume = guard(controller.create_volume(proto::CreateVolumeRequest {
-            name: format!("pvc-{i}"),
-            volume_capabilities: vec![
-                (&VolumeCapability::block(AccessMode::SingleNodeWriter)).into(),
-            ],
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
-        created.insert(volume.volume_id.as_str().to_owned());
-    }
+    let created = six_volumes_beside_vol1(&controller).await;
     let node = PluginNodeId::new("node-1").unwrap();
     let _: PublishContext = guard(controller.publish(
         &vol1(),
