@@ -175,9 +175,8 @@ async fn a_retryable_failure_under_a_short_caller_deadline_is_answered_at_once()
 
     // Less than csi-client's first pause before retrying an unpublish (a second or more).
     let left = Duration::from_millis(500);
-    let started = tokio::time::Instant::now();
     let ctx = CallContext {
-        deadline: started + left,
+        deadline: tokio::time::Instant::now() + left,
         ..context()
     };
     let err = backend
@@ -194,13 +193,13 @@ async fn a_retryable_failure_under_a_short_caller_deadline_is_answered_at_once()
         )
         .await
         .expect_err("the plugin failed it");
-    let took = started.elapsed();
+    // The plugin's own answer, not the caller's deadline: a client that paused for a retry
+    // would have been cut off at the deadline, an uncertain failure (no time is measured).
     assert_eq!(
         err.failure,
         PluginFailure::Status(GrpcCode::from(Code::Unavailable)),
         "{err:?}"
     );
-    assert!(took < left, "answered after {took:?}, not at once: {err:?}");
     assert_eq!(
         plugin
             .mock

@@ -205,7 +205,6 @@ impl Drop for Running {
 #[tokio::test]
 async fn capability_lists_reach_the_plugin() {
     use csi_proto::v1::controller_client::ControllerClient;
-    use csi_proto::v1::{ControllerGetCapabilitiesRequest, controller_service_capability};
     let dir = tempfile::tempdir().unwrap();
     let running = Running::start(
         dir.path(),
@@ -220,18 +219,7 @@ async fn capability_lists_reach_the_plugin() {
     )
     .await;
     let mut controller = ControllerClient::new(running.channel().await);
-    let caps: Vec<i32> = controller
-        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .capabilities
-        .into_iter()
-        .filter_map(|c| {
-            c.r#type
-                .map(|controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
-        })
-        .collect();
+    let caps = crate::support::controller_rpcs(&mut controller).await;
     assert_eq!(
         caps,
         [

@@ -195,36 +195,12 @@ async fn list_volumes_has_a_status_for_the_condition_alone() {
 #[tokio::test]
 async fn nothing_is_reported_without_volume_condition() {
     let h = start_default().await;
-    let controller_caps: Vec<i32> = h
-        .controller()
-        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .capabilities
-        .into_iter()
-        .filter_map(|c| {
-            c.r#type
-                .map(|controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
-        })
-        .collect();
+    let controller_caps = controller_rpcs(&mut h.controller()).await;
     assert!(
         !controller_caps.contains(&(ControllerCapability::VolumeCondition as i32)),
         "the default mock does not advertise it: {controller_caps:?}"
     );
-    let node_caps: Vec<i32> = h
-        .node()
-        .node_get_capabilities(NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .capabilities
-        .into_iter()
-        .filter_map(|c| {
-            c.r#type
-                .map(|node_service_capability::Type::Rpc(rpc)| rpc.r#type)
-        })
-        .collect();
+    let node_caps = node_rpcs(&mut h.node()).await;
     assert!(
         !node_caps.contains(&(NodeCapability::VolumeCondition as i32)),
         "{node_caps:?}"

@@ -217,3 +217,34 @@ pub(crate) fn code<T: std::fmt::Debug>(
         Err(status) => status,
     }
 }
+
+/// The RPC capabilities `ControllerGetCapabilities` answers, as their numbers.
+pub(crate) async fn controller_rpcs(controller: &mut ControllerClient<Channel>) -> Vec<i32> {
+    controller
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .expect("ControllerGetCapabilities")
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| {
+            c.r#type
+                .map(|controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
+        })
+        .collect()
+}
+
+/// The RPC capabilities `NodeGetCapabilities` answers, as their numbers.
+pub(crate) async fn node_rpcs(node: &mut NodeClient<Channel>) -> Vec<i32> {
+    node.node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .expect("NodeGetCapabilities")
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| {
+            c.r#type
+                .map(|node_service_capability::Type::Rpc(rpc)| rpc.r#type)
+        })
+        .collect()
+}

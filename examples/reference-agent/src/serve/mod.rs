@@ -7,10 +7,12 @@
 //!   in the node's redb database, one record per volume: `<data_dir>/claims.redb` beside the
 //!   claims with the embedded store, `<data_dir>/node/node.redb` in cluster mode
 //!   ([`open_volumes`]);
-//! - the claim store (csi-claims' redb store, `<data_dir>/claims.redb`) and its release
-//!   driver, whose detachers (csi-node's `ShimDetacher`) go through the csi-rpc-shim so a release reaches the
-//!   node and the controller wherever they run; csi-node's `NodeBackend` serves the shim's calls with this
-//!   node's plugins; [`peers`] learns which plugins peers host;
+//! - the volume book and the claim store, opened together by csi-control's `Stores` (with the
+//!   embedded store: `<data_dir>/volumes.json` and csi-claims' redb store,
+//!   `<data_dir>/claims.redb`; in cluster mode: etcd), and the release driver, whose
+//!   detachers (csi-node's `ShimDetacher`) go through csi-rpc-shim so a release reaches the
+//!   node and the controller wherever they run; csi-node's `NodeBackend` serves the shim's
+//!   calls with this node's plugins; [`peers`] learns which plugins peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
 //! - [`log`]: the log format, every field value escaped.
 //!
@@ -378,15 +380,8 @@ pub async fn serve_until(
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
     {
         // The health of the volumes published here, polled as often as the plugins' health.
-        let mut stop = stop_rx.clone();
-        let interval = config.health_interval;
-        tasks.spawn(async move {
-            health
-                .run(interval, async move {
-                    let _ = stop.changed().await;
-                })
-                .await;
-        });
+        let (stop, interval) = (stopped(stop_rx.clone()), config.health_interval);
+        tasks.spawn(async move { health.run(interval, stop).await });
     }
     if let Some(dir) = &config.kubelet_registration_dir {
         // CSI drivers deployed for Kubernetes: their node-driver-registrar sidecars announce
@@ -395,15 +390,8 @@ pub async fn serve_until(
             csi_node::kubelet::RegistrationWatcher::new(plugins.manager().clone(), dir.clone())
                 .call_timeout(config.call_timeout);
         tracing::info!(dir = %dir.display(), "watching kubelet's plugin registration directory");
-        let mut stop = stop_rx.clone();
-        let interval = config.scan_interval;
-        tasks.spawn(async move {
-            watcher
-                .run(interval, async move {
-                    let _ = stop.changed().await;
-                })
-                .await;
-        });
+        let (stop, interval) = (stopped(stop_rx.clone()), config.scan_interval);
+        tasks.spawn(async move { watcher.run(interval, stop).await });
     }
     let http_task = tokio::spawn(http::serve(
         http_listener,
@@ -415,12 +403,8 @@ pub async fn serve_until(
         stop_rx.clone(),
     ));
     if let Some(listener) = shim_listener {
-        let shim = shim.clone();
-        let mut stop = stop_rx.clone();
+        let (shim, shutdown) = (shim.clone(), stopped(stop_rx.clone()));
         tasks.spawn(async move {
-            let shutdown = async move {
-                let _ = stop.changed().await;
-            };
             if let Err(e) = shim.serve(listener, shutdown).await {
                 tracing::error!(error = %e, "agent-to-agent server stopped");
             }
@@ -667,6 +651,11 @@ fn log_event(event: &csi_claims::Event) {
             );
         }
     }
+}
+
+/// Resolves once `serve` is told to stop (or its stop sender is gone).
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.changed().await;
 }
 
 async fn wait_for_signal() -> Result<(), ServeError> {

@@ -9,6 +9,33 @@ use csi_testkit::registrar::Registrar;
 
 use crate::serve::{Serve, eventually, fast_backoff, json};
 
+/// An agent on `data` (its plugin directory `<dir>/plugins`) watching `registry`, once the
+/// driver named `driver` is fingerprinted and healthy; with that driver's view.
+async fn watching_registry(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    registry: &std::path::Path,
+    driver: &str,
+) -> (Serve, PluginView) {
+    let mut args = fast_backoff(&dir.join("plugins"));
+    args.extend([
+        "--kubelet-registration-dir".to_owned(),
+        registry.display().to_string(),
+    ]);
+    let mut agent = Serve::start(dir, "agent", data, &args);
+    agent.ready().await;
+    let healthy = eventually(
+        &format!("{driver} is fingerprinted and healthy"),
+        async || {
+            let list: Vec<PluginView> = json(data, &["plugin", "list"]).await;
+            list.into_iter()
+                .find(|p| p.id == driver && p.health == "healthy")
+        },
+    )
+    .await;
+    (agent, healthy)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_announced_in_kubelet_s_registration_directory_is_registered_and_used() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -27,22 +54,8 @@ async fn a_driver_announced_in_kubelet_s_registration_directory_is_registered_an
     let serving = registrar.serve(&reg_socket).expect("registrar serves");
 
     let data = dir.path().join("data");
-    let mut args = fast_backoff(&plugins);
-    args.extend([
-        "--kubelet-registration-dir".to_owned(),
-        registry.display().to_string(),
-    ]);
-    let mut agent = Serve::start(dir.path(), "agent", &data, &args);
-    agent.ready().await;
-    let healthy = eventually(
-        "the announced driver is fingerprinted and healthy",
-        async || {
-            let list: Vec<PluginView> = json(&data, &["plugin", "list"]).await;
-            list.into_iter()
-                .find(|p| p.id == "ebs.csi.example.com" && p.health == "healthy")
-        },
-    )
-    .await;
+    let (agent, healthy) =
+        watching_registry(dir.path(), &data, &registry, "ebs.csi.example.com").await;
     assert_eq!(
         healthy.socket.as_deref(),
         Some(csi_socket.to_str().expect("utf-8"))
@@ -141,22 +154,8 @@ async fn the_real_node_driver_registrar_registers_its_driver() {
     );
 
     let data = dir.path().join("data");
-    let mut args = fast_backoff(&plugins);
-    args.extend([
-        "--kubelet-registration-dir".to_owned(),
-        registry.display().to_string(),
-    ]);
-    let mut agent = Serve::start(dir.path(), "agent", &data, &args);
-    agent.ready().await;
-    eventually(
-        "the registrar's driver is fingerprinted and healthy",
-        async || {
-            let list: Vec<PluginView> = json(&data, &["plugin", "list"]).await;
-            list.into_iter()
-                .find(|p| p.id == "hostpath.csi.example.com" && p.health == "healthy")
-        },
-    )
-    .await;
+    let (_agent, _) =
+        watching_registry(dir.path(), &data, &registry, "hostpath.csi.example.com").await;
     let _: VolumeView = json(
         &data,
         &[

@@ -6,34 +6,17 @@
 
 use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
-use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_structs::{NodeCapability, Requirement};
 
+use super::node::{publish, test_volume};
 use super::required::path_string;
 use crate::conformance::caps::Gate;
-use crate::conformance::ctx::{Ctx, Step, Stop, Undo, verdict};
+use crate::conformance::ctx::{Ctx, Step, Stop, verdict};
 
 /// ListVolumes pages followed before the listing is called endless.
 const MAX_PAGES: usize = 1000;
 /// Entries named in a failure, at most.
 const NAMED: usize = 5;
-
-/// A volume to look at: a new one when the plugin can create volumes, else the configured
-/// existing volume; a skip naming both when neither is possible.
-async fn volume(ctx: &mut Ctx) -> Result<v1::Volume, Stop> {
-    if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
-        ctx.new_volume().await
-    } else if let Some(volume_id) = ctx.options.existing_volume.clone() {
-        Ok(v1::Volume {
-            volume_id,
-            ..Default::default()
-        })
-    } else {
-        Err(Stop::skip(
-            "controller capability CREATE_DELETE_VOLUME not advertised and no existing volume configured (Options::existing_volume)",
-        ))
-    }
-}
 
 /// Controller `VOLUME_CONDITION`: `ControllerGetVolume` (with `GET_VOLUME`) answers
 /// `status.volume_condition`, and every `ListVolumes` entry (with `LIST_VOLUMES`) carries
@@ -48,7 +31,7 @@ pub(crate) async fn controller(ctx: &mut Ctx) -> Step {
              (controller VOLUME_CONDITION is reported only by ControllerGetVolume and ListVolumes)",
         ));
     }
-    let volume_id = volume(ctx).await?.volume_id;
+    let volume_id = test_volume(ctx).await?.volume_id;
     let mut problems = Vec::new();
     if get {
         let answer = ctx
@@ -129,64 +112,10 @@ pub(crate) async fn node(ctx: &mut Ctx) -> Step {
     ctx.require(Gate::Spec(Requirement::Node(
         NodeCapability::VolumeCondition,
     )))?;
-    let volume = volume(ctx).await?;
+    let volume = test_volume(ctx).await?;
     let volume_id = volume.volume_id.clone();
-    let cap = ctx.capability();
-
-    let mut publish_context = Default::default();
-    if ctx.caps.has_controller(CtrlCap::PublishUnpublishVolume) {
-        let node_id = ctx.require_node_id()?;
-        let answer = ctx
-            .controller_publish_volume(v1::ControllerPublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                node_id: node_id.clone(),
-                volume_capability: Some(cap.clone()),
-                readonly: false,
-                secrets: ctx.secrets(),
-                volume_context: volume.volume_context.clone(),
-            })
-            .await?;
-        ctx.undo(Undo::ControllerUnpublish {
-            volume: volume_id.clone(),
-            node: node_id,
-        });
-        publish_context = answer.publish_context;
-    }
-
-    let mut staging = String::new();
-    if ctx.caps.has_node(NodeCap::StageUnstageVolume) {
-        staging = path_string(ctx.new_dir("staging")?);
-        ctx.node_stage_volume(v1::NodeStageVolumeRequest {
-            volume_id: volume_id.clone(),
-            publish_context: publish_context.clone(),
-            staging_target_path: staging.clone(),
-            volume_capability: Some(cap.clone()),
-            secrets: ctx.secrets(),
-            volume_context: volume.volume_context.clone(),
-        })
-        .await?;
-        ctx.undo(Undo::NodeUnstage {
-            volume: volume_id.clone(),
-            path: staging.clone(),
-        });
-    }
-
-    let target = path_string(ctx.new_dir("target-parent")?.join("target"));
-    ctx.node_publish_volume(v1::NodePublishVolumeRequest {
-        volume_id: volume_id.clone(),
-        publish_context,
-        staging_target_path: staging.clone(),
-        target_path: target.clone(),
-        volume_capability: Some(cap),
-        readonly: false,
-        secrets: ctx.secrets(),
-        volume_context: volume.volume_context.clone(),
-    })
-    .await?;
-    ctx.undo(Undo::NodeUnpublish {
-        volume: volume_id.clone(),
-        path: target.clone(),
-    });
+    let published = publish(ctx, &volume, false).await?;
+    let (staging, target) = (published.staging, path_string(published.target));
 
     let stats = ctx
         .node_get_volume_stats(v1::NodeGetVolumeStatsRequest {

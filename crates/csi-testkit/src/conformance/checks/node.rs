@@ -1,6 +1,6 @@
 //! The node lifecycle on real directories: stage, publish, unpublish, unstage.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use csi_proto::v1;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
@@ -14,19 +14,48 @@ fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
-pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
-    ctx.require(Gate::NodeService)?;
-    let volume = if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
-        ctx.new_volume().await?
+/// A volume to use: a new one when the plugin can create volumes, else the configured
+/// existing volume; a skip naming both when neither is possible.
+pub(super) async fn test_volume(ctx: &mut Ctx) -> Result<v1::Volume, Stop> {
+    if ctx.caps.has_controller(CtrlCap::CreateDeleteVolume) {
+        ctx.new_volume().await
     } else if let Some(volume_id) = ctx.options.existing_volume.clone() {
-        v1::Volume {
+        Ok(v1::Volume {
             volume_id,
             ..Default::default()
-        }
+        })
     } else {
-        return Err(Stop::skip(
+        Err(Stop::skip(
             "controller capability CREATE_DELETE_VOLUME not advertised and no existing volume configured (Options::existing_volume)",
-        ));
+        ))
+    }
+}
+
+/// A volume published on this node by [`publish`].
+pub(super) struct Published {
+    /// The node it was controller-published to (`None`: the plugin has no controller
+    /// publish).
+    pub(super) published_to: Option<String>,
+    /// The staging path (empty: the plugin does not stage).
+    pub(super) staging: String,
+    /// The target path.
+    pub(super) target: PathBuf,
+}
+
+/// Publishes `volume` on this node as a CO does: controller publish and stage where
+/// advertised (the CO makes the staging directory), then publish (the CO makes the target's
+/// parent; the plugin the target). Every step is undone after the check. With `repeat`, each
+/// node call is sent twice and the second must succeed too (idempotency); a failure names the
+/// call, the attempt and the path.
+pub(super) async fn publish(
+    ctx: &mut Ctx,
+    volume: &v1::Volume,
+    repeat: bool,
+) -> Result<Published, Stop> {
+    let attempts: &[&str] = if repeat {
+        &["first", "repeated"]
+    } else {
+        &["first"]
     };
     let volume_id = volume.volume_id.clone();
     let cap = ctx.capability();
@@ -54,7 +83,6 @@ pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
         published_to = Some(node_id);
     }
 
-    // Stage: the CO creates the staging directory.
     let mut staging = String::new();
     if ctx.caps.has_node(NodeCap::StageUnstageVolume) {
         staging = path_string(ctx.new_dir("staging")?);
@@ -66,13 +94,13 @@ pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
             secrets: ctx.secrets(),
             volume_context: volume.volume_context.clone(),
         };
-        for attempt in ["first", "repeated"] {
+        for attempt in attempts {
             ctx.node_stage_volume(request.clone())
                 .await
                 .map_err(|err| {
                     Stop::fail(format!("{attempt} NodeStageVolume at {staging}: {err}"))
                 })?;
-            if attempt == "first" {
+            if *attempt == "first" {
                 ctx.undo(Undo::NodeUnstage {
                     volume: volume_id.clone(),
                     path: staging.clone(),
@@ -81,7 +109,6 @@ pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
         }
     }
 
-    // Publish: the CO guarantees the parent exists; the plugin creates the target.
     let target = ctx.new_dir("target-parent")?.join("target");
     let target_str = path_string(target.clone());
     let request = v1::NodePublishVolumeRequest {
@@ -89,12 +116,12 @@ pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
         publish_context,
         staging_target_path: staging.clone(),
         target_path: target_str.clone(),
-        volume_capability: Some(cap.clone()),
+        volume_capability: Some(cap),
         readonly: false,
         secrets: ctx.secrets(),
         volume_context: volume.volume_context.clone(),
     };
-    for attempt in ["first", "repeated"] {
+    for attempt in attempts {
         ctx.node_publish_volume(request.clone())
             .await
             .map_err(|err| {
@@ -102,13 +129,31 @@ pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
                     "{attempt} NodePublishVolume at {target_str}: {err}"
                 ))
             })?;
-        if attempt == "first" {
+        if *attempt == "first" {
             ctx.undo(Undo::NodeUnpublish {
                 volume: volume_id.clone(),
                 path: target_str.clone(),
             });
         }
     }
+    Ok(Published {
+        published_to,
+        staging,
+        target,
+    })
+}
+
+pub(crate) async fn lifecycle(ctx: &mut Ctx) -> Step {
+    ctx.require(Gate::NodeService)?;
+    let volume = test_volume(ctx).await?;
+    let volume_id = volume.volume_id.clone();
+    let cap = ctx.capability();
+    let Published {
+        published_to,
+        staging,
+        target,
+    } = publish(ctx, &volume, true).await?;
+    let target_str = path_string(target.clone());
     if !exists(&target) {
         return Err(Stop::fail(format!(
             "NodePublishVolume answered OK but {target_str} does not exist"
