@@ -119,16 +119,9 @@ async fn run() -> Result<(), Error> {
     let listed = service
         .list_snapshots(&SnapshotsOf::Volume(volume.clone()))
         .await?;
-    println!(
-        "snapshot {} ({} listed)",
-        snapshot.info.snapshot,
-        listed.len()
-    );
+    println!("snapshot {} ({} listed)", snapshot.id, listed.len());
     service
-        .delete_snapshot(
-            &SnapshotsOf::Volume(volume.clone()),
-            &snapshot.info.snapshot,
-        )
+        .delete_snapshot(&SnapshotsOf::Volume(volume.clone()), &snapshot.id)
         .await?;
 
     // 5. Released (the pipeline unpublishes, unstages and detaches), then deleted.

@@ -779,7 +779,7 @@ async fn a_volume_is_made_from_a_snapshot_or_a_clone_of_a_catalog_volume() {
         .expect("cut");
 
     let mut restore = h.new_volume("restored", 0);
-    restore.source = Some(NewVolumeSource::Snapshot(snapshot.info.snapshot.clone()));
+    restore.source = Some(NewVolumeSource::Snapshot(snapshot.id.clone()));
     let restored = h.service.create(restore).await.expect("restored");
     let sent = h
         .mock
@@ -788,7 +788,7 @@ async fn a_volume_is_made_from_a_snapshot_or_a_clone_of_a_catalog_volume() {
         .expect("sent")
         .request;
     assert!(
-        sent.contains(snapshot.info.snapshot.as_str()),
+        sent.contains(snapshot.id.as_str()),
         "the snapshot is the content source: {sent}"
     );
     assert!(
@@ -875,12 +875,9 @@ async fn snapshots_are_cut_listed_by_volume_and_deleted() {
         .await
         .expect("cut");
     assert_eq!(snapshot.source_volume, Some(id.clone()));
-    assert_eq!(snapshot.info.source, entry.external_id);
-    assert!(
-        h.mock
-            .snapshot_ids()
-            .contains(&snapshot.info.snapshot.to_string())
-    );
+    assert_eq!(snapshot.source, entry.external_id);
+    assert_eq!(snapshot.size_bytes, entry.capacity_bytes);
+    assert!(h.mock.snapshot_ids().contains(&snapshot.id.to_string()));
     assert!(matches!(
         h.events().as_slice(),
         [ServiceEvent::SnapshotCut { volume, .. }] if volume == &id
@@ -901,7 +898,7 @@ async fn snapshots_are_cut_listed_by_volume_and_deleted() {
 
     let plugin = h
         .service
-        .delete_snapshot(&SnapshotsOf::Volume(id.clone()), &snapshot.info.snapshot)
+        .delete_snapshot(&SnapshotsOf::Volume(id.clone()), &snapshot.id)
         .await
         .expect("deleted");
     assert_eq!(plugin, h.plugin);
@@ -915,8 +912,33 @@ async fn snapshots_are_cut_listed_by_volume_and_deleted() {
     assert_eq!(h.mock.snapshot_ids().len(), 1, "the other volume's stays");
     assert!(h.events().contains(&ServiceEvent::SnapshotDeleted {
         plugin: h.plugin.clone(),
-        snapshot: snapshot.info.snapshot.clone(),
+        snapshot: snapshot.id.clone(),
     }));
+}
+
+#[tokio::test]
+async fn the_plugin_s_listing_names_the_catalog_s_volumes_with_typed_sizes() {
+    // One volume the catalog does not know, of a size the plugin does not know (wire 0).
+    let h = Harness::with(MockPlugin::builder().volume("pre-existing", 0)).await;
+    let entry = h.create("data").await;
+    h.claim("data", "w1").await;
+
+    let mut listed = h.service.list_external(&h.plugin).await.expect("listed");
+    listed.sort_by(|a, b| a.known_as.cmp(&b.known_as));
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let (foreign, ours) = (&listed[0], &listed[1]);
+    assert_eq!(foreign.known_as, None);
+    assert_eq!(foreign.external_id.as_str(), "pre-existing");
+    assert_eq!(foreign.capacity_bytes, None, "0 on the wire is unknown");
+    assert!(foreign.published_nodes.is_empty());
+    assert_eq!(ours.known_as, Some(volume_id("data")));
+    assert_eq!(ours.external_id, entry.external_id);
+    assert_eq!(ours.capacity_bytes, Some(GIB));
+    assert_eq!(
+        ours.published_nodes.len(),
+        1,
+        "published by the claim: {ours:?}"
+    );
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use csi_structs::{
     TopologyRequirement, VolumeContext, VolumeId, VolumeSecrets,
 };
 
-use super::error::{CallFailure, deleting, invalid, wire_size};
+use super::error::{CallFailure, deleting, invalid, known_size, wire_size};
 use super::{ServiceError, ServiceEvent, VolumeService};
 use crate::catalog::{CatalogEntry, MayExist};
 
@@ -253,7 +253,7 @@ impl VolumeService {
         self.insert(CatalogEntry {
             external_id: created.external_volume,
             controller_publish,
-            capacity_bytes: u64::try_from(created.capacity_bytes).ok(),
+            capacity_bytes: known_size(created.capacity_bytes),
             context: created.volume_context.into_inner(),
             accessible_topology: created.accessible_topology,
             ..draft

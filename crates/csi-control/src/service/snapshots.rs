@@ -3,14 +3,13 @@
 use std::collections::BTreeMap;
 
 use csi_rpc_shim::{
-    ControllerQuery, CreateSnapshot, DeleteSnapshot, ListSnapshots, ListVolumes, ListedVolume,
-    SnapshotInfo,
+    ControllerQuery, CreateSnapshot, DeleteSnapshot, ListSnapshots, ListVolumes, SnapshotInfo,
 };
 use csi_structs::{
-    ExternalVolumeId, Parameters, PluginId, Secrets, SecretsUse, SnapshotId, VolumeId,
+    ExternalVolumeId, Parameters, PluginId, PluginNodeId, Secrets, SecretsUse, SnapshotId, VolumeId,
 };
 
-use super::error::invalid;
+use super::error::{invalid, known_size};
 use super::{ServiceError, ServiceEvent, VolumeService};
 
 /// Whose snapshots a snapshot call is about.
@@ -33,20 +32,32 @@ pub struct NewSnapshot {
 
 /// A snapshot, with the orchestrator's id of its source volume when it knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// Its plugin.
     pub plugin: PluginId,
-    /// What the plugin said of it.
-    pub info: SnapshotInfo,
-    /// The catalog's id of its source volume.
+    /// The plugin's id of the snapshot.
+    pub id: SnapshotId,
+    /// The plugin's id of the volume it was cut from.
+    pub source: ExternalVolumeId,
+    /// The catalog's id of that volume, when the catalog has it.
     pub source_volume: Option<VolumeId>,
+    /// Its size in bytes; `None` when the plugin does not know it (0 on the wire).
+    pub size_bytes: Option<u64>,
+    /// Whether it can be used as a volume source yet.
+    pub ready_to_use: bool,
 }
 
 /// A volume of the plugin's own listing, with the catalog's id for it when there is one.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExternalVolume {
-    /// What the plugin listed.
-    pub listed: ListedVolume,
+    /// The plugin's id of the volume.
+    pub external_id: ExternalVolumeId,
+    /// Its size in bytes; `None` when the plugin does not know it (0 on the wire).
+    pub capacity_bytes: Option<u64>,
+    /// The plugin's ids of the nodes it is published to, when the plugin reports them.
+    pub published_nodes: Vec<PluginNodeId>,
     /// The catalog's id of it.
     pub known_as: Option<VolumeId>,
 }
@@ -81,7 +92,9 @@ impl VolumeService {
             .into_iter()
             .map(|listed| ExternalVolume {
                 known_as: known.get(&listed.external_volume).cloned(),
-                listed,
+                capacity_bytes: known_size(listed.capacity_bytes),
+                published_nodes: listed.published_nodes,
+                external_id: listed.external_volume,
             })
             .collect())
     }
@@ -100,7 +113,10 @@ impl VolumeService {
         Snapshot {
             source_volume: self.known_volumes(plugin).get(&info.source).cloned(),
             plugin: plugin.clone(),
-            info,
+            id: info.snapshot,
+            source: info.source,
+            size_bytes: known_size(info.size_bytes),
+            ready_to_use: info.ready_to_use,
         }
     }
 

@@ -441,14 +441,9 @@ impl Agent {
             .into_iter()
             .map(|v| api::ExternalVolumeView {
                 known_as: v.known_as.map(VolumeId::into_inner),
-                external_id: v.listed.external_volume.to_string(),
-                capacity_bytes: v.listed.capacity_bytes,
-                published_nodes: v
-                    .listed
-                    .published_nodes
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
+                external_id: v.external_id.to_string(),
+                capacity_bytes: wire_size(v.capacity_bytes),
+                published_nodes: v.published_nodes.iter().map(ToString::to_string).collect(),
             })
             .collect())
     }
@@ -787,12 +782,17 @@ fn snapshots_of(of: SnapshotsOf<'_>) -> Result<Of, AgentError> {
 fn snapshot_view(s: Snapshot) -> api::SnapshotView {
     api::SnapshotView {
         plugin: s.plugin.into_inner(),
-        snapshot_id: s.info.snapshot.into_inner(),
-        source_external_id: s.info.source.into_inner(),
+        snapshot_id: s.id.into_inner(),
+        source_external_id: s.source.into_inner(),
         source_volume: s.source_volume.map(VolumeId::into_inner),
-        size_bytes: s.info.size_bytes,
-        ready_to_use: s.info.ready_to_use,
+        size_bytes: wire_size(s.size_bytes),
+        ready_to_use: s.ready_to_use,
     }
+}
+
+/// A size as the control API has always shown it: 0 when unknown.
+fn wire_size(bytes: Option<u64>) -> i64 {
+    bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX))
 }
 
 /// One record's confirmation for the API.
