@@ -445,6 +445,8 @@ pub(crate) struct Agent {
 pub(crate) struct Cluster {
     pub(crate) registry: Arc<Registry>,
     agents: Vec<Agent>,
+    /// The stopped agents' ports, held for the cluster's life.
+    _reserved: Vec<tokio::net::TcpSocket>,
 }
 
 impl Cluster {
@@ -456,11 +458,22 @@ impl Cluster {
         let registry = Arc::new(Registry::new());
         let mut addrs = Vec::new();
         let mut listeners = Vec::new();
+        let mut reserved = Vec::new();
         for spec in &specs {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addrs.push(listener.local_addr().unwrap());
-            // A stopped agent's port is closed again at once: dialling it is refused.
-            listeners.push(spec.running.then_some(listener));
+            if spec.running {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addrs.push(listener.local_addr().unwrap());
+                listeners.push(Some(listener));
+            } else {
+                // A stopped agent's port is bound and never listened on, so dialling it is
+                // refused. It stays bound (without SO_REUSEADDR), so no other test running
+                // alongside can take the port and answer in the stopped agent's place.
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                addrs.push(socket.local_addr().unwrap());
+                reserved.push(socket);
+                listeners.push(None);
+            }
             registry.update(
                 &n(spec.name),
                 &plugin(),
@@ -541,7 +554,11 @@ impl Cluster {
                 _stop: stop,
             });
         }
-        Cluster { registry, agents }
+        Cluster {
+            registry,
+            agents,
+            _reserved: reserved,
+        }
     }
 
     pub(crate) fn agent(&self, name: &str) -> &Agent {
