@@ -34,9 +34,10 @@
 //! - At most [`MachineConfig::controller_limit`] controller calls per plugin are outstanding.
 //!   Volumes whose controller step finds no free slot wait in line, first come first served:
 //!   a freed slot wakes only the volume at the front of its plugin's line, and passes on to
-//!   the next one if that volume no longer takes it (a volume woken with a store write or
-//!   read to do first, or whose next step changed, rejoins the line at the back when it
-//!   reaches a controller step again).
+//!   the next one if that volume does not take it at once. A volume woken with a store write
+//!   or read to make first keeps its place: it rejoins the line at the front when it reaches
+//!   its controller step. One whose next step changed (or whose record is gone) leaves the
+//!   line, and rejoins at the back should it reach a controller step again.
 //! - A failed step is retried after a per-volume, capped, jittered backoff, or earlier when
 //!   an event says the cause may be gone. The machine's own writes never wake a failed step,
 //!   so there is no tight loop. Each failed attempt is announced ([`Event::StepFailed`]: the
@@ -288,6 +289,10 @@ struct Entry {
     /// line of [`Op::WaitingSlot`]: taken by its controller step, or passed on to the next
     /// waiter once the volume has been looked at (see [`ReleaseMachine::poll_action`]).
     slot_grant: Option<PluginId>,
+    /// The plugin whose slot the volume was woken for and passed on because a store write or
+    /// read of its own had to come first: at its controller step it goes ahead of the line
+    /// (see [`Op::WaitingSlot`]). Dropped when its next step is anything else.
+    kept_turn: Option<PluginId>,
     /// The newest version of the record this machine knows of (written, read or observed),
     /// kept across a delete: a store's watch may bring back older changes, the machine's own
     /// among them, after the machine has moved past them.
@@ -322,6 +327,7 @@ impl Entry {
             queued: false,
             stale: None,
             slot_grant: None,
+            kept_turn: None,
             floor: version,
             deleted_here: false,
             unrecorded: Vec::new(),
@@ -1641,13 +1647,16 @@ impl ReleaseMachine {
     /// `volume` was looked at: a slot it was woken for and did not take is handed back, and
     /// goes to the next in line.
     fn pass_on_slot(&mut self, volume: &VolumeId) {
-        let Some(plugin) = self
-            .volumes
-            .get_mut(volume)
-            .and_then(|e| e.slot_grant.take())
-        else {
+        let Some(entry) = self.volumes.get_mut(volume) else {
             return;
         };
+        let Some(plugin) = entry.slot_grant.take() else {
+            return;
+        };
+        // A write or read of its own comes first: the volume keeps its place in the line.
+        if !entry.settled() {
+            entry.kept_turn = Some(plugin.clone());
+        }
         if let Some(slots) = self.slots.get_mut(&plugin) {
             slots.granted = slots.granted.saturating_sub(1);
         }
@@ -1728,6 +1737,9 @@ impl ReleaseMachine {
         }
         let deferred = entry.step_retry.failed_for();
         let step = next_step_performed_by(&entry.record, |n| gone.contains(n), deferred, performs);
+        if !matches!(step, Step::ControllerDetach { .. }) {
+            entry.kept_turn = None;
+        }
         // After a start, no plugin call before the plugin is known to be there again.
         let waits = match step {
             Step::NodeDetach { .. } => true,
@@ -1789,14 +1801,16 @@ impl ReleaseMachine {
                 let plugin = info.plugin.clone();
                 let limit = self.config.controller_limit(&plugin);
                 let slots = self.slots.entry(plugin.clone()).or_default();
-                // A volume woken from the line takes the slot it was handed; any other takes
-                // a free one only when nobody waits (no overtaking the line).
+                // A volume woken from the line takes the slot it was handed, and one that
+                // kept its place goes first; any other takes a free slot only when nobody
+                // waits (no overtaking the line).
                 let woken = entry.slot_grant.take_if(|p| *p == plugin).is_some();
+                let ahead = entry.kept_turn.take_if(|p| *p == plugin).is_some();
                 if woken {
                     slots.granted = slots.granted.saturating_sub(1);
                 }
                 let free = slots.busy + slots.granted < limit;
-                if !free || (!woken && !slots.waiters.is_empty()) {
+                if !free || (!woken && !ahead && !slots.waiters.is_empty()) {
                     entry.op = Op::WaitingSlot {
                         workload: claim.workload.clone(),
                     };
@@ -1804,7 +1818,11 @@ impl ReleaseMachine {
                         !slots.waiters.contains(volume),
                         "a volume waits for a slot at most once"
                     );
-                    slots.waiters.push_back(volume.clone());
+                    if ahead {
+                        slots.waiters.push_front(volume.clone());
+                    } else {
+                        slots.waiters.push_back(volume.clone());
+                    }
                     // Should a slot be free, the line moves on (never stranded).
                     self.wake_slot_waiters(&plugin);
                     return None;

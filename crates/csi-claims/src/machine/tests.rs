@@ -733,6 +733,60 @@ fn with_two_slots_each_freed_slot_wakes_one_waiter_in_order() {
 }
 
 #[test]
+fn a_woken_waiter_with_a_write_to_make_first_keeps_its_place_in_line() {
+    let mut config = MachineConfig::with_seed(1);
+    config.controller_calls_per_plugin = NonZeroUsize::new(1).unwrap();
+    let mut h = Harness::with_config(config);
+    // v01 has two readers: r1 on n1 and r2 on n2. The others have one writer on n1.
+    for i in 0..4 {
+        let name = lined(i);
+        let info = info(&name, ControllerRequirement::Required);
+        if i == 1 {
+            h.claim(&info, read_claim(&name, "r1", "n1")).unwrap();
+            h.claim(&info, read_claim(&name, "r2", "n2")).unwrap();
+        } else {
+            h.claim(&info, write_claim(&name, "w", "n1")).unwrap();
+        }
+    }
+    for i in 0..4 {
+        let workload = if i == 1 { "r1" } else { "w" };
+        h.release(&lined(i), workload);
+        h.answer_node(Ok(()));
+    }
+    assert_eq!(waiting_for_slot(&h), lined_volumes(1..4));
+
+    // v00's answer wakes v01; before v01 is looked at, its r2 is released too, so a store
+    // write of v01 comes before its controller call, and the slot goes to v02 meanwhile.
+    let call = h.controller_calls.remove(0);
+    h.m.controller_detached(call.ticket, Ok(()), h.now);
+    h.m.release(&vid(&lined(1)), &wid("r2"), h.now).unwrap();
+    h.pump();
+    let next: Vec<&VolumeId> = h.controller_calls.iter().map(|c| &c.volume).collect();
+    assert_eq!(next, [&vid(&lined(2))]);
+    // v01 kept its place: it waits ahead of v03, which joined the line after it.
+    assert_eq!(waiting_for_slot(&h), [vid(&lined(1)), vid(&lined(3))]);
+
+    let mut issued = vec![vid(&lined(0)), vid(&lined(2))];
+    while !h.controller_calls.is_empty() || !h.node_calls.is_empty() {
+        if h.node_calls.is_empty() {
+            h.answer_controller(Ok(()));
+        } else {
+            h.answer_node(Ok(()));
+        }
+        issued.extend(h.controller_calls.iter().map(|c| c.volume.clone()));
+        issued.dedup();
+    }
+    let order = [0, 2, 1, 3].map(|i| vid(&lined(i)));
+    assert_eq!(
+        &issued[..4],
+        order.as_slice(),
+        "v01's call comes before v03's"
+    );
+    assert_eq!(h.freed().len(), 5);
+    assert!(h.m.slots.values().all(|s| s.busy == 0 && s.granted == 0));
+}
+
+#[test]
 fn a_claim_cannot_race_a_controller_detach_on_the_same_node() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);
