@@ -72,7 +72,7 @@ use tokio::task::JoinHandle;
 
 pub use dir::DirWatcher;
 pub use event::{
-    GoneReason, Health, PluginEvent, PluginObserver, RegistrationId, Source, Unhealthy,
+    GoneReason, Health, LogEvents, PluginEvent, PluginObserver, RegistrationId, Source, Unhealthy,
 };
 pub use wait::{NotReady, WaitError};
 

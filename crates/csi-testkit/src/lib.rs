@@ -81,6 +81,7 @@ pub mod error;
 pub mod etcd;
 pub mod fault_spec;
 pub mod faults;
+pub mod logs;
 mod metadata;
 mod plugin;
 pub mod quirks;

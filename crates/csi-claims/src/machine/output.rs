@@ -178,6 +178,92 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// Writes one `tracing` line for the event (target `csi_claims`): `debug` for writes that
+    /// became durable and for failed writes the caller was already told of, `info` for a
+    /// freed claim and a step that succeeded after failing, `warn` for a refused or lost
+    /// claim and each failed release step (with its class, attempt and time to the retry).
+    /// The detach calls themselves are logged by the driver, with their errors.
+    ///
+    /// ```
+    /// # async fn run(claims: csi_claims::driver::ClaimsHandle) {
+    /// let mut events = claims.subscribe();
+    /// while let Ok(event) = events.recv().await {
+    ///     event.log();
+    /// }
+    /// # }
+    /// ```
+    pub fn log(&self) {
+        match self {
+            Event::ClaimDurable { volume, workload } => {
+                tracing::debug!(%volume, %workload, "claim written");
+            }
+            Event::ReleaseDurable { volume, workload } => {
+                tracing::debug!(%volume, %workload, "release written");
+            }
+            Event::ClaimRefused {
+                volume,
+                workload,
+                reason,
+            } => {
+                tracing::warn!(%volume, %workload, %reason, "claim refused by the claim store");
+            }
+            Event::ClaimLost { volume, workload } => {
+                tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
+            }
+            Event::ClaimNotStored {
+                volume, workload, ..
+            } => {
+                tracing::debug!(%volume, %workload, "claim not stored: the claim store fails");
+            }
+            Event::ReleaseNotStored {
+                volume, workload, ..
+            } => {
+                tracing::debug!(%volume, %workload, "release not stored: the claim store fails");
+            }
+            Event::Freed(claim) => {
+                let state = claim.state();
+                tracing::info!(
+                    volume = %claim.volume(),
+                    workload = %claim.workload(),
+                    node = %claim.node(),
+                    node_step = ?state.node_step(),
+                    controller_step = ?state.controller_step(),
+                    "claim freed"
+                );
+            }
+            Event::StepFailed(failure) => {
+                let retry_in_ms = failure
+                    .next_retry
+                    .saturating_duration_since(Instant::now())
+                    .as_millis();
+                tracing::warn!(
+                    volume = %failure.volume,
+                    workload = %failure.workload().map_or("-", |w| w.as_str()),
+                    step = %failure.step.name(),
+                    class = %failure.class.as_str(),
+                    attempt = failure.attempt,
+                    retry_in_ms,
+                    "release step failed; retry scheduled"
+                );
+            }
+            Event::StepRecovered {
+                volume,
+                step,
+                failed_attempts,
+            } => {
+                tracing::info!(
+                    %volume,
+                    workload = %step.workload().map_or("-", |w| w.as_str()),
+                    step = %step.name(),
+                    failed_attempts,
+                    "release step succeeded after failing"
+                );
+            }
+        }
+    }
+}
+
 /// A failed release step and when it is tried again ([`Event::StepFailed`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepFailure {

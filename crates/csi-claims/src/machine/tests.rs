@@ -388,6 +388,41 @@ fn missing_node_plugin_fails_the_step_and_requeues_with_backoff() {
 }
 
 #[test]
+fn a_failed_step_and_a_freed_claim_are_logged_one_line_each() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.release("v", "a");
+    h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
+    h.advance(Duration::from_secs(1));
+    h.answer_node(Ok(()));
+    h.answer_controller(Ok(()));
+    let events: Vec<Event> = h.progress.iter().chain(&h.events).cloned().collect();
+    let lines = csi_testkit::logs::capture(|| events.iter().for_each(Event::log));
+    let line = |message: &str| {
+        let found: Vec<&String> = lines.iter().filter(|l| l.contains(message)).collect();
+        assert_eq!(found.len(), 1, "{message:?} in {lines:#?}");
+        found[0].clone()
+    };
+    let failed = line("release step failed; retry scheduled");
+    assert!(failed.starts_with(" WARN"), "{failed}");
+    for field in [
+        "volume=v",
+        "workload=a",
+        "class=retry_elsewhere",
+        "attempt=1",
+    ] {
+        assert!(failed.contains(field), "{field} in {failed}");
+    }
+    assert!(line("release step succeeded after failing").contains("failed_attempts=1"));
+    let freed = line("claim freed");
+    assert!(
+        freed.starts_with(" INFO") && freed.contains("node=n1"),
+        "{freed}"
+    );
+}
+
+#[test]
 fn already_done_counts_as_success() {
     let mut h = Harness::new();
     let v = info("v", ControllerRequirement::Required);

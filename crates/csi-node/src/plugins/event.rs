@@ -227,3 +227,113 @@ pub trait PluginObserver: Send + Sync + 'static {
     /// One event.
     fn on_event(&self, event: &PluginEvent);
 }
+
+/// A [`PluginObserver`] that writes one `tracing` line per event: a plugin registered (or
+/// its socket found), its fingerprint (and a change of it), a failed fingerprint, each
+/// health transition, and its end. Failures are `warn`, the rest `info`; the plugin's own
+/// texts go in fields, never in the message.
+///
+/// ```
+/// use std::sync::Arc;
+/// use csi_node::plugins::{LogEvents, PluginManager, PluginManagerConfig};
+///
+/// # fn run() -> Result<(), csi_node::state::StateFileError> {
+/// let manager = PluginManager::builder(PluginManagerConfig::default())
+///     .observer(Arc::new(LogEvents::default()))
+///     .start()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default)]
+pub struct LogEvents {
+    /// The sockets of the live registrations a directory watcher made, so that their end
+    /// can be told as the socket's.
+    sockets: std::sync::Mutex<std::collections::HashMap<RegistrationId, PathBuf>>,
+}
+
+impl PluginObserver for LogEvents {
+    fn on_event(&self, event: &PluginEvent) {
+        match event {
+            PluginEvent::Registered {
+                plugin,
+                registration,
+                endpoint,
+                source,
+            } => match source {
+                Source::Directory { socket, .. } => {
+                    tracing::info!(plugin = %plugin, socket = %socket.display(), "plugin socket appeared");
+                    self.sockets().insert(*registration, socket.clone());
+                }
+                Source::Pushed => {
+                    tracing::info!(plugin = %plugin, endpoint = %endpoint, "plugin registered");
+                }
+            },
+            PluginEvent::Fingerprinted {
+                plugin,
+                fingerprint: fp,
+                previous,
+                ..
+            } => {
+                let changed = previous.as_ref().is_some_and(|old| old != fp);
+                let (controller, node) = (
+                    fp.capabilities.plugin.has_controller_service(),
+                    fp.serves_node(),
+                );
+                if changed {
+                    tracing::info!(plugin = %plugin, version = %fp.plugin.vendor_version, controller, node, "plugin fingerprint changed");
+                } else {
+                    tracing::info!(plugin = %plugin, name = %fp.plugin.name.as_str(), version = %fp.plugin.vendor_version, controller, node, "plugin fingerprinted");
+                }
+            }
+            PluginEvent::FingerprintFailed {
+                plugin,
+                error,
+                periodic,
+                ..
+            } => {
+                let class = error.class().as_str();
+                if *periodic {
+                    tracing::warn!(plugin = %plugin, error = %error, class = %class, "periodic fingerprint failed");
+                } else {
+                    tracing::warn!(plugin = %plugin, error = %error, class = %class, "fingerprint failed; will retry");
+                }
+            }
+            PluginEvent::Healthy { plugin, .. } => {
+                tracing::info!(plugin = %plugin, health = "healthy", reason = "-", "plugin health transition");
+            }
+            PluginEvent::Unhealthy { plugin, why, .. } => {
+                let name = Health::Unhealthy(why.clone()).name();
+                tracing::info!(plugin = %plugin, health = name, reason = %why, "plugin health transition");
+            }
+            PluginEvent::Gone {
+                plugin,
+                registration,
+                why,
+            } => {
+                let socket = self.sockets().remove(registration);
+                match (why, socket) {
+                    (GoneReason::Replaced { by }, _) => {
+                        tracing::info!(plugin = %plugin, %registration, replaced_by = %by, "plugin registration replaced");
+                    }
+                    // A directory watcher deregisters a plugin whose socket went away or
+                    // was made again (another instance, registered anew).
+                    (GoneReason::Deregistered, Some(socket)) => {
+                        tracing::info!(plugin = %plugin, %registration, socket = %socket.display(), "plugin socket removed or replaced; plugin deregistered");
+                    }
+                    (GoneReason::Deregistered, None) => {
+                        tracing::info!(plugin = %plugin, %registration, "plugin deregistered");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LogEvents {
+    pub(super) fn sockets(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<RegistrationId, PathBuf>> {
+        self.sockets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -382,3 +382,85 @@ async fn readers_do_not_wait_for_a_stalled_write_of_the_registrations() {
     assert!(restarted.status(&p).is_some());
     assert!(restarted.status(&q).is_none());
 }
+
+#[test]
+fn log_events_writes_one_line_per_transition_naming_the_plugin() {
+    let plugin = PluginId::new("ebs").expect("id");
+    let log = LogEvents::default();
+    let gone = |registration| PluginEvent::Gone {
+        plugin: plugin.clone(),
+        registration,
+        why: GoneReason::Deregistered,
+    };
+    let lines = csi_testkit::logs::capture(|| {
+        log.on_event(&PluginEvent::Registered {
+            plugin: plugin.clone(),
+            registration: RegistrationId(1),
+            endpoint: Endpoint::unix("/run/csi/ebs.sock").expect("endpoint"),
+            source: Source::Pushed,
+        });
+        log.on_event(&PluginEvent::Unhealthy {
+            plugin: plugin.clone(),
+            registration: RegistrationId(1),
+            why: Unhealthy::SocketRemoved,
+        });
+        log.on_event(&PluginEvent::Gone {
+            plugin: plugin.clone(),
+            registration: RegistrationId(1),
+            why: GoneReason::Replaced {
+                by: RegistrationId(2),
+            },
+        });
+        log.on_event(&PluginEvent::Registered {
+            plugin: plugin.clone(),
+            registration: RegistrationId(2),
+            endpoint: Endpoint::unix("/plugins/ebs.sock").expect("endpoint"),
+            source: Source::Directory {
+                socket: "/plugins/ebs.sock".into(),
+                inode: 7,
+            },
+        });
+        log.on_event(&gone(RegistrationId(2)));
+        // Its socket was forgotten with it: told as a plain deregistration.
+        log.on_event(&gone(RegistrationId(2)));
+    });
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    assert!(lines.iter().all(|l| l.contains("plugin=ebs")), "{lines:#?}");
+    assert!(lines[0].starts_with(" INFO") && lines[0].contains("plugin registered"));
+    assert!(lines[0].contains("/run/csi/ebs.sock"), "{}", lines[0]);
+    assert!(
+        lines[1].contains("health=\"unhealthy\" reason=socket removed"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains("plugin registration replaced"),
+        "{}",
+        lines[2]
+    );
+    assert!(
+        lines[2].contains("registration=#1 replaced_by=#2"),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[3].contains("plugin socket appeared"), "{}", lines[3]);
+    assert!(
+        lines[4].contains("plugin socket removed or replaced"),
+        "{}",
+        lines[4]
+    );
+    assert!(
+        lines[4].contains("socket=/plugins/ebs.sock"),
+        "{}",
+        lines[4]
+    );
+    assert!(
+        lines[5].ends_with("plugin deregistered plugin=ebs registration=#2"),
+        "{}",
+        lines[5]
+    );
+    assert!(
+        log.sockets().is_empty(),
+        "nothing kept for a gone registration"
+    );
+}

@@ -416,7 +416,7 @@ pub async fn serve_until(
             loop {
                 tokio::select! {
                     event = events.recv() => match event {
-                        Ok(event) => log_event(&event),
+                        Ok(event) => event.log(),
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                             tracing::warn!(missed = n, "claim event log fell behind");
                         }
@@ -575,82 +575,6 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
         .into(),
         e => ServeError::Stores(e),
     })
-}
-
-/// One log line per claim event (the release's own steps are logged by the driver).
-fn log_event(event: &csi_claims::Event) {
-    use csi_claims::Event;
-    match event {
-        Event::ClaimDurable { volume, workload } => {
-            tracing::debug!(%volume, %workload, "claim written");
-        }
-        Event::ReleaseDurable { volume, workload } => {
-            tracing::debug!(%volume, %workload, "release written");
-        }
-        Event::ClaimRefused {
-            volume,
-            workload,
-            reason,
-        } => {
-            tracing::warn!(%volume, %workload, %reason, "claim refused by the claim store");
-        }
-        Event::ClaimLost { volume, workload } => {
-            tracing::warn!(%volume, %workload, "claim lost to a concurrent writer");
-        }
-        // The caller hears at once; the store's failure itself is logged by the driver, once
-        // when it starts and once when it ends.
-        Event::ClaimNotStored {
-            volume, workload, ..
-        } => {
-            tracing::debug!(%volume, %workload, "claim not stored: the claim store fails");
-        }
-        Event::ReleaseNotStored {
-            volume, workload, ..
-        } => {
-            tracing::debug!(%volume, %workload, "release not stored: the claim store fails");
-        }
-        Event::Freed(claim) => {
-            let state = claim.state();
-            tracing::info!(
-                volume = %claim.volume(),
-                workload = %claim.workload(),
-                node = %claim.node(),
-                node_step = ?state.node_step(),
-                controller_step = ?state.controller_step(),
-                "claim freed"
-            );
-        }
-        // Once per failed attempt: which step, how it failed, the how-manieth failure it is
-        // and when it is retried (the error's text is in the driver's line about the call).
-        Event::StepFailed(failure) => {
-            let retry_in_ms = failure
-                .next_retry
-                .saturating_duration_since(std::time::Instant::now())
-                .as_millis();
-            tracing::warn!(
-                volume = %failure.volume,
-                workload = %failure.workload().map_or("-", |w| w.as_str()),
-                step = %failure.step.name(),
-                class = %failure.class.as_str(),
-                attempt = failure.attempt,
-                retry_in_ms,
-                "release step failed; retry scheduled"
-            );
-        }
-        Event::StepRecovered {
-            volume,
-            step,
-            failed_attempts,
-        } => {
-            tracing::info!(
-                %volume,
-                workload = %step.workload().map_or("-", |w| w.as_str()),
-                step = %step.name(),
-                failed_attempts,
-                "release step succeeded after failing"
-            );
-        }
-    }
 }
 
 /// Resolves once `serve` is told to stop (or its stop sender is gone).

@@ -1,8 +1,8 @@
 //! The agent's plugins: csi-node's [`PluginManager`] fed by a [`DirWatcher`] over the plugin
 //! directory (`<plugin-id>.sock` sockets), with the agent's clients (the `call_timeout` cap
 //! and the metrics layers), csi-node's [`RegistryFeed`] (which fills the shim's [`Registry`]
-//! and wakes stuck releases when a plugin is healthy again) and an observer that logs each
-//! transition.
+//! and wakes stuck releases when a plugin is healthy again) and csi-node's [`LogEvents`],
+//! which logs each transition.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,8 +12,7 @@ use csi_claims::driver::ClaimsHandle;
 use csi_client::{CallsInFlight, CsiClient, Fingerprint};
 use csi_node::detach::NodeDetachPolicy;
 use csi_node::plugins::{
-    DirWatcher, PluginEvent, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
-    Source,
+    DirWatcher, LogEvents, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus, Source,
 };
 use csi_node::shim::RegistryFeed;
 use csi_node::state::StateFileError;
@@ -47,77 +46,6 @@ pub struct Plugins {
     feed: Arc<RegistryFeed>,
     /// Every plugin call in flight, of every local plugin.
     calls: Arc<CallsInFlight>,
-}
-
-/// The plugins' transitions, in the agent's log.
-#[derive(Debug)]
-struct LogTransitions;
-
-impl PluginObserver for LogTransitions {
-    fn on_event(&self, event: &PluginEvent) {
-        match event {
-            PluginEvent::Registered {
-                plugin,
-                endpoint,
-                source,
-                ..
-            } => match source {
-                Source::Directory { socket, .. } => {
-                    tracing::info!(plugin = %plugin, socket = %socket.display(), "plugin socket appeared");
-                }
-                Source::Pushed => {
-                    tracing::info!(plugin = %plugin, endpoint = %endpoint, "plugin registered");
-                }
-            },
-            PluginEvent::Fingerprinted {
-                plugin,
-                fingerprint: fp,
-                previous,
-                ..
-            } => {
-                if previous.as_ref().is_some_and(|old| old != fp) {
-                    tracing::info!(
-                        plugin = %plugin,
-                        version = %fp.plugin.vendor_version,
-                        controller = fp.capabilities.plugin.has_controller_service(),
-                        node = fp.serves_node(),
-                        "plugin fingerprint changed"
-                    );
-                    return;
-                }
-                tracing::info!(
-                    plugin = %plugin,
-                    name = %fp.plugin.name.as_str(),
-                    version = %fp.plugin.vendor_version,
-                    controller = fp.capabilities.plugin.has_controller_service(),
-                    node = fp.serves_node(),
-                    "plugin fingerprinted"
-                );
-            }
-            PluginEvent::FingerprintFailed {
-                plugin,
-                error,
-                periodic,
-                ..
-            } => {
-                if *periodic {
-                    tracing::warn!(plugin = %plugin, error = %error, class = %error.class().as_str(), "periodic fingerprint failed");
-                } else {
-                    tracing::warn!(plugin = %plugin, error = %error, class = %error.class().as_str(), "fingerprint failed; will retry");
-                }
-            }
-            PluginEvent::Healthy { plugin, .. } => {
-                tracing::info!(plugin = %plugin, health = "healthy", reason = "-", "plugin health transition");
-            }
-            PluginEvent::Unhealthy { plugin, why, .. } => {
-                let name = csi_node::plugins::Health::Unhealthy(why.clone()).name();
-                tracing::info!(plugin = %plugin, health = name, reason = %why, "plugin health transition");
-            }
-            PluginEvent::Gone { plugin, .. } => {
-                tracing::info!(plugin = %plugin, "plugin socket removed or replaced; plugin deregistered");
-            }
-        }
-    }
 }
 
 impl Plugins {
@@ -161,7 +89,7 @@ impl Plugins {
             )
         })
         .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
-        .observer(Arc::new(LogTransitions))
+        .observer(Arc::new(LogEvents::default()))
         .start()?;
         let watcher = Arc::new(DirWatcher::new(manager.clone(), dir));
         Ok(Self {
