@@ -17,9 +17,11 @@
 //!   ([`JoinError::DuplicateNode`]).
 //! - `gone/<node>`: nodes an operator reported gone for good
 //!   ([`Membership::report_node_gone`]), a small JSON value saying who reported it. Each
-//!   member's claims driver can then skip those nodes' node-side release steps (they will
-//!   never run), so the controller-side step need not wait for them. A node that joins again
-//!   deletes its own mark.
+//!   member tells its own claims driver of every mark as it appears
+//!   ([`ClaimsHandle::node_gone`]), so the driver skips those nodes' node-side release steps
+//!   (they will never run) and the controller-side step need not wait for them. A node that
+//!   joins again deletes its own mark, and every member's driver hears that it is back
+//!   ([`ClaimsHandle::node_returned`]).
 //! - `leader/controller-duty`: the controller duty's election (csi-claims'
 //!   [`EtcdStore::elect_controller_duty`]): one member at a time holds the key under its own
 //!   lease and performs controller-side release steps, fenced by the key's revision; another
@@ -155,6 +157,8 @@ pub struct Membership<T> {
     election: Mutex<Option<ControllerElection>>,
     /// The driver the election hands the duty to, asked what it holds.
     claims: ClaimsHandle,
+    /// The task that tells the driver of the `gone/` marks, until this member leaves.
+    follow_gone: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Records of `T`; the membership holds none itself.
     about: PhantomData<fn() -> T>,
 }
@@ -164,6 +168,8 @@ impl<T: Serialize + DeserializeOwned> Membership<T> {
     /// with another `instance`), clears the node's `gone/` mark, then writes `record` under a
     /// lease of `lease_ttl` (kept alive until [`leave`](Self::leave) or drop) and campaigns for
     /// the controller duty with `duty`, handing it to `claims` while this member holds it.
+    /// Until then too, `claims` hears of each node reported gone for good and of each one
+    /// back.
     ///
     /// # Errors
     ///
@@ -198,6 +204,7 @@ impl<T: Serialize + DeserializeOwned> Membership<T> {
             .await?;
         let held = store.hold_key(members.key(me.as_str()), value, lease_ttl);
         let election = store.elect_controller_duty(me.as_str(), duty, claims.clone());
+        let follow_gone = tokio::spawn(follow_gone(gone.clone(), claims.clone()));
         Ok(Self {
             me,
             store: store.clone(),
@@ -206,6 +213,7 @@ impl<T: Serialize + DeserializeOwned> Membership<T> {
             held: Mutex::new(Some(held)),
             election: Mutex::new(Some(election)),
             claims,
+            follow_gone: Mutex::new(Some(follow_gone)),
             about: PhantomData,
         })
     }
@@ -257,11 +265,18 @@ impl<T> Membership<T> {
 
     /// The nodes reported gone for good (and not back since).
     pub fn gone_nodes(&self) -> BTreeSet<NodeId> {
-        self.gone
-            .list()
-            .into_iter()
-            .filter_map(|(name, _)| NodeId::new(name).ok())
-            .collect()
+        gone_nodes(&self.gone)
+    }
+
+    fn stop_following(&self) {
+        let task = self
+            .follow_gone
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
     }
 
     /// Wakes when [`gone_nodes`](Self::gone_nodes) changes.
@@ -290,6 +305,7 @@ impl<T> Membership<T> {
     /// Gives up the controller duty and the membership at once (a clean stop), so the others
     /// need not wait for the leases to expire. Later calls do nothing.
     pub async fn leave(&self) {
+        self.stop_following();
         let election = self
             .election
             .lock()
@@ -342,6 +358,42 @@ impl<T> Membership<T> {
 }
 
 /// `record` as JSON, within the store's value limit.
+impl<T> Drop for Membership<T> {
+    fn drop(&mut self) {
+        self.stop_following();
+    }
+}
+
+/// The node ids under `gone/`.
+fn gone_nodes(gone: &Mirror) -> BTreeSet<NodeId> {
+    gone.list()
+        .into_iter()
+        .filter_map(|(name, _)| NodeId::new(name).ok())
+        .collect()
+}
+
+/// Tells `claims` of every node marked gone, and of every mark removed, as the mirror sees
+/// them; ends when the mirror does.
+async fn follow_gone(gone: Mirror, claims: ClaimsHandle) {
+    let mut changes = gone.subscribe();
+    let mut applied = BTreeSet::new();
+    loop {
+        let now = gone_nodes(&gone);
+        for node in now.difference(&applied) {
+            tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
+            claims.node_gone(node);
+        }
+        for node in applied.difference(&now) {
+            tracing::info!(node = %node, "node no longer reported gone");
+            claims.node_returned(node);
+        }
+        applied = now;
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn encode<T: Serialize>(
     store: &EtcdStore,
     me: &NodeId,

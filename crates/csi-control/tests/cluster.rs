@@ -14,9 +14,15 @@ use csi_claims::driver::{
 };
 use csi_claims::duty::DutyTiming;
 use csi_claims::store::{ClaimStore, EtcdStore, EtcdStoreConfig};
-use csi_claims::{ControllerDetachRequest, DetachError, Duties, MachineConfig, NodeDetachRequest};
+use csi_claims::{
+    ClaimMode, ClaimRequest, ControllerDetachRequest, ControllerRequirement, DetachError, Duties,
+    MachineConfig, NodeDetachRequest, VolumeInfo,
+};
 use csi_control::cluster::{FORMAT, JoinError, MemberRecord, Membership};
-use csi_structs::NodeId;
+use csi_structs::{
+    AccessMode, AccessTypeKind, ExternalVolumeId, NodeId, PluginId, PluginNodeId, VolumeId,
+    WorkloadId,
+};
 use csi_testkit::etcd::LocalEtcd;
 use serde::{Deserialize, Serialize};
 
@@ -289,6 +295,55 @@ async fn a_node_reported_gone_is_seen_by_the_others_until_it_joins_again() {
     })
     .await;
     assert!(c.membership.gone_nodes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_node_reported_gone_is_released_without_its_node_step() {
+    let etcd = Etcd::start();
+    let a = join(&etcd, "/freed", "a", "ia").await.expect("a joins");
+    let b = join(&etcd, "/freed", "b", "ib").await.expect("b joins");
+    eventually("a controller duty holder", || {
+        a.membership.held_duty().is_some() || b.membership.held_duty().is_some()
+    })
+    .await;
+    // A claim of node c, which is no member: nobody performs its node steps.
+    let volume = VolumeId::new("v1").expect("id");
+    let workload = WorkloadId::new("w1").expect("id");
+    let info = VolumeInfo {
+        id: volume.clone(),
+        external_id: ExternalVolumeId::new("vol-1").expect("id"),
+        plugin: PluginId::new("plug").expect("id"),
+        controller: ControllerRequirement::Required,
+    };
+    let request = ClaimRequest {
+        volume: volume.clone(),
+        workload: workload.clone(),
+        node: node("c"),
+        plugin_node: PluginNodeId::new("i-c").expect("id"),
+        mode: ClaimMode::Write,
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment: AccessTypeKind::Mount,
+    };
+    a.claims.claim(&info, request).await.expect("claimed");
+    let release = a.claims.release_and_wait_until(
+        &volume,
+        &workload,
+        tokio::time::Instant::now() + Duration::from_millis(500),
+    );
+    assert!(release.await.is_err(), "waits for c's node step");
+
+    // b reports c gone: each member's driver is told, and the duty holder frees the claim.
+    b.membership
+        .report_node_gone(&node("c"))
+        .await
+        .expect("reported");
+    let freed = a
+        .claims
+        .release_and_wait_until(&volume, &workload, tokio::time::Instant::now() + LIMIT)
+        .await
+        .expect("freed without c's node step");
+    assert_eq!(freed.node(), &node("c"));
+    assert!(b.claims.status(&volume).is_none_or(|s| s.claims.is_empty()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

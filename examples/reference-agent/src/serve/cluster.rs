@@ -20,7 +20,7 @@
 //!
 //! Node-side release steps stay with the node's own agent.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,8 +152,6 @@ pub async fn run(
 ) {
     let membership = &cluster.membership;
     let mut changes = membership.subscribe();
-    let mut gone_changes = membership.subscribe_gone();
-    let mut gone = BTreeSet::new();
     let mut routes = BTreeMap::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,29 +164,12 @@ pub async fn run(
             }
         }
         follow_members(&agent, membership, &token, &mut routes);
-        follow_gone(&agent, membership, &mut gone);
         tokio::select! {
             _ = ticker.tick() => {}
             _ = changes.changed() => {}
-            _ = gone_changes.changed() => {}
             _ = stop.changed() => return,
         }
     }
-}
-
-/// Tells this agent's driver of the nodes reported gone for good (their node steps are
-/// skipped) and of the ones back.
-fn follow_gone(agent: &Agent, membership: &Membership<MemberInfo>, applied: &mut BTreeSet<NodeId>) {
-    let now = membership.gone_nodes();
-    for node in now.difference(applied) {
-        tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
-        agent.claims().node_gone(node);
-    }
-    for node in applied.difference(&now) {
-        tracing::info!(node = %node, "node no longer reported gone");
-        agent.claims().node_returned(node);
-    }
-    *applied = now;
 }
 
 /// Routes and tokens for every other member; members gone (their lease expired) are marked
