@@ -134,6 +134,61 @@ impl fmt::Display for CallInFlight {
     }
 }
 
+/// Which calls in flight are due a reminder that they are still going: each once when it
+/// has run for `first`, then every `every` while it lasts. A call seen late (a busy machine)
+/// gets one reminder, not one per interval it missed; a call no longer listed is forgotten.
+///
+/// [`CallsInFlight::log_long_calls`] logs with it; a caller that shows long calls its own way
+/// (a status line, say) asks [`due`](Self::due) itself.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use csi_client::{CallsInFlight, LongCalls};
+///
+/// let calls = CallsInFlight::new();
+/// let mut long = LongCalls::new(Duration::from_secs(5), Duration::from_secs(30));
+/// let listed = calls.list();
+/// for call in long.due(&listed, Instant::now()) {
+///     eprintln!("still waiting: {call}");
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LongCalls {
+    first: Duration,
+    every: Duration,
+    /// Per call id, the age at which its next reminder is due.
+    next: std::collections::HashMap<u64, Duration>,
+}
+
+impl LongCalls {
+    /// A reminder at `first`, then every `every` (at least a second).
+    pub fn new(first: Duration, every: Duration) -> Self {
+        Self {
+            first,
+            every: every.max(Duration::from_secs(1)),
+            next: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The calls of `calls` (every call in flight, as [`CallsInFlight::list`] gives them) due
+    /// a reminder at `now`.
+    pub fn due<'a>(&mut self, calls: &'a [CallInFlight], now: Instant) -> Vec<&'a CallInFlight> {
+        self.next.retain(|id, _| calls.iter().any(|c| c.id == *id));
+        let mut due = Vec::new();
+        for call in calls {
+            let age = call.elapsed_at(now);
+            let next = self.next.entry(call.id).or_insert(self.first);
+            if age >= *next {
+                due.push(call);
+                while *next <= age {
+                    *next += self.every;
+                }
+            }
+        }
+        due
+    }
+}
+
 /// The calls in flight of one or more clients (see the [module docs](self)). Cheap to read:
 /// a listing copies the entries under a lock held only for the copy.
 #[derive(Debug, Default)]
@@ -179,6 +234,22 @@ impl CallsInFlight {
     /// Whether no call is in flight.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+
+    /// Logs (`warn`, "plugin call still in flight", the call in a `call` field) each call
+    /// that has run for `first`, and again every `every` while it lasts ([`LongCalls`]),
+    /// looking once a second. Never ends: drop it, or select it against a stop signal.
+    pub async fn log_long_calls(&self, first: Duration, every: Duration) {
+        let mut long = LongCalls::new(first, every);
+        let mut ticks = tokio::time::interval(Duration::from_secs(1));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let calls = self.list();
+            for call in long.due(&calls, Instant::now()) {
+                tracing::warn!(call = %call, "plugin call still in flight");
+            }
+        }
     }
 
     /// Lists a call starting now; it stays listed until the returned entry is dropped.
@@ -297,5 +368,40 @@ mod tests {
         assert_eq!(seconds(Duration::from_secs(42)), "42s");
         assert_eq!(seconds(Duration::from_secs(120)), "2m");
         assert_eq!(seconds(Duration::from_secs(150)), "2m30s");
+    }
+
+    #[test]
+    fn a_long_call_is_reminded_once_and_then_at_intervals() {
+        let secs = Duration::from_secs;
+        let calls = CallsInFlight::new();
+        let first = calls.enter(&CallContext::new(Rpc::NodeStageVolume), 1);
+        let listed = calls.list();
+        let t0 = listed[0].started;
+        let mut long = LongCalls::new(secs(3), secs(15));
+        let due = |long: &mut LongCalls, listed: &[CallInFlight], at: u64| {
+            long.due(listed, t0 + secs(at))
+                .into_iter()
+                .map(|c| c.id)
+                .collect::<Vec<_>>()
+        };
+        let id = listed[0].id;
+        assert!(due(&mut long, &listed, 2).is_empty());
+        assert_eq!(due(&mut long, &listed, 3), [id]);
+        assert!(due(&mut long, &listed, 4).is_empty());
+        assert!(due(&mut long, &listed, 17).is_empty());
+        assert_eq!(due(&mut long, &listed, 18), [id]);
+
+        // A second call has its own turn; the first, ended, is forgotten.
+        drop(first);
+        let second = calls.enter(&CallContext::new(Rpc::NodePublishVolume), 1);
+        let mut listed = calls.list();
+        listed[0].started = t0;
+        let other = listed[0].id;
+        assert_eq!(due(&mut long, &listed, 40), [other]);
+        assert!(!long.next.contains_key(&id));
+        // A long pause gives one reminder, not one per missed interval.
+        assert_eq!(due(&mut long, &listed, 100), [other]);
+        assert!(due(&mut long, &listed, 101).is_empty());
+        drop(second);
     }
 }

@@ -150,7 +150,7 @@ pub use fingerprint::Fingerprint;
 pub use group_controller::GroupControllerClient;
 pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
-pub use inflight::{CallInFlight, CallsInFlight, Waiting};
+pub use inflight::{CallInFlight, CallsInFlight, LongCalls, Waiting};
 pub use node::{NodeClient, NodeExpand, NodePublish, NodeStage};
 pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
 pub use policy::{

@@ -9,7 +9,6 @@
 
 pub mod config;
 pub mod demo;
-mod long_calls;
 pub mod metrics;
 pub mod ops;
 pub mod serve;

@@ -10,11 +10,9 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use csi_client::{CallInFlight, CallsInFlight};
+use csi_client::{CallInFlight, CallsInFlight, LongCalls};
 use csi_structs::untrusted::escaped;
 use tokio::task::JoinHandle;
-
-use crate::long_calls::Reminders;
 
 /// How long a call runs before it is shown.
 pub(crate) const LONG: Duration = Duration::from_secs(3);
@@ -125,7 +123,7 @@ fn status_text(call: &CallInFlight, now: Instant) -> String {
 /// aborted.
 pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut reminders = Reminders::new(LONG, PLAIN_EVERY);
+        let mut reminders = LongCalls::new(LONG, PLAIN_EVERY);
         let mut ticks = tokio::time::interval(TICK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -147,10 +145,7 @@ pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandl
                     None => drop(line.quiet()),
                 }
             } else {
-                let ages: Vec<(u64, Duration)> =
-                    long.iter().map(|c| (c.id, c.elapsed_at(now))).collect();
-                let shown = reminders.due(&ages);
-                for call in long.iter().filter(|c| shown.contains(&c.id)) {
+                for call in reminders.due(&long, now) {
                     line.plain(&describe(call));
                 }
             }

@@ -599,27 +599,15 @@ pub const LONG_CALL: Duration = Duration::from_secs(5);
 pub const LONG_CALL_EVERY: Duration = Duration::from_secs(30);
 
 /// Logs each plugin call that has run for [`LONG_CALL`], and again every
-/// [`LONG_CALL_EVERY`] while it lasts: the RPC, the volume, the attempt and its deadline, the
-/// time so far (ids escaped by [`csi_client::CallInFlight`]'s `Display`).
+/// [`LONG_CALL_EVERY`] while it lasts ([`csi_client::CallsInFlight::log_long_calls`]), until
+/// `stop`.
 async fn log_long_calls(
     calls: Arc<csi_client::CallsInFlight>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut reminders = crate::long_calls::Reminders::new(LONG_CALL, LONG_CALL_EVERY);
-    let mut ticks = tokio::time::interval(Duration::from_secs(1));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = stop.changed() => return,
-        }
-        let now = std::time::Instant::now();
-        let list = calls.list();
-        let ages: Vec<(u64, Duration)> = list.iter().map(|c| (c.id, c.elapsed_at(now))).collect();
-        let due = reminders.due(&ages);
-        for call in list.iter().filter(|c| due.contains(&c.id)) {
-            tracing::warn!(call = %call, "plugin call still in flight");
-        }
+    tokio::select! {
+        () = calls.log_long_calls(LONG_CALL, LONG_CALL_EVERY) => {}
+        _ = stop.changed() => {}
     }
 }
 
