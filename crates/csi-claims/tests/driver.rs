@@ -653,6 +653,40 @@ async fn the_memory_of_freed_claims_is_bounded() {
     driver.shutdown().await;
 }
 
+#[test]
+fn log_events_logs_from_its_call_until_the_driver_and_its_handles_are_gone() {
+    let lines = csi_testkit::logs::capture(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let plugin = Plugin::new();
+            let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+            // Subscribed by the call: the events before the future is first polled count.
+            let log = claims.log_events();
+            let v = info("v", "p", ControllerRequirement::Required);
+            let claim = claims.claim(&v, write_claim(&v, "a", "n1")).await.unwrap();
+            claims
+                .release_and_wait(&v.id, claim.workload())
+                .await
+                .unwrap();
+            driver.shutdown().await;
+            drop(claims);
+            tokio::time::timeout(Duration::from_secs(30), log)
+                .await
+                .expect("hang guard: the log ends with the driver");
+        });
+    });
+    let messages: Vec<&str> = ["claim written", "release written", "claim freed"]
+        .into_iter()
+        .filter(|m| lines.iter().any(|l| l.contains(m)))
+        .collect();
+    assert_eq!(messages.len(), 3, "{lines:#?}");
+    let freed = lines.iter().find(|l| l.contains("claim freed")).unwrap();
+    assert!(freed.contains("volume=v workload=a node=n1"), "{freed}");
+}
+
 /// Compile-only: the handle's futures can be spawned on a multi-threaded runtime.
 #[allow(dead_code)]
 fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {

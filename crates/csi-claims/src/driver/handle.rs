@@ -663,4 +663,23 @@ impl ClaimsHandle {
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.shared.events.subscribe()
     }
+
+    /// Logs every event from this call on (it subscribes at once; the future it returns
+    /// does the logging), one line each ([`Event::log`]), and how many were missed when the
+    /// log falls behind; ends once the driver has stopped and every handle is dropped. Drop
+    /// it (or select it against a stop signal) to stop sooner.
+    pub fn log_events(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut events = self.subscribe();
+        async move {
+            loop {
+                match events.recv().await {
+                    Ok(event) => event.log(),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "claim event log fell behind");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    }
 }

@@ -310,7 +310,8 @@ pub async fn serve_until(
     )
     .await?;
     plugins.set_claims(claims.clone());
-    let mut events = claims.subscribe();
+    // Subscribed now, so that no event of the releases resumed below goes unlogged.
+    let log_events = claims.log_events();
     // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
     let store_description = stores.description;
     #[cfg(feature = "etcd")]
@@ -411,19 +412,11 @@ pub async fn serve_until(
         });
     }
     {
-        let mut stop = stop_rx.clone();
+        let stop = stopped(stop_rx.clone());
         tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    event = events.recv() => match event {
-                        Ok(event) => event.log(),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                            tracing::warn!(missed = n, "claim event log fell behind");
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    },
-                    _ = stop.changed() => break,
-                }
+            tokio::select! {
+                () = log_events => {}
+                () = stop => {}
             }
         });
     }
