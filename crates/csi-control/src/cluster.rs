@@ -269,12 +269,7 @@ impl<T> Membership<T> {
     }
 
     fn stop_following(&self) {
-        let task = self
-            .follow_gone
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(task) = task {
+        if let Some(task) = take(&self.follow_gone) {
             task.abort();
         }
     }
@@ -306,19 +301,12 @@ impl<T> Membership<T> {
     /// need not wait for the leases to expire. Later calls do nothing.
     pub async fn leave(&self) {
         self.stop_following();
-        let election = self
-            .election
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        // Taken out of the lock before the awaits.
+        let election = take(&self.election);
         if let Some(e) = election {
             e.resign().await;
         }
-        let held = self
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let held = take(&self.held);
         if let Some(held) = held {
             held.release().await;
         }
@@ -362,6 +350,11 @@ impl<T> Drop for Membership<T> {
     fn drop(&mut self) {
         self.stop_following();
     }
+}
+
+/// What `slot` holds, leaving it empty.
+fn take<V>(slot: &Mutex<Option<V>>) -> Option<V> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 /// The node ids under `gone/`.
