@@ -168,8 +168,8 @@ impl<T: Serialize + DeserializeOwned> Membership<T> {
     /// with another `instance`), clears the node's `gone/` mark, then writes `record` under a
     /// lease of `lease_ttl` (kept alive until [`leave`](Self::leave) or drop) and campaigns for
     /// the controller duty with `duty`, handing it to `claims` while this member holds it.
-    /// Until then too, `claims` hears of each node reported gone for good and of each one
-    /// back.
+    /// Until it leaves, `claims` also hears of each node reported gone for good, and of each
+    /// one back.
     ///
     /// # Errors
     ///
@@ -345,7 +345,6 @@ impl<T> Membership<T> {
     }
 }
 
-/// `record` as JSON, within the store's value limit.
 impl<T> Drop for Membership<T> {
     fn drop(&mut self) {
         self.stop_following();
@@ -387,6 +386,7 @@ async fn follow_gone(gone: Mirror, claims: ClaimsHandle) {
     }
 }
 
+/// `record` as JSON, within the store's value limit.
 fn encode<T: Serialize>(
     store: &EtcdStore,
     me: &NodeId,
