@@ -204,7 +204,7 @@ impl<T: Serialize + DeserializeOwned> Membership<T> {
             .await?;
         let held = store.hold_key(members.key(me.as_str()), value, lease_ttl);
         let election = store.elect_controller_duty(me.as_str(), duty, claims.clone());
-        let follow_gone = tokio::spawn(follow_gone(gone.clone(), claims.clone()));
+        let follow_gone = tokio::spawn(follow_gone(gone.clone(), claims.clone(), me.clone()));
         Ok(Self {
             me,
             store: store.clone(),
@@ -263,9 +263,10 @@ impl<T> Membership<T> {
         self.members.subscribe()
     }
 
-    /// The nodes reported gone for good (and not back since).
+    /// The nodes reported gone for good (and not back since). Never this member's own: it is
+    /// back, and its join removes its mark.
     pub fn gone_nodes(&self) -> BTreeSet<NodeId> {
-        gone_nodes(&self.gone)
+        gone_nodes(&self.gone, &self.me)
     }
 
     fn stop_following(&self) {
@@ -356,21 +357,24 @@ fn take<V>(slot: &Mutex<Option<V>>) -> Option<V> {
     slot.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
-/// The node ids under `gone/`.
-fn gone_nodes(gone: &Mirror) -> BTreeSet<NodeId> {
+/// The node ids under `gone/`, but `me`'s. The mirror was read before `me`'s join removed its
+/// mark, and a live member performs its own node steps whatever any mark says: were its own
+/// driver told it is gone, a release of its claims could skip an unmount that must run.
+fn gone_nodes(gone: &Mirror, me: &NodeId) -> BTreeSet<NodeId> {
     gone.list()
         .into_iter()
         .filter_map(|(name, _)| NodeId::new(name).ok())
+        .filter(|node| node != me)
         .collect()
 }
 
-/// Tells `claims` of every node marked gone, and of every mark removed, as the mirror sees
-/// them; ends when the mirror does.
-async fn follow_gone(gone: Mirror, claims: ClaimsHandle) {
+/// Tells `claims` of every node marked gone (never `me`), and of every mark removed, as the
+/// mirror sees them; ends when the mirror does.
+async fn follow_gone(gone: Mirror, claims: ClaimsHandle, me: NodeId) {
     let mut changes = gone.subscribe();
     let mut applied = BTreeSet::new();
     loop {
-        let now = gone_nodes(&gone);
+        let now = gone_nodes(&gone, &me);
         for node in now.difference(&applied) {
             tracing::warn!(node = %node, "node reported gone for good: its claims are released without their node steps");
             claims.node_gone(node);
