@@ -765,6 +765,13 @@ fn listed_snapshots(
 mod tests {
     use super::*;
 
+    /// Each violation's field and problem, in order.
+    fn by_field(errs: ValidationErrors) -> Vec<(String, Problem)> {
+        errs.into_iter()
+            .map(|v| (v.field.to_string(), v.problem))
+            .collect()
+    }
+
     #[test]
     fn listed_snapshots_name_the_entry() {
         let good = pb::Snapshot {
@@ -784,10 +791,7 @@ mod tests {
         };
         let errs =
             listed_snapshots(&[entry(Some(good)), entry(Some(negative)), entry(None)]).unwrap_err();
-        let got: Vec<(String, Problem)> = errs
-            .into_iter()
-            .map(|v| (v.field.to_string(), v.problem))
-            .collect();
+        let got = by_field(errs);
         assert_eq!(
             got,
             [
@@ -858,10 +862,7 @@ mod tests {
             },
         ])
         .unwrap_err();
-        let got: Vec<(String, Problem)> = errs
-            .into_iter()
-            .map(|v| (v.field.to_string(), v.problem))
-            .collect();
+        let got = by_field(errs);
         assert_eq!(
             got,
             [

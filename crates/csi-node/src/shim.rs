@@ -13,6 +13,7 @@ use csi_rpc_shim::{
     LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind,
     SnapshotInfo, SnapshotPage, Validated, VolumePage,
 };
+use csi_structs::wire::size_to_wire;
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
 
 mod registry;
@@ -216,9 +217,7 @@ fn listed_volume(
         .collect::<Result<_, _>>()?;
     Ok(ListedVolume {
         external_volume: volume.volume_id,
-        capacity_bytes: volume
-            .capacity_bytes
-            .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        capacity_bytes: size_to_wire(volume.capacity_bytes),
         published_nodes,
     })
 }
@@ -227,9 +226,7 @@ fn snapshot_info(s: csi_structs::Snapshot) -> SnapshotInfo {
     SnapshotInfo {
         snapshot: s.snapshot_id,
         source: s.source_volume_id,
-        size_bytes: s
-            .size_bytes
-            .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        size_bytes: size_to_wire(s.size_bytes),
         ready_to_use: s.ready_to_use,
     }
 }
@@ -354,10 +351,7 @@ impl LocalPlugins for NodeBackend {
             let volume = c.create_volume(wire).await.map_err(client_error)?;
             Ok(CreatedVolume {
                 external_volume: volume.volume_id,
-                capacity_bytes: volume
-                    .capacity_bytes
-                    .map(|b| i64::try_from(b).unwrap_or(i64::MAX))
-                    .unwrap_or(0),
+                capacity_bytes: size_to_wire(volume.capacity_bytes),
                 volume_context: volume.volume_context,
                 accessible_topology: volume.accessible_topology,
             })
@@ -540,7 +534,7 @@ impl LocalPlugins for NodeBackend {
         within(ctx, async move {
             let grown = self.volumes.expand(&request).await.map_err(node_error)?;
             Ok(NodeExpanded {
-                capacity_bytes: grown.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+                capacity_bytes: size_to_wire(grown),
             })
         })
         .await

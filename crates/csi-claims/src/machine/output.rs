@@ -179,9 +179,9 @@ pub enum Event {
 }
 
 impl Event {
-    /// Writes one `tracing` line for the event (target `csi_claims`): `debug` for writes that
-    /// became durable and for failed writes the caller was already told of, `info` for a
-    /// freed claim and a step that succeeded after failing, `warn` for a refused or lost
+    /// Writes one `tracing` line for the event (a target under `csi_claims`): `debug` for
+    /// writes that became durable and for failed writes the caller was already told of, `info`
+    /// for a freed claim and a step that succeeded after failing, `warn` for a refused or lost
     /// claim and each failed release step (with its class, attempt and time to the retry).
     /// The detach calls themselves are logged by the driver, with their errors.
     ///

@@ -6,13 +6,14 @@ use csi_rpc_shim::{
     ControllerQuery, ControllerValidate, CreateVolume, CreatedVolume, DeleteVolume, ShimError,
     Validated,
 };
+use csi_structs::wire::size_from_wire;
 use csi_structs::{
     AccessMode, AccessTypeKind, ContentSource, ControllerCapability, ErrorClass, ExternalVolumeId,
     Parameters, PluginId, PluginService, Secrets, SecretsUse, SnapshotId, Topology,
     TopologyRequirement, VolumeContext, VolumeId, VolumeSecrets,
 };
 
-use super::error::{CallFailure, deleting, invalid, known_size, wire_size};
+use super::error::{CallFailure, deleting, invalid, wire_size};
 use super::{ServiceError, ServiceEvent, VolumeService};
 use crate::catalog::{CatalogEntry, MayExist};
 
@@ -253,7 +254,7 @@ impl VolumeService {
         self.insert(CatalogEntry {
             external_id: created.external_volume,
             controller_publish,
-            capacity_bytes: known_size(created.capacity_bytes),
+            capacity_bytes: size_from_wire(created.capacity_bytes),
             context: created.volume_context.into_inner(),
             accessible_topology: created.accessible_topology,
             ..draft

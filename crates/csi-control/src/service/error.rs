@@ -246,13 +246,6 @@ pub(crate) fn wire_size(field: &'static str, bytes: u64) -> Result<i64, ServiceE
     i64::try_from(bytes).map_err(|_| invalid(field, format!("{bytes} is over {} bytes", i64::MAX)))
 }
 
-/// A size the plugin answered, as the catalog keeps it: the wire's 0 means unknown. The
-/// answer was checked on its way in (csi-node's conversions, or the shim's wire checks), so
-/// it is never negative; were it, it would be unknown too.
-pub(crate) fn known_size(bytes: i64) -> Option<u64> {
-    u64::try_from(bytes).ok().filter(|b| *b > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,13 +331,5 @@ mod tests {
             ),
             "{e:?}"
         );
-    }
-
-    #[test]
-    fn a_wire_size_of_zero_is_unknown() {
-        assert_eq!(known_size(0), None);
-        assert_eq!(known_size(-1), None);
-        assert_eq!(known_size(1 << 30), Some(1 << 30));
-        assert_eq!(known_size(i64::MAX), Some(i64::MAX as u64));
     }
 }

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use csi_rpc_shim::{
     ControllerQuery, CreateSnapshot, DeleteSnapshot, ListSnapshots, ListVolumes, SnapshotInfo,
 };
+use csi_structs::wire::size_from_wire;
 use csi_structs::{
     ExternalVolumeId, Parameters, PluginId, PluginNodeId, Secrets, SecretsUse, SnapshotId, VolumeId,
 };
 
-use super::error::{invalid, known_size};
+use super::error::invalid;
 use super::{ServiceError, ServiceEvent, VolumeService};
 
 /// Whose snapshots a snapshot call is about.
@@ -92,7 +93,7 @@ impl VolumeService {
             .into_iter()
             .map(|listed| ExternalVolume {
                 known_as: known.get(&listed.external_volume).cloned(),
-                capacity_bytes: known_size(listed.capacity_bytes),
+                capacity_bytes: size_from_wire(listed.capacity_bytes),
                 published_nodes: listed.published_nodes,
                 external_id: listed.external_volume,
             })
@@ -115,7 +116,7 @@ impl VolumeService {
             plugin: plugin.clone(),
             id: info.snapshot,
             source: info.source,
-            size_bytes: known_size(info.size_bytes),
+            size_bytes: size_from_wire(info.size_bytes),
             ready_to_use: info.ready_to_use,
         }
     }

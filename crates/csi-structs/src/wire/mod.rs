@@ -83,18 +83,31 @@ pub(crate) fn optional_size(
     at: FieldPath,
     value: i64,
 ) -> Option<Option<u64>> {
-    match u64::try_from(value) {
-        Ok(0) => Some(None),
-        Ok(v) => Some(Some(v)),
-        Err(_) => {
-            errs.push(at, Problem::Negative { value });
-            None
-        }
+    if value < 0 {
+        errs.push(at, Problem::Negative { value });
+        return None;
     }
+    Some(size_from_wire(value))
 }
 
-/// A domain size back to the wire, 0 for unknown.
-pub(crate) fn size_to_wire(value: Option<u64>) -> i64 {
+/// A wire size (`capacity_bytes`, `size_bytes`, …) as a domain size: the wire's 0 means
+/// unknown. For a size already checked on its way in (by this module's conversions, or by
+/// csi-rpc-shim's wire checks), which is never negative; a negative one is unknown too.
+///
+/// ```
+/// use csi_structs::wire::{size_from_wire, size_to_wire};
+///
+/// assert_eq!(size_from_wire(0), None);
+/// assert_eq!(size_from_wire(1 << 30), Some(1 << 30));
+/// assert_eq!(size_to_wire(None), 0);
+/// assert_eq!(size_to_wire(Some(u64::MAX)), i64::MAX);
+/// ```
+pub fn size_from_wire(value: i64) -> Option<u64> {
+    u64::try_from(value).ok().filter(|v| *v > 0)
+}
+
+/// A domain size back to the wire: 0 for unknown, and `i64::MAX` for a size beyond it.
+pub fn size_to_wire(value: Option<u64>) -> i64 {
     value.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX))
 }
 
@@ -118,3 +131,16 @@ macro_rules! by_ref_and_value {
     };
 }
 pub(crate) use by_ref_and_value;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wire_size_of_zero_is_unknown() {
+        assert_eq!(size_from_wire(0), None);
+        assert_eq!(size_from_wire(-1), None);
+        assert_eq!(size_from_wire(1 << 30), Some(1 << 30));
+        assert_eq!(size_from_wire(i64::MAX), Some(i64::MAX as u64));
+    }
+}

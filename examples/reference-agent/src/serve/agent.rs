@@ -15,6 +15,7 @@ use csi_control::service::{
     Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{PendingStep, Reconciliation, StepState, VolumeManager};
+use csi_structs::wire::size_to_wire;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     SnapshotId, Topology, VolumeContext, VolumeId, WorkloadId,
@@ -442,7 +443,7 @@ impl Agent {
             .map(|v| api::ExternalVolumeView {
                 known_as: v.known_as.map(VolumeId::into_inner),
                 external_id: v.external_id.to_string(),
-                capacity_bytes: wire_size(v.capacity_bytes),
+                capacity_bytes: size_to_wire(v.capacity_bytes),
                 published_nodes: v.published_nodes.iter().map(ToString::to_string).collect(),
             })
             .collect())
@@ -785,14 +786,9 @@ fn snapshot_view(s: Snapshot) -> api::SnapshotView {
         snapshot_id: s.id.into_inner(),
         source_external_id: s.source.into_inner(),
         source_volume: s.source_volume.map(VolumeId::into_inner),
-        size_bytes: wire_size(s.size_bytes),
+        size_bytes: size_to_wire(s.size_bytes),
         ready_to_use: s.ready_to_use,
     }
-}
-
-/// A size as the control API has always shown it: 0 when unknown.
-fn wire_size(bytes: Option<u64>) -> i64 {
-    bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX))
 }
 
 /// One record's confirmation for the API.
