@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use csi_proto::Rpc;
+
 use crate::capabilities::{
     self, CONTROLLER_IMPLEMENTED, ControllerCapability, GROUP_CONTROLLER_IMPLEMENTED,
     GroupControllerCapability, NODE_IMPLEMENTED, NodeCapability, PluginCapabilities, PluginService,
@@ -14,6 +16,7 @@ use csi_structs::limits::{MAX_NAME_CHARS, MAX_PLUGIN_NODE_ID_BYTES, MAX_STRING_B
 
 use crate::plugin::{MockPlugin, Shared, StateFile};
 use crate::quirks::{Quirk, Quirks};
+use crate::secrets::{SecretRequirementError, SecretRequirements};
 use crate::state::State;
 use crate::state::persist::{self, StateFileError};
 
@@ -113,6 +116,10 @@ pub enum ConfigError {
     /// The state file could not be read or understood.
     #[error(transparent)]
     StateFile(#[from] StateFileError),
+    /// A secret requirement ([`MockPluginBuilder::require_secret`]) that no call could meet:
+    /// the rpc takes no secrets, or the key is not a valid secret name.
+    #[error(transparent)]
+    SecretRequirement(#[from] SecretRequirementError),
     /// The default volume size exceeds the largest volume allowed.
     #[error("default volume size {default} exceeds the maximum volume size {max}")]
     DefaultAboveMax {
@@ -189,6 +196,9 @@ pub struct MockPluginBuilder {
     seeds: Vec<SeedVolume>,
     state_file: Option<PathBuf>,
     id_tag: Option<String>,
+    /// The secret requirements so far, or the first one that was refused (reported by
+    /// `build`).
+    required_secrets: Result<SecretRequirements, SecretRequirementError>,
 }
 
 impl Default for MockPluginBuilder {
@@ -219,6 +229,7 @@ impl Default for MockPluginBuilder {
             seeds: Vec::new(),
             state_file: None,
             id_tag: None,
+            required_secrets: Ok(SecretRequirements::default()),
         }
     }
 }
@@ -437,6 +448,77 @@ impl MockPluginBuilder {
         self
     }
 
+    /// Plays a plugin that needs a secret (spec §3.6): every call of `rpc` whose `secrets` map
+    /// lacks `key`, or holds another value under it, is refused with INVALID_ARGUMENT.
+    /// Repeatable: all the requirements of an rpc must hold (a second value for the same key
+    /// replaces the first); other rpcs are not affected. [`MockPlugin::require_secret`] and
+    /// [`MockPlugin::clear_secret_requirements`] change them while the mock runs.
+    ///
+    /// INVALID_ARGUMENT is what the spec's general error table (§3.7) gives for a missing or
+    /// invalid field, and what the mock answers; plugins that authenticate with the secrets
+    /// may answer UNAUTHENTICATED instead (use a [fault script](crate::faults) to play that).
+    /// The status message names the rpc and each key that is missing or wrong, never a value;
+    /// the refused call is in the [call log](MockPlugin::calls) with that failure.
+    ///
+    /// Where it sits in the order every call goes through: after the call is recorded, the
+    /// concurrency guard (ABORTED), the [fault scripts](crate::faults) (a scripted outcome
+    /// wins, as it does over UNIMPLEMENTED; a delay is served first) and the capability check
+    /// (UNIMPLEMENTED: a plugin does not look at the secrets of a call it does not serve);
+    /// before the rpc's own argument checks.
+    ///
+    /// Only rpcs whose request has a `secrets` field can be given a requirement
+    /// ([`takes_secrets`](crate::secrets::takes_secrets)); for any other rpc, or a key that is
+    /// not a valid secret name, [`build`](Self::build) fails with
+    /// [`ConfigError::SecretRequirement`] naming the rpc.
+    ///
+    /// ```
+    /// use csi_proto::Rpc;
+    /// use csi_proto::v1::DeleteVolumeRequest;
+    /// use csi_proto::v1::controller_client::ControllerClient;
+    /// use csi_testkit::MockPlugin;
+    /// use tonic::Code;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let plugin = MockPlugin::builder()
+    ///     .volume("vol-1", 1 << 30)
+    ///     .require_secret(Rpc::DeleteVolume, "token", "t0k3n")
+    ///     .build()?;
+    /// let (server, channel) = plugin.serve_in_memory().await?;
+    /// let mut controller = ControllerClient::new(channel);
+    ///
+    /// let mut request = DeleteVolumeRequest { volume_id: "vol-1".into(), ..Default::default() };
+    /// let refused = controller.delete_volume(request.clone()).await.unwrap_err();
+    /// assert_eq!(refused.code(), Code::InvalidArgument);
+    /// assert_eq!(refused.message(), r#"DeleteVolume: missing secret "token""#);
+    ///
+    /// request.secrets.insert("token".into(), "t0k3n".into());
+    /// controller.delete_volume(request).await?;
+    ///
+    /// // A requirement no call could meet is refused when the mock is built.
+    /// let err = MockPlugin::builder()
+    ///     .require_secret(Rpc::NodeUnpublishVolume, "token", "t0k3n")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("NodeUnpublishVolume"));
+    /// server.shutdown().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn require_secret(
+        mut self,
+        rpc: Rpc,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Self {
+        if let Ok(required) = &mut self.required_secrets
+            && let Err(err) = required.require(rpc, key.into(), value.into())
+        {
+            self.required_secrets = Err(err);
+        }
+        self
+    }
+
     /// Keeps the storage state (volumes, snapshots, group snapshots, controller publications,
     /// stagings and node publications) in this file, so that it survives a restart: read by
     /// [`build`](Self::build) if it exists, written atomically (mode 0600) after every call
@@ -496,6 +578,7 @@ impl MockPluginBuilder {
         if let Some(tag) = &self.id_tag {
             check_id_tag(tag)?;
         }
+        let required_secrets = self.required_secrets?;
         let mut quirks = Quirks::default();
         for quirk in self.quirks {
             quirks.set(quirk);
@@ -513,7 +596,7 @@ impl MockPluginBuilder {
             }
         };
         let state = State::with_seeds(state, self.seeds, self.id_tag);
-        let shared = Shared::new(self.config, quirks, state, state_file);
+        let shared = Shared::new(self.config, quirks, required_secrets, state, state_file);
         Ok(MockPlugin::from_shared(Arc::new(shared)))
     }
 }

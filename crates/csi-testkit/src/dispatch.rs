@@ -1,6 +1,7 @@
 //! What happens to every call before and after its rpc logic: it is recorded, guarded against a
 //! concurrent call on the same volume (ABORTED), put through the fault scripts, checked against
-//! the configured capabilities (UNIMPLEMENTED), and its outcome recorded.
+//! the configured capabilities (UNIMPLEMENTED) and the required secrets (INVALID_ARGUMENT), and
+//! its outcome recorded.
 
 use std::fmt;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use tonic::{Request, Response, Status};
 use crate::calls::Outcome;
 use crate::faults::FaultStep;
 use crate::plugin::MockPlugin;
+use crate::secrets::CallSecrets;
 use crate::transport::killable::KillSwitch;
 
 /// How long a call whose connection was dropped waits for the connection task to drop it.
@@ -189,9 +191,10 @@ impl Drop for CallScope {
 }
 
 impl MockPlugin {
-    /// Starts serving a call: records it and applies the concurrency guard, the fault scripts
-    /// and the capabilities, in that order. `Err` is the status to answer (already recorded).
-    pub(crate) async fn begin<T: fmt::Debug>(
+    /// Starts serving a call: records it and applies the concurrency guard, the fault scripts,
+    /// the capabilities and the required secrets, in that order. `Err` is the status to answer
+    /// (already recorded).
+    pub(crate) async fn begin<T: fmt::Debug + CallSecrets>(
         &self,
         rpc: Rpc,
         request: &Request<T>,
@@ -235,11 +238,23 @@ impl MockPlugin {
             ))));
         }
 
-        // A scripted outcome wins over everything, even UNIMPLEMENTED: a test may want a
-        // plugin that answers an rpc it does not advertise.
-        let serve = |scope: CallScope| match self.shared.refusal(rpc) {
-            Some(reason) => Err(scope.fail(Status::unimplemented(reason))),
-            None => Ok(scope),
+        // A scripted outcome wins over everything, even UNIMPLEMENTED and missing secrets: a
+        // test may want a plugin that answers an rpc it does not advertise. A plugin does not
+        // look at the secrets of an rpc it does not serve, so UNIMPLEMENTED comes first; the
+        // secrets are checked when the call would be served (after a scripted delay).
+        let serve = |scope: CallScope| {
+            if let Some(reason) = self.shared.refusal(rpc) {
+                return Err(scope.fail(Status::unimplemented(reason)));
+            }
+            let secrets = self
+                .shared
+                .lock()
+                .required_secrets
+                .check(rpc, request.get_ref().secrets());
+            match secrets {
+                Ok(()) => Ok(scope),
+                Err(status) => Err(scope.fail(status)),
+            }
         };
         match step {
             None | Some(FaultStep::Pass) => serve(scope),

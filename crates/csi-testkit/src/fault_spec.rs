@@ -251,13 +251,17 @@ fn split<'t>(
 }
 
 fn parse_rpc(text: &str) -> Result<Rpc, FaultSpecError> {
+    rpc_by_name(text).ok_or_else(|| FaultSpecError::UnknownRpc {
+        text: text.to_string(),
+    })
+}
+
+/// The rpc named `text` (`NodeUnpublishVolume`, any case, surrounding blanks ignored).
+pub(crate) fn rpc_by_name(text: &str) -> Option<Rpc> {
     Rpc::ALL
         .iter()
         .copied()
         .find(|rpc| rpc.name().eq_ignore_ascii_case(text.trim()))
-        .ok_or_else(|| FaultSpecError::UnknownRpc {
-            text: text.to_string(),
-        })
 }
 
 /// The canonical upper-case name of a gRPC code, as the CSI spec writes it.

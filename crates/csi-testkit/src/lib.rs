@@ -53,6 +53,8 @@
 //! - [`config`]: the [`MockPluginBuilder`], [`Role`] and [`Config`].
 //! - [`capabilities`]: capability names and which rpc each one enables.
 //! - [`quirks`]: [`Quirk`] switches.
+//! - [`secrets`]: secrets the mock requires on the calls that take them
+//!   ([`MockPluginBuilder::require_secret`]).
 //! - [`faults`]: fault scripts ([`Faults`], [`ScriptBuilder`], [`FaultStep`]);
 //!   [`fault_spec`]: the same written as text (`csi-mock-plugin --fault`);
 //!   [`control`]: a control socket to change faults and read the call log at run time.
@@ -86,6 +88,7 @@ mod metadata;
 mod plugin;
 pub mod quirks;
 pub mod registrar;
+pub mod secrets;
 pub mod server;
 mod services;
 mod state;
@@ -103,5 +106,6 @@ pub use error::Error;
 pub use faults::{FaultStep, Faults, ScriptBuilder};
 pub use plugin::{MockPlugin, NodePath};
 pub use quirks::Quirk;
+pub use secrets::SecretRequirementError;
 pub use server::MockServer;
 pub use state::persist::{STATE_FILE_VERSION, StateFileError};

@@ -14,6 +14,7 @@ use crate::capabilities::unimplemented_reason;
 use crate::config::{Config, MockPluginBuilder};
 use crate::faults::{FaultTable, Faults};
 use crate::quirks::{Quirk, Quirks};
+use crate::secrets::{SecretRequirementError, SecretRequirements};
 use crate::state::State;
 use crate::state::persist::{self, StateFileError};
 
@@ -29,6 +30,8 @@ pub(crate) struct Inner {
     pub(crate) in_flight: HashSet<String>,
     /// Volume conditions set by the test, by the plugin's volume id (not saved with the state).
     pub(crate) conditions: BTreeMap<String, csi_proto::v1::VolumeCondition>,
+    /// The secrets calls must carry (never saved with the state).
+    pub(crate) required_secrets: SecretRequirements,
 }
 
 impl Inner {
@@ -67,6 +70,7 @@ impl Shared {
     pub(crate) fn new(
         config: Config,
         quirks: Quirks,
+        required_secrets: SecretRequirements,
         state: State,
         state_file: Option<StateFile>,
     ) -> Self {
@@ -86,6 +90,7 @@ impl Shared {
                 quirks,
                 in_flight: HashSet::new(),
                 conditions: BTreeMap::new(),
+                required_secrets,
             }),
             log_changed: Notify::new(),
             release: Notify::new(),
@@ -194,6 +199,45 @@ impl MockPlugin {
     /// Switches every quirk off.
     pub fn clear_quirks(&self) {
         self.shared.lock().quirks = Quirks::default();
+    }
+
+    /// While the plugin runs, as [`MockPluginBuilder::require_secret`]: from the next call on,
+    /// a call of `rpc` whose `secrets` lack `key` with exactly `value` is refused with
+    /// INVALID_ARGUMENT. Adds to the requirements set so far (a new value for a key already
+    /// required replaces the old one).
+    ///
+    /// ```
+    /// use csi_proto::Rpc;
+    ///
+    /// let plugin = csi_testkit::MockPlugin::builder().build()?;
+    /// plugin.require_secret(Rpc::NodePublishVolume, "token", "t0k3n")?;
+    /// assert!(plugin.require_secret(Rpc::NodeUnpublishVolume, "token", "t0k3n").is_err());
+    /// plugin.clear_secret_requirements();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`SecretRequirementError::NoSecretsField`] when `rpc`'s request has no `secrets` field
+    /// ([`takes_secrets`](crate::secrets::takes_secrets)), and
+    /// [`SecretRequirementError::Invalid`] for a key that is not a valid secret name; the
+    /// requirements are then unchanged.
+    pub fn require_secret(
+        &self,
+        rpc: Rpc,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<(), SecretRequirementError> {
+        self.shared
+            .lock()
+            .required_secrets
+            .require(rpc, key.into(), value.into())
+    }
+
+    /// Drops every secret requirement (those of the builder too): from the next call on, no
+    /// call is refused for its secrets.
+    pub fn clear_secret_requirements(&self) {
+        self.shared.lock().required_secrets = SecretRequirements::default();
     }
 
     /// Every volume the plugin knows, ordered by id.

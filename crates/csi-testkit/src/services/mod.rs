@@ -1,6 +1,6 @@
 //! The tonic service implementations, one file per CSI service. Each handler goes through
-//! [`MockPlugin::begin`](crate::plugin::MockPlugin) (log, capabilities, concurrency guard,
-//! faults), then runs its rpc logic against the state under the one lock.
+//! [`MockPlugin::begin`](crate::plugin::MockPlugin) (log, concurrency guard, faults,
+//! capabilities, required secrets), then runs its rpc logic against the state under the one lock.
 
 pub(crate) mod controller;
 pub(crate) mod group_controller;
