@@ -9,6 +9,7 @@ mod errors;
 mod faults;
 mod lifecycle;
 mod persistence;
+mod secrets;
 mod streaming;
 mod support;
 mod transport;
