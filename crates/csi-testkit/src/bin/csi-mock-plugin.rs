@@ -5,7 +5,7 @@
 //! csi-mock-plugin --endpoint unix:///run/csi/csi.sock [--role controller|node|both] [--node-id node-1] ...
 //!     [--state-file PATH] [--fault NodeUnpublishVolume=UNAVAILABLE:times=3]
 //!     [--delay CreateVolume=2s] [--hang DeleteVolume:after=1] [--control unix:///run/ctl.sock]
-//!     [--call-log-limit 10000] [--threads 1]
+//!     [--call-log-limit 10000] [--threads 1] [--require-secret NodeStageVolume:token=t0k3n]
 //! ```
 //!
 //! See `crates/csi-testkit/README.md` for the flags, the control socket and csi-sanity.
@@ -69,6 +69,23 @@ fn parse_topology(text: &str) -> Result<(String, String), String> {
         .split_once('=')
         .ok_or_else(|| format!("topology {text:?} must be KEY=VALUE"))?;
     Ok((key.to_string(), value.to_string()))
+}
+
+/// A `--require-secret` value as given. Parsed in [`build`] rather than by clap, whose error
+/// for a bad value quotes it, and printed by `Debug` without its text, which holds a secret.
+#[derive(Clone)]
+struct SecretFlag(String);
+
+impl From<String> for SecretFlag {
+    fn from(text: String) -> Self {
+        SecretFlag(text)
+    }
+}
+
+impl std::fmt::Debug for SecretFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretFlag(<redacted>)")
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -199,6 +216,12 @@ struct Args {
     /// other keys are refused with INVALID_ARGUMENT. Default: none.
     #[arg(long = "mutable-parameter-key")]
     mutable_parameter_keys: Vec<String>,
+    /// Refuse RPC with INVALID_ARGUMENT unless its secrets hold KEY with exactly VALUE
+    /// (repeatable; all of an rpc's must hold): `RPC:KEY=VALUE`, e.g.
+    /// `NodeStageVolume:token=t0k3n`. Only rpcs whose request has a secrets field. For tests
+    /// only: the value is on the command line, where other users of the machine can read it.
+    #[arg(long = "require-secret", value_name = "RPC:KEY=VALUE")]
+    require_secrets: Vec<SecretFlag>,
     /// Keep volumes, snapshots, publications and stagings in this file across restarts
     /// (written atomically, mode 0600). Without it every start is a fresh, empty storage
     /// system whose ids carry the start time, so they never repeat those of an earlier run.
@@ -289,6 +312,10 @@ fn build(args: &Args) -> Result<MockPlugin, csi_testkit::ConfigError> {
     }
     for key in &args.mutable_parameter_keys {
         builder = builder.mutable_parameter_key(key);
+    }
+    for SecretFlag(text) in &args.require_secrets {
+        let (rpc, key, value) = csi_testkit::secrets::parse_requirement(text)?;
+        builder = builder.require_secret(rpc, key, value);
     }
     builder = builder.call_log_limit(args.call_log_limit);
     builder = match &args.state_file {

@@ -571,3 +571,59 @@ async fn volume_conditions_from_the_control_socket_and_the_quirk_flag() {
     );
     assert_eq!(running.stop().await, Some(0));
 }
+
+#[tokio::test]
+async fn a_required_secret_flag_refuses_calls_without_it() {
+    use csi_proto::v1::controller_client::ControllerClient;
+    let dir = tempfile::tempdir().unwrap();
+    let running = Running::start(
+        dir.path(),
+        &["--require-secret", "createvolume:token=S3CR3T-FLAG-VALUE"],
+    )
+    .await;
+    let mut controller = ControllerClient::new(running.channel().await);
+    let mut request = crate::support::create_req("a");
+    request.capacity_range = None;
+    let refused = controller.create_volume(request.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert_eq!(refused.message(), r#"CreateVolume: missing secret "token""#);
+    request
+        .secrets
+        .insert("token".into(), "S3CR3T-FLAG-VALUE".into());
+    controller
+        .create_volume(request)
+        .await
+        .expect("the secret is there");
+    assert_eq!(running.stop().await, Some(0));
+}
+
+#[test]
+fn a_bad_required_secret_flag_exits_2_without_quoting_the_value() {
+    const VALUE: &str = "S3CR3T-FLAG-VALUE";
+    for (spec, needle) in [
+        (
+            format!("NodeUnpublishVolume:token={VALUE}"),
+            "NodeUnpublishVolume",
+        ),
+        (
+            format!("NodeStageVolume:bad key={VALUE}"),
+            "NodeStageVolume",
+        ),
+        (VALUE.to_string(), "RPC:KEY=VALUE"),
+        (format!("{VALUE}:token=x"), "unknown rpc"),
+    ] {
+        let out = Command::new(BIN)
+            .args([
+                "--endpoint",
+                "unix:///tmp/never.sock",
+                "--require-secret",
+                &spec,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{needle}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+        assert!(!stderr.contains(VALUE), "the value leaked: {stderr}");
+    }
+}
