@@ -95,7 +95,7 @@ pub use status::{LastError, Pending, RetriedStep, VolumeStatus};
 
 use crate::accounting::{Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
-use crate::detach::{ControllerDetachRequest, DetachError, NodeDetachRequest};
+use crate::detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
 use crate::error::error_chain;
 use crate::model::{Claim, ClaimMode, ClaimRequest, VolumeInfo, VolumeRecord};
 use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
@@ -1548,6 +1548,7 @@ impl ReleaseMachine {
         };
         entry.reload = Reload::Wanted;
         let step = RetriedStep::StoreRead;
+        let detail = reason.clone();
         let at = entry.store_retry.failed(
             step.clone(),
             now,
@@ -1560,7 +1561,7 @@ impl ReleaseMachine {
             &mut self.rng,
         );
         let attempt = entry.store_retry.attempts;
-        self.retry_at(volume, step, class, attempt, at);
+        self.retry_at(volume, step, (class, None, detail), attempt, at);
     }
 
     /// A detach call of `volume` failed: the volume's release steps wait out its backoff (at
@@ -1575,7 +1576,7 @@ impl ReleaseMachine {
         let Some(entry) = self.volumes.get_mut(volume) else {
             return;
         };
-        let class = error.class;
+        let (class, rpc, detail) = (error.class, Some(error.rpc), error.detail.clone());
         let at = entry.step_retry.failed(
             step.clone(),
             now,
@@ -1585,16 +1586,16 @@ impl ReleaseMachine {
             &mut self.rng,
         );
         let attempt = entry.step_retry.attempts;
-        self.retry_at(volume, step, class, attempt, at);
+        self.retry_at(volume, step, (class, rpc, detail), attempt, at);
     }
 
-    /// Wakes `volume` at `at` for the retry of `step`, whose `attempt` failed with `class`,
-    /// and announces it ([`Event::StepFailed`]).
+    /// Wakes `volume` at `at` for the retry of `step`, whose `attempt` failed (with its
+    /// class, the call and what went wrong), and announces it ([`Event::StepFailed`]).
     fn retry_at(
         &mut self,
         volume: &VolumeId,
         step: RetriedStep,
-        class: ErrorClass,
+        (class, rpc, detail): (ErrorClass, Option<DetachRpc>, String),
         attempt: u32,
         at: Instant,
     ) {
@@ -1603,6 +1604,8 @@ impl ReleaseMachine {
             volume: volume.clone(),
             step,
             class,
+            rpc,
+            detail,
             attempt,
             next_retry: at,
         }));

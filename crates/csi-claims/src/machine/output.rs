@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use csi_structs::{ErrorClass, VolumeId, WorkloadId};
 
-use crate::detach::{ControllerDetachRequest, NodeDetachRequest};
+use crate::detach::{ControllerDetachRequest, DetachRpc, NodeDetachRequest};
 use crate::model::{Claim, VolumeRecord};
 use crate::store::Version;
 
@@ -241,6 +241,7 @@ impl Event {
                     volume = %failure.volume,
                     workload = %failure.workload().map_or("-", |w| w.as_str()),
                     step = %failure.step.name(),
+                    rpc = %failure.rpc.map_or("-", DetachRpc::name),
                     class = %failure.class.as_str(),
                     attempt = failure.attempt,
                     retry_in_ms,
@@ -278,6 +279,12 @@ pub struct StepFailure {
     /// delay: the machine never gives up a release, and an operator who fixed the cause can
     /// cut the wait short (reporting the plugin available, say).
     pub class: ErrorClass,
+    /// The call that failed (`None` for a store read): `NodeUnstageVolume` when the node
+    /// step got past its unpublish, say.
+    pub rpc: Option<DetachRpc>,
+    /// What went wrong, for people: the plugin's or the store's message as the detacher or
+    /// the store gave it (never parsed, never a secret; escape it before showing it).
+    pub detail: String,
     /// The failed attempts of the volume's release since its last successful step, this one
     /// included: 1 for a first failure. It is the count the backoff grows with (and
     /// [`VolumeStatus::attempts`](super::VolumeStatus::attempts)); while one claim of the

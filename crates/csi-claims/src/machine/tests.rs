@@ -1542,6 +1542,8 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
             volume: vid("v"),
             step: step.clone(),
             class: ErrorClass::Retry,
+            rpc: Some(DetachRpc::NodeUnpublish),
+            detail: "scripted".into(),
             attempt: 1,
             next_retry: h.now + Duration::from_secs(1),
         })]
@@ -1616,6 +1618,8 @@ fn a_fatal_failure_is_reported_as_fatal_with_its_retry_at_the_cap() {
             volume: vid("v"),
             step: step.clone(),
             class: ErrorClass::Fatal,
+            rpc: Some(DetachRpc::ControllerUnpublish),
+            detail: "scripted".into(),
             attempt: 1,
             next_retry: cap,
         })],
