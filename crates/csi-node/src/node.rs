@@ -73,6 +73,21 @@ pub enum NodeError {
     /// A task on Tokio's blocking pool did not finish (the runtime is shutting down).
     #[error("opening the node did not finish: {0}")]
     Interrupted(String),
+    /// [`Node::close`] found the node's volume manager still held outside the node (by a
+    /// csi-control `VolumeService` built over it, or a clone the embedder kept), so its
+    /// database cannot close. The release pipeline and the plugins' tasks are stopped; the
+    /// database closes when the last holder is dropped.
+    #[error(
+        "node {node} cannot close: its volume manager is still held by {holders} handle(s) \
+         outside the node (a VolumeService over it, or a clone); drop them first, or close \
+         through csi-control's ControlPlane, which closes the service and the node together"
+    )]
+    Held {
+        /// The node.
+        node: NodeId,
+        /// How many handles outside the node hold its volume manager.
+        holders: usize,
+    },
 }
 
 /// What a [`Node`] is opened with. Every field has a default; see [`Node::builder`].
@@ -441,10 +456,13 @@ impl Node {
     ///
     /// # Errors
     ///
-    /// [`NodeError::Store`] when a handle the embedder kept (a clone of the volume manager,
-    /// the claims' handle is not one) still holds the database after `within`.
+    /// [`NodeError::Held`], at once, when a clone of the volume manager is still held outside
+    /// the node (a `VolumeService` over it, say); [`NodeError::Store`] when another handle of
+    /// the database (one the embedder took from the node's parts) still holds it after
+    /// `within`.
     pub async fn close_within(self, within: Duration) -> Result<(), NodeError> {
         let Node {
+            node,
             plugins,
             volumes,
             claims,
@@ -456,7 +474,12 @@ impl Node {
         } = self;
         driver.shutdown().await;
         plugins.shutdown();
+        let manager = volumes.downgrade();
         drop((attacher, volumes, claims, plugins, forgetting));
+        let holders = manager.strong_count();
+        if holders > 0 {
+            return Err(NodeError::Held { node, holders });
+        }
         db.close(within).await?;
         Ok(())
     }

@@ -340,6 +340,13 @@ fn step_state<T>(result: &Result<T, csi_client::Error>) -> StepState {
 }
 
 impl VolumeManager {
+    /// A weak reference to this manager's shared state: it upgrades while any clone of the
+    /// manager is alive, so [`Node::close`](crate::Node::close) can tell at once whether
+    /// someone outside the node still holds one.
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<impl Sized + Send + Sync + use<>> {
+        Arc::downgrade(&self.inner)
+    }
+
     /// Opens the manager with its paths under `layout` and its usage records in the JSON
     /// file `usage_file` ([`UsageJson`]), loading them (a file in the older format is
     /// migrated and written back). A node with a redb database should prefer
