@@ -1,28 +1,23 @@
-//! An orchestrator's control plane on the library crates: one node (csi-node's `Node`), the
-//! shim that reaches its plugins (csi-rpc-shim, fed by csi-node's `RegistryFeed`), a catalog
-//! in a file, and the `VolumeService` over them. A volume is created, claimed (controller
-//! publish, stage, publish), expanded, snapshotted, released, and deleted; every step's
-//! `ServiceEvent` is printed.
+//! An orchestrator's node and control plane through the front door, csi-control's
+//! `ControlPlane`: one call opens the node, its catalog, its claims and the volume service,
+//! with secrets, restart confirmation and routing wired in. The whole flow of a volume runs
+//! against the mock plugin: create, claim by a writer and a reader, a restart, a release
+//! through a failing step (its progress printed from the service's one event stream),
+//! expansion, a snapshot and a volume made from it, delete and deregister.
 //!
 //! `cargo run -p csi-control --example control_plane` (the mock plugin runs in-process on a
 //! unix socket in a temporary directory; it exits 1 naming the step that failed).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::ClaimMode;
-use csi_client::Endpoint;
-use csi_control::service::{ClaimVolume, NewSnapshot, NewVolume, SnapshotsOf};
-use csi_control::{FileCatalog, VolumeCatalog, VolumeService};
-use csi_node::Node;
-use csi_node::plugins::PluginObserver;
-use csi_node::shim::{NodeBackend, RegistryFeed};
-use csi_rpc_shim::{
-    Credentials, NodeStatus, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook,
-};
-use csi_structs::{
-    AccessMode, AccessTypeKind, NodeId, Parameters, PluginId, VolumeId, VolumeSecrets, WorkloadId,
-};
+use csi_client::{Code, Endpoint, Rpc};
+use csi_control::service::{ClaimVolume, NewSnapshot, NewVolume, NewVolumeSource, SnapshotsOf};
+use csi_control::{ControlPlane, ServiceEvent};
+use csi_structs::{AccessMode, NodeId, PluginId, VolumeId, WorkloadId};
+use csi_testkit::MockPlugin;
+use tokio::sync::broadcast::Receiver;
+use tokio::time::{Instant, timeout};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -40,102 +35,117 @@ async fn main() {
 async fn run() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
     let socket = dir.path().join("mock.sock");
-    let mock = csi_testkit::MockPlugin::builder().build()?;
+    let mock = MockPlugin::builder().build()?;
     let _server = mock.serve_unix(&socket).await?;
     let (me, plugin) = (NodeId::new("node-1")?, PluginId::new("mock")?);
+    let state = dir.path().join("state");
 
-    // 1. The node, whose plugins the feed tells the shim's registry about.
-    let registry = Arc::new(Registry::new());
-    registry.set_node_status(&me, NodeStatus::Ready);
-    let feed = Arc::new(RegistryFeed::new(me.clone(), Arc::clone(&registry)));
-    let node = Node::builder(dir.path().join("node"), me.clone())
-        .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
-        .open()
+    // 1. Open the node and its control plane; register the plugin once (it is restored at
+    //    every later open).
+    let plane = ControlPlane::open(&state, me.clone()).await?;
+    plane
+        .register_plugin(plugin.clone(), Endpoint::unix(&socket)?)
         .await?;
-    feed.wake(node.claims().clone());
-    node.register(plugin.clone(), Endpoint::unix(&socket)?)
-        .await?;
-    node.wait_for(&plugin, STEP).await?;
+    plane.wait_for_plugin(&plugin, STEP).await?;
 
-    // 2. The shim (this node alone: its own plugins, no peers), the catalog, the service.
-    let credentials = Credentials {
-        node: me.clone(),
-        token: Token::new("an-example-token-0123456789")?,
-    };
-    let backend = Arc::new(NodeBackend::new(
-        node.plugins().clone(),
-        node.volumes().clone(),
-    ));
-    let config = ShimConfig::new(credentials, Scope::Cluster);
-    let shim = Shim::new(config, registry, backend, TokenBook::new(), Routes::new());
-    let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(dir.path()).await?);
-    let service = VolumeService::for_node(&node, catalog, shim)
-        .call_timeout(STEP)
-        .build();
-    let mut events = service.subscribe();
-
-    // 3. Created in the plugin; claimed by a writer and published on this node.
+    // 2. Create a volume; a writer and a reader claim it here (one controller publish).
     let volume = VolumeId::new("db")?;
-    let created = service
+    let mode = AccessMode::MultiNodeMultiWriter;
+    let created = plane
+        .service()
         .create(NewVolume {
-            id: volume.clone(),
-            plugin: plugin.clone(),
-            access_mode: AccessMode::SingleNodeWriter,
-            attachment: AccessTypeKind::Mount,
             capacity_bytes: 1 << 30,
-            parameters: Parameters::default(),
-            secrets: VolumeSecrets::default(),
-            requisite_topology: Vec::new(),
-            preferred_topology: Vec::new(),
-            source: None,
+            ..NewVolume::new(volume.clone(), plugin.clone(), mode)
         })
         .await?;
     println!("created {} as {}", created.id, created.external_id);
     let writer = WorkloadId::new("web-1")?;
-    let claimed = service
-        .claim(ClaimVolume {
+    let reader = WorkloadId::new("report-1")?;
+    for (workload, mode) in [(&writer, ClaimMode::Write), (&reader, ClaimMode::Read)] {
+        let request = ClaimVolume {
             volume: volume.clone(),
-            workload: writer.clone(),
-            mode: ClaimMode::Write,
+            workload: workload.clone(),
+            mode,
+        };
+        let claimed = plane.service().claim(request).await?;
+        println!("{workload}: published at {}", claimed.target_path.display());
+    }
+
+    // 3. A restart: what the node's records say is confirmed with the plugin first.
+    plane.close().await?;
+    let plane = ControlPlane::open(&state, me.clone()).await?;
+    let confirmed = plane.reconciled().await;
+    println!(
+        "restarted: {} publication(s) confirmed",
+        confirmed.report.records.len()
+    );
+    let service = plane.service();
+    let mut events = service.subscribe();
+
+    // 4. The reader is released while NodeUnpublishVolume fails once: the pipeline retries
+    //    it, and the service's events say so.
+    mock.faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .fail(Code::Unavailable, "device busy")
+        .install();
+    service.release(&volume, &reader).await?;
+    follow_release(&mut events, &reader).await?;
+
+    // 5. Grown while the writer has it published; a snapshot, and a volume made from it.
+    let grown = service.expand(&volume, 2 << 30).await?;
+    println!("expanded to {} bytes", grown.capacity_bytes);
+    let cut = NewSnapshot {
+        name: "db-nightly".into(),
+        parameters: Default::default(),
+    };
+    let snapshot = service.create_snapshot(&volume, cut).await?;
+    let copy = VolumeId::new("db-copy")?;
+    service
+        .create(NewVolume {
+            source: Some(NewVolumeSource::Snapshot(snapshot.id.clone())),
+            ..NewVolume::new(copy.clone(), plugin.clone(), mode)
         })
         .await?;
-    println!("{writer}: published at {}", claimed.target_path.display());
+    println!("snapshot {} restored as {copy}", snapshot.id);
 
-    // 4. Grown while published (controller, then this node), and snapshotted.
-    let grown = service.expand(&volume, 2 << 30).await?;
-    println!(
-        "expanded to {} bytes on {:?}",
-        grown.capacity_bytes, grown.nodes_expanded
-    );
-    let snapshot = service
-        .create_snapshot(
-            &volume,
-            NewSnapshot {
-                name: "db-nightly".into(),
-                parameters: Parameters::default(),
-            },
-        )
-        .await?;
-    let listed = service
-        .list_snapshots(&SnapshotsOf::Volume(volume.clone()))
-        .await?;
-    println!("snapshot {} ({} listed)", snapshot.id, listed.len());
-    service
-        .delete_snapshot(&SnapshotsOf::Volume(volume.clone()), &snapshot.id)
-        .await?;
-
-    // 5. Released (the pipeline unpublishes, unstages and detaches), then deleted.
-    let deadline = tokio::time::Instant::now() + STEP;
+    // 6. The writer released and waited for; the snapshot and the volume deleted; the copy
+    //    deregistered (forgotten here, left in the plugin).
+    let deadline = Instant::now() + STEP;
     service.release_and_wait(&volume, &writer, deadline).await?;
+    let of_volume = SnapshotsOf::Volume(volume.clone());
+    service.delete_snapshot(&of_volume, &snapshot.id).await?;
     service.delete(&volume).await?;
-    if !mock.volumes().is_empty() {
-        return Err("the plugin still holds the volume".into());
+    let deregistered = service.deregister(&copy, false, false).await?;
+    println!("deleted {volume}; deregistered {copy}, which leaves:");
+    for left in &deregistered.left_behind {
+        println!("  {left}");
     }
-
-    while let Ok(event) = events.try_recv() {
-        println!("event: {event:?}");
+    if mock.volumes().len() != 1 || !mock.published().is_empty() {
+        return Err("the plugin should hold the copy alone, published nowhere".into());
     }
-    drop(service);
-    node.close().await?;
+    plane.close().await?;
     Ok(())
+}
+
+/// Prints the release's progress until `workload`'s claim is freed.
+async fn follow_release(
+    events: &mut Receiver<ServiceEvent>,
+    workload: &WorkloadId,
+) -> Result<(), Error> {
+    let mut failed = 0;
+    loop {
+        let event = timeout(STEP, events.recv()).await??;
+        match &event {
+            ServiceEvent::ReleaseStepFailed(_) => failed += 1,
+            ServiceEvent::Freed { workload: w, .. } if w == workload => {
+                println!("  {event}");
+                return match failed {
+                    0 => Err("the failed NodeUnpublishVolume was not reported".into()),
+                    _ => Ok(()),
+                };
+            }
+            _ => {}
+        }
+        println!("  {event}");
+    }
 }

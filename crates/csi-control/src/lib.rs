@@ -81,6 +81,7 @@ struct ReadmeDoctests;
 pub mod catalog;
 #[cfg(feature = "etcd")]
 pub mod cluster;
+pub mod plane;
 pub mod service;
 pub mod stores;
 
@@ -91,5 +92,6 @@ pub use catalog::{
 };
 #[cfg(feature = "etcd")]
 pub use cluster::{JoinError, MemberRecord, Membership};
+pub use plane::{ControlPlane, ControlPlaneBuilder, PlaneError};
 pub use service::{NoPeers, Peers, ServiceError, ServiceEvent, VolumeService};
 pub use stores::{StoreConfig, Stores, StoresError};

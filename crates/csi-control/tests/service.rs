@@ -982,11 +982,20 @@ async fn delete_waits_for_the_claims_and_deletes_in_the_plugin() {
         .await
         .expect("release durable");
     assert_eq!(
-        h.events(),
-        vec![ServiceEvent::Released {
+        h.next_release_event().await,
+        ServiceEvent::ReleaseStarted {
             volume: id.clone(),
             workload: workload("web-1"),
-        }]
+        }
+    );
+    assert_eq!(
+        h.next_release_event().await,
+        ServiceEvent::Freed {
+            volume: id.clone(),
+            workload: workload("web-1"),
+            node: me(),
+        },
+        "the release's progress follows on the service's stream, up to the freed claim"
     );
     h.wait_no_claims(&id).await;
     assert!(h.mock.published().is_empty() && h.mock.staged().is_empty());

@@ -290,7 +290,8 @@ impl VolumeService {
     }
 
     /// Starts releasing a claim; returns once the release is durable (the release pipeline
-    /// runs the steps).
+    /// runs the steps, and its progress goes out as [`ServiceEvent::ReleaseStarted`],
+    /// [`ServiceEvent::ReleaseStepFailed`], … [`ServiceEvent::Freed`]).
     ///
     /// # Errors
     ///
@@ -303,10 +304,6 @@ impl VolumeService {
         let entry = self.entry(volume)?;
         self.claims.release(&entry.id, workload).await?;
         tracing::info!(volume = %entry.id, workload = %workload, "release durable");
-        self.emit(ServiceEvent::Released {
-            volume: entry.id,
-            workload: workload.clone(),
-        });
         Ok(())
     }
 
@@ -329,10 +326,6 @@ impl VolumeService {
             .claims
             .release_and_wait_until(&entry.id, workload, deadline)
             .await?;
-        self.emit(ServiceEvent::Released {
-            volume: entry.id,
-            workload: workload.clone(),
-        });
         Ok(freed)
     }
 

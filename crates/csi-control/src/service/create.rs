@@ -41,6 +41,30 @@ pub struct RegisterVolume {
     pub accessible_topology: Vec<Topology>,
 }
 
+impl RegisterVolume {
+    /// The mount volume `external_id` of `plugin`, registered as `id` with `access_mode`:
+    /// controller publish as the plugin's fingerprint says, no context, secrets or topology;
+    /// set the other fields on the result.
+    pub fn new(
+        id: VolumeId,
+        external_id: ExternalVolumeId,
+        plugin: PluginId,
+        access_mode: AccessMode,
+    ) -> Self {
+        RegisterVolume {
+            id,
+            external_id,
+            plugin,
+            access_mode,
+            attachment: AccessTypeKind::Mount,
+            controller_publish: None,
+            context: VolumeContext::default(),
+            secrets: VolumeSecrets::default(),
+            accessible_topology: Vec::new(),
+        }
+    }
+}
+
 /// A volume to create: [`VolumeService::create`].
 #[derive(Clone, Debug)]
 pub struct NewVolume {
@@ -64,6 +88,26 @@ pub struct NewVolume {
     pub preferred_topology: Vec<Topology>,
     /// What it is made from (`None`: empty).
     pub source: Option<NewVolumeSource>,
+}
+
+impl NewVolume {
+    /// A mount volume `id` in `plugin` with `access_mode`, of the plugin's default size,
+    /// empty, with no parameters, secrets or topology; set the other fields on the result
+    /// (`NewVolume { capacity_bytes: 1 << 30, ..NewVolume::new(id, plugin, mode) }`).
+    pub fn new(id: VolumeId, plugin: PluginId, access_mode: AccessMode) -> Self {
+        NewVolume {
+            id,
+            plugin,
+            access_mode,
+            attachment: AccessTypeKind::Mount,
+            capacity_bytes: 0,
+            parameters: Parameters::default(),
+            secrets: VolumeSecrets::default(),
+            requisite_topology: Vec::new(),
+            preferred_topology: Vec::new(),
+            source: None,
+        }
+    }
 }
 
 /// What a new volume is made from ([`NewVolume::source`]).

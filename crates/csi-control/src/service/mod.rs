@@ -51,7 +51,7 @@ use crate::catalog::{CatalogEntry, VolumeCatalog};
 pub use claim::{ClaimVolume, Claimed, DetachVolume, Detached};
 pub use create::{NewVolume, NewVolumeSource, RegisterVolume};
 pub use error::{CallFailure, ServiceError};
-pub use events::ServiceEvent;
+pub use events::{ReleaseStepFailed, ServiceEvent};
 pub use expand::Expanded;
 pub use forget::{Deregistered, Leftover};
 pub use reconcile::NodeReconciled;
@@ -174,8 +174,14 @@ impl VolumeServiceBuilder {
         self
     }
 
-    /// The service.
+    /// The service. Inside a Tokio runtime it also starts following the claim driver, so
+    /// that every release's progress reaches [`VolumeService::subscribe`]rs as
+    /// [`ServiceEvent`]s (the follower ends with the driver); outside one, spawn
+    /// [`VolumeService::follow_releases`] once a runtime runs.
     pub fn build(self) -> VolumeService {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(self.service.follow_releases());
+        }
         self.service
     }
 }
@@ -238,6 +244,34 @@ impl VolumeService {
     /// misses the oldest (and is told so by `recv`).
     pub fn subscribe(&self) -> broadcast::Receiver<ServiceEvent> {
         self.events.subscribe()
+    }
+
+    /// Passes the claim driver's release progress on to the service's subscribers
+    /// ([`ServiceEvent::from_claims`]): it subscribes at once, and the future it returns
+    /// forwards until the driver has stopped and its handles are dropped.
+    /// [`VolumeServiceBuilder::build`] spawns it inside a runtime; run it only for a service
+    /// built outside one.
+    pub fn follow_releases(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut claims = self.claims.subscribe();
+        let events = self.events.clone();
+        async move {
+            loop {
+                match claims.recv().await {
+                    Ok(event) => {
+                        if let Some(event) = ServiceEvent::from_claims(&event) {
+                            let _ = events.send(event);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(
+                            missed,
+                            "release progress events missed: the service fell behind the claim driver"
+                        );
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
     }
 
     /// This node.

@@ -43,6 +43,17 @@ pub fn workload(id: &str) -> WorkloadId {
     WorkloadId::new(id).expect("workload id")
 }
 
+/// Whether `event` is the release pipeline's progress, forwarded from the claim driver.
+pub fn is_release_progress(event: &ServiceEvent) -> bool {
+    matches!(
+        event,
+        ServiceEvent::ReleaseStarted { .. }
+            | ServiceEvent::ReleaseStepFailed(_)
+            | ServiceEvent::ReleaseStepRecovered { .. }
+            | ServiceEvent::Freed { .. }
+    )
+}
+
 /// One node with the mock plugin `mock`, and the volume service over it.
 pub struct Harness {
     /// Holds the socket, the node's state directory and the catalog's.
@@ -113,9 +124,30 @@ impl Harness {
         }
     }
 
-    /// Every event sent since the last call (the service sends them before it answers).
+    /// Every event of the service's own operations sent since the last call (the service
+    /// sends them before it answers). The release pipeline's progress, which arrives on its
+    /// own time, is left out: [`next_release_event`](Self::next_release_event) waits for it.
     pub fn events(&mut self) -> Vec<ServiceEvent> {
-        std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+        std::iter::from_fn(|| self.events.try_recv().ok())
+            .filter(|e| !is_release_progress(e))
+            .collect()
+    }
+
+    /// The next release-progress event (release started, step failed or recovered, claim
+    /// freed), waiting for it (bounded by [`GUARD`]); the service's other events on the way
+    /// are skipped.
+    pub async fn next_release_event(&mut self) -> ServiceEvent {
+        tokio::time::timeout(GUARD, async {
+            loop {
+                match self.events.recv().await {
+                    Ok(e) if is_release_progress(&e) => return e,
+                    Ok(_) => {}
+                    Err(e) => panic!("the service's events ended: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("a release event within the guard")
     }
 
     /// The catalog's entry of `id`.
