@@ -1,18 +1,36 @@
 //! Per-volume claim accounting from the access mode.
 //!
-//! Every claim that is not yet freed holds capacity, including claims whose release has
-//! started: capacity comes back only when a claim is freed. The rules, per access mode
-//! (Nomad's claim accounting, with its "reader then writer" asymmetry removed):
+//! One claim is one workload, and one workload is one publication: one target path on the
+//! claim's node (csi-node's layout gives each workload its own). The accounting admits exactly
+//! what a plugin that follows the spec accepts, so that every refusal comes before a plugin
+//! call. The spec's multiplicity rules (csi-spec §4.5, and the tables of
+//! `ControllerPublishVolume` and of a second `NodePublishVolume`):
 //!
-//! | access mode | who may hold the volume at once |
-//! |---|---|
-//! | `SINGLE_NODE_READER_ONLY` | one reader, no writer |
-//! | `SINGLE_NODE_WRITER` | one workload (a writer, or a reader; never a reader beside a writer) |
-//! | `SINGLE_NODE_SINGLE_WRITER` | claims on one node only, at most one writer |
-//! | `SINGLE_NODE_MULTI_WRITER` | claims on one node only, any writers and readers |
-//! | `MULTI_NODE_READER_ONLY` | any readers, never a writer |
-//! | `MULTI_NODE_SINGLE_WRITER` | at most one writer, any readers |
-//! | `MULTI_NODE_MULTI_WRITER` | anyone |
+//! - several nodes (`ControllerPublishVolume` to a second node) only with `MULTI_NODE_*`; a
+//!   plugin answers `FAILED_PRECONDITION` otherwise;
+//! - several target paths on one node only with `MULTI_NODE_*` and
+//!   `SINGLE_NODE_MULTI_WRITER`; a plugin answers `FAILED_PRECONDITION` to a second target path
+//!   otherwise, so in every other mode a volume has one workload at a time.
+//!
+//! Every claim that is not yet freed holds capacity, including claims whose release has
+//! started: capacity comes back only when a claim is freed. The rules, per access mode:
+//!
+//! | access mode | who may hold the volume at once | a second claim is denied with |
+//! |---|---|---|
+//! | `SINGLE_NODE_WRITER` | one workload (a writer or a reader) | [`DenyReason::SingleWorkload`] |
+//! | `SINGLE_NODE_READER_ONLY` | one workload, a reader | [`DenyReason::SingleWorkload`] |
+//! | `SINGLE_NODE_SINGLE_WRITER` | one workload (a writer or a reader) | [`DenyReason::SingleWorkload`] |
+//! | `SINGLE_NODE_MULTI_WRITER` | any workloads, writers and readers, all on one node | [`DenyReason::OtherNode`] |
+//! | `MULTI_NODE_READER_ONLY` | any readers on any nodes, never a writer | (writers: [`DenyReason::ReadOnlyMode`]) |
+//! | `MULTI_NODE_SINGLE_WRITER` | at most one writer and any readers, on any nodes | [`DenyReason::WritersExhausted`] |
+//! | `MULTI_NODE_MULTI_WRITER` | any workloads on any nodes | — |
+//!
+//! Two denials go beyond what a plugin can refuse, because the spec gives it no means to:
+//! a write claim on a `*_READER_ONLY` volume ([`DenyReason::ReadOnlyMode`]; it would be
+//! published read-only, so the workload could not write) and a second writer on a
+//! `MULTI_NODE_SINGLE_WRITER` volume ([`DenyReason::WritersExhausted`]; every claim there is
+//! controller-published read-write, and the spec states no refusal for a second writer). They
+//! keep the mode's meaning, and they too come before any plugin call.
 //!
 //! Across all modes: every claim on a volume uses the same access mode and the same
 //! attachment mode (a claim cannot change either while the volume is claimed), and claiming
@@ -65,14 +83,11 @@ pub enum DenyReason {
         /// How many writers the access mode allows.
         max: usize,
     },
-    /// Every reader slot of the access mode is held.
-    ReadersExhausted {
-        /// How many readers the access mode allows.
-        max: usize,
-    },
-    /// `SINGLE_NODE_WRITER` allows one workload, and another one holds the volume.
+    /// The access mode allows a single workload per volume (`SINGLE_NODE_WRITER`,
+    /// `SINGLE_NODE_READER_ONLY`, `SINGLE_NODE_SINGLE_WRITER`: one target path on one node),
+    /// and another workload holds the volume, on this node or another.
     SingleWorkload,
-    /// A `SINGLE_NODE_*` volume is held from another node.
+    /// A `SINGLE_NODE_MULTI_WRITER` volume is held from another node.
     OtherNode {
         /// The node the volume is held from.
         held_on: NodeId,
@@ -105,12 +120,9 @@ impl fmt::Display for DenyReason {
             DenyReason::WritersExhausted { max } => {
                 write!(f, "writer claims exhausted (at most {max})")
             }
-            DenyReason::ReadersExhausted { max } => {
-                write!(f, "reader claims exhausted (at most {max})")
-            }
-            DenyReason::SingleWorkload => {
-                f.write_str("the access mode allows a single workload and another one holds it")
-            }
+            DenyReason::SingleWorkload => f.write_str(
+                "the access mode allows a single workload per volume and another one holds it",
+            ),
             DenyReason::OtherNode { held_on } => {
                 write!(
                     f,
@@ -245,47 +257,31 @@ pub fn admit(claims: &[Claim], request: &ClaimRequest) -> Result<Admission, Clai
         }
     }
 
-    let writers = claims.iter().filter(|c| c.mode == ClaimMode::Write).count();
-    let other_node = claims.iter().find(|c| c.node != request.node);
     let writing = request.mode == ClaimMode::Write;
-
     if writing && request.access_mode.is_read_only() {
         return Err(deny(DenyReason::ReadOnlyMode));
     }
-    match request.access_mode {
-        AccessMode::SingleNodeReaderOnly => {
-            if !claims.is_empty() {
-                return Err(deny(DenyReason::ReadersExhausted { max: 1 }));
-            }
-        }
-        AccessMode::SingleNodeWriter => {
-            if !claims.is_empty() {
-                return Err(deny(DenyReason::SingleWorkload));
-            }
-        }
-        AccessMode::SingleNodeSingleWriter => {
-            if let Some(c) = other_node {
-                return Err(deny(DenyReason::OtherNode {
-                    held_on: c.node.clone(),
-                }));
-            }
-            if writing && writers >= 1 {
-                return Err(deny(DenyReason::WritersExhausted { max: 1 }));
-            }
-        }
-        AccessMode::SingleNodeMultiWriter => {
-            if let Some(c) = other_node {
-                return Err(deny(DenyReason::OtherNode {
-                    held_on: c.node.clone(),
-                }));
-            }
-        }
-        AccessMode::MultiNodeReaderOnly | AccessMode::MultiNodeMultiWriter => {}
-        AccessMode::MultiNodeSingleWriter => {
-            if writing && writers >= 1 {
-                return Err(deny(DenyReason::WritersExhausted { max: 1 }));
-            }
-        }
+    let access = request.access_mode;
+    // One target path per node, and (these modes being all SINGLE_NODE_*) one node: a single
+    // workload, wherever it runs.
+    if !access.allows_multiple_publications_per_node() && !claims.is_empty() {
+        return Err(deny(DenyReason::SingleWorkload));
+    }
+    // One node (SINGLE_NODE_MULTI_WRITER, the single-node mode with several workloads).
+    if access.is_single_node()
+        && let Some(c) = claims.iter().find(|c| c.node != request.node)
+    {
+        return Err(deny(DenyReason::OtherNode {
+            held_on: c.node.clone(),
+        }));
+    }
+    // One writer (MULTI_NODE_SINGLE_WRITER, the mode's meaning; the spec gives the plugin no
+    // refusal for it).
+    if writing
+        && !access.allows_multiple_writers()
+        && claims.iter().any(|c| c.mode == ClaimMode::Write)
+    {
+        return Err(deny(DenyReason::WritersExhausted { max: 1 }));
     }
     Ok(Admission::New)
 }
@@ -334,101 +330,105 @@ mod tests {
     use ClaimMode::{Read as R, Write as W};
     const NEW: Result<Admission, DenyReason> = Ok(Admission::New);
 
+    fn single() -> Result<Admission, DenyReason> {
+        Err(DenyReason::SingleWorkload)
+    }
+
+    fn other_node(node: &str) -> Result<Admission, DenyReason> {
+        Err(DenyReason::OtherNode {
+            held_on: NodeId::new(node).unwrap(),
+        })
+    }
+
+    const READ_ONLY: Result<Admission, DenyReason> = Err(DenyReason::ReadOnlyMode);
+    const ONE_WRITER: Result<Admission, DenyReason> = Err(DenyReason::WritersExhausted { max: 1 });
+
+    /// Each mode against the same sequences: a second workload on the same node (reader,
+    /// writer), one on another node, and which of them the spec's plugin would take.
     #[test]
-    fn single_node_reader_only() {
-        let got = run(
-            AccessMode::SingleNodeReaderOnly,
-            &[("a", "n1", W), ("a", "n1", R), ("b", "n1", R)],
-        );
-        assert_eq!(
-            got,
-            [
-                Err(DenyReason::ReadOnlyMode),
-                NEW,
-                Err(DenyReason::ReadersExhausted { max: 1 })
-            ]
-        );
+    fn every_access_mode() {
+        use AccessMode::*;
+        let same_node = [("a", "n1", W), ("b", "n1", R), ("c", "n1", W)];
+        let reader_first = [("a", "n1", R), ("b", "n1", R), ("c", "n1", W)];
+        let other_nodes = [
+            ("a", "n1", R),
+            ("b", "n2", R),
+            ("c", "n3", W),
+            ("d", "n1", W),
+        ];
+        type Want = [Result<Admission, DenyReason>; 3];
+        let table: [(AccessMode, Want, Want); 7] = [
+            (
+                SingleNodeWriter,
+                [NEW, single(), single()],
+                [NEW, single(), single()],
+            ),
+            (
+                SingleNodeReaderOnly,
+                [READ_ONLY, NEW, READ_ONLY],
+                [NEW, single(), READ_ONLY],
+            ),
+            (
+                SingleNodeSingleWriter,
+                [NEW, single(), single()],
+                [NEW, single(), single()],
+            ),
+            (SingleNodeMultiWriter, [NEW, NEW, NEW], [NEW, NEW, NEW]),
+            (
+                MultiNodeReaderOnly,
+                [READ_ONLY, NEW, READ_ONLY],
+                [NEW, NEW, READ_ONLY],
+            ),
+            (
+                MultiNodeSingleWriter,
+                [NEW, NEW, ONE_WRITER],
+                [NEW, NEW, NEW],
+            ),
+            (MultiNodeMultiWriter, [NEW, NEW, NEW], [NEW, NEW, NEW]),
+        ];
+        for (access, on_one_node, reader_then_writer) in table {
+            assert_eq!(run(access, &same_node), on_one_node, "{access}: same node");
+            assert_eq!(
+                run(access, &reader_first),
+                reader_then_writer,
+                "{access}: reader first"
+            );
+        }
+        let across: [(AccessMode, [Result<Admission, DenyReason>; 4]); 7] = [
+            (SingleNodeWriter, [NEW, single(), single(), single()]),
+            (SingleNodeReaderOnly, [NEW, single(), READ_ONLY, READ_ONLY]),
+            (SingleNodeSingleWriter, [NEW, single(), single(), single()]),
+            (
+                SingleNodeMultiWriter,
+                [NEW, other_node("n1"), other_node("n1"), NEW],
+            ),
+            (MultiNodeReaderOnly, [NEW, NEW, READ_ONLY, READ_ONLY]),
+            (MultiNodeSingleWriter, [NEW, NEW, NEW, ONE_WRITER]),
+            (MultiNodeMultiWriter, [NEW, NEW, NEW, NEW]),
+        ];
+        for (access, want) in across {
+            assert_eq!(run(access, &other_nodes), want, "{access}: across nodes");
+        }
     }
 
     #[test]
-    fn single_node_writer_is_one_workload() {
-        let got = run(
-            AccessMode::SingleNodeWriter,
-            &[("a", "n1", R), ("b", "n1", W), ("c", "n1", R)],
-        );
-        assert_eq!(
-            got,
-            [
-                NEW,
-                Err(DenyReason::SingleWorkload),
-                Err(DenyReason::SingleWorkload)
-            ]
-        );
-        let got = run(
-            AccessMode::SingleNodeWriter,
-            &[("a", "n1", W), ("b", "n1", R)],
-        );
-        assert_eq!(got, [NEW, Err(DenyReason::SingleWorkload)]);
-    }
-
-    #[test]
-    fn single_node_single_writer_keeps_one_node_and_one_writer() {
-        let got = run(
+    fn single_node_single_writer_is_one_workload_per_volume() {
+        let held = [Claim::taken(req(
+            "a",
+            "n1",
+            W,
             AccessMode::SingleNodeSingleWriter,
-            &[
-                ("a", "n1", W),
-                ("b", "n1", R),
-                ("c", "n1", W),
-                ("d", "n2", R),
-            ],
-        );
-        let n1 = NodeId::new("n1").unwrap();
-        assert_eq!(
-            got,
-            [
-                NEW,
-                NEW,
-                Err(DenyReason::WritersExhausted { max: 1 }),
-                Err(DenyReason::OtherNode { held_on: n1 })
-            ]
-        );
-    }
-
-    #[test]
-    fn single_node_multi_writer_keeps_one_node() {
-        let got = run(
-            AccessMode::SingleNodeMultiWriter,
-            &[("a", "n1", W), ("b", "n1", W), ("c", "n2", R)],
-        );
-        let n1 = NodeId::new("n1").unwrap();
-        assert_eq!(got, [NEW, NEW, Err(DenyReason::OtherNode { held_on: n1 })]);
-    }
-
-    #[test]
-    fn multi_node_modes() {
-        let got = run(
-            AccessMode::MultiNodeReaderOnly,
-            &[("a", "n1", R), ("b", "n2", R), ("c", "n3", W)],
-        );
-        assert_eq!(got, [NEW, NEW, Err(DenyReason::ReadOnlyMode)]);
-        let got = run(
-            AccessMode::MultiNodeSingleWriter,
-            &[
-                ("a", "n1", R),
-                ("b", "n2", W),
-                ("c", "n3", R),
-                ("d", "n4", W),
-            ],
-        );
-        assert_eq!(
-            got,
-            [NEW, NEW, NEW, Err(DenyReason::WritersExhausted { max: 1 })]
-        );
-        let got = run(
-            AccessMode::MultiNodeMultiWriter,
-            &[("a", "n1", W), ("b", "n2", W), ("c", "n3", R)],
-        );
-        assert_eq!(got, [NEW, NEW, NEW]);
+        ))];
+        let denied = admit(
+            &held,
+            &req("b", "n1", R, AccessMode::SingleNodeSingleWriter),
+        )
+        .unwrap_err();
+        assert_eq!(denied.reason, DenyReason::SingleWorkload);
+        let text = denied.to_string();
+        assert!(text.contains("single workload per volume"), "{text}");
+        assert!(text.contains("SINGLE_NODE_SINGLE_WRITER"), "{text}");
+        assert!(text.contains("a (write on n1, taken)"), "{text}");
     }
 
     #[test]

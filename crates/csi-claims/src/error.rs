@@ -89,7 +89,6 @@ impl ClaimError {
         match self {
             ClaimError::Denied(denied) => match denied.reason {
                 DenyReason::WritersExhausted { .. }
-                | DenyReason::ReadersExhausted { .. }
                 | DenyReason::SingleWorkload
                 | DenyReason::OtherNode { .. }
                 | DenyReason::AccessModeChange { .. }

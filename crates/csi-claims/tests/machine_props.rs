@@ -113,7 +113,7 @@ fn allowed(access: AccessMode, claims: &[Claim]) -> bool {
     match access {
         AccessMode::SingleNodeReaderOnly => writers == 0 && claims.len() <= 1,
         AccessMode::SingleNodeWriter => claims.len() <= 1,
-        AccessMode::SingleNodeSingleWriter => nodes.len() <= 1 && writers <= 1,
+        AccessMode::SingleNodeSingleWriter => claims.len() <= 1,
         AccessMode::SingleNodeMultiWriter => nodes.len() <= 1,
         AccessMode::MultiNodeReaderOnly => writers == 0,
         AccessMode::MultiNodeSingleWriter => writers <= 1,

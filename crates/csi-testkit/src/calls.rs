@@ -66,7 +66,8 @@ pub struct CallRecord {
     /// The volume the call was about, if any (for `CreateVolume`, the id it created).
     pub volume_id: Option<String>,
     /// The node the call was about, if any (`ControllerPublishVolume`'s `node_id`; for node
-    /// rpcs the mock's own node id).
+    /// rpcs the node id of the handle that served it, see
+    /// [`MockPlugin::as_node`](crate::MockPlugin::as_node)).
     pub node_id: Option<String>,
     /// The request as printed by its `Debug`, which redacts every secret value.
     pub request: String,

@@ -586,8 +586,12 @@ impl MockPluginBuilder {
         let (state, state_file) = match self.state_file {
             None => (State::default(), None),
             Some(path) => {
-                let loaded = persist::load(&path)?;
-                let last = loaded.as_ref().map(persist::encode).unwrap_or_default();
+                let node = &self.config.node_id;
+                let loaded = persist::load(&path, node)?;
+                let last = loaded
+                    .as_ref()
+                    .map(|state| persist::encode(state, node))
+                    .unwrap_or_default();
                 let file = StateFile {
                     path,
                     last: Mutex::new(last),
@@ -603,12 +607,7 @@ impl MockPluginBuilder {
 
 fn validate(config: &Config) -> Result<(), ConfigError> {
     check_plugin_name(&config.name)?;
-    if config.node_id.is_empty() || config.node_id.len() > MAX_PLUGIN_NODE_ID_BYTES {
-        return Err(ConfigError::InvalidNodeId {
-            len: config.node_id.len(),
-            limit: MAX_PLUGIN_NODE_ID_BYTES,
-        });
-    }
+    check_node_id(&config.node_id)?;
     for (field, value) in [
         ("capacity", config.capacity_bytes),
         ("max volume size", config.max_volume_bytes),
@@ -646,6 +645,17 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// A node id `NodeGetInfo` may report: 1 to 256 bytes.
+pub(crate) fn check_node_id(node_id: &str) -> Result<(), ConfigError> {
+    if node_id.is_empty() || node_id.len() > MAX_PLUGIN_NODE_ID_BYTES {
+        return Err(ConfigError::InvalidNodeId {
+            len: node_id.len(),
+            limit: MAX_PLUGIN_NODE_ID_BYTES,
+        });
     }
     Ok(())
 }

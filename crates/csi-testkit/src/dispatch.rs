@@ -203,7 +203,7 @@ impl MockPlugin {
         let kill = request.extensions().get::<KillSwitch>().cloned();
         let text = format!("{:?}", request.get_ref());
         let node = target.node.clone().or_else(|| {
-            (rpc.service() == csi_proto::Service::Node).then(|| self.shared.config.node_id.clone())
+            (rpc.service() == csi_proto::Service::Node).then(|| self.node_id().to_owned())
         });
         // One critical section: once the call is visible in the log it also holds its volume,
         // so a test that waits for the log can rely on a second call being ABORTED.

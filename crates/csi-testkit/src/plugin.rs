@@ -1,6 +1,6 @@
 //! The mock plugin: its shared state behind one lock, and the public handle.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::calls::{CallLog, Calls};
 use crate::capabilities::unimplemented_reason;
-use crate::config::{Config, MockPluginBuilder};
+use crate::config::{Config, ConfigError, MockPluginBuilder, check_node_id};
 use crate::faults::{FaultTable, Faults};
 use crate::quirks::{Quirk, Quirks};
 use crate::secrets::{SecretRequirementError, SecretRequirements};
@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub(crate) conditions: BTreeMap<String, csi_proto::v1::VolumeCondition>,
     /// The secrets calls must carry (never saved with the state).
     pub(crate) required_secrets: SecretRequirements,
+    /// The further nodes this storage model is served as ([`MockPlugin::as_node`]);
+    /// `ControllerPublishVolume` accepts them.
+    pub(crate) served_nodes: BTreeSet<String>,
 }
 
 impl Inner {
@@ -91,6 +94,7 @@ impl Shared {
                 in_flight: HashSet::new(),
                 conditions: BTreeMap::new(),
                 required_secrets,
+                served_nodes: BTreeSet::new(),
             }),
             log_changed: Notify::new(),
             release: Notify::new(),
@@ -110,7 +114,7 @@ impl Shared {
             return Ok(());
         };
         let mut last = file.last.lock().unwrap_or_else(PoisonError::into_inner);
-        let bytes = persist::encode(&self.lock().state);
+        let bytes = persist::encode(&self.lock().state, &self.config.node_id);
         if *last == bytes {
             return Ok(());
         }
@@ -140,23 +144,27 @@ pub(crate) struct StateFile {
 /// Build one with [`MockPlugin::builder`], serve it with
 /// [`serve_unix`](MockPlugin::serve_unix) or [`serve_in_memory`](MockPlugin::serve_in_memory),
 /// script faults with [`faults`](MockPlugin::faults) and read the call log with
-/// [`calls`](MockPlugin::calls).
+/// [`calls`](MockPlugin::calls). [`as_node`](MockPlugin::as_node) serves the same storage as
+/// the plugin's instance on another node.
 #[derive(Clone)]
 pub struct MockPlugin {
     pub(crate) shared: Arc<Shared>,
+    /// The node this handle answers as (`NodeGetInfo`, and where its node calls stage and
+    /// publish).
+    node: Arc<str>,
 }
 
 impl fmt::Debug for MockPlugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MockPlugin")
             .field("name", &self.shared.config.name)
-            .field("node_id", &self.shared.config.node_id)
+            .field("node_id", &self.node)
             .field("role", &self.shared.config.role)
             .finish_non_exhaustive()
     }
 }
 
-/// Where a volume is staged or published on the mock's node.
+/// Where a volume is staged or published on a node of the mock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodePath {
     /// The volume.
@@ -172,12 +180,68 @@ impl MockPlugin {
     }
 
     pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
-        MockPlugin { shared }
+        let node = Arc::from(shared.config.node_id.as_str());
+        MockPlugin { shared, node }
     }
 
-    /// The configuration the plugin was built with.
+    /// The configuration the plugin was built with. Its `node_id` is the first node's; a
+    /// handle from [`as_node`](Self::as_node) answers as [`node_id`](Self::node_id).
     pub fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// The node this handle answers as: the one `NodeGetInfo` reports and where its node
+    /// calls stage and publish. The configured [`Config::node_id`], unless the handle came
+    /// from [`as_node`](Self::as_node).
+    pub fn node_id(&self) -> &str {
+        &self.node
+    }
+
+    /// The same storage served as the plugin's instance on another node, `node_id`: the
+    /// handle shares this plugin's volumes, snapshots, controller publications, call log,
+    /// faults and quirks, and answers as `node_id`: `NodeGetInfo` reports it, its node calls
+    /// stage and publish on that node (each node has staging and target paths of its own, and
+    /// the spec's rules of one node apply per node), and the call log names it for them.
+    /// From now on `ControllerPublishVolume` accepts `node_id` through any handle, and
+    /// refuses to publish a `SINGLE_NODE_*` volume to it while another node has it (and the
+    /// reverse) with FAILED_PRECONDITION, as a plugin with one backend for many hosts does.
+    ///
+    /// Serve the handle on a socket of its own ([`serve_unix`](Self::serve_unix)) to stand
+    /// for the plugin on a second host; its Controller service is the same controller.
+    /// `as_node` with the handle's own node id gives a handle like this one.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidNodeId`] for an empty id or one over 256 bytes.
+    ///
+    /// ```
+    /// use csi_testkit::MockPlugin;
+    ///
+    /// let plugin = MockPlugin::builder().volume("vol-a", 1 << 30).build().unwrap();
+    /// let second = plugin.as_node("node-2").unwrap();
+    /// assert_eq!(plugin.node_id(), "node-1");
+    /// assert_eq!(second.node_id(), "node-2");
+    /// assert_eq!(second.volumes().len(), 1); // one storage model: the same volumes
+    /// ```
+    pub fn as_node(&self, node_id: impl Into<String>) -> Result<MockPlugin, ConfigError> {
+        let node_id = node_id.into();
+        check_node_id(&node_id)?;
+        if node_id != self.shared.config.node_id {
+            self.shared.lock().served_nodes.insert(node_id.clone());
+        }
+        Ok(MockPlugin {
+            shared: Arc::clone(&self.shared),
+            node: Arc::from(node_id.as_str()),
+        })
+    }
+
+    /// Whether `ControllerPublishVolume` knows `node_id`: the configured node, one of
+    /// [`Config::other_nodes`], or a node this storage is served as.
+    pub(crate) fn knows_node(&self, inner: &Inner, node_id: &str) -> bool {
+        let config = self.config();
+        node_id == config.node_id
+            || config.other_nodes.contains(node_id)
+            || inner.served_nodes.contains(node_id)
     }
 
     /// The call log.
@@ -251,28 +315,32 @@ impl MockPlugin {
         self.shared.lock().state.published_nodes(volume_id)
     }
 
-    /// Where volumes are staged on the node, ordered by path.
+    /// Where volumes are staged on this handle's node ([`node_id`](Self::node_id)), ordered by
+    /// path.
     pub fn staged(&self) -> Vec<NodePath> {
         let inner = self.shared.lock();
         inner
             .state
             .staged
             .iter()
-            .map(|(path, s)| NodePath {
+            .filter(|((node, _), _)| **node == *self.node)
+            .map(|((_, path), s)| NodePath {
                 volume_id: s.volume_id.clone(),
                 path: PathBuf::from(path),
             })
             .collect()
     }
 
-    /// Where volumes are published on the node, ordered by path.
+    /// Where volumes are published on this handle's node ([`node_id`](Self::node_id)), ordered
+    /// by path.
     pub fn published(&self) -> Vec<NodePath> {
         let inner = self.shared.lock();
         inner
             .state
             .published
             .iter()
-            .map(|(path, p)| NodePath {
+            .filter(|((node, _), _)| **node == *self.node)
+            .map(|((_, path), p)| NodePath {
                 volume_id: p.volume_id.clone(),
                 path: PathBuf::from(path),
             })

@@ -1,5 +1,6 @@
 //! The mock's in-memory storage state: volumes, snapshots, group snapshots, controller
-//! publications per node, and node staging and publishing per path.
+//! publications per node, and node staging and publishing per node and path (one storage
+//! model may be served as several nodes: [`MockPlugin::as_node`](crate::MockPlugin::as_node)).
 //!
 //! Plain data with small helpers; the rpc rules that change it live in `services`. It sits
 //! inside the plugin's one `Mutex`, which is only ever held for short, synchronous sections.
@@ -19,6 +20,14 @@ use crate::config::SeedVolume;
 
 /// String maps as the wire types carry them.
 pub(crate) type StringMap = HashMap<String, String>;
+
+/// A path on a node: (node id, path). Two nodes may use the same path for different things.
+pub(crate) type NodePathKey = (String, String);
+
+/// The key of `path` on `node`.
+pub(crate) fn at(node: &str, path: &str) -> NodePathKey {
+    (node.to_owned(), path.to_owned())
+}
 
 /// A volume the mock knows.
 #[derive(Clone, Debug)]
@@ -57,14 +66,14 @@ pub(crate) struct PublicationRec {
     pub(crate) publish_context: StringMap,
 }
 
-/// A volume staged at one staging path on the mock's node.
+/// A volume staged at one staging path on one node.
 #[derive(Clone, Debug)]
 pub(crate) struct StagedRec {
     pub(crate) volume_id: String,
     pub(crate) capability: VolumeCapability,
 }
 
-/// A volume published at one target path on the mock's node.
+/// A volume published at one target path on one node.
 #[derive(Clone, Debug)]
 pub(crate) struct PublishedRec {
     pub(crate) volume_id: String,
@@ -124,10 +133,10 @@ pub(crate) struct State {
     pub(crate) group_names: HashMap<String, String>,
     /// Keyed by (volume id, node id).
     pub(crate) publications: BTreeMap<(String, String), PublicationRec>,
-    /// Keyed by staging path.
-    pub(crate) staged: BTreeMap<String, StagedRec>,
-    /// Keyed by target path.
-    pub(crate) published: BTreeMap<String, PublishedRec>,
+    /// Keyed by (node id, staging path).
+    pub(crate) staged: BTreeMap<NodePathKey, StagedRec>,
+    /// Keyed by (node id, target path).
+    pub(crate) published: BTreeMap<NodePathKey, PublishedRec>,
     next_id: u64,
     next_snapshot_seq: u64,
     /// Put into every id the mock makes (`vol-<tag>-<n>`), so that ids of two runs differ.
@@ -210,21 +219,32 @@ impl State {
             .count()
     }
 
-    /// Staging paths where a volume is staged.
-    pub(crate) fn staged_paths_of(&self, volume_id: &str) -> Vec<String> {
-        self.staged
-            .iter()
-            .filter(|(_, s)| s.volume_id == volume_id)
-            .map(|(p, _)| p.clone())
-            .collect()
+    /// Staging paths where a volume is staged on `node`.
+    pub(crate) fn staged_paths_on(&self, node: &str, volume_id: &str) -> Vec<String> {
+        paths_on(&self.staged, node, |s| s.volume_id == volume_id)
     }
 
-    /// Target paths where a volume is published.
-    pub(crate) fn target_paths_of(&self, volume_id: &str) -> Vec<String> {
-        self.published
+    /// Target paths where a volume is published on `node`.
+    pub(crate) fn target_paths_on(&self, node: &str, volume_id: &str) -> Vec<String> {
+        paths_on(&self.published, node, |p| p.volume_id == volume_id)
+    }
+
+    /// Every staging and target path of a volume on any node, as `node:path`, staging paths
+    /// first.
+    pub(crate) fn node_uses(&self, volume_id: &str) -> Vec<String> {
+        let staged = self
+            .staged
+            .iter()
+            .filter(|(_, s)| s.volume_id == volume_id)
+            .map(|(k, _)| k);
+        let published = self
+            .published
             .iter()
             .filter(|(_, p)| p.volume_id == volume_id)
-            .map(|(p, _)| p.clone())
+            .map(|(k, _)| k);
+        staged
+            .chain(published)
+            .map(|(node, path)| format!("{node}:{path}"))
             .collect()
     }
 
@@ -242,4 +262,17 @@ impl State {
             ready_to_use: true,
         }
     }
+}
+
+/// The paths on `node` of the records `keep` selects.
+fn paths_on<R>(
+    records: &BTreeMap<NodePathKey, R>,
+    node: &str,
+    keep: impl Fn(&R) -> bool,
+) -> Vec<String> {
+    records
+        .iter()
+        .filter(|((n, _), r)| n == node && keep(r))
+        .map(|((_, path), _)| path.clone())
+        .collect()
 }

@@ -1,6 +1,10 @@
 //! The state file: the mock's storage state as JSON, so that volumes, snapshots, group
 //! snapshots, publications and stagings survive a restart of the mock.
 //!
+//! A staging or node publication names its node only when it is not the mock's own
+//! (configured) node, one it was served as with `MockPlugin::as_node`; without one it is the
+//! own node's, so a file of a mock on one node reads as it always did.
+//!
 //! The file is written after every call that changed the state, atomically (a temporary file
 //! beside it, flushed to disk, then renamed over it) and readable by its owner only (0600). A
 //! file that cannot be read or understood is an error naming the file and what is wrong with
@@ -147,6 +151,9 @@ struct SavedPublication {
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SavedStaged {
+    /// The node, when not the mock's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_id: Option<String>,
     staging_path: String,
     volume_id: String,
     capability: String,
@@ -155,6 +162,9 @@ struct SavedStaged {
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SavedPublished {
+    /// The node, when not the mock's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_id: Option<String>,
     target_path: String,
     volume_id: String,
     capability: String,
@@ -187,8 +197,13 @@ fn nanos(at: SystemTime) -> u128 {
         .unwrap_or_default()
 }
 
-/// Encodes the state as the file's bytes.
-pub(crate) fn encode(state: &State) -> Vec<u8> {
+/// The node a record names in the file: none for the mock's own node.
+fn other_node(node: &str, own_node: &str) -> Option<String> {
+    (node != own_node).then(|| node.to_owned())
+}
+
+/// Encodes the state as the file's bytes; `own_node` is the mock's configured node id.
+pub(crate) fn encode(state: &State, own_node: &str) -> Vec<u8> {
     let saved = Saved {
         version: STATE_FILE_VERSION,
         next_id: state.next_id,
@@ -248,7 +263,8 @@ pub(crate) fn encode(state: &State) -> Vec<u8> {
         staged: state
             .staged
             .iter()
-            .map(|(path, s)| SavedStaged {
+            .map(|((node, path), s)| SavedStaged {
+                node_id: other_node(node, own_node),
                 staging_path: path.clone(),
                 volume_id: s.volume_id.clone(),
                 capability: hex(&s.capability),
@@ -257,7 +273,8 @@ pub(crate) fn encode(state: &State) -> Vec<u8> {
         published: state
             .published
             .iter()
-            .map(|(path, p)| SavedPublished {
+            .map(|((node, path), p)| SavedPublished {
+                node_id: other_node(node, own_node),
                 target_path: path.clone(),
                 volume_id: p.volume_id.clone(),
                 capability: hex(&p.capability),
@@ -273,8 +290,9 @@ pub(crate) fn encode(state: &State) -> Vec<u8> {
     bytes
 }
 
-/// Reads the state file at `path`: `Ok(None)` when there is none yet.
-pub(crate) fn load(path: &Path) -> Result<Option<State>, StateFileError> {
+/// Reads the state file at `path`: `Ok(None)` when there is none yet. Records that name no
+/// node are `own_node`'s.
+pub(crate) fn load(path: &Path, own_node: &str) -> Result<Option<State>, StateFileError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
@@ -285,11 +303,12 @@ pub(crate) fn load(path: &Path) -> Result<Option<State>, StateFileError> {
             });
         }
     };
-    decode(path, &bytes).map(Some)
+    decode(path, &bytes, own_node).map(Some)
 }
 
-/// Decodes the file's bytes; `path` only names the file in errors.
-pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<State, StateFileError> {
+/// Decodes the file's bytes; `path` only names the file in errors. Records that name no node
+/// are `own_node`'s.
+pub(crate) fn decode(path: &Path, bytes: &[u8], own_node: &str) -> Result<State, StateFileError> {
     let saved: Saved = serde_json::from_slice(bytes).map_err(|err| StateFileError::Parse {
         path: path.to_owned(),
         line: err.line(),
@@ -303,11 +322,12 @@ pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<State, StateFileError>
             supported: STATE_FILE_VERSION,
         });
     }
-    Decoder { path }.state(saved)
+    Decoder { path, own_node }.state(saved)
 }
 
 struct Decoder<'p> {
     path: &'p Path,
+    own_node: &'p str,
 }
 
 impl Decoder<'_> {
@@ -490,11 +510,15 @@ impl Decoder<'_> {
         for (i, s) in saved.staged.into_iter().enumerate() {
             let at = format!("staged[{i}]");
             let capability = self.message(&format!("{at}.capability"), &s.capability)?;
-            if state.staged.contains_key(&s.staging_path) {
+            let key = (
+                s.node_id.unwrap_or_else(|| self.own_node.to_owned()),
+                s.staging_path,
+            );
+            if state.staged.contains_key(&key) {
                 return Err(self.invalid(at, "appears twice"));
             }
             state.staged.insert(
-                s.staging_path,
+                key,
                 StagedRec {
                     volume_id: s.volume_id,
                     capability,
@@ -504,11 +528,15 @@ impl Decoder<'_> {
         for (i, p) in saved.published.into_iter().enumerate() {
             let at = format!("published[{i}]");
             let capability = self.message(&format!("{at}.capability"), &p.capability)?;
-            if state.published.contains_key(&p.target_path) {
+            let key = (
+                p.node_id.unwrap_or_else(|| self.own_node.to_owned()),
+                p.target_path,
+            );
+            if state.published.contains_key(&key) {
                 return Err(self.invalid(at, "appears twice"));
             }
             state.published.insert(
-                p.target_path,
+                key,
                 PublishedRec {
                     volume_id: p.volume_id,
                     capability,
@@ -599,7 +627,15 @@ mod tests {
         );
         state.volume_names.insert("data".into(), id.clone());
         state.staged.insert(
-            "/staging/data".into(),
+            ("node-1".into(), "/staging/data".into()),
+            StagedRec {
+                volume_id: id.clone(),
+                capability: capability(),
+            },
+        );
+        // The same path on the other node the storage is served as.
+        state.staged.insert(
+            ("node-2".into(), "/staging/data".into()),
             StagedRec {
                 volume_id: id,
                 capability: capability(),
@@ -611,24 +647,37 @@ mod tests {
     #[test]
     fn a_state_survives_encode_and_decode() {
         let state = sample();
-        let back = decode(Path::new("s.json"), &encode(&state)).unwrap();
-        assert_eq!(encode(&back), encode(&state));
+        let back = decode(Path::new("s.json"), &encode(&state, "node-1"), "node-1").unwrap();
+        assert_eq!(encode(&back, "node-1"), encode(&state, "node-1"));
         assert_eq!(back.volumes["vol-1"].capabilities, vec![capability()]);
         assert_eq!(back.volume_names["data"], "vol-1");
         assert_eq!(back.next_id, state.next_id);
+        assert_eq!(back.staged.len(), 2, "one staging per node");
+    }
+
+    #[test]
+    fn records_of_the_own_node_name_no_node() {
+        let text = String::from_utf8(encode(&sample(), "node-1")).unwrap();
+        assert_eq!(text.matches("\"node_id\": \"node-2\"").count(), 1, "{text}");
+        assert!(!text.contains("\"node_id\": \"node-1\""), "{text}");
+        // Read by a mock configured as another node, the unnamed records are that node's.
+        let back = decode(Path::new("s.json"), text.as_bytes(), "node-7").unwrap();
+        let nodes: Vec<&str> = back.staged.keys().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(nodes, ["node-2", "node-7"]);
     }
 
     #[test]
     fn damage_is_named() {
         let path = Path::new("/run/mock/state.json");
-        let err = decode(path, b"{\"version\": 1, \"next_id\": ").unwrap_err();
+        let err = decode(path, b"{\"version\": 1, \"next_id\": ", "node-1").unwrap_err();
         assert!(matches!(err, StateFileError::Parse { .. }), "{err}");
         assert!(err.to_string().contains("/run/mock/state.json"), "{err}");
 
-        let text = String::from_utf8(encode(&sample())).unwrap();
+        let text = String::from_utf8(encode(&sample(), "node-1")).unwrap();
         let err = decode(
             path,
             text.replace("\"version\": 1", "\"version\": 9").as_bytes(),
+            "node-1",
         )
         .unwrap_err();
         assert!(
@@ -644,7 +693,7 @@ mod tests {
         );
 
         let capability = hex(&capability());
-        let err = decode(path, text.replace(&capability, "zz").as_bytes()).unwrap_err();
+        let err = decode(path, text.replace(&capability, "zz").as_bytes(), "node-1").unwrap_err();
         assert!(
             err.to_string().contains("volumes[0].capabilities[0]"),
             "{err}"

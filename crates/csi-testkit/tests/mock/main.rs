@@ -8,6 +8,7 @@ mod controller;
 mod errors;
 mod faults;
 mod lifecycle;
+mod nodes;
 mod persistence;
 mod secrets;
 mod streaming;

@@ -32,12 +32,13 @@ impl MockPlugin {
             "controller",
         )?;
         let mut inner = self.shared.lock();
+        let known_node = self.knows_node(&inner, &req.node_id);
         let state = &mut inner.state;
         let volume = state
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| Status::not_found(format!("volume {} does not exist", req.volume_id)))?;
-        if req.node_id != config.node_id && !config.other_nodes.contains(&req.node_id) {
+        if !known_node {
             return Err(Status::not_found(format!(
                 "node {} does not exist",
                 req.node_id
@@ -113,7 +114,6 @@ impl MockPlugin {
         &self,
         req: ControllerUnpublishVolumeRequest,
     ) -> Result<ControllerUnpublishVolumeResponse, Status> {
-        let config = self.config();
         validate::required("volume_id", &req.volume_id)?;
         if !req.node_id.is_empty() {
             validate::required_within("node_id", &req.node_id, validate::MAX_NODE_ID_BYTES)?;
@@ -127,18 +127,18 @@ impl MockPlugin {
         } else {
             vec![req.node_id.clone()]
         };
-        if config.role.has_node() && nodes.contains(&config.node_id) {
+        // Only nodes this storage is served as have node state: the others never do.
+        for node in &nodes {
             let still: Vec<String> = state
-                .staged_paths_of(&req.volume_id)
+                .staged_paths_on(node, &req.volume_id)
                 .into_iter()
-                .chain(state.target_paths_of(&req.volume_id))
+                .chain(state.target_paths_on(node, &req.volume_id))
                 .collect();
             if !still.is_empty() {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is still staged or published on node {} at {}; \
+                    "volume {} is still staged or published on node {node} at {}; \
                      NodeUnpublishVolume and NodeUnstageVolume must succeed first",
                     req.volume_id,
-                    config.node_id,
                     still.join(", ")
                 )));
             }

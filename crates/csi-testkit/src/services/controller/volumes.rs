@@ -207,17 +207,12 @@ impl MockPlugin {
                 nodes.join(", ")
             )));
         }
-        let on_node: Vec<String> = state
-            .staged_paths_of(&req.volume_id)
-            .into_iter()
-            .chain(state.target_paths_of(&req.volume_id))
-            .collect();
-        if !on_node.is_empty() {
+        let on_nodes = state.node_uses(&req.volume_id);
+        if !on_nodes.is_empty() {
             return Err(Status::failed_precondition(format!(
-                "volume {} is still staged or published on node {} at {}",
+                "volume {} is still staged or published at (node:path) {}",
                 req.volume_id,
-                self.config().node_id,
-                on_node.join(", ")
+                on_nodes.join(", ")
             )));
         }
         if let Some(name) = state.volumes.remove(&req.volume_id).and_then(|v| v.name) {
@@ -425,8 +420,7 @@ impl MockPlugin {
             )));
         }
         let in_use = !state.published_nodes(&req.volume_id).is_empty()
-            || !state.staged_paths_of(&req.volume_id).is_empty()
-            || !state.target_paths_of(&req.volume_id).is_empty();
+            || !state.node_uses(&req.volume_id).is_empty();
         if in_use && config.plugin_caps.expansion != Some(VolumeExpansion::Online) {
             return Err(Status::failed_precondition(format!(
                 "volume {} is published and this plugin only expands offline",

@@ -12,7 +12,7 @@ use tonic::Status;
 use crate::capabilities::NodeCapability;
 use crate::plugin::MockPlugin;
 use crate::services::controller::check_context;
-use crate::state::PublishedRec;
+use crate::state::{PublishedRec, at};
 use crate::validate;
 
 impl MockPlugin {
@@ -38,6 +38,7 @@ impl MockPlugin {
         )?;
         let mut inner = self.shared.lock();
         let state = &mut inner.state;
+        let node = self.node_id();
         if let Some(volume) = self.node_volume(state, &req.volume_id)? {
             check_context(volume, &req.volume_context)?;
             if !validate::supports(&volume.capabilities, &capability) {
@@ -54,7 +55,7 @@ impl MockPlugin {
                      NodeStageVolume must succeed first",
                 ));
             }
-            match state.staged.get(&req.staging_target_path) {
+            match state.staged.get(&at(node, &req.staging_target_path)) {
                 Some(s) if s.volume_id == req.volume_id => {}
                 _ => {
                     return Err(Status::failed_precondition(format!(
@@ -65,7 +66,8 @@ impl MockPlugin {
             }
         }
         self.check_controller_published(state, &req.volume_id, &req.publish_context)?;
-        if let Some(existing) = state.published.get(&req.target_path) {
+        let key = at(node, &req.target_path);
+        if let Some(existing) = state.published.get(&key) {
             return if existing.volume_id != req.volume_id {
                 Err(Status::failed_precondition(format!(
                     "target_path {} already holds volume {}",
@@ -84,12 +86,14 @@ impl MockPlugin {
                 )))
             };
         }
-        if let Some(other) = state.target_paths_of(&req.volume_id).first() {
+        // Several target paths on one node only with MULTI_NODE_* and SINGLE_NODE_MULTI_WRITER
+        // (csi-spec, NodePublishVolume: a second target path is FAILED_PRECONDITION otherwise).
+        if let Some(other) = state.target_paths_on(node, &req.volume_id).first() {
             let mode = validate::mode_of(&capability);
             if !(validate::is_multi_node(mode) || mode == Mode::SingleNodeMultiWriter) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is already published at {other} and access mode {} allows one \
-                     target path",
+                    "volume {} is already published on node {node} at {other} and access mode \
+                     {} allows one target path per node",
                     req.volume_id,
                     mode.as_str_name()
                 )));
@@ -99,7 +103,7 @@ impl MockPlugin {
         let block = validate::is_block(&capability);
         create_target(&req.target_path, block)?;
         state.published.insert(
-            req.target_path,
+            key,
             PublishedRec {
                 volume_id: req.volume_id,
                 capability,
@@ -121,10 +125,11 @@ impl MockPlugin {
         let strict = inner.quirks.not_found_on_repeated_unpublish;
         let state = &mut inner.state;
         self.node_volume(state, &req.volume_id)?;
-        match state.published.get(&req.target_path) {
+        let key = at(self.node_id(), &req.target_path);
+        match state.published.get(&key) {
             Some(p) if p.volume_id == req.volume_id => {
                 remove_target(&req.target_path, p.block)?;
-                state.published.remove(&req.target_path);
+                state.published.remove(&key);
                 Ok(NodeUnpublishVolumeResponse {})
             }
             Some(p) => Err(Status::failed_precondition(format!(

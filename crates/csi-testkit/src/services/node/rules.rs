@@ -49,10 +49,10 @@ impl MockPlugin {
         if !self.needs_controller_publish() {
             return Ok(());
         }
-        let node = &self.config().node_id;
+        let node = self.node_id();
         let publication = state
             .publications
-            .get(&(volume_id.to_string(), node.clone()))
+            .get(&(volume_id.to_string(), node.to_owned()))
             .ok_or_else(|| {
                 Status::failed_precondition(format!(
                     "volume {volume_id} is not controller-published to node {node}; \
@@ -75,12 +75,18 @@ impl MockPlugin {
         let Some(max) = self.config().max_volumes_per_node.filter(|m| *m > 0) else {
             return Ok(());
         };
-        let mut volumes: Vec<&str> = state
+        let node = self.node_id();
+        let staged = state
             .staged
-            .values()
-            .map(|s| s.volume_id.as_str())
-            .chain(state.published.values().map(|p| p.volume_id.as_str()))
-            .collect();
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|(_, s)| s.volume_id.as_str());
+        let published = state
+            .published
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|(_, p)| p.volume_id.as_str());
+        let mut volumes: Vec<&str> = staged.chain(published).collect();
         volumes.sort_unstable();
         volumes.dedup();
         if volumes.contains(&volume_id) {
@@ -88,8 +94,7 @@ impl MockPlugin {
         }
         if i64::try_from(volumes.len()).unwrap_or(i64::MAX) >= max {
             return Err(Status::resource_exhausted(format!(
-                "node {} already uses {} volumes, the maximum is {max}",
-                self.config().node_id,
+                "node {node} already uses {} volumes, the maximum is {max}",
                 volumes.len()
             )));
         }

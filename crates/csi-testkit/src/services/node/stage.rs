@@ -9,7 +9,7 @@ use tonic::Status;
 use crate::capabilities::NodeCapability;
 use crate::plugin::MockPlugin;
 use crate::services::controller::check_context;
-use crate::state::StagedRec;
+use crate::state::{StagedRec, at};
 use crate::validate;
 
 impl MockPlugin {
@@ -42,7 +42,9 @@ impl MockPlugin {
             }
         }
         self.check_controller_published(state, &req.volume_id, &req.publish_context)?;
-        if let Some(existing) = state.staged.get(&req.staging_target_path) {
+        let node = self.node_id();
+        let key = at(node, &req.staging_target_path);
+        if let Some(existing) = state.staged.get(&key) {
             return if existing.volume_id != req.volume_id {
                 Err(Status::failed_precondition(format!(
                     "staging_target_path {} already holds volume {}",
@@ -57,11 +59,10 @@ impl MockPlugin {
                 )))
             };
         }
-        if let Some(other) = state.staged_paths_of(&req.volume_id).first() {
+        if let Some(other) = state.staged_paths_on(node, &req.volume_id).first() {
             return Err(Status::failed_precondition(format!(
-                "volume {} is already staged on node {} at {other}",
-                req.volume_id,
-                self.config().node_id
+                "volume {} is already staged on node {node} at {other}",
+                req.volume_id
             )));
         }
         self.check_node_limit(state, &req.volume_id)?;
@@ -82,7 +83,7 @@ impl MockPlugin {
             }
         }
         state.staged.insert(
-            req.staging_target_path,
+            key,
             StagedRec {
                 volume_id: req.volume_id,
                 capability,
@@ -101,13 +102,16 @@ impl MockPlugin {
         let strict = inner.quirks.not_found_on_repeated_unpublish;
         let state = &mut inner.state;
         self.node_volume(state, &req.volume_id)?;
+        let node = self.node_id();
         let published: Vec<&String> = state
             .published
             .iter()
-            .filter(|(_, p)| {
-                p.volume_id == req.volume_id && p.staging_path == req.staging_target_path
+            .filter(|((n, _), p)| {
+                n == node
+                    && p.volume_id == req.volume_id
+                    && p.staging_path == req.staging_target_path
             })
-            .map(|(path, _)| path)
+            .map(|((_, path), _)| path)
             .collect();
         if !published.is_empty() {
             return Err(Status::failed_precondition(format!(
@@ -120,9 +124,10 @@ impl MockPlugin {
                     .join(", ")
             )));
         }
-        match state.staged.get(&req.staging_target_path) {
+        let key = at(node, &req.staging_target_path);
+        match state.staged.get(&key) {
             Some(s) if s.volume_id == req.volume_id => {
-                state.staged.remove(&req.staging_target_path);
+                state.staged.remove(&key);
                 Ok(NodeUnstageVolumeResponse {})
             }
             Some(s) => Err(Status::failed_precondition(format!(

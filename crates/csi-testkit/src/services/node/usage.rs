@@ -7,7 +7,7 @@ use tonic::Status;
 
 use crate::capabilities::PluginService;
 use crate::plugin::MockPlugin;
-use crate::state::State;
+use crate::state::{State, at};
 use crate::validate;
 
 impl MockPlugin {
@@ -19,13 +19,14 @@ impl MockPlugin {
         path: &str,
     ) -> Result<i64, Status> {
         let volume = self.node_volume(state, volume_id)?;
+        let key = at(self.node_id(), path);
         let here = state
             .staged
-            .get(path)
+            .get(&key)
             .is_some_and(|s| s.volume_id == volume_id)
             || state
                 .published
-                .get(path)
+                .get(&key)
                 .is_some_and(|p| p.volume_id == volume_id);
         if !here {
             return Err(Status::not_found(format!(
@@ -141,7 +142,7 @@ impl MockPlugin {
             .contains(&PluginService::VolumeAccessibilityConstraints)
             && !config.topology.is_empty();
         NodeGetInfoResponse {
-            node_id: config.node_id.clone(),
+            node_id: self.node_id().to_owned(),
             max_volumes_per_node: config.max_volumes_per_node.unwrap_or(0),
             accessible_topology: topology.then(|| Topology {
                 segments: config.topology.clone().into_iter().collect(),
