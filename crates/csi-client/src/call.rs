@@ -119,6 +119,7 @@ impl Caller {
         if let Some(observer) = &self.shared.observer {
             observer.on_call(&CallEvent {
                 rpc: context.rpc(),
+                volume: context.volume_id().cloned(),
                 attempts: 0,
                 duration: Duration::ZERO,
                 outcome: Outcome::Failed { failure, class },
@@ -236,6 +237,7 @@ impl Caller {
         if let Some(observer) = &self.shared.observer {
             observer.on_call(&CallEvent {
                 rpc,
+                volume: context.volume_id().cloned(),
                 attempts,
                 duration,
                 outcome,

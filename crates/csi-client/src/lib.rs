@@ -39,9 +39,10 @@
 //!   field; secrets never reach a log line, a span or an error.
 //! - **Observable**: `tracing` spans per call and attempt, plus two hooks for metrics.
 //!   A [`CallObserver`] ([`CsiClientBuilder::observer`]) gets the client's view: one event
-//!   per attempt and per call with the failure kind and [`ErrorClass`], including requests
-//!   refused before sending and dials that never connected — use it to count outcomes the
-//!   orchestrator acts on ("how many unpublishes ended uncertain"). A tower layer
+//!   per attempt and per call with the failure kind and [`ErrorClass`] (a call's with the
+//!   volume it names), including requests refused before sending and dials that never
+//!   connected — use it to count outcomes the orchestrator acts on ("how many unpublishes
+//!   ended uncertain"), or to show each call as it ends. A tower layer
 //!   ([`CsiClientBuilder::layer`]) wraps the shared HTTP/2 channel and sees the wire's view:
 //!   each request that reached the plugin, with its latency and final gRPC code — use
 //!   [`metrics::MetricsLayer`] with [`metrics::InMemoryMetrics`] for per-RPC latency

@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use csi_proto::Rpc;
-use csi_structs::ErrorClass;
+use csi_structs::{ErrorClass, ExternalVolumeId};
 use tonic::Code;
 
 use crate::policy::Failure;
@@ -101,10 +101,13 @@ pub struct AttemptEvent {
 }
 
 /// One call that finished, all attempts included.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallEvent {
     /// The RPC.
     pub rpc: Rpc,
+    /// The plugin's volume id the request names, where it names one (`None` for discovery
+    /// calls, `CreateVolume`, listings).
+    pub volume: Option<ExternalVolumeId>,
     /// Attempts made (0 if the request was refused before sending).
     pub attempts: u32,
     /// Time from the call to its result, pauses included.
@@ -113,10 +116,12 @@ pub struct CallEvent {
     pub outcome: Outcome,
 }
 
-/// Receives an event for every attempt and every call; implement it to feed metrics.
+/// Receives an event for every attempt and every call; implement it to feed metrics, or to
+/// show each call as it ends (its RPC, volume, duration and outcome).
 ///
-/// Methods run inline on the calling task: keep them short and non-blocking (increment a
-/// counter, record into a histogram). Both have empty defaults.
+/// Methods run inline on the calling task, before the call's result is returned: keep them
+/// short and non-blocking (increment a counter, record into a histogram, send into a
+/// channel). Both have empty defaults.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};

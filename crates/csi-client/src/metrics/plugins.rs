@@ -211,6 +211,7 @@ mod tests {
         );
         unsent.on_call(&CallEvent {
             rpc: Rpc::NodeStageVolume,
+            volume: None,
             attempts: 0,
             duration: Duration::ZERO,
             outcome: Outcome::Failed {
@@ -221,6 +222,7 @@ mod tests {
         // A call that was sent is the layer's business, not counted again here.
         unsent.on_call(&CallEvent {
             rpc: Rpc::Probe,
+            volume: None,
             attempts: 1,
             duration: Duration::from_millis(3),
             outcome: Outcome::Ok,
@@ -271,6 +273,7 @@ mod tests {
         other.record(Rpc::Probe, RpcOutcome::Transport, Duration::ZERO);
         other_unsent.on_call(&CallEvent {
             rpc: Rpc::Probe,
+            volume: None,
             attempts: 0,
             duration: Duration::ZERO,
             outcome: Outcome::Failed {

@@ -340,6 +340,63 @@ async fn the_observer_sees_every_attempt_and_call() {
     assert_eq!(counter.calls.load(Ordering::Relaxed), 1);
 }
 
+/// Each finished call, as an observer that shows calls would keep it.
+#[derive(Debug, Default)]
+struct Calls(std::sync::Mutex<Vec<CallEvent>>);
+
+impl CallObserver for Calls {
+    fn on_call(&self, event: &CallEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
+}
+
+#[tokio::test]
+async fn a_call_event_names_the_volume_of_its_request() {
+    let mock = Mock::default().await;
+    mock.faults()
+        .on(Rpc::DeleteSnapshot)
+        .fail(Code::FailedPrecondition, "in use")
+        .install();
+    let calls = Arc::new(Calls::default());
+    let client = csi_client::CsiClient::builder(mock.endpoint())
+        .observer(calls.clone())
+        .build();
+    let volume = ExternalVolumeId::new("vol-named").unwrap();
+    guard(client.controller().delete(&volume, &Secrets::default()))
+        .await
+        .unwrap();
+    guard(client.node().node_get_capabilities()).await.unwrap();
+    let snapshot = csi_structs::SnapshotId::new("snap-1").unwrap();
+    let failed = guard(
+        client
+            .controller()
+            .delete_snapshot(&snapshot, &Secrets::default()),
+    )
+    .await;
+    assert!(failed.is_err());
+    let seen: Vec<(Rpc, Option<String>, &str)> = calls
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c.rpc,
+                c.volume.as_ref().map(|v| v.to_string()),
+                c.outcome.label(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Rpc::DeleteVolume, Some("vol-named".to_owned()), "Ok"),
+            (Rpc::NodeGetCapabilities, None, "Ok"),
+            (Rpc::DeleteSnapshot, None, "FailedPrecondition"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn create_volume_returns_the_domain_volume() {
     let mock = Mock::default().await;
