@@ -34,7 +34,8 @@ use crate::attach::Attacher;
 use crate::detach::{ClientControllerDetacher, NoSecrets, SecretsLookup, VolumeNodeDetacher};
 use crate::layout::Layout;
 use crate::plugins::{
-    PluginManager, PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
+    ClientCustomizer, PluginManager, PluginManagerConfig, PluginObserver, ReadyPlugin,
+    RegistrationId, WaitError,
 };
 use crate::state::StateFileError;
 use crate::volumes::{UsageDb, VolumeManager};
@@ -100,6 +101,7 @@ pub struct NodeBuilder {
     secrets: Arc<dyn SecretsLookup>,
     controller: Option<Arc<dyn ControllerDetacher>>,
     observers: Vec<Arc<dyn PluginObserver>>,
+    customize: Option<ClientCustomizer>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -158,6 +160,17 @@ impl NodeBuilder {
         self
     }
 
+    /// Adjusts every client the plugin manager builds for a registration, the node detach
+    /// client included ([`PluginManagerBuilder::client_builder`](
+    /// crate::plugins::PluginManagerBuilder::client_builder)): a call observer, one
+    /// [`CallsInFlight`](csi_client::CallsInFlight) list for every plugin's calls, a metrics
+    /// layer, policies. So every call the node makes, from the volume manager, the release
+    /// pipeline or the fingerprints, goes through what `customize` set.
+    pub fn client_builder(mut self, customize: ClientCustomizer) -> Self {
+        self.customize = Some(customize);
+        self
+    }
+
     /// Opens the node: creates the directory (owner-only) if needed, opens the database,
     /// restores the plugin registrations and the usage records, and starts the release
     /// pipeline, which resumes the releases the claims say are unfinished.
@@ -176,10 +189,11 @@ impl NodeBuilder {
             secrets,
             controller,
             observers,
+            customize,
         } = self;
         let opened = {
             let dir = dir.clone();
-            blocking(move || open_files(&dir, plugins, observers)).await??
+            blocking(move || open_files(&dir, plugins, observers, customize)).await??
         };
         let Opened {
             db,
@@ -241,16 +255,19 @@ fn open_files(
     dir: &Path,
     plugins: PluginManagerConfig,
     observers: Vec<Arc<dyn PluginObserver>>,
+    customize: Option<ClientCustomizer>,
 ) -> Result<Opened, NodeError> {
     create_dir(dir)?;
     let db_file = dir.join(DATABASE_FILE);
     let db = RedbStore::open(&db_file)?;
     let usage = UsageDb::open(&db, &db_file, Some(&dir.join(LEGACY_USAGE_FILE)))?;
-    let plugins = observers
+    let mut builder = observers
         .into_iter()
-        .fold(PluginManager::builder(plugins), |b, o| b.observer(o))
-        .state_file(dir.join(PLUGINS_FILE))
-        .start()?;
+        .fold(PluginManager::builder(plugins), |b, o| b.observer(o));
+    if let Some(customize) = customize {
+        builder = builder.client_builder(move |plugin, b| customize(plugin, b));
+    }
+    let plugins = builder.state_file(dir.join(PLUGINS_FILE)).start()?;
     match VolumeManager::open_with(Layout::new(dir), Arc::new(usage), Arc::new(plugins.clone())) {
         Ok(volumes) => Ok(Opened {
             db,
@@ -331,6 +348,7 @@ impl Node {
             secrets: Arc::new(NoSecrets),
             controller: None,
             observers: Vec::new(),
+            customize: None,
         }
     }
 

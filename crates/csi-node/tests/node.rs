@@ -167,6 +167,59 @@ async fn close_names_a_kept_volume_manager_at_once() {
     node.close().await.expect("closed");
 }
 
+/// Keeps the RPC of every call it sees.
+#[derive(Debug, Default)]
+struct SeenCalls(std::sync::Mutex<Vec<csi_client::Rpc>>);
+
+impl csi_client::CallObserver for SeenCalls {
+    fn on_call(&self, event: &csi_client::CallEvent) {
+        self.0.lock().expect("not poisoned").push(event.rpc);
+    }
+}
+
+#[tokio::test]
+async fn every_client_of_a_registration_is_built_with_the_embedder_s_settings() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("mock.sock");
+    let mock = MockPlugin::builder().build().expect("mock");
+    let _server = mock.serve_unix(&socket).await.expect("serves");
+    let plugin = PluginId::new("mock").expect("id");
+    let seen = Arc::new(SeenCalls::default());
+    let calls = Arc::new(csi_client::CallsInFlight::new());
+    let customize: csi_node::plugins::ClientCustomizer = {
+        let (seen, calls) = (Arc::clone(&seen), Arc::clone(&calls));
+        Arc::new(move |_, b: csi_client::CsiClientBuilder| {
+            b.observer(Arc::clone(&seen) as Arc<dyn csi_client::CallObserver>)
+                .calls_in_flight(Arc::clone(&calls))
+        })
+    };
+    let node = Node::builder(dir.path().join("csi"), me())
+        .client_builder(customize)
+        .open()
+        .await
+        .expect("opens");
+    node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+        .await
+        .expect("registered");
+    let ready = node
+        .plugins()
+        .wait_for(&plugin, Instant::now() + GUARD)
+        .await
+        .expect("ready");
+    // The fingerprint went through the observer; both clients list their calls in ours.
+    assert!(
+        seen.0
+            .lock()
+            .expect("not poisoned")
+            .contains(&csi_client::Rpc::GetPluginInfo)
+    );
+    assert!(Arc::ptr_eq(ready.client.calls_in_flight(), &calls));
+    assert!(Arc::ptr_eq(ready.detach.calls_in_flight(), &calls));
+    drop(ready);
+    node.close().await.expect("closed");
+}
+
 #[tokio::test]
 async fn an_older_usage_file_moves_into_the_node_s_database() {
     let dir = tempfile::tempdir().expect("temp dir");
