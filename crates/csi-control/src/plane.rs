@@ -36,8 +36,10 @@
 //! ```
 //!
 //! [`ControlPlane::builder`] changes the timings and the plugin manager's and release
-//! pipeline's settings; the builders of the crates below stay for setups this one does not
-//! cover.
+//! pipeline's settings, and shows every CSI call the control plane makes, as it ends
+//! ([`call_observer`](ControlPlaneBuilder::call_observer)) and while it runs
+//! ([`calls_in_flight`](ControlPlaneBuilder::calls_in_flight)); the builders of the crates
+//! below stay for setups this one does not cover.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -45,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::driver::DriverConfig;
-use csi_client::Endpoint;
+use csi_client::{CallObserver, CallsInFlight, CsiClientBuilder, Endpoint};
 use csi_node::Node;
 use csi_node::node::NodeError;
 use csi_node::plugins::{
@@ -110,6 +112,8 @@ pub struct ControlPlaneBuilder {
     restart_wait: Duration,
     plugins: PluginManagerConfig,
     driver: DriverConfig,
+    observer: Option<Arc<dyn CallObserver>>,
+    calls: Option<Arc<CallsInFlight>>,
 }
 
 impl ControlPlaneBuilder {
@@ -131,6 +135,48 @@ impl ControlPlaneBuilder {
     /// The plugin manager's settings (default: [`PluginManagerConfig::default`]).
     pub fn plugins(mut self, config: PluginManagerConfig) -> Self {
         self.plugins = config;
+        self
+    }
+
+    /// Tells `observer` of every CSI call the control plane makes, as it ends: its RPC, the
+    /// volume it names, its duration and its outcome ([`CallEvent`](csi_client::CallEvent)).
+    /// Every client of every plugin registered here is built with it, so the calls of the
+    /// fingerprints and probes, of the volume service's operations and of the release
+    /// pipeline are all seen, each once, as it ends (default: none).
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use csi_client::{CallEvent, CallObserver};
+    /// use csi_control::ControlPlane;
+    /// use csi_structs::NodeId;
+    ///
+    /// #[derive(Debug)]
+    /// struct PrintCalls;
+    ///
+    /// impl CallObserver for PrintCalls {
+    ///     fn on_call(&self, call: &CallEvent) {
+    ///         let volume = call.volume.as_ref().map_or("-", |v| v.as_str());
+    ///         println!("{} {volume} {:?}: {}", call.rpc.name(), call.duration, call.outcome.label());
+    ///     }
+    /// }
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let plane = ControlPlane::builder("/var/lib/my-orchestrator", NodeId::new("node-1")?)
+    ///     .call_observer(Arc::new(PrintCalls))
+    ///     .open()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn call_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Lists every CSI call the control plane makes in `calls` while it runs (default: a
+    /// list per plugin client), so one list shows what each long call waits on
+    /// ([`CallsInFlight::list`], [`CallsInFlight::log_long_calls`]).
+    pub fn calls_in_flight(mut self, calls: Arc<CallsInFlight>) -> Self {
+        self.calls = Some(calls);
         self
     }
 
@@ -159,6 +205,8 @@ impl ControlPlaneBuilder {
             restart_wait,
             plugins,
             mut driver,
+            observer,
+            calls,
         } = self;
         create_dir(&dir)?;
         let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(&dir).await?);
@@ -169,7 +217,19 @@ impl ControlPlaneBuilder {
         if driver.first_plugin_wait.is_zero() {
             driver.first_plugin_wait = restart_wait;
         }
-        let node = Node::builder(dir.join(NODE_DIR), me.clone())
+        let mut node = Node::builder(dir.join(NODE_DIR), me.clone());
+        if observer.is_some() || calls.is_some() {
+            node = node.client_builder(Arc::new(move |_, mut client: CsiClientBuilder| {
+                if let Some(observer) = &observer {
+                    client = client.observer(Arc::clone(observer));
+                }
+                if let Some(calls) = &calls {
+                    client = client.calls_in_flight(Arc::clone(calls));
+                }
+                client
+            }));
+        }
+        let node = node
             .plugins(plugins)
             .driver(driver)
             .secrets(Arc::new(CatalogSecrets::new(Arc::clone(&catalog))))
@@ -283,6 +343,8 @@ impl ControlPlane {
             restart_wait: RESTART_WAIT,
             plugins: PluginManagerConfig::default(),
             driver: DriverConfig::default(),
+            observer: None,
+            calls: None,
         }
     }
 

@@ -151,6 +151,91 @@ async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     plane.close().await.expect("closed");
 }
 
+/// Every call the control plane's clients report, as (RPC, volume, outcome).
+#[derive(Debug, Default)]
+struct SeenCalls(std::sync::Mutex<Vec<(Rpc, Option<String>, &'static str)>>);
+
+impl csi_client::CallObserver for SeenCalls {
+    fn on_call(&self, call: &csi_client::CallEvent) {
+        let volume = call.volume.as_ref().map(ToString::to_string);
+        let seen = (call.rpc, volume, call.outcome.label());
+        self.0.lock().expect("not poisoned").push(seen);
+    }
+}
+
+#[tokio::test]
+async fn every_call_of_the_service_and_the_release_pipeline_reaches_the_call_observer() {
+    use std::sync::Arc;
+    let setup = Setup::new(MockPlugin::builder()).await;
+    let seen = Arc::new(SeenCalls::default());
+    let calls = Arc::new(csi_client::CallsInFlight::new());
+    let plane = ControlPlane::builder(setup.dir.path().join("state"), node())
+        .call_observer(Arc::clone(&seen) as Arc<dyn csi_client::CallObserver>)
+        .calls_in_flight(Arc::clone(&calls))
+        .open()
+        .await
+        .expect("opens");
+    let endpoint = Endpoint::unix(setup.dir.path().join("mock.sock")).expect("endpoint");
+    plane
+        .register_plugin(setup.plugin.clone(), endpoint)
+        .await
+        .expect("registered");
+    let ready = plane
+        .wait_for_plugin(&setup.plugin, GUARD)
+        .await
+        .expect("ready");
+    assert!(Arc::ptr_eq(ready.client.calls_in_flight(), &calls));
+    assert!(Arc::ptr_eq(ready.detach.calls_in_flight(), &calls));
+    drop(ready);
+    // Only the volume's calls from here on: the fingerprint's and probes' are before.
+    seen.0.lock().expect("not poisoned").clear();
+
+    let service = plane.service();
+    let new = NewVolume::new(
+        id("data"),
+        setup.plugin.clone(),
+        AccessMode::SingleNodeWriter,
+    );
+    let created = service.create(new).await.expect("created");
+    service
+        .claim(claim("data", "web-1", ClaimMode::Write))
+        .await
+        .expect("claimed");
+    service
+        .release_and_wait(&id("data"), &workload("web-1"), Instant::now() + GUARD)
+        .await
+        .expect("released");
+    service.delete(&id("data")).await.expect("deleted");
+
+    let vol = Some(created.external_id.to_string());
+    let volume_calls: Vec<_> = seen
+        .0
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|(rpc, _, _)| *rpc != Rpc::Probe)
+        .cloned()
+        .collect();
+    assert_eq!(
+        volume_calls,
+        [
+            (Rpc::CreateVolume, None, "Ok"),
+            (Rpc::ControllerPublishVolume, vol.clone(), "Ok"),
+            (Rpc::NodeStageVolume, vol.clone(), "Ok"),
+            (Rpc::NodePublishVolume, vol.clone(), "Ok"),
+            (Rpc::NodeUnpublishVolume, vol.clone(), "Ok"),
+            (Rpc::NodeUnstageVolume, vol.clone(), "Ok"),
+            (Rpc::ControllerUnpublishVolume, vol.clone(), "Ok"),
+            (Rpc::DeleteVolume, vol, "Ok"),
+        ]
+    );
+    assert!(
+        calls.list().is_empty(),
+        "nothing in flight once all answered"
+    );
+    plane.close().await.expect("closed");
+}
+
 #[tokio::test]
 async fn close_names_a_service_still_held_elsewhere() {
     let setup = Setup::new(MockPlugin::builder()).await;
