@@ -1,7 +1,8 @@
 //! The reference CSI agent (`csi-agent`), composing every crate of csi-sdk.
 //!
-//! - [`demo`]: walk one volume through its whole life (create, claim, publish, write, release,
-//!   delete) against the built-in csi-testkit mock or any external plugin.
+//! - [`demo`]: walk one volume through its whole life (create, claim, expand, write, snapshot,
+//!   release, delete) on csi-control's `ControlPlane`, against the built-in csi-testkit mock
+//!   or any external plugin, one row per CSI call the library reports.
 //! - The plugin manager, the volume manager, node paths, csi-claims' detachers and state files
 //!   come from the `csi-node` crate, which an orchestrator embeds without this agent.
 //! - [`serve`], [`ops`]: the long-running agent and the operator commands; [`config`]: its

@@ -1,137 +1,108 @@
-//! Which steps the plugin's capabilities call for.
+//! Which steps the plugin's fingerprint calls for, decided before any of them is called.
 
-use csi_client::Fingerprint;
-use csi_structs::{ExternalVolumeId, PluginNodeId, Topology};
-
-/// Where the demo's volume comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VolumeSource {
-    /// `CreateVolume` at the start, `DeleteVolume` at the end.
-    Create,
-    /// A volume that already exists (`--volume-id`); it is used and kept.
-    Existing(ExternalVolumeId),
-}
+use csi_client::{Fingerprint, Rpc};
+use csi_structs::VolumeExpansion;
 
 /// The lifecycle adapted to one plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
-    /// Create a volume or use an existing one.
-    pub volume: VolumeSource,
-    /// `ValidateVolumeCapabilities` (the plugin has a Controller service).
-    pub validate: bool,
+pub(crate) struct Plan {
     /// `ControllerPublishVolume`/`ControllerUnpublishVolume` (`PUBLISH_UNPUBLISH_VOLUME`).
-    pub controller_publish: bool,
+    pub(crate) controller_publish: bool,
     /// `NodeStageVolume`/`NodeUnstageVolume` (`STAGE_UNSTAGE_VOLUME`).
-    pub stage: bool,
-    /// The plugin's id for this node (from `NodeGetInfo`).
-    pub plugin_node: PluginNodeId,
-    /// Where this node sits (from `NodeGetInfo`); `None` for no topology.
-    pub node_topology: Option<Topology>,
-    /// How the published volume is grown, or why it is not.
-    pub expand: Result<Expansion, &'static str>,
+    pub(crate) stage: bool,
+    /// Whether the published volume can grow, or why not.
+    pub(crate) expand: Result<(), &'static str>,
     /// `CreateSnapshot`/`DeleteSnapshot` (`CREATE_DELETE_SNAPSHOT`), or why not.
-    pub snapshot: Result<(), &'static str>,
-}
-
-/// How a published volume is grown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Expansion {
-    /// `ControllerExpandVolume` (controller `EXPAND_VOLUME`, with `VolumeExpansion` `ONLINE`).
-    pub controller: bool,
-    /// `NodeExpandVolume` may follow (node `EXPAND_VOLUME`): when the controller asks for it,
-    /// or always without a controller step.
-    pub node: bool,
-}
-
-impl Expansion {
-    /// What the plugin's capabilities allow for a volume in use (spec §3.8: `ONLINE` for the
-    /// controller to grow a published volume; node `EXPAND_VOLUME` grows it on the node).
-    fn of(caps: &csi_structs::Capabilities) -> Result<Expansion, &'static str> {
-        let controller = caps.may_call(csi_client::Rpc::ControllerExpandVolume);
-        let node = caps.node.can_expand();
-        let online = caps
-            .plugin
-            .has_expansion(csi_structs::VolumeExpansion::Online);
-        match (controller, node) {
-            (false, false) => Err("the plugin advertises no EXPAND_VOLUME"),
-            (true, _) if !online => Err(
-                "the plugin expands offline only (no VolumeExpansion ONLINE) and the volume is published",
-            ),
-            (controller, node) => Ok(Expansion { controller, node }),
-        }
-    }
+    pub(crate) snapshot: Result<(), &'static str>,
+    /// One line saying what the plugin is and what was adapted.
+    pub(crate) describe: String,
 }
 
 /// Why the plugin cannot run the demo as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     /// The plugin does not serve the Node service here, so nothing can be published.
     #[error(
-        "plugin {plugin} serves no Node service here (NodeGetInfo unimplemented); the demo needs a node plugin"
+        "plugin {0} serves no Node service here (NodeGetInfo unimplemented); the demo needs a node plugin"
     )]
-    NoNodeService {
-        /// The plugin's name.
-        plugin: String,
-    },
+    NoNodeService(String),
     /// The plugin cannot create volumes and no `--volume-id` was given.
     #[error(
-        "plugin {plugin} cannot create volumes (no CREATE_DELETE_VOLUME); give an existing volume with --volume-id"
+        "plugin {0} cannot create volumes (no CREATE_DELETE_VOLUME); give an existing volume with --volume-id"
     )]
-    CannotCreate {
-        /// The plugin's name.
-        plugin: String,
-    },
+    CannotCreate(String),
 }
 
 impl Plan {
-    /// The plan for the plugin `fingerprint` describes; `existing` is `--volume-id`.
+    /// The plan for the plugin `fingerprint` describes; `existing` when `--volume-id` was
+    /// given.
     ///
     /// # Errors
     ///
     /// [`PlanError`] when the plugin has no node service, or cannot create and no volume
     /// was given.
-    pub fn for_plugin(
-        fingerprint: &Fingerprint,
-        existing: Option<ExternalVolumeId>,
-    ) -> Result<Plan, PlanError> {
+    pub(crate) fn for_plugin(fingerprint: &Fingerprint, existing: bool) -> Result<Plan, PlanError> {
         let caps = &fingerprint.capabilities;
         let plugin = fingerprint.plugin.name.to_string();
         let Some(node) = &fingerprint.node else {
-            return Err(PlanError::NoNodeService { plugin });
+            return Err(PlanError::NoNodeService(plugin));
         };
-        let volume = match existing {
-            Some(id) => VolumeSource::Existing(id),
-            None if caps.may_call(csi_client::Rpc::CreateVolume) => VolumeSource::Create,
-            None => return Err(PlanError::CannotCreate { plugin }),
+        if !existing && !caps.may_call(Rpc::CreateVolume) {
+            return Err(PlanError::CannotCreate(plugin));
+        }
+        // Spec §3.8: the controller grows a published volume only with `ONLINE`; node
+        // `EXPAND_VOLUME` alone grows it where it is published.
+        let controller = caps.may_call(Rpc::ControllerExpandVolume);
+        let expand = match (controller, caps.node.can_expand()) {
+            (false, false) => Err("the plugin advertises no EXPAND_VOLUME"),
+            (true, _) if !caps.plugin.has_expansion(VolumeExpansion::Online) => Err(
+                "the plugin expands offline only (no VolumeExpansion ONLINE) and the volume is published",
+            ),
+            _ => Ok(()),
         };
+        let snapshot = match caps.may_call(Rpc::CreateSnapshot) {
+            true => Ok(()),
+            false => Err("the plugin lacks CREATE_DELETE_SNAPSHOT"),
+        };
+        let controller_publish = caps.lifecycle_requires(Rpc::ControllerPublishVolume);
+        let stage = caps.node.requires_staging();
+        let yes_no = |b: bool| if b { "yes" } else { "no" };
+        let describe = format!(
+            "{} {}: node id {}; controller publish: {}, staging: {}, expansion: {}, snapshots: {}",
+            fingerprint.plugin.name,
+            fingerprint.plugin.vendor_version,
+            node.node_id,
+            yes_no(controller_publish),
+            yes_no(stage),
+            yes_no(expand.is_ok()),
+            yes_no(snapshot.is_ok()),
+        );
         Ok(Plan {
-            volume,
-            validate: caps.plugin.has_controller_service(),
-            controller_publish: caps.lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
-            stage: caps.node.requires_staging(),
-            plugin_node: node.node_id.clone(),
-            node_topology: node.topology.clone(),
-            expand: Expansion::of(caps),
-            snapshot: if caps.may_call(csi_client::Rpc::CreateSnapshot) {
-                Ok(())
-            } else {
-                Err("the plugin lacks CREATE_DELETE_SNAPSHOT")
-            },
+            controller_publish,
+            stage,
+            expand,
+            snapshot,
+            describe,
         })
     }
 
-    /// One line saying what was adapted, for the fingerprint row.
-    pub fn describe(&self) -> String {
-        let yes_no = |b: bool| if b { "yes" } else { "no" };
-        format!(
-            "node id {}; controller publish: {}, staging: {}, volume: {}",
-            self.plugin_node,
-            yes_no(self.controller_publish),
-            yes_no(self.stage),
-            match &self.volume {
-                VolumeSource::Create => "create".to_owned(),
-                VolumeSource::Existing(id) => format!("existing {id}"),
-            }
-        )
+    /// The calls of a claim (`release`: of its release) the plugin does not need, with why.
+    pub(crate) fn skipped_calls(&self, release: bool) -> Vec<(&'static str, &'static str)> {
+        let mut skipped = Vec::new();
+        if !self.controller_publish {
+            let rpc = match release {
+                false => Rpc::ControllerPublishVolume,
+                true => Rpc::ControllerUnpublishVolume,
+            };
+            skipped.push((rpc.name(), "the plugin lacks PUBLISH_UNPUBLISH_VOLUME"));
+        }
+        if !self.stage {
+            let rpc = match release {
+                false => Rpc::NodeStageVolume,
+                true => Rpc::NodeUnstageVolume,
+            };
+            skipped.push((rpc.name(), "the plugin lacks STAGE_UNSTAGE_VOLUME"));
+        }
+        skipped
     }
 }

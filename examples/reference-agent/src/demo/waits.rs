@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_client::{CallInFlight, CallsInFlight, LongCalls};
-use csi_structs::untrusted::escaped;
 use tokio::task::JoinHandle;
 
 /// How long a call runs before it is shown.
@@ -88,35 +87,11 @@ impl WaitLine {
     }
 }
 
-/// The text for one long call: `still in flight: NodeStageVolume volume v: waiting for the
-/// plugin's answer, attempt 1 of 3 (deadline 2m), 4.0s so far` (ids escaped by
-/// [`CallInFlight`]'s `Display`).
-pub(crate) fn describe(call: &CallInFlight) -> String {
-    format!("still in flight: {call}")
-}
-
-/// The status line for one long call, short and the most telling first so that a cut keeps
-/// it: `4.0s NodeStageVolume vol-1, attempt 1/3 (deadline 60s): waiting for the plugin's
-/// answer` (the volume id escaped).
+/// The status line for one long call, the time first so that a cut keeps it: `4.0s
+/// NodeStageVolume volume vol-1: waiting for the plugin's answer, attempt 1 of 3 (deadline
+/// 2m), …` (ids escaped by [`CallInFlight`]'s `Display`).
 fn status_text(call: &CallInFlight, now: Instant) -> String {
-    let mut text = format!(
-        "{:.1}s {}",
-        call.elapsed_at(now).as_secs_f64(),
-        call.rpc.name()
-    );
-    if let Some(volume) = &call.volume {
-        text.push_str(&format!(" {}", escaped(volume.as_str())));
-    }
-    if call.attempt > 0 {
-        text.push_str(&format!(
-            ", attempt {}/{} (deadline {}s)",
-            call.attempt,
-            call.max_attempts,
-            call.attempt_deadline.as_secs()
-        ));
-    }
-    text.push_str(&format!(": waiting for {}", call.waiting));
-    text
+    format!("{:.1}s {call}", call.elapsed_at(now).as_secs_f64())
 }
 
 /// Starts reading `calls` every second, showing long calls on `line` until the task is
@@ -146,7 +121,7 @@ pub(crate) fn watch(calls: Arc<CallsInFlight>, line: Arc<WaitLine>) -> JoinHandl
                 }
             } else {
                 for call in reminders.due(&long, now) {
-                    line.plain(&describe(call));
+                    line.plain(&format!("still in flight: {call}"));
                 }
             }
         }

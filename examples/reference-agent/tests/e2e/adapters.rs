@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_agent::demo::{DetachRecord, Observed};
+use async_trait::async_trait;
 use csi_claims::backoff::BackoffPolicy;
-use csi_claims::driver::{ClaimsDriver, DriverConfig};
+use csi_claims::driver::{ClaimsDriver, ControllerDetacher, DriverConfig, NodeDetacher};
 use csi_claims::{
-    ClaimMode, ClaimRequest, ControllerRequirement, DetachRpc, MemoryStore, VolumeInfo,
+    ClaimMode, ClaimRequest, ControllerDetachRequest, ControllerRequirement, DetachError,
+    DetachRpc, MemoryStore, NodeDetachRequest, VolumeInfo,
 };
 use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
@@ -22,6 +23,58 @@ use csi_testkit::{MockPlugin, MockServer, NodeCapability};
 use tokio::sync::mpsc;
 
 const GUARD: Duration = Duration::from_secs(60);
+
+/// One detach call the release pipeline made, and how it ended as the pipeline saw it.
+#[derive(Debug)]
+struct DetachRecord {
+    rpc: DetachRpc,
+    outcome: Result<(), DetachError>,
+}
+
+/// Wraps a node or a controller detacher, recording each of its calls.
+#[derive(Debug)]
+struct Observed<D: ?Sized> {
+    inner: Arc<D>,
+    records: mpsc::UnboundedSender<DetachRecord>,
+}
+
+impl<D: ?Sized> Observed<D> {
+    fn new(inner: Arc<D>, records: mpsc::UnboundedSender<DetachRecord>) -> Self {
+        Self { inner, records }
+    }
+
+    fn record(&self, rpc: DetachRpc, outcome: &Result<(), DetachError>) {
+        let outcome = outcome.clone();
+        self.records.send(DetachRecord { rpc, outcome }).unwrap();
+    }
+}
+
+#[async_trait]
+impl<D: NodeDetacher + ?Sized> NodeDetacher for Observed<D> {
+    async fn node_unpublish(&self, request: &NodeDetachRequest) -> Result<(), DetachError> {
+        let outcome = self.inner.node_unpublish(request).await;
+        self.record(DetachRpc::NodeUnpublish, &outcome);
+        outcome
+    }
+
+    async fn node_unstage(&self, request: &NodeDetachRequest) -> Result<(), DetachError> {
+        let outcome = self.inner.node_unstage(request).await;
+        self.record(DetachRpc::NodeUnstage, &outcome);
+        outcome
+    }
+}
+
+#[async_trait]
+impl<D: ControllerDetacher + ?Sized> ControllerDetacher for Observed<D> {
+    async fn controller_unpublish(
+        &self,
+        request: &ControllerDetachRequest,
+    ) -> Result<(), DetachError> {
+        let outcome = self.inner.controller_unpublish(request).await;
+        self.record(DetachRpc::ControllerUnpublish, &outcome);
+        outcome
+    }
+}
 
 struct Published {
     _tmp: tempfile::TempDir,
