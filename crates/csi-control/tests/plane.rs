@@ -65,6 +65,23 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// Creates volume `data` (single-node writer) and claims it for `web-1`, published here.
+    async fn claimed_volume(&self, plane: &ControlPlane) -> csi_control::service::Claimed {
+        let new = NewVolume::new(
+            id("data"),
+            self.plugin.clone(),
+            AccessMode::SingleNodeWriter,
+        );
+        plane.service().create(new).await.expect("created");
+        plane
+            .service()
+            .claim(claim("data", "web-1", ClaimMode::Write))
+            .await
+            .expect("claimed")
+    }
+}
+
 fn node() -> NodeId {
     NodeId::new("n1").expect("node id")
 }
@@ -89,17 +106,7 @@ fn claim(volume: &str, who: &str, mode: ClaimMode) -> ClaimVolume {
 async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     let setup = Setup::new(MockPlugin::builder()).await;
     let plane = setup.open_with_plugin().await;
-    let new = NewVolume::new(
-        id("data"),
-        setup.plugin.clone(),
-        AccessMode::SingleNodeWriter,
-    );
-    plane.service().create(new).await.expect("created");
-    let claimed = plane
-        .service()
-        .claim(claim("data", "web-1", ClaimMode::Write))
-        .await
-        .expect("claimed");
+    let claimed = setup.claimed_volume(&plane).await;
     let first = plane.reconciled().await;
     assert!(
         first.report.records.is_empty(),
@@ -172,17 +179,7 @@ async fn close_names_a_service_still_held_elsewhere() {
 async fn a_release_s_progress_and_its_failed_step_come_on_the_service_s_stream() {
     let setup = Setup::new(MockPlugin::builder()).await;
     let plane = setup.open_with_plugin().await;
-    let new = NewVolume::new(
-        id("data"),
-        setup.plugin.clone(),
-        AccessMode::SingleNodeWriter,
-    );
-    plane.service().create(new).await.expect("created");
-    plane
-        .service()
-        .claim(claim("data", "web-1", ClaimMode::Write))
-        .await
-        .expect("claimed");
+    setup.claimed_volume(&plane).await;
     setup
         .mock
         .faults()
@@ -411,17 +408,7 @@ async fn a_volume_without_its_secrets_is_refused_by_such_a_plugin() {
 async fn a_directory_laid_out_by_stores_is_taken_over_with_its_claims_and_records() {
     let setup = Setup::new(MockPlugin::builder()).await;
     let plane = setup.open_with_plugin().await;
-    let new = NewVolume::new(
-        id("data"),
-        setup.plugin.clone(),
-        AccessMode::SingleNodeWriter,
-    );
-    plane.service().create(new).await.expect("created");
-    plane
-        .service()
-        .claim(claim("data", "web-1", ClaimMode::Write))
-        .await
-        .expect("claimed");
+    setup.claimed_volume(&plane).await;
     plane.close().await.expect("closed");
     // The embedded layout of `Stores` (the reference agent's data directory): the claims and
     // the usage records in `claims.redb` beside `volumes.json`, the paths under `node/`.
