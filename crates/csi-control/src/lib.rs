@@ -8,6 +8,11 @@
 //! it (the reference agent, `csi-agent`, is its first user) and nothing below it depends on
 //! it.
 //!
+//! - [`plane`]: the front door, [`ControlPlane`]: a node and its control plane opened with one
+//!   call over one state directory (csi-node's `Node`, the catalog, the routing of plugin
+//!   calls and the volume service), with secrets from the catalog on every call that takes
+//!   them, the node's records confirmed after a restart, and one close for everything.
+//!
 //! - [`catalog`]: the volume catalog, [`VolumeCatalog`]: every registered (or created)
 //!   volume as a [`CatalogEntry`], each change written before it returns. [`FileCatalog`]
 //!   keeps it on one node in `volumes.json` (owner-only: it holds the volumes' secrets);

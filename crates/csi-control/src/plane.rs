@@ -20,6 +20,11 @@
 //! | `volumes.json` | the catalog (owner-only: it holds the volumes' secrets) |
 //! | `node/` | the node's state ([`csi_node::node`]): `node.redb` (claims and usage records), `plugins.json`, the staging and publish directories |
 //!
+//! A directory laid out by [`Stores`](crate::stores::Stores) with the embedded store (the
+//! claims and the node's usage records in `claims.redb` beside `volumes.json`, the paths under
+//! `node/`; the reference agent's data directory) is taken over as it is: its `claims.redb`
+//! moves to `node/node.redb` once, at the first open.
+//!
 //! ```no_run
 //! use csi_client::Endpoint;
 //! use csi_control::ControlPlane;
@@ -87,6 +92,20 @@ pub enum PlaneError {
     /// be read.
     #[error("reading /dev/urandom: {0}")]
     Random(#[source] std::io::Error),
+    /// The directory holds both the embedded claim store of
+    /// [`Stores`](crate::stores::Stores) (`claims.redb`) and the node's database
+    /// (`node/node.redb`); the control plane takes neither for the other. Move away the one
+    /// that is not current.
+    #[error(
+        "{old} and {new} both exist: the claims would be read from one and not the other; \
+         move away the one that is not current"
+    )]
+    TwoDatabases {
+        /// The embedded claim store's file.
+        old: PathBuf,
+        /// The node's database file.
+        new: PathBuf,
+    },
     /// [`ControlPlane::close`]: the volume service is still held elsewhere (a clone of the
     /// `Arc` from [`ControlPlane::service`]). The release pipeline and the plugins' tasks
     /// are stopped; the node's database closes when the last clone is dropped.
@@ -209,6 +228,7 @@ impl ControlPlaneBuilder {
             calls,
         } = self;
         create_dir(&dir)?;
+        adopt_stores_layout(&dir)?;
         let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(&dir).await?);
         // The shim's registry learns this node's plugins from the plugin manager's events.
         let registry = Arc::new(Registry::new());
@@ -313,6 +333,31 @@ fn create_dir(dir: &Path) -> Result<(), PlaneError> {
     };
     std::fs::create_dir_all(dir).map_err(failed)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(failed)
+}
+
+/// Moves the embedded claim store of [`Stores`](crate::stores::Stores) (`<dir>/claims.redb`:
+/// the claims and the node's usage records, in the tables `node.redb` has) to
+/// `<dir>/node/node.redb`, where the node opens it. Nothing to do when there is none; refused,
+/// changing nothing, when both files exist (which one holds the truth is the operator's call).
+fn adopt_stores_layout(dir: &Path) -> Result<(), PlaneError> {
+    let old = dir.join(crate::stores::CLAIMS_FILE);
+    if !old.exists() {
+        return Ok(());
+    }
+    let node_dir = dir.join(NODE_DIR);
+    let new = node_dir.join(csi_node::node::DATABASE_FILE);
+    if new.exists() {
+        return Err(PlaneError::TwoDatabases { old, new });
+    }
+    create_dir(&node_dir)?;
+    std::fs::rename(&old, &new).map_err(|source| {
+        PlaneError::Node(NodeError::Directory {
+            path: old.clone(),
+            source,
+        })
+    })?;
+    tracing::info!(from = %old.display(), to = %new.display(), "claim store moved into the node's directory");
+    Ok(())
 }
 
 /// A node and its control plane, open (module docs: [`self`]).

@@ -65,6 +65,23 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// Creates volume `data` (single-node writer) and claims it for `web-1`, published here.
+    async fn claimed_volume(&self, plane: &ControlPlane) -> csi_control::service::Claimed {
+        let new = NewVolume::new(
+            id("data"),
+            self.plugin.clone(),
+            AccessMode::SingleNodeWriter,
+        );
+        plane.service().create(new).await.expect("created");
+        plane
+            .service()
+            .claim(claim("data", "web-1", ClaimMode::Write))
+            .await
+            .expect("claimed")
+    }
+}
+
 fn node() -> NodeId {
     NodeId::new("n1").expect("node id")
 }
@@ -89,17 +106,7 @@ fn claim(volume: &str, who: &str, mode: ClaimMode) -> ClaimVolume {
 async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     let setup = Setup::new(MockPlugin::builder()).await;
     let plane = setup.open_with_plugin().await;
-    let new = NewVolume::new(
-        id("data"),
-        setup.plugin.clone(),
-        AccessMode::SingleNodeWriter,
-    );
-    plane.service().create(new).await.expect("created");
-    let claimed = plane
-        .service()
-        .claim(claim("data", "web-1", ClaimMode::Write))
-        .await
-        .expect("claimed");
+    let claimed = setup.claimed_volume(&plane).await;
     let first = plane.reconciled().await;
     assert!(
         first.report.records.is_empty(),
@@ -257,17 +264,7 @@ async fn close_names_a_service_still_held_elsewhere() {
 async fn a_release_s_progress_and_its_failed_step_come_on_the_service_s_stream() {
     let setup = Setup::new(MockPlugin::builder()).await;
     let plane = setup.open_with_plugin().await;
-    let new = NewVolume::new(
-        id("data"),
-        setup.plugin.clone(),
-        AccessMode::SingleNodeWriter,
-    );
-    plane.service().create(new).await.expect("created");
-    plane
-        .service()
-        .claim(claim("data", "web-1", ClaimMode::Write))
-        .await
-        .expect("claimed");
+    setup.claimed_volume(&plane).await;
     setup
         .mock
         .faults()
@@ -488,4 +485,48 @@ async fn a_volume_without_its_secrets_is_refused_by_such_a_plugin() {
         !failed.contains("create-secret"),
         "never the value: {failed}"
     );
+}
+
+// ---- a directory of csi-control's `Stores` -----------------------------------------------------
+
+#[tokio::test]
+async fn a_directory_laid_out_by_stores_is_taken_over_with_its_claims_and_records() {
+    let setup = Setup::new(MockPlugin::builder()).await;
+    let plane = setup.open_with_plugin().await;
+    setup.claimed_volume(&plane).await;
+    plane.close().await.expect("closed");
+    // The embedded layout of `Stores` (the reference agent's data directory): the claims and
+    // the usage records in `claims.redb` beside `volumes.json`, the paths under `node/`.
+    let state = setup.dir.path().join("state");
+    let database = state.join("node").join(csi_node::node::DATABASE_FILE);
+    let claims_file = state.join(csi_control::stores::CLAIMS_FILE);
+    std::fs::rename(&database, &claims_file).expect("laid out as Stores does");
+
+    let plane = setup.open().await;
+    assert!(database.exists() && !claims_file.exists(), "moved once");
+    let reconciled = plane.reconciled().await;
+    let actions: Vec<&str> = reconciled
+        .report
+        .records
+        .iter()
+        .map(|r| r.action())
+        .collect();
+    assert_eq!(actions, ["republished"], "the usage record came along");
+    let state_now = plane.service().volume(&id("data")).expect("in the catalog");
+    let holders: Vec<String> = state_now
+        .claims
+        .iter()
+        .map(|(c, _)| c.workload().to_string())
+        .collect();
+    assert_eq!(holders, ["web-1"], "the claim came along");
+    plane.close().await.expect("closed");
+
+    // With both files there, neither is taken for the other.
+    std::fs::copy(&database, &claims_file).expect("copied");
+    match ControlPlane::open(&state, node()).await {
+        Err(PlaneError::TwoDatabases { old, new }) => {
+            assert_eq!((old, new), (claims_file, database));
+        }
+        other => panic!("expected both databases named: {other:?}"),
+    }
 }
