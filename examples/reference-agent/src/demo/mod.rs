@@ -370,9 +370,7 @@ async fn lifecycle<W: Write>(
     let entry = match existing {
         None => {
             let new = NewVolume::new(id.clone(), plugin.clone(), mode);
-            let entry = walk.step(Step::CreateVolume, service.create(new)).await?;
-            walk.result(Step::CreateVolume, "ok: created")?;
-            entry
+            walk.step(Step::CreateVolume, service.create(new)).await?
         }
         Some(external) => {
             let volume = RegisterVolume {
@@ -405,9 +403,7 @@ async fn lifecycle<W: Write>(
         Err(why) => walk.skip(Step::Expand, "-", why)?,
         Ok(()) => {
             let wanted = entry.capacity_bytes.unwrap_or(GIB).saturating_add(GIB);
-            let grown = walk.step(Step::Expand, service.expand(&id, wanted)).await?;
-            let text = format!("ok: {} MiB", grown.capacity_bytes >> 20);
-            walk.result(Step::Expand, &text)?;
+            walk.step(Step::Expand, service.expand(&id, wanted)).await?;
         }
     }
 
