@@ -487,6 +487,120 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
     );
 }
 
+/// Creates `id`, a multi-node multi-writer mount volume (a writer and a reader on one node).
+async fn create_shared(h: &Harness, id: &str) -> csi_control::CatalogEntry {
+    let mut request = h.new_volume(id, GIB);
+    request.access_mode = AccessMode::MultiNodeMultiWriter;
+    h.service.create(request).await.expect("created")
+}
+
+fn read_claim(volume: &str, workload_id: &str) -> csi_control::service::ClaimVolume {
+    csi_control::service::ClaimVolume {
+        mode: ClaimMode::Read,
+        ..write_claim(volume, workload_id)
+    }
+}
+
+#[tokio::test]
+async fn a_writer_and_a_reader_on_one_node_share_one_controller_publish() {
+    let h = Harness::start().await;
+    let entry = create_shared(&h, "data").await;
+
+    let writer = h.claim("data", "writer").await;
+    let reader = h
+        .service
+        .claim(read_claim("data", "reader"))
+        .await
+        .expect("the reader claims the volume attached for the writer");
+    assert_eq!(
+        h.mock.calls().count(Rpc::ControllerPublishVolume),
+        1,
+        "one ControllerPublishVolume per volume and node"
+    );
+    // Both publications got the publish_context of that one call (the mock refuses a node
+    // call with any other), and the volume was staged once.
+    assert_eq!(h.mock.published().len(), 2);
+    assert_eq!(h.mock.staged().len(), 1);
+    assert!(writer.target_path.exists() && reader.target_path.exists());
+
+    // Released one after the other: only the last claim on the node detaches the volume.
+    h.release_and_wait("data", "writer").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 0);
+    assert_eq!(
+        h.mock.published_nodes(entry.external_id.as_str()),
+        vec!["node-1".to_owned()],
+        "still attached for the reader"
+    );
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(
+        h.mock
+            .published_nodes(entry.external_id.as_str())
+            .is_empty()
+    );
+    assert!(h.mock.published().is_empty() && h.mock.staged().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_claims_of_one_volume_on_one_node_send_one_controller_publish() {
+    let h = Harness::start().await;
+    create_shared(&h, "data").await;
+    // The first ControllerPublishVolume takes a while, so the second claim comes while it
+    // is in flight (a hang guard of the ordering, not a timing asserted).
+    h.mock
+        .faults()
+        .on(Rpc::ControllerPublishVolume)
+        .then_delay(Duration::from_millis(300));
+
+    let (writer, reader) = tokio::join!(
+        h.service.claim(write_claim("data", "writer")),
+        h.service.claim(read_claim("data", "reader")),
+    );
+    writer.expect("the writer's claim");
+    reader.expect("the reader's claim");
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+    assert_eq!(h.mock.published().len(), 2);
+
+    h.release_and_wait("data", "writer").await;
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+}
+
+#[tokio::test]
+async fn after_a_restart_a_claim_reuses_the_recorded_publish_context() {
+    let h = Harness::start().await;
+    let entry = create_shared(&h, "data").await;
+    h.claim("data", "writer").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+
+    let h = h.restart().await;
+    let context = h
+        .service
+        .volumes()
+        .publish_context(&h.plugin, &volume_id("data"))
+        .expect("the usage record kept the publish_context");
+    assert!(!context.is_empty(), "the mock returns a device path");
+    h.service
+        .claim(read_claim("data", "reader"))
+        .await
+        .expect("the reader claims the volume attached before the restart");
+    assert_eq!(
+        h.mock.calls().count(Rpc::ControllerPublishVolume),
+        1,
+        "the attachment from before the restart was reused"
+    );
+    assert_eq!(h.mock.published().len(), 2);
+
+    h.release_and_wait("data", "writer").await;
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(
+        h.mock
+            .published_nodes(entry.external_id.as_str())
+            .is_empty()
+    );
+}
+
 #[tokio::test]
 async fn a_claim_past_the_plugin_s_attach_limit_is_refused_before_any_call() {
     let h = Harness::with(MockPlugin::builder().max_volumes_per_node(2)).await;

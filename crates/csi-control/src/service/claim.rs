@@ -58,7 +58,13 @@ pub struct Detached {
 
 impl VolumeService {
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
-    /// controller publish through the shim when the volume needs it, then stage and publish.
+    /// controller publish through the shim when the volume needs it and is not attached to
+    /// this node yet, then stage and publish. `ControllerPublishVolume` goes once per volume
+    /// and node, whatever the number of claims there: a claim of a volume this node's usage
+    /// records show attached (another claim's, or one from before a restart) reuses the
+    /// `publish_context` recorded with it, and claims of one volume on this node take turns
+    /// publishing it ([`VolumeManager::attach_turn`](csi_node::volumes::VolumeManager::attach_turn)).
+    /// The release pipeline sends `ControllerUnpublishVolume` with the last claim on the node.
     /// When publishing fails after the claim, the claim is released at once so the release
     /// pipeline undoes whatever may have happened (uncertain outcomes included), and the
     /// answer waits for that (up to the call timeout) and says how it ended. A node expansion
@@ -202,7 +208,19 @@ impl VolumeService {
         plugin_node: &PluginNodeId,
         read_only: bool,
     ) -> Result<PathBuf, ServiceError> {
-        let publish_context = if entry.controller_publish {
+        // One attach of the volume at a time on this node: a claim that comes while another
+        // publishes the volume here waits, then finds what that one recorded.
+        let _turn = self.volumes.attach_turn(&entry.plugin, &entry.id).await;
+        let recorded = entry
+            .controller_publish
+            .then(|| self.volumes.publish_context(&entry.plugin, &entry.id))
+            .flatten();
+        let publish_context = if let Some(context) = recorded {
+            // Attached here already (for another claim, or before a restart): one
+            // ControllerPublishVolume per volume and node, whatever the claims there.
+            tracing::debug!(volume = %entry.id, "controller publish to this node known done; its publish_context reused");
+            context
+        } else if entry.controller_publish {
             self.shim
                 .controller_attach(
                     ControllerAttach {
