@@ -76,10 +76,35 @@ impl VolumeService {
     /// plugin's attach limit (`max_volumes_per_node`) is reached
     /// ([`ClaimError::AttachLimit`](csi_claims::ClaimError::AttachLimit)).
     ///
+    /// A claim whose only obstacle is claims being released (the workload's own earlier
+    /// claim, restarted on this node; the capacity another workload's releasing claim still
+    /// holds; the attach limit held by releasing claims) waits for them to be freed, up to
+    /// the service's call timeout, and is then admitted: see
+    /// [`claim_until`](Self::claim_until) to give another deadline.
+    ///
     /// # Errors
     ///
     /// [`ServiceError`]: the refusals above, the claim layer's, and the publish's.
     pub async fn claim(&self, r: ClaimVolume) -> Result<Claimed, ServiceError> {
+        self.claim_until(r, tokio::time::Instant::now() + self.call_timeout)
+            .await
+    }
+
+    /// [`claim`](Self::claim), waiting at most until `deadline` for the claims being released
+    /// in its way ([`ClaimsHandle::claim_until`](csi_claims::driver::ClaimsHandle::claim_until)).
+    /// The deadline bounds that wait; the plugin calls after the claim keep their own
+    /// deadlines (the call timeout each). A refusal that waiting cannot fix comes at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim); a claim still refused by releasing claims at the deadline
+    /// is [`DriverError::WaitedForRelease`](csi_claims::driver::DriverError::WaitedForRelease)
+    /// (the refusal, how long it waited and for which claims), with the refusal's class.
+    pub async fn claim_until(
+        &self,
+        r: ClaimVolume,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claimed, ServiceError> {
         let entry = self.entry(&r.volume)?;
         if entry.deleting {
             return Err(deleting(&entry.id));
@@ -122,7 +147,7 @@ impl VolumeService {
         let attach_limit = ready.fingerprint.node.as_ref().and_then(|n| n.max_volumes);
         let claim = self
             .claims
-            .claim_within(
+            .claim_until(
                 &entry.info(),
                 ClaimRequest {
                     volume: entry.id.clone(),
@@ -134,6 +159,7 @@ impl VolumeService {
                     attachment: entry.attachment,
                 },
                 attach_limit,
+                deadline,
             )
             .await?;
         tracing::info!(volume = %entry.id, workload = %workload, "claim durable");
