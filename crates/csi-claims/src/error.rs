@@ -45,9 +45,8 @@ impl Error {
             Error::Load(_) | Error::Backoff(_) => ErrorClass::Fatal,
             Error::Store(e) => e.class(),
             Error::Driver(e) => match e {
-                DriverError::Claim(c) | DriverError::WaitedForRelease { refusal: c, .. } => {
-                    c.class()
-                }
+                DriverError::Claim(c) => c.class(),
+                DriverError::WaitedForRelease { refusal, .. } => refusal.class(),
                 DriverError::Release(r) => r.class(),
                 DriverError::Lost { .. } | DriverError::NotStored { .. } => ErrorClass::Retry,
                 DriverError::Refused { .. } => ErrorClass::Fatal,

@@ -971,11 +971,11 @@ async fn a_wait_that_outlasts_the_deadline_is_refused_naming_the_wait() {
     let waited: Vec<&str> = waited_for.iter().map(|c| c.workload().as_str()).collect();
     assert_eq!(waited, ["a"]);
     assert!(
-        matches!(refusal, ClaimError::Denied(d)
+        matches!(&**refusal, ClaimError::Denied(d)
             if matches!(d.reason, csi_claims::DenyReason::ReleaseInProgress { .. })),
         "{refusal:?}"
     );
-    assert_eq!(refused.claim_refusal(), Some(refusal));
+    assert_eq!(refused.claim_refusal(), Some(&**refusal));
     assert_eq!(
         csi_claims::Error::from(refused.clone()).class(),
         ErrorClass::Retry,

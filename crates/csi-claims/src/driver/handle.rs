@@ -83,7 +83,7 @@ pub enum DriverError {
         /// plugin's attach limit, on the plugin's other volumes on the node).
         waited_for: Vec<Claim>,
         /// The refusal at the deadline.
-        refusal: ClaimError,
+        refusal: Box<ClaimError>,
     },
     /// The claim store failed while the claim or release was being written (its disk, its
     /// database, the network to it): whether it reached the store is unknown. The answer comes
@@ -151,9 +151,8 @@ impl DriverError {
     /// refusal that stood after [`DriverError::WaitedForRelease`]'s wait.
     pub fn claim_refusal(&self) -> Option<&ClaimError> {
         match self {
-            DriverError::Claim(refusal) | DriverError::WaitedForRelease { refusal, .. } => {
-                Some(refusal)
-            }
+            DriverError::Claim(refusal) => Some(refusal),
+            DriverError::WaitedForRelease { refusal, .. } => Some(refusal),
             _ => None,
         }
     }
@@ -510,7 +509,7 @@ impl ClaimsHandle {
                         workload: request.workload.clone(),
                         waited: deadline.saturating_duration_since(started),
                         waited_for: std::mem::take(&mut wait.blockers),
-                        refusal,
+                        refusal: Box::new(refusal),
                     }
                 });
             }
