@@ -6,8 +6,10 @@
 //! `--volumes-per-client` single-node-writer mount volumes per client through the control
 //! API. Then `--clients` clients each loop over their own volumes:
 //! `POST /v1/volumes/{id}/claim` for a fresh workload (mode `write`), then
-//! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim answered
-//! 409 (the volume still being released from the previous round) is asked again 1 ms later,
+//! `POST /v1/volumes/{id}/release` of that workload, then the next volume. A claim that finds
+//! the volume still being released from the previous round waits for that release in the
+//! agent (up to its `call_timeout`); one answered 409 all the same (an agent from before that
+//! wait, or a release that outlasted it) is asked again 1 ms later,
 //! the wait doubling up to 16 ms while it stays busy, and counted as `busy`; any other error
 //! answer is counted in `errors` (the first one printed on stderr) and the client goes on.
 //! `--agent-arg` adds arguments to `csi-agent serve` (`--controller-calls=8`, say).

@@ -286,6 +286,68 @@ pub fn admit(claims: &[Claim], request: &ClaimRequest) -> Result<Admission, Clai
     Ok(Admission::New)
 }
 
+/// The releasing claims that are all that stands in the way of `request`: [`admit`] refuses
+/// it over `claims` (every not-yet-freed claim on the volume) and would admit it once the
+/// claims being released are freed. Names those of them that refuse it on their own (the
+/// workload's own earlier claim, a releasing writer holding the one writer slot, the one
+/// workload of a single-workload volume, ...).
+///
+/// `None` when `request` is admitted now, or when waiting cannot help: a claim that is not
+/// releasing refuses it, or the request itself does (a write on a read-only access mode).
+/// A caller may then wait for the named claims to be freed and decide again.
+///
+/// Pure: reads nothing but its arguments.
+///
+/// ```
+/// use csi_claims::accounting::{admit, releases_in_the_way};
+/// use csi_claims::{Claim, ClaimMode, ClaimRequest};
+/// use csi_structs::{AccessMode, AccessTypeKind, NodeId, PluginNodeId, VolumeId, WorkloadId};
+///
+/// let write = ClaimRequest {
+///     volume: VolumeId::new("db").unwrap(),
+///     workload: WorkloadId::new("web-1").unwrap(),
+///     node: NodeId::new("n1").unwrap(),
+///     plugin_node: PluginNodeId::new("i-1").unwrap(),
+///     mode: ClaimMode::Write,
+///     access_mode: AccessMode::MultiNodeReaderOnly,
+///     attachment: AccessTypeKind::Mount,
+/// };
+/// // Refused on its own terms (a write on a read-only access mode): waiting cannot help.
+/// let none: [Claim; 0] = [];
+/// assert!(admit(&none, &write).is_err());
+/// assert_eq!(releases_in_the_way(&none, &write), None);
+/// ```
+pub fn releases_in_the_way<'a>(
+    claims: &'a [Claim],
+    request: &ClaimRequest,
+) -> Option<Vec<&'a Claim>> {
+    if admit(claims, request).is_ok() {
+        return None;
+    }
+    let (releasing, staying): (Vec<&Claim>, Vec<&Claim>) =
+        claims.iter().partition(|c| c.state.is_releasing());
+    if releasing.is_empty() {
+        return None;
+    }
+    let staying: Vec<Claim> = staying.into_iter().cloned().collect();
+    admit(&staying, request).ok()?;
+    let alone_in_the_way: Vec<&Claim> = releasing
+        .iter()
+        .copied()
+        .filter(|r| {
+            let mut with = staying.clone();
+            with.push((*r).clone());
+            admit(&with, request).is_err()
+        })
+        .collect();
+    // Only several of them together refuse it: they are all in the way.
+    Some(if alone_in_the_way.is_empty() {
+        releasing
+    } else {
+        alone_in_the_way
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use csi_structs::PluginNodeId;
@@ -470,6 +532,77 @@ mod tests {
         assert_eq!(
             denied.reason,
             DenyReason::ReleaseInProgress { state: "releasing" }
+        );
+    }
+
+    fn releasing(r: ClaimRequest) -> Claim {
+        let mut c = Claim::taken(r);
+        c.state = ClaimState::Releasing;
+        c
+    }
+
+    fn names(claims: Option<Vec<&Claim>>) -> Option<Vec<&str>> {
+        claims.map(|cs| cs.iter().map(|c| c.workload.as_str()).collect())
+    }
+
+    #[test]
+    fn releases_in_the_way_are_named_only_when_they_alone_refuse() {
+        use AccessMode::{MultiNodeSingleWriter as Mnsw, SingleNodeWriter as Snw};
+        // The workload's own earlier claim.
+        let held = [releasing(req("a", "n1", W, Snw))];
+        assert_eq!(
+            names(releases_in_the_way(&held, &req("a", "n1", W, Snw))),
+            Some(vec!["a"])
+        );
+        // Another workload's releasing claim holding the capacity; a releasing reader
+        // beside a releasing writer is not in the way of a writer.
+        let held = [
+            releasing(req("a", "n1", W, Mnsw)),
+            releasing(req("b", "n2", R, Mnsw)),
+            Claim::taken(req("c", "n3", R, Mnsw)),
+        ];
+        assert_eq!(
+            names(releases_in_the_way(&held, &req("d", "n4", W, Mnsw))),
+            Some(vec!["a"])
+        );
+        // Admitted now: nothing in the way.
+        assert_eq!(
+            names(releases_in_the_way(&held, &req("d", "n4", R, Mnsw))),
+            None
+        );
+        // A held writer that is not releasing: waiting cannot help.
+        let held = [
+            Claim::taken(req("a", "n1", W, Mnsw)),
+            releasing(req("b", "n2", W, Mnsw)),
+        ];
+        assert_eq!(
+            names(releases_in_the_way(&held, &req("d", "n4", W, Mnsw))),
+            None
+        );
+        // Nor for a request that is refused on its own terms.
+        let held = [releasing(req(
+            "a",
+            "n1",
+            R,
+            AccessMode::MultiNodeReaderOnly,
+        ))];
+        assert_eq!(
+            names(releases_in_the_way(
+                &held,
+                &req("d", "n4", W, AccessMode::MultiNodeReaderOnly)
+            )),
+            None
+        );
+        // Another access mode, held by releasing claims only.
+        let held = [releasing(req(
+            "a",
+            "n1",
+            R,
+            AccessMode::MultiNodeReaderOnly,
+        ))];
+        assert_eq!(
+            names(releases_in_the_way(&held, &req("d", "n1", W, Snw))),
+            Some(vec!["a"])
         );
     }
 

@@ -46,6 +46,7 @@ impl Error {
             Error::Store(e) => e.class(),
             Error::Driver(e) => match e {
                 DriverError::Claim(c) => c.class(),
+                DriverError::WaitedForRelease { refusal, .. } => refusal.class(),
                 DriverError::Release(r) => r.class(),
                 DriverError::Lost { .. } | DriverError::NotStored { .. } => ErrorClass::Retry,
                 DriverError::Refused { .. } => ErrorClass::Fatal,

@@ -715,3 +715,311 @@ fn public_futures_are_send(handle: &csi_claims::driver::ClaimsHandle) {
         DriverConfig::default(),
     ));
 }
+
+// ---- claims that wait for releases in their way (`claim_until`) ---------------------------
+
+/// The deadline of a wait meant to be long enough: the paused clock runs the releases to
+/// their end well before it.
+fn far() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(3600)
+}
+
+/// A claim admitted before `deadline` (virtual time) was woken by the claim freed in its way:
+/// at the deadline it would have been decided again all the same.
+fn woken_before(deadline: tokio::time::Instant) {
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "woken by the freed claim, not by the deadline"
+    );
+}
+
+/// Events received so far, in order.
+fn drain(events: &mut tokio::sync::broadcast::Receiver<Event>) -> Vec<Event> {
+    std::iter::from_fn(|| events.try_recv().ok()).collect()
+}
+
+/// Position of the first event `pick` matches.
+fn at(events: &[Event], pick: impl Fn(&Event) -> bool) -> usize {
+    events
+        .iter()
+        .position(pick)
+        .unwrap_or_else(|| panic!("no such event in {events:?}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_for_its_own_workload_s_release_and_is_admitted_once_it_is_freed() {
+    let plugin = Plugin::new();
+    // The release sits in its controller step a while (virtual time).
+    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
+    guard(claims.release(&v.id, &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap();
+    let mut events = claims.subscribe();
+
+    // Refused at once while its release runs, as before ...
+    let refused = guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, DriverError::Claim(ClaimError::Denied(d))
+            if matches!(d.reason, csi_claims::DenyReason::ReleaseInProgress { .. })),
+        "{refused:?}"
+    );
+    // ... and admitted by the claim that waits for the release.
+    let deadline = far();
+    let again = guard(claims.claim_until(&v, write_claim(&v, "a", "n1"), None, deadline))
+        .await
+        .expect("admitted once the earlier claim is freed");
+    woken_before(deadline);
+    assert_eq!(again.state(), &ClaimState::Taken);
+    let seen = drain(&mut events);
+    let freed = at(
+        &seen,
+        |e| matches!(e, Event::Freed(c) if c.workload().as_str() == "a"),
+    );
+    let durable = at(&seen, |e| matches!(e, Event::ClaimDurable { .. }));
+    assert!(freed < durable, "freed, then claimed again: {seen:?}");
+    let rpcs: Vec<DetachRpc> = plugin.calls().iter().map(|c| c.rpc).collect();
+    assert_eq!(
+        rpcs.last(),
+        Some(&DetachRpc::ControllerUnpublish),
+        "the whole release ran first"
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_for_the_capacity_another_workload_s_release_gives_back() {
+    let plugin = Plugin::new();
+    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let single = |w: &str, node: &str| {
+        request(
+            &v,
+            w,
+            node,
+            ClaimMode::Write,
+            AccessMode::MultiNodeSingleWriter,
+        )
+    };
+    guard(claims.claim(&v, single("a", "n1"))).await.unwrap();
+    guard(claims.release(&v.id, &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap();
+
+    // The one writer slot is a's until a is freed; b waits for it.
+    let deadline = far();
+    let b = guard(claims.claim_until(&v, single("b", "n2"), None, deadline))
+        .await
+        .expect("admitted once a's claim is freed");
+    woken_before(deadline);
+    assert_eq!(b.workload().as_str(), "b");
+    let record = claims.record(&v.id).expect("b's claim");
+    let holders: Vec<&str> = record
+        .claims()
+        .iter()
+        .map(|c| c.workload().as_str())
+        .collect();
+    assert_eq!(holders, ["b"]);
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_for_the_attach_limit_a_release_on_the_node_gives_back() {
+    let plugin = Plugin::new();
+    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let one = std::num::NonZeroU64::new(1);
+    let (v1, v2) = (
+        info("v1", "p", ControllerRequirement::Required),
+        info("v2", "p", ControllerRequirement::Required),
+    );
+    guard(claims.claim_within(&v1, write_claim(&v1, "a", "n1"), one))
+        .await
+        .unwrap();
+    guard(claims.release(&v1.id, &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap();
+
+    let refused = guard(claims.claim_within(&v2, write_claim(&v2, "b", "n1"), one))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, DriverError::Claim(ClaimError::AttachLimit { .. })),
+        "{refused:?}"
+    );
+    let deadline = far();
+    guard(claims.claim_until(&v2, write_claim(&v2, "b", "n1"), one, deadline))
+        .await
+        .expect("admitted once v1 is detached from the node and freed");
+    woken_before(deadline);
+    assert!(claims.record(&v1.id).is_none());
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_whose_blocker_is_not_releasing_is_refused_at_once() {
+    let plugin = Plugin::new();
+    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    let single = |w: &str, node: &str| {
+        request(
+            &v,
+            w,
+            node,
+            ClaimMode::Write,
+            AccessMode::MultiNodeSingleWriter,
+        )
+    };
+    guard(claims.claim(&v, single("a", "n1"))).await.unwrap();
+
+    // a holds the one writer slot and is not releasing: waiting cannot help. Had it waited,
+    // the answer at the deadline would be `WaitedForRelease`.
+    let refused = guard(claims.claim_until(&v, single("b", "n2"), None, far()))
+        .await
+        .unwrap_err();
+    let DriverError::Claim(ClaimError::Denied(denied)) = &refused else {
+        panic!("refused at once with the denial, got {refused:?}");
+    };
+    assert_eq!(
+        denied.reason,
+        csi_claims::DenyReason::WritersExhausted { max: 1 }
+    );
+
+    // Another workload's release beside a's held writer does not change that.
+    guard(claims.claim(
+        &v,
+        request(
+            &v,
+            "r",
+            "n3",
+            ClaimMode::Read,
+            AccessMode::MultiNodeSingleWriter,
+        ),
+    ))
+    .await
+    .unwrap();
+    guard(claims.release(&v.id, &WorkloadId::new("r").unwrap()))
+        .await
+        .unwrap();
+    let refused = guard(claims.claim_until(&v, single("b", "n2"), None, far()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, DriverError::Claim(ClaimError::Denied(_))),
+        "{refused:?}"
+    );
+    // And a request refused on its own terms is not waited on either.
+    let refused = guard(claims.claim_until(
+        &v,
+        request(
+            &v,
+            "c",
+            "n2",
+            ClaimMode::Write,
+            AccessMode::SingleNodeWriter,
+        ),
+        None,
+        far(),
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&refused, DriverError::Claim(ClaimError::Denied(d))
+            if matches!(d.reason, csi_claims::DenyReason::AccessModeChange { .. })),
+        "{refused:?}"
+    );
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_outlasts_the_deadline_is_refused_naming_the_wait() {
+    let plugin = Plugin::new();
+    // The release's node step keeps failing: it backs off and tries again, for a long time.
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::Retry, 10_000);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
+    guard(claims.release(&v.id, &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let refused = guard(claims.claim_until(&v, write_claim(&v, "a", "n1"), None, deadline))
+        .await
+        .unwrap_err();
+    let DriverError::WaitedForRelease {
+        volume,
+        workload,
+        waited_for,
+        refusal,
+        ..
+    } = &refused
+    else {
+        panic!("expected a refusal after waiting, got {refused:?}");
+    };
+    assert_eq!((volume.as_str(), workload.as_str()), ("v", "a"));
+    let waited: Vec<&str> = waited_for.iter().map(|c| c.workload().as_str()).collect();
+    assert_eq!(waited, ["a"]);
+    assert!(
+        matches!(&**refusal, ClaimError::Denied(d)
+            if matches!(d.reason, csi_claims::DenyReason::ReleaseInProgress { .. })),
+        "{refusal:?}"
+    );
+    assert_eq!(refused.claim_refusal(), Some(&**refusal));
+    assert_eq!(
+        csi_claims::Error::from(refused.clone()).class(),
+        ErrorClass::Retry,
+        "the refusal's class"
+    );
+    let text = refused.to_string();
+    for part in [
+        "earlier claim is being released",
+        "the claim of workload a on volume v waited",
+        "for the release of workload a on volume v (write on n1, releasing)",
+    ] {
+        assert!(text.contains(part), "{part:?} missing in {text}");
+    }
+    // Nothing was recorded for the refused claim; the release goes on.
+    let record = claims.record(&v.id).expect("a's claim, releasing");
+    assert_eq!(record.claims().len(), 1);
+    assert!(record.claims()[0].state().is_releasing());
+    driver.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_claim_hears_the_driver_stop() {
+    let plugin = Plugin::new();
+    plugin.script(DetachRpc::NodeUnpublish, ErrorClass::Retry, 10_000);
+    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let v = info("v", "p", ControllerRequirement::Required);
+    guard(claims.claim(&v, write_claim(&v, "a", "n1")))
+        .await
+        .unwrap();
+    guard(claims.release(&v.id, &WorkloadId::new("a").unwrap()))
+        .await
+        .unwrap();
+    let deadline = far();
+    let waiting = {
+        let claims = claims.clone();
+        let v = v.clone();
+        tokio::spawn(async move {
+            claims
+                .claim_until(&v, write_claim(&v, "a", "n1"), None, deadline)
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    driver.shutdown().await;
+    assert_eq!(guard(waiting).await.unwrap(), Err(DriverError::Stopped));
+    woken_before(deadline);
+}

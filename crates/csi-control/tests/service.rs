@@ -487,6 +487,220 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
     );
 }
 
+/// Creates `id`, a multi-node multi-writer mount volume (a writer and a reader on one node).
+async fn create_shared(h: &Harness, id: &str) -> csi_control::CatalogEntry {
+    let mut request = h.new_volume(id, GIB);
+    request.access_mode = AccessMode::MultiNodeMultiWriter;
+    h.service.create(request).await.expect("created")
+}
+
+fn read_claim(volume: &str, workload_id: &str) -> csi_control::service::ClaimVolume {
+    csi_control::service::ClaimVolume {
+        mode: ClaimMode::Read,
+        ..write_claim(volume, workload_id)
+    }
+}
+
+#[tokio::test]
+async fn a_writer_and_a_reader_on_one_node_share_one_controller_publish() {
+    let h = Harness::start().await;
+    let entry = create_shared(&h, "data").await;
+
+    let writer = h.claim("data", "writer").await;
+    let reader = h
+        .service
+        .claim(read_claim("data", "reader"))
+        .await
+        .expect("the reader claims the volume attached for the writer");
+    assert_eq!(
+        h.mock.calls().count(Rpc::ControllerPublishVolume),
+        1,
+        "one ControllerPublishVolume per volume and node"
+    );
+    // Both publications got the publish_context of that one call (the mock refuses a node
+    // call with any other), and the volume was staged once.
+    assert_eq!(h.mock.published().len(), 2);
+    assert_eq!(h.mock.staged().len(), 1);
+    assert!(writer.target_path.exists() && reader.target_path.exists());
+
+    // Released one after the other: only the last claim on the node detaches the volume.
+    h.release_and_wait("data", "writer").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 0);
+    assert_eq!(
+        h.mock.published_nodes(entry.external_id.as_str()),
+        vec!["node-1".to_owned()],
+        "still attached for the reader"
+    );
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(
+        h.mock
+            .published_nodes(entry.external_id.as_str())
+            .is_empty()
+    );
+    assert!(h.mock.published().is_empty() && h.mock.staged().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_claims_of_one_volume_on_one_node_send_one_controller_publish() {
+    let h = Harness::start().await;
+    create_shared(&h, "data").await;
+    // The first ControllerPublishVolume takes a while, so the second claim comes while it
+    // is in flight (a hang guard of the ordering, not a timing asserted).
+    h.mock
+        .faults()
+        .on(Rpc::ControllerPublishVolume)
+        .then_delay(Duration::from_millis(300));
+
+    let (writer, reader) = tokio::join!(
+        h.service.claim(write_claim("data", "writer")),
+        h.service.claim(read_claim("data", "reader")),
+    );
+    writer.expect("the writer's claim");
+    reader.expect("the reader's claim");
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+    assert_eq!(h.mock.published().len(), 2);
+
+    h.release_and_wait("data", "writer").await;
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+}
+
+#[tokio::test]
+async fn after_a_restart_a_claim_reuses_the_recorded_publish_context() {
+    let h = Harness::start().await;
+    let entry = create_shared(&h, "data").await;
+    h.claim("data", "writer").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+
+    let h = h.restart().await;
+    let context = h
+        .service
+        .volumes()
+        .publish_context(&h.plugin, &volume_id("data"))
+        .expect("the usage record kept the publish_context");
+    assert!(!context.is_empty(), "the mock returns a device path");
+    h.service
+        .claim(read_claim("data", "reader"))
+        .await
+        .expect("the reader claims the volume attached before the restart");
+    assert_eq!(
+        h.mock.calls().count(Rpc::ControllerPublishVolume),
+        1,
+        "the attachment from before the restart was reused"
+    );
+    assert_eq!(h.mock.published().len(), 2);
+
+    h.release_and_wait("data", "writer").await;
+    h.release_and_wait("data", "reader").await;
+    assert_eq!(h.mock.calls().count(Rpc::ControllerUnpublishVolume), 1);
+    assert!(
+        h.mock
+            .published_nodes(entry.external_id.as_str())
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_workload_that_releases_and_claims_again_at_once_gets_its_claim_once_released() {
+    let mut h = Harness::start().await;
+    let id = volume_id("data");
+    h.create("data").await;
+    h.claim("data", "web-1").await;
+    // The release's first step takes a while, so the claim comes while it runs.
+    h.mock
+        .faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .then_delay(Duration::from_secs(1));
+    h.events();
+
+    h.service
+        .release(&id, &workload("web-1"))
+        .await
+        .expect("release durable");
+    let state = h.service.volume(&id).expect("known");
+    assert!(
+        state.claims.iter().any(|(c, _)| c.state().is_releasing()),
+        "the release runs: {:?}",
+        state.claims
+    );
+    // Before, this was refused (the workload's earlier claim is being released) and the
+    // workload had to ask again until the release was done.
+    let again = h
+        .service
+        .claim(write_claim("data", "web-1"))
+        .await
+        .expect("claimed once the earlier claim is freed, without a refusal");
+    assert_eq!(again.claim.state(), &csi_claims::ClaimState::Taken);
+
+    // The whole release ran before the new claim's publish.
+    let calls = h.mock.calls().snapshot().into_records();
+    let last = |rpc: Rpc| calls.iter().rposition(|c| c.rpc == rpc).expect("called");
+    assert!(
+        last(Rpc::ControllerUnpublishVolume) < last(Rpc::ControllerPublishVolume),
+        "detached, then attached again"
+    );
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 2);
+    assert_eq!(h.mock.published().len(), 1);
+    let events = h.events();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [ServiceEvent::Released { .. }, ServiceEvent::Claimed { .. }]
+        ),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_that_waits_for_a_release_past_its_deadline_is_refused_naming_the_wait() {
+    let h = Harness::start().await;
+    let id = volume_id("data");
+    h.create("data").await;
+    h.claim("data", "web-1").await;
+    // The release's node step keeps failing: the release backs off and tries again.
+    h.mock
+        .faults()
+        .on(Rpc::NodeUnpublishVolume)
+        .forever(csi_testkit::FaultStep::Fail {
+            code: Code::Unavailable,
+            message: "node plugin busy".into(),
+        });
+    h.service
+        .release(&id, &workload("web-1"))
+        .await
+        .expect("release durable");
+
+    // Another workload of this single-node-writer volume: it waits for web-1's release.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+    let refused = h
+        .service
+        .claim_until(write_claim("data", "web-2"), deadline)
+        .await
+        .expect_err("web-1 is still releasing at the deadline");
+    let ServiceError::Claims(DriverError::WaitedForRelease { waited_for, .. }) = &refused else {
+        panic!("{refused:?}");
+    };
+    let waited: Vec<&str> = waited_for.iter().map(|c| c.workload().as_str()).collect();
+    assert_eq!(waited, ["web-1"]);
+    assert_eq!(refused.class(), Some(ErrorClass::Retry));
+    let text = refused.to_string();
+    assert!(
+        text.contains("single workload")
+            && text.contains("workload web-2 on volume data waited")
+            && text.contains("release of workload web-1"),
+        "{text}"
+    );
+    assert_eq!(h.mock.calls().count(Rpc::ControllerPublishVolume), 1);
+
+    // Once the release can finish, the claim is admitted.
+    h.mock.faults().clear();
+    h.service
+        .claim(write_claim("data", "web-2"))
+        .await
+        .expect("admitted once web-1 is freed");
+}
+
 #[tokio::test]
 async fn a_claim_past_the_plugin_s_attach_limit_is_refused_before_any_call() {
     let h = Harness::with(MockPlugin::builder().max_volumes_per_node(2)).await;

@@ -21,7 +21,8 @@
 //! did not answer ready): the attach is refused before any call, with a retryable
 //! [`VolumeError::NotHealthy`] naming the plugin and its health.
 //!
-//! Attaches of one volume take turns; different volumes attach at once. The controller
+//! Attaches of one volume take turns ([`VolumeManager::attach_turn`], shared with any other
+//! attach path over the same volume manager); different volumes attach at once. The controller
 //! publish of a volume shared by several claims on the node is read-only only when the access
 //! mode is (a read claim is read-only at its own `NodePublishVolume`), and only sent as such to
 //! a plugin with `PUBLISH_READONLY`, as the spec asks.
@@ -36,7 +37,6 @@ use csi_structs::{
 };
 
 use crate::plugins::{ControllerClients, PluginManager};
-use crate::volumes::ops::Ops;
 use crate::volumes::{MountRequest, VolumeError, VolumeManager};
 
 /// Why a claim could not be attached.
@@ -126,7 +126,6 @@ pub fn read_only(claim: &Claim) -> bool {
 #[derive(Clone)]
 pub struct Attacher {
     node: NodeId,
-    turns: Arc<Ops>,
     controllers: Arc<dyn ControllerClients>,
     volumes: VolumeManager,
 }
@@ -156,7 +155,6 @@ impl Attacher {
     ) -> Self {
         Self {
             node,
-            turns: Arc::new(Ops::default()),
             controllers,
             volumes,
         }
@@ -222,8 +220,9 @@ impl Attacher {
         // health is not known to be good.
         let ready = self.volumes.publishable(plugin)?;
         let capabilities = &ready.fingerprint.capabilities;
-        // One attach of the volume at a time, so the controller publish happens once.
-        let _turn = self.turns.turn(&format!("{plugin}/{}", volume.id())).await;
+        // One attach of the volume at a time (by this attacher or anyone else attaching over
+        // the same volume manager), so the controller publish happens once.
+        let _turn = self.volumes.attach_turn(plugin, volume.id()).await;
         let needs_controller =
             ControllerRequirement::of(capabilities) == ControllerRequirement::Required;
         let known = self.volumes.publish_context(plugin, volume.id());

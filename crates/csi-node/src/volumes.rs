@@ -141,6 +141,13 @@ impl NodePlugins for PluginManager {
     }
 }
 
+/// A volume's turn on the attach path, held until dropped: [`VolumeManager::attach_turn`].
+#[derive(Debug)]
+#[must_use = "the turn ends when it is dropped"]
+pub struct AttachTurn {
+    _turn: ops::Turn,
+}
+
 /// What a mount needs.
 #[derive(Clone, Debug)]
 pub struct MountRequest {
@@ -305,6 +312,9 @@ struct Inner {
     /// The usage records as last written, by key.
     usage: Mutex<BTreeMap<String, VolumeEntry>>,
     ops: Ops,
+    /// The attach path's turns ([`VolumeManager::attach_turn`]), apart from `ops` so that a
+    /// mount can run while its volume's attach turn is held.
+    attaches: Ops,
     events: broadcast::Sender<VolumeEvent>,
     /// The stages and publishes this process saw succeed since it opened the records (in
     /// memory only, never written): a record says `done` for a step; only this says the
@@ -402,6 +412,7 @@ impl VolumeManager {
                 plugins,
                 usage: Mutex::new(usage),
                 ops: Ops::default(),
+                attaches: Ops::default(),
                 events,
                 confirmed: Mutex::new(Confirmed::default()),
             }),
@@ -1014,8 +1025,30 @@ impl VolumeManager {
         })
     }
 
+    /// Waits for the volume's turn on the attach path and holds it until the returned
+    /// [`AttachTurn`] is dropped. Whoever attaches a volume here (a controller publish when
+    /// the volume has none recorded on this node, then the [`mount`](Self::mount) that
+    /// records it) holds the turn throughout, so that two claims of one volume on this node
+    /// send one `ControllerPublishVolume` between them: the second finds the
+    /// [`publish_context`](Self::publish_context) the first recorded. Turns of different
+    /// volumes do not wait for each other, and they are apart from the turns the manager's
+    /// own operations take, so a mount (or an unmount of the release pipeline) runs while the
+    /// attach turn of its volume is held. csi-node's [`Attacher`](crate::attach::Attacher)
+    /// takes it, and so does an orchestrator's own attach path over the same manager.
+    pub async fn attach_turn(&self, plugin: &PluginId, volume: &VolumeId) -> AttachTurn {
+        AttachTurn {
+            _turn: self.inner.attaches.turn(&usage_key(plugin, volume)).await,
+        }
+    }
+
     /// The `publish_context` recorded for a volume on this node (by the first mount of it
-    /// here), if any: what a later mount of the volume passes on.
+    /// here), if any: what a later mount of the volume passes on. While the volume has a
+    /// record with a context, its `ControllerPublishVolume` to this node is done: the record
+    /// is written after it, and goes with the volume's last unstage here, before the release
+    /// pipeline's `ControllerUnpublishVolume` (when its node steps go through this manager, as
+    /// csi-node's [`VolumeNodeDetacher`](crate::detach::VolumeNodeDetacher) and shim backend
+    /// make them). A claim that finds one reuses it instead of publishing again, after a
+    /// restart too (the context is kept with the record, unless it was empty).
     pub fn publish_context(&self, plugin: &PluginId, volume: &VolumeId) -> Option<PublishContext> {
         self.entry(&usage_key(plugin, volume))?.publish_context
     }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use csi_structs::{NodeId, PluginId, VolumeId, WorkloadId};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{Notify, broadcast, oneshot};
 
 use super::{DutyState, Shared, now};
 use crate::duty::Duty;
@@ -61,6 +61,30 @@ pub enum DriverError {
         /// error (`None` when the volume has no record any more).
         status: Option<Box<VolumeStatus>>,
     },
+    /// [`ClaimsHandle::claim_until`] waited for the claims being released in its way until
+    /// its deadline, and the claim is still refused: `refusal` is the refusal as it stands
+    /// (what [`claim`](ClaimsHandle::claim) answers at once), `waited_for` the releasing
+    /// claims still in its way. Nothing was recorded for the claim; those releases go on, and
+    /// a claim made once they are freed may be admitted. Its [class](crate::Error::class) is
+    /// the refusal's.
+    #[error(
+        "{refusal}; the claim of workload {workload} on volume {volume} waited {waited:?} for \
+         the release of {} to finish, and it has not",
+        releasing_claims(waited_for)
+    )]
+    WaitedForRelease {
+        /// The volume.
+        volume: VolumeId,
+        /// The workload.
+        workload: WorkloadId,
+        /// How long the claim waited.
+        waited: std::time::Duration,
+        /// The releasing claims still in the way at the deadline (on the volume, or, at the
+        /// plugin's attach limit, on the plugin's other volumes on the node).
+        waited_for: Vec<Claim>,
+        /// The refusal at the deadline.
+        refusal: Box<ClaimError>,
+    },
     /// The claim store failed while the claim or release was being written (its disk, its
     /// database, the network to it): whether it reached the store is unknown. The answer comes
     /// at once, not when the store works again. Ask again once the store works (the same
@@ -80,6 +104,24 @@ pub enum DriverError {
     /// The driver stopped before the answer came.
     #[error("the claims driver stopped")]
     Stopped,
+}
+
+/// `workload a on volume v (write on n1, releasing), ...`: the claims a claim waited for.
+fn releasing_claims(claims: &[Claim]) -> String {
+    let shown: Vec<String> = claims
+        .iter()
+        .map(|c| {
+            format!(
+                "workload {} on volume {} ({} on {}, {})",
+                c.workload(),
+                c.volume(),
+                c.mode(),
+                c.node(),
+                c.state().name()
+            )
+        })
+        .collect();
+    shown.join(", ")
 }
 
 /// `; waiting for <step> (<n> failed attempts, last: <error>)`, for a release that did not
@@ -105,6 +147,16 @@ fn status_summary(status: Option<&VolumeStatus>) -> String {
 }
 
 impl DriverError {
+    /// The claim layer's refusal of a claim, if this is one: [`DriverError::Claim`], or the
+    /// refusal that stood after [`DriverError::WaitedForRelease`]'s wait.
+    pub fn claim_refusal(&self) -> Option<&ClaimError> {
+        match self {
+            DriverError::Claim(refusal) => Some(refusal),
+            DriverError::WaitedForRelease { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+
     /// Whether the claim store failed ([`DriverError::NotStored`], or a claim or release
     /// refused while the volume waits for the store), rather than the request or a plugin.
     pub fn is_store_failure(&self) -> bool {
@@ -128,6 +180,9 @@ pub(crate) struct Waiters {
     durable: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
     released: HashMap<Key, Vec<oneshot::Sender<Result<(), DriverError>>>>,
     freed: HashMap<Key, Vec<oneshot::Sender<Result<Claim, DriverError>>>>,
+    /// Claims waiting for claims of a volume to be freed ([`ClaimsHandle::claim_until`]):
+    /// woken by any claim of the volume freed, then they decide again.
+    blocked: HashMap<VolumeId, Vec<Arc<Notify>>>,
 }
 
 impl Waiters {
@@ -193,6 +248,9 @@ impl Waiters {
                 for tx in self.freed.remove(&key).unwrap_or_default() {
                     let _ = tx.send(Err(error.clone()));
                 }
+                // The releasing claim is not shown any more: claims waiting for it decide
+                // again.
+                self.wake_blocked(volume);
             }
             Event::ClaimLost { volume, workload } => {
                 let key = (volume.clone(), workload.clone());
@@ -208,9 +266,84 @@ impl Waiters {
                 for tx in self.freed.remove(&key).unwrap_or_default() {
                     let _ = tx.send(Ok(claim.clone()));
                 }
+                self.wake_blocked(claim.volume());
             }
             // Progress reports: nobody waits on them (the release goes on by itself).
             Event::StepFailed(_) | Event::StepRecovered { .. } => {}
+        }
+    }
+}
+
+impl Waiters {
+    /// Wakes every claim waiting for a claim of `volume` to be freed.
+    fn wake_blocked(&mut self, volume: &VolumeId) {
+        for waiting in self.blocked.remove(volume).unwrap_or_default() {
+            waiting.notify_one();
+        }
+    }
+
+    /// Wakes every claim waiting for a freed claim: the driver stopped, and they answer so.
+    pub(crate) fn wake_all_blocked(&mut self) {
+        for (_, waiting) in self.blocked.drain() {
+            for w in waiting {
+                w.notify_one();
+            }
+        }
+    }
+}
+
+/// A claim's wait for the releasing claims in its way ([`ClaimsHandle::claim_until`]): where
+/// it is registered, and what it waits for. Dropping it (the claim answered, or its future
+/// dropped) takes it out of every list it is in.
+struct ReleaseWait {
+    shared: Arc<Shared>,
+    wake: Arc<Notify>,
+    /// The volumes whose freed claims wake it.
+    on: Vec<VolumeId>,
+    /// The releasing claims in the way at the last refusal (empty: waiting cannot help).
+    blockers: Vec<Claim>,
+}
+
+impl ReleaseWait {
+    fn new(shared: &Arc<Shared>) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            wake: Arc::new(Notify::new()),
+            on: Vec::new(),
+            blockers: Vec::new(),
+        }
+    }
+
+    /// Notes the claims in the way and waits for each of their volumes (the driver's lock
+    /// held: a claim freed after the refusal wakes it).
+    fn register(&mut self, waiters: &mut Waiters, blockers: Vec<Claim>) {
+        for claim in &blockers {
+            let volume = claim.volume();
+            let list = waiters.blocked.entry(volume.clone()).or_default();
+            if !list.iter().any(|w| Arc::ptr_eq(w, &self.wake)) {
+                list.push(Arc::clone(&self.wake));
+            }
+            if !self.on.contains(volume) {
+                self.on.push(volume.clone());
+            }
+        }
+        self.blockers = blockers;
+    }
+}
+
+impl Drop for ReleaseWait {
+    fn drop(&mut self) {
+        if self.on.is_empty() {
+            return;
+        }
+        let mut state = self.shared.lock();
+        for volume in &self.on {
+            if let Some(list) = state.waiters.blocked.get_mut(volume) {
+                list.retain(|w| !Arc::ptr_eq(w, &self.wake));
+                if list.is_empty() {
+                    state.waiters.blocked.remove(volume);
+                }
+            }
         }
     }
 }
@@ -307,6 +440,99 @@ impl ClaimsHandle {
         request: ClaimRequest,
         attach_limit: Option<std::num::NonZeroU64>,
     ) -> Result<Claim, DriverError> {
+        self.claim_attempts(info, &request, attach_limit, None)
+            .await
+    }
+
+    /// [`claim_within`](Self::claim_within), waiting until `deadline` for the claims being
+    /// released that are all that stands in its way, instead of being refused at once.
+    ///
+    /// When the claim is refused and the only thing in its way is claims whose release has
+    /// started (the workload's own earlier claim; other workloads' claims holding the
+    /// capacity it needs, such as the one writer slot or the one workload of a single-node
+    /// writer volume; a detach of the volume from this node in flight; the plugin's attach
+    /// limit held by releasing claims of other volumes), the claim waits for those claims to
+    /// be freed ([`Event::Freed`]), decides again, and waits again while it is still only
+    /// blocked by releasing claims, all until `deadline`. A refusal that waiting cannot fix
+    /// (a claim in the way that is not releasing, a request refused on its own terms) is
+    /// answered at once, as [`claim_within`](Self::claim_within) answers it. No polling: the
+    /// wait wakes when a claim of a volume in the way is freed.
+    ///
+    /// The deadline bounds the wait for releases: a claim admitted before it is answered
+    /// once it is durable (as [`claim_within`](Self::claim_within) answers), even if that
+    /// comes after the deadline. A deadline already passed waits for nothing.
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     claims: csi_claims::driver::ClaimsHandle,
+    /// #     info: csi_claims::VolumeInfo,
+    /// #     request: csi_claims::ClaimRequest,
+    /// # ) -> Result<(), csi_claims::driver::DriverError> {
+    /// use std::time::Duration;
+    ///
+    /// // The workload restarted on this node: its earlier claim may still be releasing.
+    /// let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    /// let claim = claims.claim_until(&info, request, None, deadline).await?;
+    /// # let _ = claim;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`claim_within`](Self::claim_within); and [`DriverError::WaitedForRelease`] when
+    /// the claim was still refused at the deadline by releasing claims: the refusal, how long
+    /// it waited and the claims it waited for.
+    pub async fn claim_until(
+        &self,
+        info: &VolumeInfo,
+        request: ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claim, DriverError> {
+        let started = tokio::time::Instant::now();
+        let mut wait = ReleaseWait::new(&self.shared);
+        loop {
+            let refusal = match self
+                .claim_attempts(info, &request, attach_limit, Some(&mut wait))
+                .await
+            {
+                Err(DriverError::Claim(refusal)) if !wait.blockers.is_empty() => refusal,
+                other => return other,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(if started >= deadline {
+                    // Nothing was waited for.
+                    DriverError::Claim(refusal)
+                } else {
+                    DriverError::WaitedForRelease {
+                        volume: request.volume.clone(),
+                        workload: request.workload.clone(),
+                        waited: deadline.saturating_duration_since(started),
+                        waited_for: std::mem::take(&mut wait.blockers),
+                        refusal: Box::new(refusal),
+                    }
+                });
+            }
+            tracing::debug!(volume = %request.volume, workload = %request.workload,
+                waiting_for = %releasing_claims(&wait.blockers),
+                "claim waits for releasing claims in its way");
+            // Woken by a claim of a volume in the way freed (or the driver stopping); at the
+            // deadline, decided once more, then answered.
+            let _ = tokio::time::timeout_at(deadline, wait.wake.notified()).await;
+        }
+    }
+
+    /// One claim decided, and decided again after losing a race for the volume's record or
+    /// while the record is being read again. With `wait`, a refusal names the releasing
+    /// claims in its way there, and the wait is registered for their volumes' freed claims
+    /// in the same critical section as the refusal.
+    async fn claim_attempts(
+        &self,
+        info: &VolumeInfo,
+        request: &ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
+        mut wait: Option<&mut ReleaseWait>,
+    ) -> Result<Claim, DriverError> {
         // With a store shared by several agents, another agent may write the volume between
         // this machine's decision and its write; the write is then refused, the volume read
         // again, and the claim decided again on what the store holds (so the answer is the
@@ -314,7 +540,10 @@ impl ClaimsHandle {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.claim_once(info, request.clone(), attach_limit).await {
+            match self
+                .claim_once(info, request, attach_limit, wait.as_deref_mut())
+                .await
+            {
                 Err(DriverError::Lost { .. }) if attempts < CLAIM_ATTEMPTS => {
                     // Other agents are writing the volume: step aside a little longer each
                     // time (10 ms, 20 ms, ...) so that racing claims do not collide again.
@@ -372,8 +601,9 @@ impl ClaimsHandle {
     async fn claim_once(
         &self,
         info: &VolumeInfo,
-        request: ClaimRequest,
+        request: &ClaimRequest,
         attach_limit: Option<std::num::NonZeroU64>,
+        wait: Option<&mut ReleaseWait>,
     ) -> Result<Claim, DriverError> {
         let key = (request.volume.clone(), request.workload.clone());
         let rx = {
@@ -381,9 +611,24 @@ impl ClaimsHandle {
             if state.stopped {
                 return Err(DriverError::Stopped);
             }
-            let admitted = state
+            let decided = state
                 .machine
-                .claim_within(info, request, attach_limit, now())?;
+                .claim_within(info, request.clone(), attach_limit, now());
+            let admitted = match decided {
+                Ok(admitted) => admitted,
+                Err(refusal) => {
+                    if let Some(wait) = wait {
+                        let blockers = state.machine.releases_in_the_way(
+                            info,
+                            request,
+                            attach_limit,
+                            &refusal,
+                        );
+                        wait.register(&mut state.waiters, blockers);
+                    }
+                    return Err(refusal.into());
+                }
+            };
             if admitted.durable {
                 return Ok(admitted.claim);
             }

@@ -534,6 +534,8 @@ impl Drop for StopGuard {
     fn drop(&mut self) {
         let mut state = self.0.lock();
         state.stopped = true;
+        // Claims waiting for releasing claims decide again, and find the driver stopped.
+        state.waiters.wake_all_blocked();
         // Dropping the senders answers every waiting call with `DriverError::Stopped`.
         state.waiters = Waiters::default();
     }

@@ -93,7 +93,7 @@ pub use error::{ClaimError, LoadError, ReleaseError};
 pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, StepFailure, Ticket};
 pub use status::{LastError, Pending, RetriedStep, VolumeStatus};
 
-use crate::accounting::{Admission, admit};
+use crate::accounting::{self, Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
 use crate::detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
 use crate::error::error_chain;
@@ -651,6 +651,90 @@ impl ReleaseMachine {
             .expect("invariant: the claim was found or pushed just above");
         self.queue(&volume);
         Ok(Admitted { claim, durable })
+    }
+
+    /// The claims being released that are all that stands in the way of a claim this
+    /// machine just refused with `refusal` ([`claim_within`](Self::claim_within) with the
+    /// same `info`, `request` and `attach_limit`): once they are freed, deciding again may
+    /// admit it. Empty when waiting cannot help (a claim that is not releasing refuses it, or
+    /// the request itself does); then the refusal stands.
+    ///
+    /// - A denial by the access mode ([`ClaimError::Denied`]): the releasing claims on the
+    ///   volume when the volume's other claims admit the request
+    ///   ([`releases_in_the_way`](crate::accounting::releases_in_the_way)): the workload's
+    ///   own earlier claim, or capacity it needs.
+    /// - A detach in flight on the node ([`ClaimError::DetachInFlight`]): the claim whose
+    ///   unstage or controller detach it is.
+    /// - The plugin's attach limit ([`ClaimError::AttachLimit`]): the releasing claims on the
+    ///   node of the plugin's other volumes that have no other claim there, when without them
+    ///   the node would be under the limit.
+    ///
+    /// Pure, like every getter: changes nothing.
+    pub fn releases_in_the_way(
+        &self,
+        info: &VolumeInfo,
+        request: &ClaimRequest,
+        attach_limit: Option<std::num::NonZeroU64>,
+        refusal: &ClaimError,
+    ) -> Vec<Claim> {
+        match refusal {
+            ClaimError::Denied(_) => self
+                .volumes
+                .get(&request.volume)
+                .and_then(|e| accounting::releases_in_the_way(&e.record.claims, request))
+                .unwrap_or_default()
+                .into_iter()
+                .cloned()
+                .collect(),
+            ClaimError::DetachInFlight { .. } => {
+                let Some(entry) = self.volumes.get(&request.volume) else {
+                    return Vec::new();
+                };
+                let detaching = match &entry.op {
+                    Op::Node { workload, .. } | Op::Controller { workload, .. } => workload,
+                    Op::Idle | Op::WaitingSlot { .. } => return Vec::new(),
+                };
+                entry
+                    .record
+                    .claim(detaching)
+                    .filter(|c| c.state.is_releasing())
+                    .cloned()
+                    .into_iter()
+                    .collect()
+            }
+            ClaimError::AttachLimit { .. } => {
+                let Some(limit) = attach_limit else {
+                    return Vec::new();
+                };
+                let mut holding = 0_u64;
+                let mut releasing = Vec::new();
+                for (id, entry) in &self.volumes {
+                    if *id == request.volume || entry.record.info.plugin != info.plugin {
+                        continue;
+                    }
+                    let on_node: Vec<&Claim> = entry
+                        .record
+                        .claims
+                        .iter()
+                        .filter(|c| c.node == request.node)
+                        .collect();
+                    if on_node.iter().any(|c| !c.state.is_releasing()) {
+                        holding += 1;
+                    } else {
+                        releasing.extend(on_node.into_iter().cloned());
+                    }
+                }
+                if holding < limit.get() {
+                    // No hash-map order in what is shown.
+                    releasing
+                        .sort_by(|a, b| (&a.volume, &a.workload).cmp(&(&b.volume, &b.workload)));
+                    releasing
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Starts releasing the claim of `workload` on `volume`. The claim keeps its capacity

@@ -58,7 +58,13 @@ pub struct Detached {
 
 impl VolumeService {
     /// Claims a volume for a workload on this node and publishes it here: claim (durable),
-    /// controller publish through the shim when the volume needs it, then stage and publish.
+    /// controller publish through the shim when the volume needs it and is not attached to
+    /// this node yet, then stage and publish. `ControllerPublishVolume` goes once per volume
+    /// and node, whatever the number of claims there: a claim of a volume this node's usage
+    /// records show attached (another claim's, or one from before a restart) reuses the
+    /// `publish_context` recorded with it, and claims of one volume on this node take turns
+    /// publishing it ([`VolumeManager::attach_turn`](csi_node::volumes::VolumeManager::attach_turn)).
+    /// The release pipeline sends `ControllerUnpublishVolume` with the last claim on the node.
     /// When publishing fails after the claim, the claim is released at once so the release
     /// pipeline undoes whatever may have happened (uncertain outcomes included), and the
     /// answer waits for that (up to the call timeout) and says how it ended. A node expansion
@@ -70,10 +76,35 @@ impl VolumeService {
     /// plugin's attach limit (`max_volumes_per_node`) is reached
     /// ([`ClaimError::AttachLimit`](csi_claims::ClaimError::AttachLimit)).
     ///
+    /// A claim whose only obstacle is claims being released (the workload's own earlier
+    /// claim, restarted on this node; the capacity another workload's releasing claim still
+    /// holds; the attach limit held by releasing claims) waits for them to be freed, up to
+    /// the service's call timeout, and is then admitted: see
+    /// [`claim_until`](Self::claim_until) to give another deadline.
+    ///
     /// # Errors
     ///
     /// [`ServiceError`]: the refusals above, the claim layer's, and the publish's.
     pub async fn claim(&self, r: ClaimVolume) -> Result<Claimed, ServiceError> {
+        self.claim_until(r, tokio::time::Instant::now() + self.call_timeout)
+            .await
+    }
+
+    /// [`claim`](Self::claim), waiting at most until `deadline` for the claims being released
+    /// in its way ([`ClaimsHandle::claim_until`](csi_claims::driver::ClaimsHandle::claim_until)).
+    /// The deadline bounds that wait; the plugin calls after the claim keep their own
+    /// deadlines (the call timeout each). A refusal that waiting cannot fix comes at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim); a claim still refused by releasing claims at the deadline
+    /// is [`DriverError::WaitedForRelease`](csi_claims::driver::DriverError::WaitedForRelease)
+    /// (the refusal, how long it waited and for which claims), with the refusal's class.
+    pub async fn claim_until(
+        &self,
+        r: ClaimVolume,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claimed, ServiceError> {
         let entry = self.entry(&r.volume)?;
         if entry.deleting {
             return Err(deleting(&entry.id));
@@ -116,7 +147,7 @@ impl VolumeService {
         let attach_limit = ready.fingerprint.node.as_ref().and_then(|n| n.max_volumes);
         let claim = self
             .claims
-            .claim_within(
+            .claim_until(
                 &entry.info(),
                 ClaimRequest {
                     volume: entry.id.clone(),
@@ -128,6 +159,7 @@ impl VolumeService {
                     attachment: entry.attachment,
                 },
                 attach_limit,
+                deadline,
             )
             .await?;
         tracing::info!(volume = %entry.id, workload = %workload, "claim durable");
@@ -202,7 +234,19 @@ impl VolumeService {
         plugin_node: &PluginNodeId,
         read_only: bool,
     ) -> Result<PathBuf, ServiceError> {
-        let publish_context = if entry.controller_publish {
+        // One attach of the volume at a time on this node: a claim that comes while another
+        // publishes the volume here waits, then finds what that one recorded.
+        let _turn = self.volumes.attach_turn(&entry.plugin, &entry.id).await;
+        let recorded = entry
+            .controller_publish
+            .then(|| self.volumes.publish_context(&entry.plugin, &entry.id))
+            .flatten();
+        let publish_context = if let Some(context) = recorded {
+            // Attached here already (for another claim, or before a restart): one
+            // ControllerPublishVolume per volume and node, whatever the claims there.
+            tracing::debug!(volume = %entry.id, "controller publish to this node known done; its publish_context reused");
+            context
+        } else if entry.controller_publish {
             self.shim
                 .controller_attach(
                     ControllerAttach {

@@ -147,15 +147,16 @@ impl CallFailure {
 impl ServiceError {
     /// What a caller may do next: `None` for an answer to act on (not found, invalid, a
     /// conflict, unsupported, a permanent store error); the call's class for a plugin call;
-    /// the claim layer's for a claim refused (retry while holders may release, retry
-    /// elsewhere at the plugin's attach limit, fatal when the request must change);
+    /// the claim layer's for a claim refused, at once or after waiting for releasing claims
+    /// (retry while holders may release, retry elsewhere at the plugin's attach limit, fatal
+    /// when the request must change);
     /// [`ErrorClass::Retry`] for the service's own failures (its disk, its store), which say
     /// nothing of the plugin.
     pub fn class(&self) -> Option<ErrorClass> {
         match self {
             ServiceError::Call { class, .. } => Some(*class),
             ServiceError::Claims(e) if e.is_store_failure() => Some(ErrorClass::Retry),
-            ServiceError::Claims(DriverError::Claim(e)) => Some(e.class()),
+            ServiceError::Claims(e) => e.claim_refusal().map(csi_claims::ClaimError::class),
             ServiceError::Store(e) if e.is_permanent() => None,
             ServiceError::State(_) | ServiceError::Local { .. } | ServiceError::Store(_) => {
                 Some(ErrorClass::Retry)

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`register`](VolumeService::register) | records an existing volume, validated against its plugin's controller when one is known |
 //! | [`create`](VolumeService::create) | `CreateVolume` through a controller (here or on a peer), an uncertain outcome undone before the answer |
-//! | [`claim`](VolumeService::claim) | a durable claim, then controller publish through the shim, then stage and publish here |
+//! | [`claim`](VolumeService::claim) | a durable claim (waiting for releasing claims in its way), then controller publish through the shim when the node has none, then stage and publish here |
 //! | [`release`](VolumeService::release) | starts a claim's release (the release pipeline runs its steps) |
 //! | [`expand`](VolumeService::expand) | `ControllerExpandVolume`, then `NodeExpandVolume` where the volume is published |
 //! | [`create_snapshot`](VolumeService::create_snapshot), [`list_snapshots`](VolumeService::list_snapshots), [`delete_snapshot`](VolumeService::delete_snapshot) | snapshots of a volume, or of a plugin |
@@ -167,8 +167,9 @@ impl VolumeServiceBuilder {
         self
     }
 
-    /// The deadline of each plugin call the service makes, and of the wait for a failed
-    /// claim's release (default: 30 s).
+    /// The deadline of each plugin call the service makes, of the wait for a failed
+    /// claim's release, and of a claim's wait for the releasing claims in its way
+    /// ([`VolumeService::claim`]) (default: 30 s).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.service.call_timeout = timeout;
         self
