@@ -115,7 +115,7 @@ async fn run() -> Result<(), Error> {
     let of_volume = SnapshotsOf::Volume(volume.clone());
     service.delete_snapshot(&of_volume, &snapshot.id).await?;
     service.delete(&volume).await?;
-    let deregistered = service.deregister(&copy, false, false).await?;
+    let deregistered = service.deregister_volume(&copy, false, false).await?;
     println!("deleted {volume}; deregistered {copy}, which leaves:");
     for left in &deregistered.left_behind {
         println!("  {left}");

@@ -388,7 +388,7 @@ impl Site {
             .expect("node opens");
         assert!(feed.wake(node.claims().clone()), "first driver given");
         let endpoint = Endpoint::unix(&socket).expect("endpoint");
-        node.register(plugin_id(), endpoint.clone())
+        node.register_plugin(plugin_id(), endpoint.clone())
             .await
             .expect("registered");
         node.wait_for(&plugin_id(), GUARD)

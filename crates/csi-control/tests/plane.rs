@@ -284,7 +284,10 @@ async fn whole_flow(setup: &Setup, secrets: VolumeSecrets) -> Result<(), String>
             AccessMode::SingleNodeWriter,
         )
     };
-    service.register(legacy).await.map_err(at("register"))?;
+    service
+        .register_volume(legacy)
+        .await
+        .map_err(at("register"))?;
     let new = NewVolume {
         capacity_bytes: 1 << 30,
         secrets,
@@ -334,7 +337,7 @@ async fn whole_flow(setup: &Setup, secrets: VolumeSecrets) -> Result<(), String>
         .map_err(at("release"))?;
     service.delete(&id("data")).await.map_err(at("delete"))?;
     service
-        .deregister(&id("legacy"), false, false)
+        .deregister_volume(&id("legacy"), false, false)
         .await
         .map_err(at("deregister"))?;
     plane.close().await.expect("closed");

@@ -68,7 +68,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
 
     let entry = h
         .service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect("registered");
     assert!(!entry.created);
@@ -96,7 +96,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
     // The same id again: a conflict, before any plugin call.
     let err = h
         .service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect_err("the id is taken");
     assert!(conflict(err).contains("data"));
@@ -112,7 +112,7 @@ async fn register_for_a_plugin_with_no_known_controller_needs_controller_publish
 
     let (field, reason) = invalid(
         h.service
-            .register(request.clone())
+            .register_volume(request.clone())
             .await
             .expect_err("unknown whether it needs controller publish"),
     );
@@ -122,7 +122,11 @@ async fn register_for_a_plugin_with_no_known_controller_needs_controller_publish
 
     // Said explicitly, it is registered as it is: no controller to validate with.
     request.controller_publish = Some(false);
-    let entry = h.service.register(request).await.expect("registered");
+    let entry = h
+        .service
+        .register_volume(request)
+        .await
+        .expect("registered");
     assert!(!entry.controller_publish);
     assert_eq!(h.mock.calls().count(Rpc::ValidateVolumeCapabilities), 0);
     assert!(matches!(
@@ -142,7 +146,7 @@ async fn register_of_a_volume_the_plugin_does_not_confirm_is_refused() {
     .await;
     let (field, reason) = invalid(
         h.service
-            .register(register_request(&h, "data", "pre-1"))
+            .register_volume(register_request(&h, "data", "pre-1"))
             .await
             .expect_err("not confirmed"),
     );
@@ -405,7 +409,7 @@ async fn a_volume_that_may_exist_admits_nothing_until_deregistered() {
     // Deregistering clears it, saying what may be left in the plugin.
     let gone = h
         .service
-        .deregister(&id, false, false)
+        .deregister_volume(&id, false, false)
         .await
         .expect("deregistered");
     assert_eq!(gone.dropped_claims, 0);
@@ -1029,7 +1033,7 @@ async fn delete_of_a_registered_volume_leaves_it_in_the_plugin() {
     let mut h = Harness::with(MockPlugin::builder().volume("pre-1", GIB as i64)).await;
     let id = volume_id("data");
     h.service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect("registered");
     h.events();
@@ -1057,13 +1061,13 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
 
     conflict(
         h.service
-            .deregister(&id, false, false)
+            .deregister_volume(&id, false, false)
             .await
             .expect_err("claimed"),
     );
     let (field, reason) = invalid(
         h.service
-            .deregister(&id, true, false)
+            .deregister_volume(&id, true, false)
             .await
             .expect_err("not confirmed"),
     );
@@ -1080,7 +1084,7 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
 
     let gone = h
         .service
-        .deregister(&id, false, false)
+        .deregister_volume(&id, false, false)
         .await
         .expect("deregistered");
     assert_eq!(gone.dropped_claims, 0);
@@ -1343,7 +1347,7 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     )
     .build();
     let refused = blind
-        .deregister(&id, true, true)
+        .deregister_volume(&id, true, true)
         .await
         .expect_err("cannot forget");
     assert!(
@@ -1354,7 +1358,11 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     assert_eq!(h.service.volume(&id).expect("known").claims.len(), 1);
     drop(blind);
 
-    let gone = h.service.deregister(&id, true, true).await.expect("forced");
+    let gone = h
+        .service
+        .deregister_volume(&id, true, true)
+        .await
+        .expect("forced");
     assert_eq!(gone.dropped_claims, 1);
     assert!(h.entry(&id).is_none());
     // Deleted in the store before the answer; the driver drops its copy when the store's
@@ -1374,7 +1382,10 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     // Registered again, the volume starts without claims.
     let mut again = register_request(&h, "data", entry.external_id.as_str());
     again.controller_publish = Some(true);
-    h.service.register(again).await.expect("registered again");
+    h.service
+        .register_volume(again)
+        .await
+        .expect("registered again");
     let state = h.service.volume(&id).expect("known");
     assert!(state.claims.is_empty(), "inherited: {:?}", state.claims);
 }

@@ -33,7 +33,7 @@ async fn published(mock: &MockPlugin) -> Published {
         .await
         .expect("opens");
     let plugin = PluginId::new("mock").expect("id");
-    node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+    node.register_plugin(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
         .await
         .expect("registered");
     node.wait_for(&plugin, GUARD)

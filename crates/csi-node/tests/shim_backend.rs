@@ -115,7 +115,7 @@ async fn the_registry_feed_publishes_a_healthy_plugin_and_takes_it_away_when_it_
     );
     assert_eq!(registry.node_plugin(&me, &plugin), NodePlugin::Missing);
 
-    node.register(
+    node.register_plugin(
         plugin.clone(),
         csi_client::Endpoint::unix(&socket).expect("endpoint"),
     )

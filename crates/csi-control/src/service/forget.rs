@@ -44,7 +44,7 @@ impl VolumeService {
     /// (field `confirmed`, listing what would be left) for `force` without `confirmed`,
     /// [`ServiceError::Unsupported`] for `force` when the claims cannot be forgotten (no
     /// [`forgetting`](super::VolumeServiceBuilder::forgetting) store, and claims not shared).
-    pub async fn deregister(
+    pub async fn deregister_volume(
         &self,
         volume: &VolumeId,
         force: bool,

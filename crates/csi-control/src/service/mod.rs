@@ -4,14 +4,14 @@
 //!
 //! | operation | what it does |
 //! |---|---|
-//! | [`register`](VolumeService::register) | records an existing volume, validated against its plugin's controller when one is known |
+//! | [`register_volume`](VolumeService::register_volume) | records an existing volume, validated against its plugin's controller when one is known |
 //! | [`create`](VolumeService::create) | `CreateVolume` through a controller (here or on a peer), an uncertain outcome undone before the answer |
 //! | [`claim`](VolumeService::claim) | a durable claim, then controller publish through the shim, then stage and publish here |
 //! | [`release`](VolumeService::release) | starts a claim's release (the release pipeline runs its steps) |
 //! | [`expand`](VolumeService::expand) | `ControllerExpandVolume`, then `NodeExpandVolume` where the volume is published |
 //! | [`create_snapshot`](VolumeService::create_snapshot), [`list_snapshots`](VolumeService::list_snapshots), [`delete_snapshot`](VolumeService::delete_snapshot) | snapshots of a volume, or of a plugin |
 //! | [`detach`](VolumeService::detach) | releases every claim of a volume on one node, which may be gone for good |
-//! | [`deregister`](VolumeService::deregister) | forgets a volume without calling its plugin, saying what stays behind |
+//! | [`deregister_volume`](VolumeService::deregister_volume) | forgets a volume without calling its plugin, saying what stays behind |
 //! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
 //! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins |
 //!
@@ -158,7 +158,7 @@ impl VolumeServiceBuilder {
         self
     }
 
-    /// The claim store a forced [`deregister`](VolumeService::deregister) forgets a volume's
+    /// The claim store a forced [`deregister_volume`](VolumeService::deregister_volume) forgets a volume's
     /// claims through (csi-claims' [`Forgetting`] over the store the driver runs on). Without
     /// it a forced deregistration of a volume with claims is refused, unless [`Peers`] says
     /// the claims are shared, where the catalog's record and the claims go together.

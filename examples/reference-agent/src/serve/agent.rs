@@ -262,13 +262,16 @@ impl Agent {
     }
 
     /// Registers an existing volume, validated against its plugin's controller when one is
-    /// known ([`VolumeService::register`]).
+    /// known ([`VolumeService::register_volume`]).
     ///
     /// # Errors
     ///
     /// [`AgentError`] naming the bad field, a capability the plugin does not confirm, or a
     /// conflict when the id is taken.
-    pub async fn register(&self, r: api::RegisterVolume) -> Result<api::VolumeView, AgentError> {
+    pub async fn register_volume(
+        &self,
+        r: api::RegisterVolume,
+    ) -> Result<api::VolumeView, AgentError> {
         let id = parse_volume_id(&r.id)?;
         let request = RegisterVolume {
             id,
@@ -281,7 +284,7 @@ impl Agent {
             secrets: r.secrets,
             accessible_topology: parse_topologies("accessible_topology", r.accessible_topology)?,
         };
-        let entry = self.service.register(request).await?;
+        let entry = self.service.register_volume(request).await?;
         Ok(self.view_of(entry))
     }
 
@@ -404,12 +407,12 @@ impl Agent {
     }
 
     /// Drops a volume from the agent without calling the plugin
-    /// ([`VolumeService::deregister`]); the answer shows the volume as it was.
+    /// ([`VolumeService::deregister_volume`]); the answer shows the volume as it was.
     ///
     /// # Errors
     ///
     /// [`AgentError`].
-    pub async fn deregister(
+    pub async fn deregister_volume(
         &self,
         id: &str,
         r: api::DeregisterVolume,
@@ -418,7 +421,7 @@ impl Agent {
         let view = self.volume(id)?;
         let done = self
             .service
-            .deregister(&volume, r.force, r.confirmed)
+            .deregister_volume(&volume, r.force, r.confirmed)
             .await?;
         Ok(api::DeregisterView {
             volume: view,
