@@ -86,7 +86,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
     assert_eq!(h.entry(&id), Some(entry));
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Registered {
+        vec![ServiceEvent::VolumeRegistered {
             volume: id.clone(),
             plugin: h.plugin.clone(),
             created: false,
@@ -131,7 +131,7 @@ async fn register_for_a_plugin_with_no_known_controller_needs_controller_publish
     assert_eq!(h.mock.calls().count(Rpc::ValidateVolumeCapabilities), 0);
     assert!(matches!(
         h.events().as_slice(),
-        [ServiceEvent::Registered { created: false, .. }]
+        [ServiceEvent::VolumeRegistered { created: false, .. }]
     ));
 }
 
@@ -184,7 +184,7 @@ async fn create_makes_the_volume_in_the_plugin_and_records_it() {
     );
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Registered {
+        vec![ServiceEvent::VolumeRegistered {
             volume: id,
             plugin: h.plugin.clone(),
             created: true,
@@ -448,7 +448,7 @@ async fn a_create_of_a_volume_that_may_exist_resolves_it_first() {
             events.as_slice(),
             [
                 ServiceEvent::CreateUndone { .. },
-                ServiceEvent::Registered { created: true, .. }
+                ServiceEvent::VolumeRegistered { created: true, .. }
             ]
         ),
         "{events:?}"
@@ -1017,7 +1017,7 @@ async fn delete_waits_for_the_claims_and_deletes_in_the_plugin() {
     assert!(h.entry(&id).is_none());
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deleted {
+        vec![ServiceEvent::VolumeDeleted {
             volume: id.clone(),
             in_plugin: true,
         }]
@@ -1043,7 +1043,7 @@ async fn delete_of_a_registered_volume_leaves_it_in_the_plugin() {
     assert!(h.entry(&id).is_none());
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deleted {
+        vec![ServiceEvent::VolumeDeleted {
             volume: id,
             in_plugin: false,
         }]
@@ -1102,7 +1102,7 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
     assert!(after.is_empty(), "the plugin was called: {after:?}");
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deregistered {
+        vec![ServiceEvent::VolumeDeregistered {
             volume: id,
             dropped_claims: 0,
         }]

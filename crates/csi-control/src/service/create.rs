@@ -206,7 +206,7 @@ impl VolumeService {
             return Err(taken(&id));
         }
         tracing::info!(volume = %id, "volume registered");
-        self.emit(ServiceEvent::Registered {
+        self.emit(ServiceEvent::VolumeRegistered {
             volume: id,
             plugin: entry.plugin.clone(),
             created: entry.created,
