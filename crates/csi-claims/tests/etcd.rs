@@ -465,9 +465,12 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
     b.claims.claim(&v, writer(&v, &b.node, "w")).await.unwrap();
     b.claims.release(&v.id, &w).await.unwrap();
     eventually("n0's controller call is in flight", async || {
-        a.claims
-            .status(&v.id)
-            .is_some_and(|s| matches!(s.pending, csi_claims::machine::Pending::ControllerDetach(_)))
+        a.claims.status(&v.id).is_some_and(|s| {
+            matches!(
+                s.pending,
+                csi_claims::machine::ReleaseWait::ControllerDetach(_)
+            )
+        })
     })
     .await;
 

@@ -42,7 +42,7 @@
 //!   an event says the cause may be gone. The machine's own writes never wake a failed step,
 //!   so there is no tight loop. Each failed attempt is announced ([`Event::StepFailed`]: the
 //!   step, its error class, the attempt and when it is retried), the wait shows in
-//!   [`status`](ReleaseMachine::status) as [`Pending::Backoff`], and a failed step that
+//!   [`status`](ReleaseMachine::status) as [`ReleaseWait::Backoff`], and a failed step that
 //!   succeeds at last is announced too ([`Event::StepRecovered`]).
 //!
 //! ```
@@ -91,14 +91,14 @@ use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 pub use config::{Duties, MachineConfig, NodeDuties};
 pub use error::{ClaimError, LoadError, ReleaseError};
 pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, StepFailure, Ticket};
-pub use status::{LastError, Pending, RetriedStep, VolumeStatus};
+pub use status::{LastError, ReleaseStatus, ReleaseWait, RetriedStep};
 
 use crate::accounting::{Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
 use crate::detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
 use crate::error::error_chain;
 use crate::model::{Claim, ClaimMode, ClaimRequest, VolumeInfo, VolumeRecord};
-use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
+use crate::state::{ClaimState, ControllerStep, DetachSteps, NodeDetached, NodeStep};
 use crate::store::{Format, StoreError, Stored, Version};
 use crate::transition::{Side, Step, next_step_performed_by};
 
@@ -1277,7 +1277,7 @@ impl ReleaseMachine {
                     }
                     if let ClaimState::NodeDetached(done) = &claim.state {
                         let before = claim.clone();
-                        claim.state = ClaimState::ControllerDetached(Detached {
+                        claim.state = ClaimState::ControllerDetached(DetachSteps {
                             node: done.node,
                             controller: ControllerStep::Detached,
                         });
@@ -1421,7 +1421,7 @@ impl ReleaseMachine {
 
     /// Where the release of `volume` stands: its claims and states, the call in flight, the
     /// last error with its class, the number of failed attempts and the next retry time.
-    pub fn status(&self, volume: &VolumeId) -> Option<VolumeStatus> {
+    pub fn status(&self, volume: &VolumeId) -> Option<ReleaseStatus> {
         let entry = self.volumes.get(volume)?;
         let retry = if entry.store_retry.last_error.is_some() {
             &entry.store_retry
@@ -1435,14 +1435,14 @@ impl ReleaseMachine {
             .or_else(|| entry.step_retry.backoff());
         let pending = match &entry.op {
             Op::Idle => match backoff {
-                Some((step, until)) => Pending::Backoff { step, until },
-                None => Pending::Nothing,
+                Some((step, until)) => ReleaseWait::Backoff { step, until },
+                None => ReleaseWait::Nothing,
             },
-            Op::Node { workload, .. } => Pending::NodeDetach(workload.clone()),
-            Op::Controller { workload, .. } => Pending::ControllerDetach(workload.clone()),
-            Op::WaitingSlot { workload } => Pending::ControllerSlot(workload.clone()),
+            Op::Node { workload, .. } => ReleaseWait::NodeDetach(workload.clone()),
+            Op::Controller { workload, .. } => ReleaseWait::ControllerDetach(workload.clone()),
+            Op::WaitingSlot { workload } => ReleaseWait::ControllerSlot(workload.clone()),
         };
-        Some(VolumeStatus {
+        Some(ReleaseStatus {
             volume: volume.clone(),
             claims: entry.record.claims.clone(),
             pending,
@@ -1454,7 +1454,7 @@ impl ReleaseMachine {
     }
 
     /// The status of every volume whose last step or write failed.
-    pub fn stuck(&self) -> Vec<VolumeStatus> {
+    pub fn stuck(&self) -> Vec<ReleaseStatus> {
         self.volumes
             .iter()
             .filter(|(_, e)| e.step_retry.attempts > 0 || e.store_retry.attempts > 0)
@@ -1901,11 +1901,11 @@ fn freed_elsewhere<'a>(
             // The agent that freed it knew how both steps ended; this one knows what it saw.
             let detached = match &claim.state {
                 ClaimState::ControllerDetached(d) | ClaimState::ReadyToFree(d) => d.clone(),
-                ClaimState::NodeDetached(n) => Detached {
+                ClaimState::NodeDetached(n) => DetachSteps {
                     node: n.node,
                     controller: ControllerStep::DoneElsewhere,
                 },
-                _ => Detached {
+                _ => DetachSteps {
                     node: NodeStep::DoneElsewhere,
                     controller: ControllerStep::DoneElsewhere,
                 },

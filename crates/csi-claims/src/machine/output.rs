@@ -163,7 +163,7 @@ pub enum Event {
     Freed(Claim),
     /// A release step failed (a detach call, or a read of the volume after the store failed)
     /// and waits out a backoff before it is tried again: one event per failed attempt. The
-    /// volume's status says [`Pending::Backoff`](super::Pending::Backoff) meanwhile.
+    /// volume's status says [`ReleaseWait::Backoff`](super::ReleaseWait::Backoff) meanwhile.
     StepFailed(StepFailure),
     /// A step that had failed ([`Event::StepFailed`]) succeeded: its backoff is over and the
     /// release goes on. Not sent for a step whose retry was overtaken (another agent did it,
@@ -287,7 +287,7 @@ pub struct StepFailure {
     pub detail: String,
     /// The failed attempts of the volume's release since its last successful step, this one
     /// included: 1 for a first failure. It is the count the backoff grows with (and
-    /// [`VolumeStatus::attempts`](super::VolumeStatus::attempts)); while one claim of the
+    /// [`ReleaseStatus::attempts`](super::ReleaseStatus::attempts)); while one claim of the
     /// volume is being released, the failed attempts of this step so far.
     pub attempt: u32,
     /// When the retry is due: the failure's time plus the backoff's delay for `attempt` (its

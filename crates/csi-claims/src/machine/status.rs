@@ -10,12 +10,12 @@ use crate::transition::Side;
 
 /// What a volume is waiting for right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pending {
+pub enum ReleaseWait {
     /// Nothing: no release step is in flight, awaited or backing off. (A store write of the
     /// volume may be in flight.)
     Nothing,
     /// The backoff after `step` failed: it is retried at `until` (the same instant as
-    /// [`VolumeStatus::next_retry`]), or earlier when an event says the cause may be gone (the
+    /// [`ReleaseStatus::next_retry`]), or earlier when an event says the cause may be gone (the
     /// plugin or the node is back, the store answers). Until then no release step of the
     /// volume is started.
     Backoff {
@@ -33,7 +33,7 @@ pub enum Pending {
 }
 
 /// A step of a volume's release that is retried after a backoff when it fails: the step of
-/// [`Pending::Backoff`], [`Event::StepFailed`](crate::Event::StepFailed) and
+/// [`ReleaseWait::Backoff`], [`Event::StepFailed`](crate::Event::StepFailed) and
 /// [`Event::StepRecovered`](crate::Event::StepRecovered).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RetriedStep {
@@ -119,13 +119,13 @@ impl LastError {
 
 /// One volume's release, as an operator needs to see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeStatus {
+pub struct ReleaseStatus {
     /// The volume.
     pub volume: VolumeId,
     /// Its claims, each with its state.
     pub claims: Vec<Claim>,
     /// The call in flight or awaited, or the failed step whose backoff the volume waits out.
-    pub pending: Pending,
+    pub pending: ReleaseWait,
     /// Failed attempts of the current step since it last succeeded.
     pub attempts: u32,
     /// The last failure, with its class.

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use csi_claims::driver::ClaimsHandle;
 use csi_claims::store::{ClaimStore, Forgetting};
-use csi_claims::{Claim, StoreError, VolumeStatus};
+use csi_claims::{Claim, ReleaseStatus, StoreError};
 use csi_node::plugins::PluginManager;
 use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::Shim;
@@ -514,7 +514,7 @@ pub struct VolumeState {
     /// published.
     pub claims: Vec<(Claim, Option<PathBuf>)>,
     /// Its release, when a claim is releasing or the last step failed.
-    pub release: Option<VolumeStatus>,
+    pub release: Option<ReleaseStatus>,
 }
 
 /// An id in [`VolumeService::creating`], taken out again when dropped.

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
-use csi_claims::machine::{LastError, Pending};
-use csi_claims::{Claim, ClaimMode, VolumeStatus};
+use csi_claims::machine::{LastError, ReleaseWait};
+use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
 use csi_control::service::{
@@ -844,16 +844,16 @@ pub fn claim_view(c: &Claim, target_path: Option<String>) -> api::ClaimView {
 }
 
 /// A release for the API.
-pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
+pub fn release_view(s: &ReleaseStatus) -> api::ReleaseView {
     let (pending, pending_workload) = match &s.pending {
-        Pending::Nothing => ("nothing", None),
-        Pending::NodeDetach(w) => ("node_detach", Some(w.to_string())),
-        Pending::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
-        Pending::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
-        Pending::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
+        ReleaseWait::Nothing => ("nothing", None),
+        ReleaseWait::NodeDetach(w) => ("node_detach", Some(w.to_string())),
+        ReleaseWait::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
+        ReleaseWait::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
+        ReleaseWait::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
     };
     let backoff_step = match &s.pending {
-        Pending::Backoff { step, .. } => Some(step.name().to_owned()),
+        ReleaseWait::Backoff { step, .. } => Some(step.name().to_owned()),
         _ => None,
     };
     let (last_error, last_error_class) = match &s.last_error {
@@ -897,8 +897,8 @@ mod tests {
         AgentError::shim("CreateVolume", &e)
     }
 
-    fn status(pending: Pending, next_retry: Option<Instant>) -> VolumeStatus {
-        VolumeStatus {
+    fn status(pending: ReleaseWait, next_retry: Option<Instant>) -> ReleaseStatus {
+        ReleaseStatus {
             volume: csi_structs::VolumeId::new("v1").unwrap(),
             claims: Vec::new(),
             pending,
@@ -915,7 +915,7 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(60);
         let workload = csi_structs::WorkloadId::new("w1").unwrap();
         let node = release_view(&status(
-            Pending::Backoff {
+            ReleaseWait::Backoff {
                 step: RetriedStep::NodeDetach(workload.clone()),
                 until,
             },
@@ -926,7 +926,7 @@ mod tests {
         assert_eq!(node.backoff_step.as_deref(), Some("node_detach"));
         assert!(node.next_retry_ms.is_some_and(|ms| ms > 50_000), "{node:?}");
         let store = release_view(&status(
-            Pending::Backoff {
+            ReleaseWait::Backoff {
                 step: RetriedStep::StoreRead,
                 until,
             },
@@ -938,13 +938,13 @@ mod tests {
         );
 
         // Not backing off: no new field in the JSON, and older JSON without it still reads.
-        let calling = release_view(&status(Pending::ControllerDetach(workload), None));
+        let calling = release_view(&status(ReleaseWait::ControllerDetach(workload), None));
         assert_eq!(calling.pending, "controller_detach");
         let json = serde_json::to_value(&calling).unwrap();
         assert!(json.get("backoff_step").is_none(), "{json}");
         let older: api::ReleaseView = serde_json::from_value(json).unwrap();
         assert_eq!(older.backoff_step, None);
-        let idle = release_view(&status(Pending::Nothing, None));
+        let idle = release_view(&status(ReleaseWait::Nothing, None));
         assert_eq!(
             (idle.pending.as_str(), idle.backoff_step),
             ("nothing", None)
