@@ -40,7 +40,7 @@ use csi_client::{Code, CsiClient, Endpoint, NodePublish, NodeStage, Rpc};
 use csi_control::service::{ClaimVolume, NewVolume};
 use csi_control::{CatalogEntry, FileCatalog, ServiceError, VolumeCatalog, VolumeService};
 use csi_node::Node;
-use csi_node::layout::Usage;
+use csi_node::layout::PublishUsage;
 use csi_node::plugins::PluginObserver;
 use csi_node::shim::{NodeBackend, RegistryFeed};
 use csi_rpc_shim::{
@@ -646,7 +646,7 @@ async fn probe(
         .target_path(
             &entry.id,
             &workload(step.workload),
-            &Usage::of(&capability, read_only),
+            &PublishUsage::of(&capability, read_only),
         )
         .map_err(|e| e.to_string())?;
     if let Some(parent) = target.parent() {

@@ -72,7 +72,8 @@ use tokio::task::JoinHandle;
 
 pub use dir::DirWatcher;
 pub use event::{
-    GoneReason, Health, LogEvents, PluginEvent, PluginObserver, RegistrationId, Source, Unhealthy,
+    GoneReason, Health, LogEvents, PluginEvent, PluginObserver, RegistrationId, RegistrationSource,
+    Unhealthy,
 };
 pub use wait::{NotReady, WaitError};
 
@@ -311,7 +312,7 @@ pub struct PluginStatus {
     /// Where it listens.
     pub endpoint: Endpoint,
     /// Who registered it.
-    pub source: Source,
+    pub source: RegistrationSource,
     /// Its fingerprint, once it answered.
     pub fingerprint: Option<Arc<Fingerprint>>,
     /// Its health.
@@ -395,14 +396,14 @@ impl PluginManager {
         plugin: PluginId,
         endpoint: Endpoint,
     ) -> Result<RegistrationId, StateFileError> {
-        self.register_from(plugin, endpoint, Source::Pushed)
+        self.register_from(plugin, endpoint, RegistrationSource::Pushed)
     }
 
     fn register_from(
         &self,
         plugin: PluginId,
         endpoint: Endpoint,
-        source: Source,
+        source: RegistrationSource,
     ) -> Result<RegistrationId, StateFileError> {
         let registration = {
             let _turn = self.inner.writer_turn();

@@ -20,7 +20,7 @@ mod registry;
 
 pub use registry::RegistryFeed;
 
-use crate::layout::Usage;
+use crate::layout::PublishUsage;
 use crate::plugins::{Health, PluginManager};
 use crate::volumes::{ExpandRequest, UnmountRequest, VolumeError, VolumeManager};
 
@@ -506,7 +506,7 @@ impl LocalPlugins for NodeBackend {
             volume: req.volume,
             external_id: req.external_volume,
             workload: req.workload,
-            usage: Usage::of(&req.capability, req.read_only),
+            usage: PublishUsage::of(&req.capability, req.read_only),
         };
         within(ctx, async move {
             self.volumes

@@ -113,7 +113,7 @@ pub use store::{USAGE_TABLE, UsageDb, UsageJson, UsageStore};
 use usage::key as usage_key;
 pub use usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
 
-use crate::layout::{Layout, Usage};
+use crate::layout::{Layout, PublishUsage};
 use crate::plugins::{PluginManager, ReadyPlugin};
 use crate::state::StateFileError;
 
@@ -178,7 +178,7 @@ pub struct UnmountRequest {
     /// The workload.
     pub workload: WorkloadId,
     /// How it was published: names the target when the workload has no usage record.
-    pub usage: Usage,
+    pub usage: PublishUsage,
 }
 
 /// What a node expansion needs.
@@ -246,9 +246,9 @@ pub enum VolumeEvent {
     },
 }
 
-/// Which step of a publication a [`Pending`] is.
+/// Which step of a publication an [`UncertainMount`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PendingStep {
+pub enum MountStep {
     /// `NodeStageVolume` of the volume.
     Stage,
     /// `NodePublishVolume` for a workload.
@@ -259,7 +259,7 @@ pub enum PendingStep {
 /// came before the answer) or uncertain (a deadline or lost connection). An unmount of the
 /// volume undoes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pending {
+pub struct UncertainMount {
     /// The plugin.
     pub plugin: PluginId,
     /// The volume.
@@ -267,7 +267,7 @@ pub struct Pending {
     /// The workload, for a publish.
     pub workload: Option<WorkloadId>,
     /// Which step.
-    pub step: PendingStep,
+    pub step: MountStep,
     /// The staging path or target (host side).
     pub path: PathBuf,
     /// Where it stands.
@@ -539,7 +539,7 @@ impl VolumeManager {
 
     /// The mount, with the volume's turn held by the caller.
     async fn mount_in_turn(&self, req: &MountRequest) -> Result<Mounted, VolumeError> {
-        let usage = Usage::of(&req.capability, req.read_only);
+        let usage = PublishUsage::of(&req.capability, req.read_only);
         let key = usage_key(&req.plugin, &req.volume);
         let layout = &self.inner.layout;
         let target = layout.target_path(&req.volume, &req.workload, &usage)?;
@@ -691,7 +691,7 @@ impl VolumeManager {
             volume: req.volume.clone(),
             external_id: req.external_id.clone(),
             workload: req.workload.clone(),
-            usage: Usage::of(&req.capability, req.read_only),
+            usage: PublishUsage::of(&req.capability, req.read_only),
         };
         match self.unmount_in_turn(&unmount).await {
             Ok(undone) => {
@@ -1051,7 +1051,7 @@ impl VolumeManager {
     }
 
     /// Stages and publications whose outcome is not known to be done.
-    pub fn uncertain(&self) -> Vec<Pending> {
+    pub fn uncertain(&self) -> Vec<UncertainMount> {
         let mut out = Vec::new();
         for e in self.records() {
             let stagings = e
@@ -1061,11 +1061,11 @@ impl VolumeManager {
                 .chain(e.legacy_stagings.iter().map(|l| (l.stage, &l.path)));
             for (state, path) in stagings {
                 if state != StepState::Done {
-                    out.push(Pending {
+                    out.push(UncertainMount {
                         plugin: e.plugin.clone(),
                         volume: e.volume.clone(),
                         workload: None,
-                        step: PendingStep::Stage,
+                        step: MountStep::Stage,
                         path: path.clone(),
                         state,
                     });
@@ -1073,11 +1073,11 @@ impl VolumeManager {
             }
             for (w, u) in &e.users {
                 if u.publish != StepState::Done {
-                    out.push(Pending {
+                    out.push(UncertainMount {
                         plugin: e.plugin.clone(),
                         volume: e.volume.clone(),
                         workload: Some(w.clone()),
-                        step: PendingStep::Publish,
+                        step: MountStep::Publish,
                         path: u.target.clone(),
                         state: u.publish,
                     });

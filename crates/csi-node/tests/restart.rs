@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_client::{Code, Endpoint, ErrorClass, Rpc};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::volumes::{
     MountRequest, ReconcileOutcome, Reconciled, Republish, Restore, Restored, StepState,
@@ -106,7 +106,7 @@ impl Host {
             volume: vol.id.clone(),
             external_id: vol.external.clone(),
             workload: workload(w),
-            usage: Usage::of(&capability(), false),
+            usage: PublishUsage::of(&capability(), false),
         }
     }
 
@@ -147,7 +147,11 @@ impl Host {
     fn target(&self, vol: &Vol, w: &str) -> PathBuf {
         self.volumes
             .layout()
-            .target_path(&vol.id, &workload(w), &Usage::of(&capability(), false))
+            .target_path(
+                &vol.id,
+                &workload(w),
+                &PublishUsage::of(&capability(), false),
+            )
             .expect("path")
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_client::{Code, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::state::StateFileError;
 use csi_node::volumes::{
@@ -207,7 +207,7 @@ async fn a_reopened_manager_knows_who_uses_what() {
         Some(
             volumes
                 .layout()
-                .target_path(&db.0, &w1, &Usage::of(&capability(), false))
+                .target_path(&db.0, &w1, &PublishUsage::of(&capability(), false))
                 .expect("path")
         )
     );
@@ -368,7 +368,7 @@ async fn unmounting_what_is_already_cleaned_up_needs_no_plugin() {
         volume: VolumeId::new("v1").expect("id"),
         external_id: ExternalVolumeId::new("vol-1").expect("id"),
         workload: WorkloadId::new("w1").expect("id"),
-        usage: Usage::of(&capability(), false),
+        usage: PublishUsage::of(&capability(), false),
     };
     // No record and no target directory: done, without calling the (missing) plugin.
     volumes.unmount(&request).await.expect("already done");
@@ -460,7 +460,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
     let volume = VolumeId::new("db").expect("id");
     let mut records = serde_json::Map::new();
     for (workload, read_only) in [("reader", true), ("writer", false)] {
-        let usage = Usage::of(&cap, read_only);
+        let usage = PublishUsage::of(&cap, read_only);
         let staging = layout.staging_root().join("db").join(usage.segment());
         let target = layout
             .target_path(&volume, &WorkloadId::new(workload).expect("id"), &usage)
@@ -529,7 +529,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         volume: volume.clone(),
         external_id: ext.clone(),
         workload: WorkloadId::new(workload).expect("id"),
-        usage: Usage::of(&cap, read_only),
+        usage: PublishUsage::of(&cap, read_only),
     };
     volumes
         .unmount(&unmount("reader", true))

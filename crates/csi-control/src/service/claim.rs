@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use csi_claims::{Claim, ClaimMode, ClaimRequest};
-use csi_node::layout::Usage;
+use csi_node::layout::PublishUsage;
 use csi_node::volumes::{ExpandRequest, MountRequest};
 use csi_rpc_shim::{ControllerAttach, ControllerQuery};
 use csi_structs::topology::check_accessible;
@@ -109,7 +109,7 @@ impl VolumeService {
             .target_path(
                 &entry.id,
                 &workload,
-                &Usage::of(&entry.capability(), read_only),
+                &PublishUsage::of(&entry.capability(), read_only),
             )
             .map_err(|e| invalid("workload", e))?;
         // The plugin's attach limit counts against every claim on this node, before any call.

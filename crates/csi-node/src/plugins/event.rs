@@ -32,7 +32,7 @@ impl fmt::Display for RegistrationId {
 /// Who registered a plugin instance.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Source {
+pub enum RegistrationSource {
     /// The embedder, with [`PluginManager::register`](super::PluginManager::register) (for
     /// example when its task runner started the plugin).
     Pushed,
@@ -138,7 +138,7 @@ pub enum PluginEvent {
         /// Where the plugin listens.
         endpoint: Endpoint,
         /// Who registered it.
-        source: Source,
+        source: RegistrationSource,
     },
     /// The plugin answered every discovery call.
     Fingerprinted {
@@ -259,11 +259,11 @@ impl PluginObserver for LogEvents {
                 endpoint,
                 source,
             } => match source {
-                Source::Directory { socket, .. } => {
+                RegistrationSource::Directory { socket, .. } => {
                     tracing::info!(plugin = %plugin, socket = %socket.display(), "plugin socket appeared");
                     self.sockets().insert(*registration, socket.clone());
                 }
-                Source::Pushed => {
+                RegistrationSource::Pushed => {
                     tracing::info!(plugin = %plugin, endpoint = %endpoint, "plugin registered");
                 }
             },

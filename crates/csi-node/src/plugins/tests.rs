@@ -262,7 +262,7 @@ async fn a_directory_socket_is_registered_once_and_deregistered_when_it_goes() {
 
     watcher.scan();
     let found = manager.status(&id).expect("registered from the directory");
-    assert!(matches!(found.source, Source::Directory { .. }));
+    assert!(matches!(found.source, RegistrationSource::Directory { .. }));
     assert_eq!(manager.list().len(), 1, "only sockets count");
     watcher.scan();
     assert_eq!(
@@ -397,7 +397,7 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
             plugin: plugin.clone(),
             registration: RegistrationId(1),
             endpoint: Endpoint::unix("/run/csi/ebs.sock").expect("endpoint"),
-            source: Source::Pushed,
+            source: RegistrationSource::Pushed,
         });
         log.on_event(&PluginEvent::Unhealthy {
             plugin: plugin.clone(),
@@ -415,7 +415,7 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
             plugin: plugin.clone(),
             registration: RegistrationId(2),
             endpoint: Endpoint::unix("/plugins/ebs.sock").expect("endpoint"),
-            source: Source::Directory {
+            source: RegistrationSource::Directory {
                 socket: "/plugins/ebs.sock".into(),
                 inode: 7,
             },

@@ -40,7 +40,7 @@ use super::usage::{StepState, VolumeEntry};
 use super::{
     Ids, MountRequest, UnmountRequest, Unmounted, VolumeError, VolumeEvent, VolumeManager,
 };
-use crate::layout::Usage;
+use crate::layout::PublishUsage;
 
 /// A publication restored from the usage records that this process has not seen succeed: what
 /// the [`RestoreLookup`] is asked about.
@@ -438,7 +438,7 @@ impl VolumeManager {
                             external_id: external_id.clone(),
                             workload: workload.clone(),
                             // Only names a target when there is no record; this one has.
-                            usage: Usage {
+                            usage: PublishUsage {
                                 read_only: false,
                                 attachment: AccessTypeKind::Mount,
                                 access_mode: AccessMode::SingleNodeWriter,

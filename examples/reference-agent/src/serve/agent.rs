@@ -14,7 +14,7 @@ use csi_control::service::{
     CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
     Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
-use csi_node::volumes::{PendingStep, Reconciliation, StepState, VolumeManager};
+use csi_node::volumes::{MountStep, Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
@@ -687,8 +687,8 @@ impl Agent {
                         .workload
                         .map_or_else(|| "-".into(), WorkloadId::into_inner),
                     step: match p.step {
-                        PendingStep::Stage => "stage",
-                        PendingStep::Publish => "publish",
+                        MountStep::Stage => "stage",
+                        MountStep::Publish => "publish",
                     }
                     .into(),
                     path: p.path.display().to_string(),
