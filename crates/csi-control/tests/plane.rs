@@ -10,7 +10,7 @@ use csi_control::service::{ClaimVolume, NewSnapshot, NewVolume, RegisterVolume, 
 use csi_control::{ControlPlane, PlaneError, ServiceEvent};
 use csi_structs::volume_secrets::{SecretsUse, VolumeSecrets};
 use csi_structs::{AccessMode, ExternalVolumeId, NodeId, PluginId, VolumeId, WorkloadId};
-use csi_testkit::{MockPlugin, MockPluginBuilder, MockServer, Outcome};
+use csi_testkit::{MockPlugin, MockPluginBuilder, MockServer, RecordedOutcome};
 use tokio::time::Instant;
 
 /// Only a guard against a hang: a healthy run needs a fraction of it.
@@ -358,7 +358,12 @@ async fn every_call_carries_its_secrets(rpc: Rpc, use_: SecretsUse) {
     let calls = setup.mock.calls().of(rpc);
     assert!(!calls.is_empty(), "the flow calls {}", rpc.name());
     for call in calls.records() {
-        assert_eq!(call.outcome, Outcome::Ok, "{}: {call:?}", rpc.name());
+        assert_eq!(
+            call.outcome,
+            RecordedOutcome::Ok,
+            "{}: {call:?}",
+            rpc.name()
+        );
     }
 }
 

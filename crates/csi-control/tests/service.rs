@@ -19,7 +19,7 @@ use csi_structs::{
 };
 use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
 use csi_testkit::{
-    ControllerCapability, MockPlugin, NodeCapability, Outcome, Quirk, VolumeExpansion,
+    ControllerCapability, MockPlugin, NodeCapability, Quirk, RecordedOutcome, VolumeExpansion,
 };
 use support::{Harness, me, volume_id, workload, write_claim};
 
@@ -1320,7 +1320,7 @@ async fn detach_of_a_node_gone_for_good_releases_its_claims_without_node_steps()
     assert!(
         detached
             .iter()
-            .any(|c| c.node_id.as_deref() == Some("node-2") && c.outcome == Outcome::Ok),
+            .any(|c| c.node_id.as_deref() == Some("node-2") && c.outcome == RecordedOutcome::Ok),
         "{detached:?}"
     );
 }
