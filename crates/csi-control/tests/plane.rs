@@ -8,6 +8,7 @@ use csi_claims::ClaimMode;
 use csi_client::{Endpoint, Rpc};
 use csi_control::service::{ClaimVolume, NewSnapshot, NewVolume, RegisterVolume, SnapshotsOf};
 use csi_control::{ControlPlane, PlaneError, ServiceEvent};
+use csi_node::volumes::ReconcileAction;
 use csi_structs::volume_secrets::{SecretsUse, VolumeSecrets};
 use csi_structs::{AccessMode, ExternalVolumeId, NodeId, PluginId, VolumeId, WorkloadId};
 use csi_testkit::{MockPlugin, MockPluginBuilder, MockServer, RecordedOutcome};
@@ -113,13 +114,16 @@ async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     // node's records hold is confirmed with it before it is trusted.
     let plane = setup.open().await;
     let reconciled = plane.reconciled().await;
-    let actions: Vec<(&str, Option<String>)> = reconciled
+    let actions: Vec<(ReconcileAction, Option<String>)> = reconciled
         .report
         .records
         .iter()
         .map(|r| (r.action(), r.workload.as_ref().map(ToString::to_string)))
         .collect();
-    assert_eq!(actions, [("republished", Some("web-1".to_owned()))]);
+    assert_eq!(
+        actions,
+        [(ReconcileAction::Republished, Some("web-1".to_owned()))]
+    );
     assert!(reconciled.plugins_not_ready.is_empty());
     assert_eq!(
         setup.mock.calls().count(Rpc::NodePublishVolume),

@@ -13,6 +13,7 @@ use csi_control::service::{
     CallFailure, DetachVolume, NewSnapshot, NewVolumeSource, RegisterVolume, SnapshotsOf,
 };
 use csi_control::{ServiceError, ServiceEvent, VolumeService};
+use csi_node::volumes::ReconcileAction;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     PluginNodeId, Topology, VolumeContext, VolumeSecrets,
@@ -1215,7 +1216,7 @@ async fn after_a_restart_reconcile_publishes_the_claims_of_this_node_again() {
 
     let reconciled = h.service.reconcile_node(Duration::from_secs(30)).await;
     assert!(reconciled.plugins_not_ready.is_empty());
-    let actions: Vec<(&str, Option<String>)> = reconciled
+    let actions: Vec<(ReconcileAction, Option<String>)> = reconciled
         .report
         .records
         .iter()
@@ -1223,7 +1224,7 @@ async fn after_a_restart_reconcile_publishes_the_claims_of_this_node_again() {
         .collect();
     assert_eq!(
         actions,
-        vec![("republished", Some("web-1".to_owned()))],
+        vec![(ReconcileAction::Republished, Some("web-1".to_owned()))],
         "{:?}",
         reconciled.report.records
     );

@@ -106,8 +106,8 @@ use tokio::sync::broadcast;
 pub use error::VolumeError;
 use ops::Ops;
 pub use reconcile::{
-    Found, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore, RestoreLookup,
-    Restored,
+    Found, ReconcileAction, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore,
+    RestoreLookup, Restored,
 };
 pub use store::{USAGE_TABLE, UsageDb, UsageJson, UsageStore};
 use usage::key as usage_key;

@@ -221,7 +221,7 @@ fn actions(report: &Reconciled) -> Vec<(String, String, &'static str)> {
                     .as_ref()
                     .map(ToString::to_string)
                     .unwrap_or_default(),
-                r.action(),
+                r.action().as_str(),
             )
         })
         .collect()

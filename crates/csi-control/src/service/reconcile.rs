@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use csi_node::volumes::{Reconciled, Republish, Restore, Restored};
+use csi_node::volumes::{ReconcileAction, Reconciled, Republish, Restore, Restored};
 use csi_structs::PluginId;
 
 use super::{ServiceEvent, VolumeService};
@@ -40,7 +40,7 @@ impl VolumeService {
         }
         let lookup = |p: &Restored| self.restore(p);
         let report = self.volumes.reconcile(&lookup).await;
-        let count = |action: &str| {
+        let count = |action: ReconcileAction| {
             report
                 .records
                 .iter()
@@ -49,15 +49,15 @@ impl VolumeService {
         };
         tracing::info!(
             records = report.records.len(),
-            republished = count("republished"),
-            released = count("released") + count("cleaned"),
-            kept = count("kept"),
+            republished = count(ReconcileAction::Republished),
+            released = count(ReconcileAction::Released) + count(ReconcileAction::Cleaned),
+            kept = count(ReconcileAction::Kept),
             not_confirmed = report.failed().count(),
             "usage records restored at start confirmed with their plugins"
         );
         self.emit(ServiceEvent::NodeReconciled {
             records: report.records.len(),
-            republished: count("republished"),
+            republished: count(ReconcileAction::Republished),
             not_confirmed: report.failed().count(),
         });
         NodeReconciled {

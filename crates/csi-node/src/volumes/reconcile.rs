@@ -179,18 +179,73 @@ impl Reconciliation {
         }
     }
 
-    /// What was done, in a word: `already_confirmed`, `republished`, `released`, `cleaned`,
-    /// `kept`, `plugin_missing` or `failed`.
-    pub fn action(&self) -> &'static str {
-        match &self.outcome {
-            ReconcileOutcome::AlreadyConfirmed => "already_confirmed",
-            ReconcileOutcome::Republished { .. } => "republished",
-            ReconcileOutcome::Released(_) => "released",
-            ReconcileOutcome::Cleaned { .. } => "cleaned",
-            ReconcileOutcome::Kept => "kept",
-            ReconcileOutcome::PluginMissing(_) => "plugin_missing",
-            ReconcileOutcome::Failed(_) => "failed",
+    /// What was done, without its details: [`ReconcileAction::as_str`] gives it in a word.
+    pub fn action(&self) -> ReconcileAction {
+        self.outcome.action()
+    }
+}
+
+impl ReconcileOutcome {
+    /// What was done, without its details.
+    pub fn action(&self) -> ReconcileAction {
+        match self {
+            ReconcileOutcome::AlreadyConfirmed => ReconcileAction::AlreadyConfirmed,
+            ReconcileOutcome::Republished { .. } => ReconcileAction::Republished,
+            ReconcileOutcome::Released(_) => ReconcileAction::Released,
+            ReconcileOutcome::Cleaned { .. } => ReconcileAction::Cleaned,
+            ReconcileOutcome::Kept => ReconcileAction::Kept,
+            ReconcileOutcome::PluginMissing(_) => ReconcileAction::PluginMissing,
+            ReconcileOutcome::Failed(_) => ReconcileAction::Failed,
         }
+    }
+}
+
+/// What reconcile did about one record, without its details: one variant per
+/// [`ReconcileOutcome`], to count, match or print (`Display` writes [`as_str`](Self::as_str)).
+///
+/// ```
+/// use csi_node::volumes::ReconcileAction;
+///
+/// assert_eq!(ReconcileAction::PluginMissing.as_str(), "plugin_missing");
+/// assert_eq!(ReconcileAction::Republished.to_string(), "republished");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReconcileAction {
+    /// [`ReconcileOutcome::AlreadyConfirmed`].
+    AlreadyConfirmed,
+    /// [`ReconcileOutcome::Republished`].
+    Republished,
+    /// [`ReconcileOutcome::Released`].
+    Released,
+    /// [`ReconcileOutcome::Cleaned`].
+    Cleaned,
+    /// [`ReconcileOutcome::Kept`].
+    Kept,
+    /// [`ReconcileOutcome::PluginMissing`].
+    PluginMissing,
+    /// [`ReconcileOutcome::Failed`].
+    Failed,
+}
+
+impl ReconcileAction {
+    /// In a word: `already_confirmed`, `republished`, `released`, `cleaned`, `kept`,
+    /// `plugin_missing` or `failed`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReconcileAction::AlreadyConfirmed => "already_confirmed",
+            ReconcileAction::Republished => "republished",
+            ReconcileAction::Released => "released",
+            ReconcileAction::Cleaned => "cleaned",
+            ReconcileAction::Kept => "kept",
+            ReconcileAction::PluginMissing => "plugin_missing",
+            ReconcileAction::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ReconcileAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -488,7 +543,7 @@ fn log(item: &Reconciliation) {
             plugin = %item.plugin,
             volume = %item.volume,
             workload,
-            action = item.action(),
+            action = item.action().as_str(),
             class = e.class().as_str(),
             error = %e,
             "usage record not confirmed; kept"
@@ -497,7 +552,7 @@ fn log(item: &Reconciliation) {
             plugin = %item.plugin,
             volume = %item.volume,
             workload,
-            action = item.action(),
+            action = item.action().as_str(),
             "usage record reconciled"
         ),
     }

@@ -815,7 +815,7 @@ fn reconciled_view(r: &Reconciliation) -> api::ReconciledView {
             state(r.found.stage),
             state(r.found.publish)
         ),
-        action: r.action().to_owned(),
+        action: r.action().as_str().to_owned(),
         error: error.map(ToString::to_string),
         class: error.map(|e| e.class().as_str().to_owned()),
     }
