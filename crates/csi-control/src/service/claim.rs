@@ -24,6 +24,18 @@ pub struct ClaimVolume {
     pub mode: ClaimMode,
 }
 
+impl ClaimVolume {
+    /// A claim of `volume` for `workload` in `mode`. Every field is required; this is the
+    /// literal in one call, like the service's other requests.
+    pub fn new(volume: VolumeId, workload: WorkloadId, mode: ClaimMode) -> Self {
+        ClaimVolume {
+            volume,
+            workload,
+            mode,
+        }
+    }
+}
+
 /// A claim taken and published on this node.
 #[derive(Clone, Debug)]
 pub struct Claimed {
@@ -43,6 +55,19 @@ pub struct DetachVolume {
     /// The node is gone for good: its claims are released without node steps, and the
     /// controller step runs though its agent is not there.
     pub node_gone: bool,
+}
+
+impl DetachVolume {
+    /// A detach of `node`'s claims on `volume`, the node not reported gone (its agent runs
+    /// the node steps); set [`node_gone`](Self::node_gone) on the result for a node gone for
+    /// good (`DetachVolume { node_gone: true, ..DetachVolume::new(volume, node) }`).
+    pub fn new(volume: VolumeId, node: NodeId) -> Self {
+        DetachVolume {
+            volume,
+            node,
+            node_gone: false,
+        }
+    }
 }
 
 /// What a detach started.

@@ -341,11 +341,7 @@ impl Agent {
         };
         let claimed = self
             .service
-            .claim(ClaimVolume {
-                volume,
-                workload,
-                mode,
-            })
+            .claim(ClaimVolume::new(volume, workload, mode))
             .await?;
         Ok(claim_view(
             &claimed.claim,
