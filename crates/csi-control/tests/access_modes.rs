@@ -30,11 +30,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use csi_claims::driver::{DriverConfig, DriverError};
+use csi_claims::driver::DriverConfig;
 use csi_claims::store::{ChangeSender, Changes, Format, Stored};
 use csi_claims::{
-    ClaimError, ClaimMode, ClaimStore, DenyReason, Duties, MachineConfig, StoreError, Version,
-    VolumeRecord,
+    ClaimMode, ClaimStore, DenyReason, Duties, MachineConfig, StoreError, Version, VolumeRecord,
 };
 use csi_client::{Code, CsiClient, Endpoint, NodePublish, NodeStage, Rpc};
 use csi_control::service::{ClaimVolume, NewVolume};
@@ -559,7 +558,7 @@ fn check_denial(
     e: &ServiceError,
 ) -> Result<(), String> {
     match e {
-        ServiceError::Claims(DriverError::Claim(ClaimError::Denied(denied)))
+        ServiceError::Denied(denied)
             if deny.matches(&denied.reason) && denied.access_mode == access =>
         {
             let mut named: Vec<String> = denied

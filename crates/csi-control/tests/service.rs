@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::driver::DriverError;
-use csi_claims::{ClaimError, ClaimMode, ClaimRequest};
+use csi_claims::{ClaimError, ClaimMode, ClaimRequest, DenyReason};
 use csi_client::{Code, Rpc};
 use csi_control::service::{
     CallFailure, DetachVolume, NewSnapshot, NewVolumeSource, RegisterVolume, SnapshotsOf,
@@ -490,6 +490,34 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
             target_path: claimed.target_path.clone(),
         }]
     );
+}
+
+/// A claim the access mode does not admit is `ServiceError::Denied`, matched in one arm: the
+/// reason, the holders and the class, the same words as the claim layer's, and no call made.
+#[tokio::test]
+async fn a_second_workload_on_a_single_node_writer_volume_is_denied_in_one_arm() {
+    let h = Harness::start().await;
+    h.create("data").await;
+    h.claim("data", "web-1").await;
+    let publishes = h.mock.calls().count(Rpc::NodePublishVolume);
+
+    let answer = h.service.claim(write_claim("data", "web-2")).await;
+    assert!(
+        matches!(&answer, Err(ServiceError::Denied(d)) if d.reason == DenyReason::SingleWorkload),
+        "{answer:?}"
+    );
+    let refused = answer.expect_err("denied");
+    let ServiceError::Denied(denied) = &refused else {
+        unreachable!()
+    };
+    assert_eq!(denied.workload, workload("web-2"));
+    assert_eq!(denied.holders.0.len(), 1);
+    assert_eq!(denied.holders.0[0].workload, workload("web-1"));
+    assert_eq!(refused.class(), Some(ErrorClass::Retry));
+    // The same words as the claim layer's error it came as.
+    let as_driver = DriverError::Claim(ClaimError::Denied(denied.clone()));
+    assert_eq!(refused.to_string(), as_driver.to_string());
+    assert_eq!(h.mock.calls().count(Rpc::NodePublishVolume), publishes);
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! What a volume operation answers when it fails: [`ServiceError`].
 
-use csi_claims::StoreError;
 use csi_claims::driver::DriverError;
+use csi_claims::{ClaimDenied, ClaimError, StoreError};
 use csi_node::shim::plugin_failure;
 use csi_node::state::StateFileError;
 use csi_node::volumes::VolumeError;
@@ -15,9 +15,21 @@ use crate::catalog::CatalogError;
 /// The variants say whose fault it is: the caller's ([`NotFound`](Self::NotFound),
 /// [`Invalid`](Self::Invalid), [`Conflict`](Self::Conflict)), the plugin's
 /// ([`Unsupported`](Self::Unsupported), [`Call`](Self::Call)), the claim layer's
-/// ([`Claims`](Self::Claims)), or the service's own disk or store ([`State`](Self::State),
-/// [`Local`](Self::Local), [`Store`](Self::Store)). [`class`](Self::class) says what a
-/// caller may do next.
+/// ([`Denied`](Self::Denied), [`Claims`](Self::Claims)), or the service's own disk or store
+/// ([`State`](Self::State), [`Local`](Self::Local), [`Store`](Self::Store)).
+/// [`class`](Self::class) says what a caller may do next.
+///
+/// A claim the access mode does not admit is one arm away:
+///
+/// ```
+/// use csi_claims::DenyReason;
+/// use csi_control::ServiceError;
+///
+/// fn taken(answer: &Result<(), ServiceError>) -> bool {
+///     matches!(answer, Err(ServiceError::Denied(d)) if d.reason == DenyReason::SingleWorkload)
+/// }
+/// # assert!(!taken(&Ok(())));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServiceError {
@@ -45,9 +57,15 @@ pub enum ServiceError {
     /// volume's present state.
     #[error("{0}")]
     Unsupported(String),
-    /// The claim layer refused or stopped.
+    /// The claim was denied before anything was recorded or called: the volume's access mode
+    /// (or its attachment mode, or the workload's earlier claim) does not admit it beside the
+    /// claims it has. The denial names the reason and the holders. (Boxed: it is large.)
     #[error(transparent)]
-    Claims(#[from] DriverError),
+    Denied(Box<ClaimDenied>),
+    /// The claim layer refused otherwise ([`ClaimError`]'s other refusals, a release refused)
+    /// or stopped. A denial is [`Denied`](Self::Denied), never this.
+    #[error(transparent)]
+    Claims(DriverError),
     /// A plugin call (here or through a peer) failed.
     #[error("{step}: {detail}")]
     Call {
@@ -99,6 +117,16 @@ pub enum CallFailure {
     Agent,
     /// A node operation was refused because the plugin is not known to be healthy.
     Unhealthy,
+}
+
+impl From<DriverError> for ServiceError {
+    /// A denial becomes [`ServiceError::Denied`]; everything else stays the claim layer's.
+    fn from(e: DriverError) -> Self {
+        match e {
+            DriverError::Claim(ClaimError::Denied(denied)) => ServiceError::Denied(denied),
+            other => ServiceError::Claims(other),
+        }
+    }
 }
 
 impl From<CatalogError> for ServiceError {
@@ -154,6 +182,7 @@ impl ServiceError {
     pub fn class(&self) -> Option<ErrorClass> {
         match self {
             ServiceError::Call { class, .. } => Some(*class),
+            ServiceError::Denied(denied) => Some(denied.reason.class()),
             ServiceError::Claims(e) if e.is_store_failure() => Some(ErrorClass::Retry),
             ServiceError::Claims(DriverError::Claim(e)) => Some(e.class()),
             ServiceError::Store(e) if e.is_permanent() => None,

@@ -140,7 +140,7 @@ pub fn parts(e: &AgentError) -> (u16, &'static str, Option<ErrorClass>) {
         AgentError::Unsupported(_) => (409, "unsupported", None),
         AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
         AgentError::Claims(e) if e.is_store_failure() => (503, "store", class),
-        AgentError::Claims(_) => (409, "claim", None),
+        AgentError::Denied(_) | AgentError::Claims(_) => (409, "claim", None),
         AgentError::Call { failure, .. } => (502, call_kind(*failure), class),
         AgentError::Local { store: true, .. } => (503, "store", class),
         AgentError::Store(e) if e.is_permanent() => (400, "store", None),
@@ -1056,5 +1056,32 @@ mod tests {
             volume: vid("v"),
         }));
         assert_eq!(parts(&denied).1, "claim");
+    }
+
+    #[test]
+    fn a_denied_claim_is_answered_409_claim_without_a_class_as_before() {
+        let denied = csi_claims::ClaimDenied {
+            volume: vid("v"),
+            workload: WorkloadId::new("w2").expect("id"),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            reason: csi_claims::DenyReason::SingleWorkload,
+            holders: csi_claims::accounting::Holders(vec![csi_claims::accounting::Holder {
+                workload: WorkloadId::new("w1").expect("id"),
+                node: NodeId::new("n1").expect("id"),
+                mode: ClaimMode::Write,
+                state: "taken",
+            }]),
+        };
+        let from_driver =
+            DriverError::Claim(csi_claims::ClaimError::Denied(Box::new(denied.clone())));
+        let text = from_driver.to_string();
+        let e = AgentError::from(from_driver);
+        assert!(
+            matches!(&e, AgentError::Denied(d) if *d.as_ref() == denied),
+            "{e:?}"
+        );
+        assert_eq!(parts(&e), (409, "claim", None));
+        assert_eq!(e.to_string(), text);
     }
 }
