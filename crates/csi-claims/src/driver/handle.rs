@@ -82,26 +82,10 @@ pub enum DriverError {
     Stopped,
 }
 
-/// `; waiting for <step> (<n> failed attempts, last: <error>)`, for a release that did not
-/// finish in time.
+/// `; <step> (<n> failed attempts, last: <error>)`, for a release that did not finish in
+/// time.
 fn status_summary(status: Option<&ReleaseStatus>) -> String {
-    use crate::machine::{LastError, ReleaseWait};
-    let Some(status) = status else {
-        return String::new();
-    };
-    let step = match &status.pending {
-        ReleaseWait::Nothing => "nothing in flight".to_owned(),
-        ReleaseWait::NodeDetach(w) => format!("the node detach of workload {w}"),
-        ReleaseWait::ControllerDetach(w) => format!("the controller detach of workload {w}"),
-        ReleaseWait::ControllerSlot(w) => format!("a controller call slot for workload {w}"),
-        ReleaseWait::Backoff { step, .. } => format!("the backoff before retrying the {step}"),
-    };
-    let last = match &status.last_error {
-        Some(LastError::Detach { error, .. }) => format!(", last: {error}"),
-        Some(LastError::Store { detail, .. }) => format!(", last store error: {detail}"),
-        None => String::new(),
-    };
-    format!("; {step} ({} failed attempts{last})", status.attempts)
+    status.map_or_else(String::new, |s| format!("; {}", s.progress()))
 }
 
 impl DriverError {

@@ -1554,7 +1554,21 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
         })]
     );
     assert_eq!(failure(&h.progress, 0).workload(), Some(&wid("a")));
+    assert_eq!(
+        h.progress[0].to_string(),
+        "volume v: node detach of workload a (NodeUnpublishVolume) failed, attempt 1 (retry): \
+         scripted"
+    );
     let status = h.m.status(&vid("v")).unwrap();
+    assert_eq!(
+        status.to_string(),
+        "volume v: 1 claim(s); the backoff before retrying the node detach of workload a (1 \
+         failed attempts, last: NodeUnpublishVolume failed (retry): scripted)"
+    );
+    assert_eq!(
+        status.claims[0].to_string(),
+        "volume v: a (write on n1, releasing)"
+    );
     assert_eq!(
         status.pending,
         ReleaseWait::Backoff {
