@@ -126,6 +126,11 @@ async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     );
     assert!(reconciled.plugins_not_ready.is_empty());
     assert_eq!(
+        reconciled.to_string(),
+        "node's usage records confirmed: 1 record(s): 1 republished, 0 released, 0 kept, 0 not \
+         confirmed"
+    );
+    assert_eq!(
         setup.mock.calls().count(Rpc::NodePublishVolume),
         publishes + 1
     );

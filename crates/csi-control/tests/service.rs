@@ -481,6 +481,7 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
 
     let state = h.service.volume(&volume_id("data")).expect("known");
     assert_eq!(state.claims.len(), 1);
+    assert_eq!(state.to_string(), "volume data (plugin mock): 1 claim(s)");
     assert_eq!(state.claims[0].1.as_ref(), Some(&claimed.target_path));
     assert_eq!(
         h.events(),

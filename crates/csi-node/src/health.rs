@@ -48,6 +48,12 @@ impl ConditionSource {
     }
 }
 
+impl std::fmt::Display for ConditionSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the monitor last learned of one volume published here.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VolumeHealth {
@@ -100,6 +106,42 @@ pub enum VolumeHealthEvent {
         /// Who says so.
         source: ConditionSource,
     },
+}
+
+impl std::fmt::Display for VolumeHealthEvent {
+    /// `volume v1 (plugin ebs): abnormal, says its node service: <message>` (the plugin's
+    /// words escaped), or `volume v1 (plugin ebs): normal again, says its controller`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VolumeHealthEvent::Abnormal {
+                volume,
+                plugin,
+                source,
+                message,
+            } => write!(
+                f,
+                "volume {volume} (plugin {plugin}): abnormal, says its {}: {}",
+                says(*source),
+                csi_structs::untrusted::escaped(message)
+            ),
+            VolumeHealthEvent::Recovered {
+                volume,
+                plugin,
+                source,
+            } => write!(
+                f,
+                "volume {volume} (plugin {plugin}): normal again, says its {}",
+                says(*source)
+            ),
+        }
+    }
+}
+
+fn says(source: ConditionSource) -> &'static str {
+    match source {
+        ConditionSource::Controller => "controller",
+        ConditionSource::Node => "node service",
+    }
 }
 
 /// Polls the health of the volumes published on this node (module docs: [`self`]).
@@ -352,5 +394,27 @@ mod tests {
         // No answer is not recovery; a volume gone from here is no event.
         assert!(changes(&at(with(Some((true, "x")))), &at(with(None))).is_empty());
         assert!(changes(&at(with(Some((true, "x")))), &none).is_empty());
+        assert_eq!(
+            bad[0].to_string(),
+            "volume v (plugin p): abnormal, says its node service: disk gone"
+        );
+        assert_eq!(
+            back[0].to_string(),
+            "volume v (plugin p): normal again, says its node service"
+        );
+    }
+
+    #[test]
+    fn a_plugin_s_message_is_escaped_for_people() {
+        let event = VolumeHealthEvent::Abnormal {
+            volume: vid("v"),
+            plugin: PluginId::new("p").expect("id"),
+            source: ConditionSource::Controller,
+            message: "pool degraded\n| forged".into(),
+        };
+        assert_eq!(
+            event.to_string(),
+            r"volume v (plugin p): abnormal, says its controller: pool degraded\n| forged"
+        );
     }
 }

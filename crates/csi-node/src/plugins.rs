@@ -323,6 +323,31 @@ pub struct PluginStatus {
     pub fingerprints: u64,
 }
 
+impl fmt::Display for PluginStatus {
+    /// One line for people, plugin text escaped: `plugin ebs (#3) at unix:///run/csi/ebs.sock:
+    /// healthy, version 1.2.0`, or `…: unknown (not probed since its fingerprint), not
+    /// fingerprinted yet, last fingerprint error: <error>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "plugin {} ({}) at {}: {}",
+            self.plugin, self.registration, self.endpoint, self.health
+        )?;
+        match &self.fingerprint {
+            Some(fp) => write!(
+                f,
+                ", version {}",
+                csi_structs::untrusted::escaped(&fp.plugin.vendor_version)
+            )?,
+            None => f.write_str(", not fingerprinted yet")?,
+        }
+        if let Some(e) = &self.last_error {
+            write!(f, ", last fingerprint error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A fingerprinted, usable plugin: what [`PluginManager::wait_for`] returns.
 #[derive(Clone, Debug)]
 pub struct ReadyPlugin {

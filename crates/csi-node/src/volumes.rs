@@ -93,6 +93,7 @@ pub mod store;
 pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -246,6 +247,66 @@ pub enum VolumeEvent {
     },
 }
 
+impl fmt::Display for VolumeEvent {
+    /// One line for people: `volume v1 (plugin ebs) for workload w1: mounted at <target>`,
+    /// `…: unmount failed (retry): <error>`, a [`Reconciliation`]'s line, `volume v1 (plugin
+    /// ebs): expanded on this node to 2147483648 bytes`; plugin text escaped by the errors.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn failed(f: &mut fmt::Formatter<'_>, what: &str, e: &VolumeError) -> fmt::Result {
+            write!(f, "{what} failed ({}): {e}", e.class().as_str())
+        }
+        match self {
+            VolumeEvent::Mount {
+                plugin,
+                volume,
+                workload,
+                outcome,
+            } => {
+                write!(
+                    f,
+                    "volume {volume} (plugin {plugin}) for workload {workload}: "
+                )?;
+                match outcome {
+                    Ok(target) => write!(f, "mounted at {}", target.display()),
+                    Err(e) => failed(f, "mount", e),
+                }
+            }
+            VolumeEvent::Unmount {
+                plugin,
+                volume,
+                workload,
+                outcome,
+            } => {
+                write!(
+                    f,
+                    "volume {volume} (plugin {plugin}) for workload {workload}: "
+                )?;
+                match outcome {
+                    Ok(u) => write!(
+                        f,
+                        "unmounted (unpublished: {}, unstaged: {})",
+                        u.unpublished, u.unstaged
+                    ),
+                    Err(e) => failed(f, "unmount", e),
+                }
+            }
+            VolumeEvent::Reconcile(r) => r.fmt(f),
+            VolumeEvent::Expand {
+                plugin,
+                volume,
+                outcome,
+            } => {
+                write!(f, "volume {volume} (plugin {plugin}): ")?;
+                match outcome {
+                    Ok(Some(bytes)) => write!(f, "expanded on this node to {bytes} bytes"),
+                    Ok(None) => f.write_str("expanded on this node"),
+                    Err(e) => failed(f, "node expansion", e),
+                }
+            }
+        }
+    }
+}
+
 /// Which step of a publication an [`UncertainMount`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MountStep {
@@ -253,6 +314,22 @@ pub enum MountStep {
     Stage,
     /// `NodePublishVolume` for a workload.
     Publish,
+}
+
+impl MountStep {
+    /// `stage` or `publish`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MountStep::Stage => "stage",
+            MountStep::Publish => "publish",
+        }
+    }
+}
+
+impl fmt::Display for MountStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A stage or publish whose outcome is not known to be done: started (a crash or an error
@@ -272,6 +349,23 @@ pub struct UncertainMount {
     pub path: PathBuf,
     /// Where it stands.
     pub state: StepState,
+}
+
+impl fmt::Display for UncertainMount {
+    /// `volume v1 (plugin ebs) for workload w1: publish uncertain at /data/…/target`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "volume {} (plugin {})", self.volume, self.plugin)?;
+        if let Some(w) = &self.workload {
+            write!(f, " for workload {w}")?;
+        }
+        write!(
+            f,
+            ": {} {} at {}",
+            self.step,
+            self.state,
+            self.path.display()
+        )
+    }
 }
 
 /// Which volume (and workload) a release step is about.

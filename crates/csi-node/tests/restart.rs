@@ -318,6 +318,10 @@ async fn after_a_host_reboot_reconcile_stages_and_publishes_every_record_again()
     );
     assert!(!report.is_complete(), "tmp is not confirmed");
     assert_eq!(report.failed().count(), 0);
+    assert_eq!(
+        report.to_string(),
+        "4 record(s): 3 republished, 0 released, 1 kept, 0 not confirmed"
+    );
     let restaged: Vec<bool> = report
         .records
         .iter()

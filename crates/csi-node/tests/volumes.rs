@@ -201,6 +201,14 @@ async fn a_reopened_manager_knows_who_uses_what() {
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].workload.as_ref().map(|w| w.as_str()), Some("w3"));
     assert_eq!(pending[0].state, StepState::Uncertain);
+    let shown = pending[0].to_string();
+    assert!(
+        shown.starts_with(&format!(
+            "volume {} (plugin {}) for workload w3: publish uncertain at /",
+            db.0, node.id
+        )),
+        "{shown}"
+    );
     let w1 = WorkloadId::new("w1").expect("id");
     assert_eq!(
         volumes.published(&db.0, &w1),
@@ -257,7 +265,17 @@ async fn every_operation_ends_with_its_event() {
         .mount(&node.mount(&db, "w1"))
         .await
         .expect("mounted");
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    assert_eq!(
+        event.to_string(),
+        format!(
+            "volume {} (plugin {}) for workload w1: mounted at {}",
+            db.0,
+            node.id,
+            target.display()
+        )
+    );
+    match event {
         VolumeEvent::Mount {
             workload, outcome, ..
         } => {
@@ -289,7 +307,17 @@ async fn every_operation_ends_with_its_event() {
         "at the published target: {}",
         call.request
     );
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    assert_eq!(
+        event.to_string(),
+        format!(
+            "volume {} (plugin {}): expanded on this node to {} bytes",
+            db.0,
+            node.id,
+            1u64 << 30
+        )
+    );
+    match event {
         VolumeEvent::Expand { outcome, .. } => assert_eq!(outcome.expect("ok"), grown),
         other => panic!("expected an expansion, got {other:?}"),
     }
@@ -300,7 +328,16 @@ async fn every_operation_ends_with_its_event() {
         .await
         .expect_err("not here");
     assert!(matches!(err, VolumeError::NotHere { .. }), "{err}");
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    let text = event.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "volume {} (plugin {}): node expansion failed (",
+            elsewhere.0, node.id
+        )),
+        "{text}"
+    );
+    match event {
         VolumeEvent::Expand { outcome, .. } => assert!(outcome.is_err()),
         other => panic!("expected an expansion, got {other:?}"),
     }

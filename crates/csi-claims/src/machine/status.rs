@@ -169,10 +169,10 @@ pub struct ReleaseStatus {
 }
 
 impl ReleaseStatus {
-    /// `<what it waits for> (<n> failed attempts, last: <error>)`: the end of
-    /// [`Display`](fmt::Display), and what a release that did not finish in time says of
-    /// itself ([`DriverError::StillReleasing`](crate::driver::DriverError::StillReleasing)).
-    pub(crate) fn progress(&self) -> impl fmt::Display + '_ {
+    /// `<what it waits for> (<n> failed attempts, last: <error>)`, without the volume: the
+    /// end of [`Display`](fmt::Display), and what a release that did not finish in time says
+    /// of itself ([`DriverError::StillReleasing`](crate::driver::DriverError::StillReleasing)).
+    pub fn progress(&self) -> impl fmt::Display + '_ {
         Progress(self)
     }
 }

@@ -152,6 +152,24 @@ impl From<PluginFailure> for CallFailure {
     }
 }
 
+impl std::fmt::Display for CallFailure {
+    /// Who said what, for people: `the plugin answered with an error`, `the plugin's answer
+    /// was unusable`, `our deadline passed`, `the plugin could not be reached`, `refused
+    /// before it was sent`, `the serving agent failed`, `the plugin is not known to be
+    /// healthy`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CallFailure::Status => "the plugin answered with an error",
+            CallFailure::UnusableAnswer => "the plugin's answer was unusable",
+            CallFailure::Deadline => "our deadline passed",
+            CallFailure::Unreachable => "the plugin could not be reached",
+            CallFailure::NotSent => "refused before it was sent",
+            CallFailure::Agent => "the serving agent failed",
+            CallFailure::Unhealthy => "the plugin is not known to be healthy",
+        })
+    }
+}
+
 impl CallFailure {
     /// Who failed a call through the shim.
     pub fn of_shim(e: &ShimError) -> CallFailure {
@@ -313,6 +331,7 @@ mod tests {
             panic!("{e:?}");
         };
         assert_eq!(*failure, CallFailure::UnusableAnswer);
+        assert_eq!(failure.to_string(), "the plugin's answer was unusable");
         assert_eq!(e.class(), Some(ErrorClass::Uncertain));
         let noted = e.with_note("undone");
         assert!(noted.to_string().ends_with("; undone"), "{noted}");

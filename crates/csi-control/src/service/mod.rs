@@ -517,6 +517,25 @@ pub struct VolumeState {
     pub release: Option<ReleaseStatus>,
 }
 
+impl std::fmt::Display for VolumeState {
+    /// `volume v1 (plugin ebs): 2 claim(s)`, then its release's line when it has one
+    /// ([`ReleaseStatus`]'s, plugin text escaped). Never a secret: the entry's secrets are
+    /// not shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "volume {} (plugin {}): {} claim(s)",
+            self.entry.id,
+            self.entry.plugin,
+            self.claims.len()
+        )?;
+        if let Some(release) = &self.release {
+            write!(f, "; release: {}", release.progress())?;
+        }
+        Ok(())
+    }
+}
+
 /// An id in [`VolumeService::creating`], taken out again when dropped.
 struct CreateTurn<'a> {
     ids: &'a Mutex<BTreeSet<VolumeId>>,

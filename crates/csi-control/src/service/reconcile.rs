@@ -19,6 +19,19 @@ pub struct NodeReconciled {
     pub report: Reconciled,
 }
 
+impl std::fmt::Display for NodeReconciled {
+    /// `node's usage records confirmed: 3 record(s): 1 republished, …`, and the plugins that
+    /// were not ready in time.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node's usage records confirmed: {}", self.report)?;
+        if !self.plugins_not_ready.is_empty() {
+            let plugins: Vec<&str> = self.plugins_not_ready.iter().map(|p| p.as_str()).collect();
+            write!(f, "; plugins not ready in time: {}", plugins.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 impl VolumeService {
     /// Confirms the node's usage records restored at start against their plugins (csi-node's
     /// [`VolumeManager::reconcile`](csi_node::volumes::VolumeManager::reconcile)), after

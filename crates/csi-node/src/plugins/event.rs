@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use csi_client::{Endpoint, Fingerprint};
 use csi_structs::PluginId;
+use csi_structs::untrusted::escaped;
 use serde::{Deserialize, Serialize};
 
 /// The number the manager gave one registration. Registrations are numbered in the order
@@ -123,6 +124,28 @@ pub enum GoneReason {
     },
 }
 
+impl fmt::Display for GoneReason {
+    /// `deregistered`, or `replaced by registration #4`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GoneReason::Deregistered => f.write_str("deregistered"),
+            GoneReason::Replaced { by } => write!(f, "replaced by registration {by}"),
+        }
+    }
+}
+
+impl fmt::Display for RegistrationSource {
+    /// `the embedder`, or `socket /run/csi/ebs.sock` (a directory watcher's).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegistrationSource::Pushed => f.write_str("the embedder"),
+            RegistrationSource::Directory { socket, .. } => {
+                write!(f, "socket {}", escaped(&socket.to_string_lossy()))
+            }
+        }
+    }
+}
+
 /// A transition of a plugin instance.
 ///
 /// Every event names the plugin and the registration it is about; events of a registration
@@ -214,6 +237,49 @@ impl PluginEvent {
             | PluginEvent::Healthy { registration, .. }
             | PluginEvent::Unhealthy { registration, .. }
             | PluginEvent::Gone { registration, .. } => *registration,
+        }
+    }
+}
+
+impl fmt::Display for PluginEvent {
+    /// One line for people, plugin text escaped: `plugin ebs (#3): registered at
+    /// unix:///run/csi/ebs.sock by the embedder`, `plugin ebs (#3): fingerprinted, version
+    /// 1.2.0`, `plugin ebs (#3): unhealthy: probe answered not ready`, `plugin ebs (#3): gone,
+    /// replaced by registration #4`, …
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "plugin {} ({}): ", self.plugin(), self.registration())?;
+        match self {
+            PluginEvent::Registered {
+                endpoint, source, ..
+            } => write!(f, "registered at {endpoint} by {source}"),
+            PluginEvent::Fingerprinted {
+                fingerprint,
+                previous,
+                ..
+            } => {
+                let how = match previous {
+                    Some(old) if old != fingerprint => "fingerprint changed",
+                    _ => "fingerprinted",
+                };
+                write!(
+                    f,
+                    "{how}, version {}",
+                    escaped(&fingerprint.plugin.vendor_version)
+                )
+            }
+            PluginEvent::FingerprintFailed {
+                error, periodic, ..
+            } => {
+                let which = if *periodic { "periodic " } else { "" };
+                write!(
+                    f,
+                    "{which}fingerprint failed ({}): {error}",
+                    error.class().as_str()
+                )
+            }
+            PluginEvent::Healthy { .. } => f.write_str("healthy"),
+            PluginEvent::Unhealthy { why, .. } => write!(f, "unhealthy: {why}"),
+            PluginEvent::Gone { why, .. } => write!(f, "gone, {why}"),
         }
     }
 }

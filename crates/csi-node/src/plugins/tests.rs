@@ -464,3 +464,44 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
         "nothing kept for a gone registration"
     );
 }
+
+#[test]
+fn a_plugin_event_is_one_line_for_people() {
+    let plugin = PluginId::new("ebs").expect("id");
+    let registered = PluginEvent::Registered {
+        plugin: plugin.clone(),
+        registration: RegistrationId(3),
+        endpoint: Endpoint::unix("/run/csi/ebs.sock").expect("endpoint"),
+        source: RegistrationSource::Directory {
+            socket: "/run/csi/ebs\n.sock".into(),
+            inode: 7,
+        },
+    };
+    assert_eq!(
+        registered.to_string(),
+        format!(
+            "plugin ebs (#3): registered at {} by socket /run/csi/ebs\\n.sock",
+            Endpoint::unix("/run/csi/ebs.sock").expect("endpoint")
+        )
+    );
+    let unhealthy = PluginEvent::Unhealthy {
+        plugin: plugin.clone(),
+        registration: RegistrationId(3),
+        why: Unhealthy::NotReady,
+    };
+    assert_eq!(
+        unhealthy.to_string(),
+        "plugin ebs (#3): unhealthy: probe answered not ready"
+    );
+    let gone = PluginEvent::Gone {
+        plugin,
+        registration: RegistrationId(3),
+        why: GoneReason::Replaced {
+            by: RegistrationId(4),
+        },
+    };
+    assert_eq!(
+        gone.to_string(),
+        "plugin ebs (#3): gone, replaced by registration #4"
+    );
+}

@@ -306,6 +306,28 @@ impl Reconciled {
     }
 }
 
+impl fmt::Display for Reconciled {
+    /// `3 record(s): 1 republished, 1 released, 0 kept, 1 not confirmed`: a summary; each
+    /// record's line is its [`Reconciliation`]'s.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = |actions: &[ReconcileAction]| {
+            self.records
+                .iter()
+                .filter(|r| actions.contains(&r.action()))
+                .count()
+        };
+        write!(
+            f,
+            "{} record(s): {} republished, {} released, {} kept, {} not confirmed",
+            self.records.len(),
+            count(&[ReconcileAction::Republished]),
+            count(&[ReconcileAction::Released, ReconcileAction::Cleaned]),
+            count(&[ReconcileAction::Kept]),
+            self.failed().count()
+        )
+    }
+}
+
 impl VolumeManager {
     /// Confirms every usage record this process has not seen succeed against its plugin:
     /// for each publication the `lookup` says is still wanted, `NodeStageVolume` again (when

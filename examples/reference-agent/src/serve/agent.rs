@@ -14,7 +14,7 @@ use csi_control::service::{
     CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
     Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
-use csi_node::volumes::{MountStep, Reconciliation, StepState, VolumeManager};
+use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
@@ -682,11 +682,7 @@ impl Agent {
                     workload: p
                         .workload
                         .map_or_else(|| "-".into(), WorkloadId::into_inner),
-                    step: match p.step {
-                        MountStep::Stage => "stage",
-                        MountStep::Publish => "publish",
-                    }
-                    .into(),
+                    step: p.step.as_str().into(),
                     path: p.path.display().to_string(),
                 })
                 .collect(),
@@ -792,12 +788,7 @@ fn snapshot_view(s: Snapshot) -> api::SnapshotView {
 
 /// One record's confirmation for the API.
 fn reconciled_view(r: &Reconciliation) -> api::ReconciledView {
-    let state = |s: Option<StepState>| match s {
-        Some(StepState::Done) => "done",
-        Some(StepState::Uncertain) => "uncertain",
-        Some(StepState::Started) => "started",
-        None => "-",
-    };
+    let state = |s: Option<StepState>| s.map_or("-", StepState::as_str);
     let error = r.error();
     api::ReconciledView {
         plugin: r.plugin.to_string(),
