@@ -135,5 +135,5 @@ pub struct ControllerDetachRequest {
     /// would retry on its own) must bound it by this instant, since a paused holder cannot
     /// cancel what it handed over. A step cut short is answered uncertain and taken again,
     /// under the duty, by whoever holds it (`ControllerUnpublishVolume` is idempotent).
-    pub duty_deadline: Option<std::time::Instant>,
+    pub duty_deadline: Option<tokio::time::Instant>,
 }

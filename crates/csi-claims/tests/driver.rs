@@ -147,7 +147,7 @@ async fn a_subscriber_hears_each_failed_attempt_and_the_recovery() {
         .await
         .unwrap();
     let mut events = claims.subscribe();
-    let released_at = tokio::time::Instant::now().into_std();
+    let released_at = tokio::time::Instant::now();
     guard(claims.release_and_wait(&v.id, a.workload()))
         .await
         .unwrap();

@@ -716,7 +716,7 @@ async fn a_watch_catching_up_on_more_than_one_message_of_changes_misses_none() {
 
 /// A record with `n` read claims, as a machine would write it.
 fn readers(v: &VolumeInfo, n: usize) -> csi_claims::VolumeRecord {
-    let now = std::time::Instant::now();
+    let now = tokio::time::Instant::now();
     let mut machine = csi_claims::ReleaseMachine::new(MachineConfig::with_seed(1));
     let node = NodeId::new("n").unwrap();
     for i in 0..n {

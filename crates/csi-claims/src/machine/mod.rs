@@ -3,6 +3,10 @@
 //! [`ReleaseMachine`] does no I/O, reads no clock and spawns nothing (the shape of
 //! `quinn-proto`'s `Connection`). Everything it needs comes in through method calls, every
 //! time-dependent input takes `now`, and everything it wants done comes out as a value.
+//! Its instants are tokio's [`Instant`](tokio::time::Instant), the type of every deadline in
+//! the crates above it, used as a plain value: the machine needs no runtime, and a test drives
+//! it with whatever instants it passes. The [driver](crate::driver) passes tokio's clock, so a
+//! paused runtime pauses the releases too.
 //!
 //! # Calling protocol
 //!
@@ -46,7 +50,7 @@
 //!   succeeds at last is announced too ([`Event::StepRecovered`]).
 //!
 //! ```
-//! use std::time::Instant;
+//! use tokio::time::Instant;
 //! use csi_claims::{Action, ClaimMode, ClaimRequest, ControllerRequirement, MachineConfig,
 //!                  ReleaseMachine, VolumeInfo};
 //! use csi_structs::*;
@@ -84,7 +88,7 @@ mod status;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 

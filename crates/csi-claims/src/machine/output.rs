@@ -1,7 +1,7 @@
 //! What the machine asks its driver to do ([`Action`]) and tells it ([`Event`]).
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, VolumeId, WorkloadId};

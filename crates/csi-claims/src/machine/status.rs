@@ -1,6 +1,6 @@
 //! "Why is this volume stuck?": a snapshot of one volume's release.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use std::fmt;
 

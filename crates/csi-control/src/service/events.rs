@@ -213,7 +213,7 @@ impl ServiceEvent {
                 class: f.class,
                 message: f.detail.clone(),
                 attempt: f.attempt,
-                next_retry: tokio::time::Instant::from_std(f.next_retry),
+                next_retry: f.next_retry,
             }),
             Event::StepRecovered {
                 volume,

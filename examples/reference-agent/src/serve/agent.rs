@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, ReleaseWait};
@@ -20,6 +20,7 @@ use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     SnapshotId, Topology, VolumeContext, VolumeId, WorkloadId,
 };
+use tokio::time::Instant;
 
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
