@@ -3,7 +3,7 @@
 //! [`ReleaseMachine`] does no I/O, reads no clock and spawns nothing (the shape of
 //! `quinn-proto`'s `Connection`). Everything it needs comes in through method calls, every
 //! time-dependent input takes `now`, and everything it wants done comes out as a value.
-//! Its instants are tokio's [`Instant`](tokio::time::Instant), the type of every deadline in
+//! Its instants are tokio's [`Instant`], the type of every deadline in
 //! the crates above it, used as a plain value: the machine needs no runtime, and a test drives
 //! it with whatever instants it passes. The [driver](crate::driver) passes tokio's clock, so a
 //! paused runtime pauses the releases too.
