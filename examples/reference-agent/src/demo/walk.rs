@@ -20,7 +20,7 @@ use super::leftovers::{Leftovers, Made, Outcome};
 use super::plan::{Plan, VolumeSource};
 use super::step::Step;
 use super::table::Table;
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 
 /// The orchestrator-side ids the demo uses.
 pub(crate) const DEMO_VOLUME: &str = "demo-volume";
@@ -82,8 +82,8 @@ impl<'t, W: Write> Walk<'t, W> {
         }
     }
 
-    pub(crate) fn usage(&self) -> Usage {
-        Usage {
+    pub(crate) fn usage(&self) -> PublishUsage {
+        PublishUsage {
             read_only: false,
             attachment: AccessTypeKind::Mount,
             access_mode: AccessMode::SingleNodeWriter,
