@@ -5,13 +5,14 @@
 //! against the mock plugin, and memory per 10,000 claims, are one-shot measurements of
 //! `csi-bench` (`--claims-release`, `--claims-memory`): see `benches/README.md`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use csi_benches::claims::{Cycle, claim_request, plugin_node, volume_info};
 use csi_claims::store::{ClaimStore, RedbStore, Version};
 use csi_claims::{Action, MachineConfig, ReleaseMachine};
 use csi_structs::AccessMode;
+use tokio::time::Instant;
 
 /// Volumes per cycle: each gets one claim, which is made durable, released and freed.
 const VOLUMES: usize = 100;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_claims::driver::{ClaimsDriver, DriverConfig};
 use csi_claims::{
@@ -16,6 +16,7 @@ use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, 
 use csi_node::layout::Layout;
 use csi_structs::{AccessMode, AccessTypeKind, PluginNodeId};
 use tokio::runtime::Runtime;
+use tokio::time::Instant;
 
 use crate::error::BenchError;
 use crate::memory::rss_bytes;

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use csi_client::CsiClient;
 use csi_rpc_shim::{
-    Attached, CallContext, ControllerDetach, ControllerExpand, ControllerExpanded, ControllerQuery,
+    ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded, ControllerQuery,
     ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, Credentials, DeleteSnapshot,
     DeleteVolume, GrpcCode, Health, Instance, ListSnapshots, ListVolumes, LocalPlugins,
     LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, Registry,
-    Routes, Scope, ServiceKind, Shim, ShimConfig, SnapshotInfo, SnapshotPage, Token, TokenBook,
-    Validated, VolumePage,
+    Routes, Scope, ServiceKind, Shim, ShimConfig, ShimContext, SnapshotInfo, SnapshotPage, Token,
+    TokenBook, Validated, VolumePage,
 };
 use csi_structs::{ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId, Secrets};
 use tokio::net::TcpListener;
@@ -99,15 +99,15 @@ impl LocalPlugins for ClientBackend {
 
     async fn controller_attach(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: csi_rpc_shim::ControllerAttach,
-    ) -> Result<Attached, PluginError> {
+    ) -> Result<ControllerAttached, PluginError> {
         Err(unused())
     }
 
     async fn controller_detach(
         &self,
-        _ctx: &CallContext,
+        _ctx: &ShimContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError> {
         let Some(client) = &self.client else {
@@ -129,7 +129,7 @@ impl LocalPlugins for ClientBackend {
 
     async fn controller_validate(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: ControllerValidate,
     ) -> Result<Validated, PluginError> {
         Err(unused())
@@ -137,19 +137,19 @@ impl LocalPlugins for ClientBackend {
 
     async fn create_volume(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: CreateVolume,
     ) -> Result<CreatedVolume, PluginError> {
         Err(unused())
     }
 
-    async fn delete_volume(&self, _: &CallContext, _: DeleteVolume) -> Result<(), PluginError> {
+    async fn delete_volume(&self, _: &ShimContext, _: DeleteVolume) -> Result<(), PluginError> {
         Err(unused())
     }
 
     async fn controller_expand(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
         Err(unused())
@@ -157,7 +157,7 @@ impl LocalPlugins for ClientBackend {
 
     async fn list_volumes(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
         Err(unused())
@@ -165,31 +165,31 @@ impl LocalPlugins for ClientBackend {
 
     async fn create_snapshot(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
         Err(unused())
     }
 
-    async fn delete_snapshot(&self, _: &CallContext, _: DeleteSnapshot) -> Result<(), PluginError> {
+    async fn delete_snapshot(&self, _: &ShimContext, _: DeleteSnapshot) -> Result<(), PluginError> {
         Err(unused())
     }
 
     async fn list_snapshots(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
         Err(unused())
     }
 
-    async fn node_detach(&self, _: &CallContext, _: NodeDetach) -> Result<(), PluginError> {
+    async fn node_detach(&self, _: &ShimContext, _: NodeDetach) -> Result<(), PluginError> {
         Err(unused())
     }
 
     async fn node_expand(
         &self,
-        _: &CallContext,
+        _: &ShimContext,
         _: NodeExpand,
     ) -> Result<NodeExpanded, PluginError> {
         Err(unused())

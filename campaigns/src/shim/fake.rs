@@ -6,11 +6,11 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 use csi_rpc_shim::{
-    AgentRpc, Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
+    AgentRpc, ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
     DeleteSnapshot, DeleteVolume, ListSnapshots, ListVolumes, LocalPlugins, LocalStatus,
-    NodeDetach, NodeExpand, NodeExpanded, PluginError, ServiceKind, SnapshotInfo, SnapshotPage,
-    Validated, VolumePage,
+    NodeDetach, NodeExpand, NodeExpanded, PluginError, ServiceKind, ShimContext, SnapshotInfo,
+    SnapshotPage, Validated, VolumePage,
 };
 use csi_structs::{ExternalVolumeId, NodeId, PluginId, SnapshotId};
 
@@ -74,7 +74,7 @@ impl CountingPlugins {
     async fn answer<T>(
         &self,
         rpc: AgentRpc,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         key: &str,
         ok: T,
     ) -> Result<T, PluginError> {
@@ -116,17 +116,22 @@ impl LocalPlugins for CountingPlugins {
 
     async fn controller_attach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerAttach,
-    ) -> Result<Attached, PluginError> {
+    ) -> Result<ControllerAttached, PluginError> {
         let key = req.volume.as_str();
-        self.answer(AgentRpc::ControllerAttach, ctx, key, Attached::default())
-            .await
+        self.answer(
+            AgentRpc::ControllerAttach,
+            ctx,
+            key,
+            ControllerAttached::default(),
+        )
+        .await
     }
 
     async fn controller_detach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError> {
         let key = req.volume.as_str();
@@ -135,7 +140,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn controller_validate(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerValidate,
     ) -> Result<Validated, PluginError> {
         let key = req.volume.as_str();
@@ -146,7 +151,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn create_volume(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateVolume,
     ) -> Result<CreatedVolume, PluginError> {
         let out = CreatedVolume {
@@ -161,7 +166,7 @@ impl LocalPlugins for CountingPlugins {
             .await
     }
 
-    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError> {
+    async fn delete_volume(&self, ctx: &ShimContext, req: DeleteVolume) -> Result<(), PluginError> {
         let key = req.volume.as_str();
         self.answer(AgentRpc::ControllerDeleteVolume, ctx, key, ())
             .await
@@ -169,7 +174,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn controller_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
         let out = ControllerExpanded {
@@ -183,7 +188,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn list_volumes(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
         let key = req.starting_token.as_str();
@@ -194,7 +199,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn create_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
         let out = snapshot(&req.name, &req.source);
@@ -205,7 +210,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn delete_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: DeleteSnapshot,
     ) -> Result<(), PluginError> {
         let key = req.snapshot.as_str();
@@ -215,7 +220,7 @@ impl LocalPlugins for CountingPlugins {
 
     async fn list_snapshots(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
         let key = req.starting_token.as_str();
@@ -224,14 +229,14 @@ impl LocalPlugins for CountingPlugins {
             .await
     }
 
-    async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError> {
+    async fn node_detach(&self, ctx: &ShimContext, req: NodeDetach) -> Result<(), PluginError> {
         let key = req.volume.as_str();
         self.answer(AgentRpc::NodeDetach, ctx, key, ()).await
     }
 
     async fn node_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: NodeExpand,
     ) -> Result<NodeExpanded, PluginError> {
         let out = NodeExpanded {

@@ -60,7 +60,7 @@
 
 use std::fmt;
 
-use csi_structs::{AccessMode, AccessTypeKind, NodeId, VolumeId, WorkloadId};
+use csi_structs::{AccessMode, AccessTypeKind, ErrorClass, NodeId, VolumeId, WorkloadId};
 
 use crate::model::{Claim, ClaimMode, ClaimRequest};
 
@@ -111,6 +111,23 @@ pub enum DenyReason {
         /// The state the earlier claim is in.
         state: &'static str,
     },
+}
+
+impl DenyReason {
+    /// What the caller should do about the denial: [`ErrorClass::Retry`] when waiting can
+    /// help (the holders may release the volume), [`ErrorClass::Fatal`] when the request
+    /// itself must change (a write claim on a read-only mode, a claim again on other terms).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            DenyReason::WritersExhausted { .. }
+            | DenyReason::SingleWorkload
+            | DenyReason::OtherNode { .. }
+            | DenyReason::AccessModeChange { .. }
+            | DenyReason::AttachmentModeChange { .. }
+            | DenyReason::ReleaseInProgress { .. } => ErrorClass::Retry,
+            DenyReason::ReadOnlyMode | DenyReason::ReclaimWithDifferentTerms => ErrorClass::Fatal,
+        }
+    }
 }
 
 impl fmt::Display for DenyReason {

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use csi_structs::untrusted::escaped;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
     VolumeId, WorkloadId,
@@ -55,13 +56,13 @@ impl fmt::Display for DetachRpc {
 /// - [`ErrorClass::Fatal`]: the request cannot succeed as it is. The step is retried at the
 ///   backoff cap, and the volume shows the error until someone fixes the cause.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{rpc} failed ({class}): {detail}", class = class.as_str())]
+#[error("{rpc} failed ({class}): {detail}", class = class.as_str(), detail = escaped(detail))]
 pub struct DetachError {
     /// The call.
     pub rpc: DetachRpc,
     /// What to do about it.
     pub class: ErrorClass,
-    /// What went wrong, for people (never parsed, never a secret).
+    /// What went wrong, for people (never parsed, never a secret; `Display` escapes it).
     pub detail: String,
 }
 
@@ -134,5 +135,5 @@ pub struct ControllerDetachRequest {
     /// would retry on its own) must bound it by this instant, since a paused holder cannot
     /// cancel what it handed over. A step cut short is answered uncertain and taken again,
     /// under the duty, by whoever holds it (`ControllerUnpublishVolume` is idempotent).
-    pub duty_deadline: Option<std::time::Instant>,
+    pub duty_deadline: Option<tokio::time::Instant>,
 }

@@ -55,7 +55,9 @@
 //! performs controller steps without either check: with one writer there is nobody to fence.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The smallest [`DutyTiming::margin`]: the margin also absorbs a clock that runs slightly
 /// faster on the store's host than on the agent's, and the scheduling delay between the last
@@ -173,7 +175,8 @@ impl std::fmt::Display for Fence {
 /// ([`lapse`](Self::lapse)).
 ///
 /// ```
-/// use std::time::{Duration, Instant};
+/// use std::time::Duration;
+/// use tokio::time::Instant;
 /// use csi_claims::duty::{Duty, Fence};
 ///
 /// let now = Instant::now();

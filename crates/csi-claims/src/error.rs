@@ -7,7 +7,6 @@
 
 use csi_structs::ErrorClass;
 
-use crate::accounting::DenyReason;
 use crate::backoff::BackoffPolicyError;
 use crate::driver::DriverError;
 use crate::machine::{ClaimError, LoadError, ReleaseError};
@@ -88,17 +87,7 @@ impl ClaimError {
     /// [`ErrorClass::Fatal`] when the request itself must change.
     pub fn class(&self) -> ErrorClass {
         match self {
-            ClaimError::Denied(denied) => match denied.reason {
-                DenyReason::WritersExhausted { .. }
-                | DenyReason::SingleWorkload
-                | DenyReason::OtherNode { .. }
-                | DenyReason::AccessModeChange { .. }
-                | DenyReason::AttachmentModeChange { .. }
-                | DenyReason::ReleaseInProgress { .. } => ErrorClass::Retry,
-                DenyReason::ReadOnlyMode | DenyReason::ReclaimWithDifferentTerms => {
-                    ErrorClass::Fatal
-                }
-            },
+            ClaimError::Denied(denied) => denied.reason.class(),
             ClaimError::DetachInFlight { .. }
             | ClaimError::Reloading { .. }
             | ClaimError::StoreUnavailable { .. } => ErrorClass::Retry,

@@ -123,7 +123,7 @@ pub use error::Error;
 #[doc(inline)]
 pub use machine::{
     Action, Admitted, ClaimError, Duties, Event, MachineConfig, NodeDuties, ReleaseError,
-    ReleaseMachine, ReleaseStarted, Ticket, VolumeStatus,
+    ReleaseMachine, ReleaseStarted, ReleaseStatus, Ticket,
 };
 #[doc(inline)]
 pub use model::{Claim, ClaimMode, ClaimRequest, ControllerRequirement, VolumeInfo, VolumeRecord};

@@ -27,12 +27,12 @@ pub enum ClaimState {
     /// The node step is done or was skipped by rule; the controller step is next.
     NodeDetached(NodeDetached),
     /// The controller step is done or was skipped by rule.
-    ControllerDetached(Detached),
+    ControllerDetached(DetachSteps),
     /// Both steps are settled; the claim is freed by the next checkpoint.
-    ReadyToFree(Detached),
+    ReadyToFree(DetachSteps),
     /// Terminal: the claim is gone from the store and its capacity is back. Only seen in
     /// [`Event::Freed`](crate::Event::Freed); never stored.
-    Freed(Detached),
+    Freed(DetachSteps),
 }
 
 impl ClaimState {
@@ -91,7 +91,7 @@ pub struct NodeDetached {
 
 /// Data of the states after the controller step: how both steps ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Detached {
+pub struct DetachSteps {
     /// How the node step ended.
     pub node: NodeStep,
     /// How the controller step ended.

@@ -24,7 +24,7 @@
 use csi_structs::{NodeId, WorkloadId};
 
 use crate::model::{Claim, ControllerRequirement, VolumeRecord};
-use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
+use crate::state::{ClaimState, ControllerStep, DetachSteps, NodeDetached, NodeStep};
 
 /// The next thing to do for a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,7 +165,7 @@ fn claim_step(
             match skip {
                 Some(controller) => Step::Record {
                     index,
-                    to: ClaimState::ControllerDetached(Detached {
+                    to: ClaimState::ControllerDetached(DetachSteps {
                         node: done.node,
                         controller,
                     }),

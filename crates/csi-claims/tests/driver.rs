@@ -10,7 +10,7 @@ use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{
     ClaimsDriver, ControllerDetacher, DriverConfig, DriverError, NodeDetacher,
 };
-use csi_claims::machine::{LastError, Pending, RetriedStep};
+use csi_claims::machine::{LastError, ReleaseWait, RetriedStep};
 use csi_claims::store::{ClaimStore, RedbStore};
 use csi_claims::{
     ClaimError, ClaimMode, ClaimState, ControllerDetachRequest, ControllerRequirement,
@@ -147,7 +147,7 @@ async fn a_subscriber_hears_each_failed_attempt_and_the_recovery() {
         .await
         .unwrap();
     let mut events = claims.subscribe();
-    let released_at = tokio::time::Instant::now().into_std();
+    let released_at = tokio::time::Instant::now();
     guard(claims.release_and_wait(&v.id, a.workload()))
         .await
         .unwrap();
@@ -217,7 +217,7 @@ async fn a_stuck_release_says_why_and_wakes_when_the_plugin_is_back() {
     // Backing off, naming the step, until the retry it announces.
     assert_eq!(
         status.pending,
-        Pending::Backoff {
+        ReleaseWait::Backoff {
             step: RetriedStep::ControllerDetach(a.workload().clone()),
             until: status.next_retry.expect("a retry is due"),
         }

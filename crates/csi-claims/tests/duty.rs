@@ -108,8 +108,8 @@ fn fence(revision: i64) -> Fence {
     }
 }
 
-fn now() -> std::time::Instant {
-    tokio::time::Instant::now().into_std()
+fn now() -> tokio::time::Instant {
+    tokio::time::Instant::now()
 }
 
 /// A driver on `store` whose controller duty is off until the test hands it one.

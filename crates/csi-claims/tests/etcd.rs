@@ -465,9 +465,12 @@ async fn when_the_agent_driving_a_release_dies_another_takes_over_and_finishes_i
     b.claims.claim(&v, writer(&v, &b.node, "w")).await.unwrap();
     b.claims.release(&v.id, &w).await.unwrap();
     eventually("n0's controller call is in flight", async || {
-        a.claims
-            .status(&v.id)
-            .is_some_and(|s| matches!(s.pending, csi_claims::machine::Pending::ControllerDetach(_)))
+        a.claims.status(&v.id).is_some_and(|s| {
+            matches!(
+                s.pending,
+                csi_claims::machine::ReleaseWait::ControllerDetach(_)
+            )
+        })
     })
     .await;
 
@@ -713,7 +716,7 @@ async fn a_watch_catching_up_on_more_than_one_message_of_changes_misses_none() {
 
 /// A record with `n` read claims, as a machine would write it.
 fn readers(v: &VolumeInfo, n: usize) -> csi_claims::VolumeRecord {
-    let now = std::time::Instant::now();
+    let now = tokio::time::Instant::now();
     let mut machine = csi_claims::ReleaseMachine::new(MachineConfig::with_seed(1));
     let node = NodeId::new("n").unwrap();
     for i in 0..n {

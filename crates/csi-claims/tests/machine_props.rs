@@ -15,7 +15,9 @@
 //! empty).
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::store::MemoryStore;

@@ -118,7 +118,7 @@ async fn older_records_are_read_and_the_next_checkpoint_writes_the_full_form() {
         .compare_and_swap(&write.volume, write.expected, write.record.as_deref())
         .await
         .unwrap();
-    m.persisted(write.ticket, Ok(version), std::time::Instant::now());
+    m.persisted(write.ticket, Ok(version), tokio::time::Instant::now());
     let again = store
         .load(&VolumeId::new("old").unwrap())
         .await

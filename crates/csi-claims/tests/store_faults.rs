@@ -64,7 +64,9 @@ async fn a_full_disk_fails_every_call_at_once_naming_the_file_and_the_store_reco
     // A record as the machine makes it.
     let mut machine = csi_claims::ReleaseMachine::new(csi_claims::MachineConfig::default());
     let claim = write_claim(&v, "w", "n1");
-    machine.claim(&v, claim, std::time::Instant::now()).unwrap();
+    machine
+        .claim(&v, claim, tokio::time::Instant::now())
+        .unwrap();
     let Some(csi_claims::Action::Persist(write)) = machine.poll_action() else {
         panic!("a write is asked for");
     };

@@ -27,7 +27,7 @@ use crate::error::{
 };
 use crate::inflight::CallsInFlight;
 use crate::link::Handover;
-use crate::observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
+use crate::observe::{AttemptEvent, CallEvent, CallObserver, CallOutcome};
 use crate::policy::{CallOptions, PolicyTable, RpcPolicy, classify_failure};
 use crate::turns::{self, VolumeTurns};
 use crate::validate::{CsiRequest, CsiResponse, check_request, check_response};
@@ -122,7 +122,7 @@ impl Caller {
                 volume: context.volume_id().cloned(),
                 attempts: 0,
                 duration: Duration::ZERO,
-                outcome: Outcome::Failed { failure, class },
+                outcome: CallOutcome::Failed { failure, class },
             });
         }
         Error::new(context, kind, class, 0)
@@ -218,9 +218,9 @@ impl Caller {
             .instrument(span.clone())
             .await;
         let (outcome, attempts, duration) = match &result {
-            Ok((_, attempts, duration, _)) => (Outcome::Ok, *attempts, *duration),
+            Ok((_, attempts, duration, _)) => (CallOutcome::Ok, *attempts, *duration),
             Err((error, duration)) => (
-                Outcome::Failed {
+                CallOutcome::Failed {
                     failure: error.kind().failure(),
                     class: error.class(),
                 },
@@ -230,7 +230,7 @@ impl Caller {
         };
         span.record("attempts", attempts);
         span.record("code", outcome.label());
-        if let Outcome::Failed { class, .. } = outcome {
+        if let CallOutcome::Failed { class, .. } = outcome {
             span.record("class", class.as_str());
         }
         span.record("duration_ms", duration.as_millis() as u64);
@@ -346,7 +346,7 @@ impl Caller {
                 Ok(Ok(_)) if !streaming && let Some(kind) = answer.extra_messages() => kind,
                 Ok(Ok(response)) => match convert(response.into_inner()) {
                     Ok(out) => {
-                        self.observe_attempt(rpc, attempt, elapsed, Outcome::Ok);
+                        self.observe_attempt(rpc, attempt, elapsed, CallOutcome::Ok);
                         return Ok((out, attempt, start.elapsed(), answer));
                     }
                     Err(kind) => kind,
@@ -361,10 +361,15 @@ impl Caller {
             };
             let failure = kind.failure();
             let class = classify_failure(rpc, failure);
-            self.observe_attempt(rpc, attempt, elapsed, Outcome::Failed { failure, class });
+            self.observe_attempt(
+                rpc,
+                attempt,
+                elapsed,
+                CallOutcome::Failed { failure, class },
+            );
             tracing::debug!(
                 attempt,
-                code = Outcome::Failed { failure, class }.label(),
+                code = CallOutcome::Failed { failure, class }.label(),
                 class = class.as_str(),
                 "attempt failed"
             );
@@ -406,7 +411,7 @@ impl Caller {
         rpc: csi_proto::Rpc,
         attempt: u32,
         duration: Duration,
-        outcome: Outcome,
+        outcome: CallOutcome,
     ) {
         if let Some(observer) = &self.shared.observer {
             observer.on_attempt(&AttemptEvent {

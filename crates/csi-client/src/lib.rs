@@ -153,7 +153,7 @@ pub use health::{HealthEvent, HealthReason, HealthState, HealthWatcher};
 pub use identity::{IdentityClient, Readiness};
 pub use inflight::{CallInFlight, CallsInFlight, LongCalls, Waiting};
 pub use node::{NodeClient, NodeExpand, NodePublish, NodeStage};
-pub use observe::{AttemptEvent, CallEvent, CallObserver, Outcome};
+pub use observe::{AttemptEvent, CallEvent, CallObserver, CallOutcome};
 pub use policy::{
     Backoff, CallOptions, CodeSet, Effect, Failure, PolicyTable, RpcPolicy, classify,
     classify_failure, default_policy,

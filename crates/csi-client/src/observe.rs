@@ -17,7 +17,7 @@ use crate::policy::Failure;
 
 /// How an attempt or a call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallOutcome {
     /// The plugin answered OK (and the answer was valid).
     Ok,
     /// It failed, with this failure and class.
@@ -29,17 +29,17 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
+impl CallOutcome {
     /// The gRPC code for metrics labels: `Ok`, the plugin's code, or `None` when the failure
     /// had no code (a deadline of ours, a lost or absent connection, an invalid message).
     pub fn code(&self) -> Option<Code> {
         match self {
-            Outcome::Ok => Some(Code::Ok),
-            Outcome::Failed {
+            CallOutcome::Ok => Some(Code::Ok),
+            CallOutcome::Failed {
                 failure: Failure::Status(code),
                 ..
             } => Some(*code),
-            Outcome::Failed { .. } => None,
+            CallOutcome::Failed { .. } => None,
         }
     }
 
@@ -48,8 +48,8 @@ impl Outcome {
     /// `bad_endpoint`, `invalid_response`, `invalid_request`).
     pub fn label(&self) -> &'static str {
         match self {
-            Outcome::Ok => "Ok",
-            Outcome::Failed { failure, .. } => match failure {
+            CallOutcome::Ok => "Ok",
+            CallOutcome::Failed { failure, .. } => match failure {
                 Failure::Status(code) => code_name(*code),
                 Failure::AttemptDeadline => "attempt_deadline",
                 Failure::CallDeadline => "call_deadline",
@@ -97,7 +97,7 @@ pub struct AttemptEvent {
     /// Time from sending (dial included) to the answer or the deadline.
     pub duration: Duration,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: CallOutcome,
 }
 
 /// One call that finished, all attempts included.
@@ -113,7 +113,7 @@ pub struct CallEvent {
     /// Time from the call to its result, pauses included.
     pub duration: Duration,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: CallOutcome,
 }
 
 /// Receives an event for every attempt and every call; implement it to feed metrics, or to
@@ -156,13 +156,13 @@ mod tests {
 
     #[test]
     fn labels_and_codes() {
-        assert_eq!(Outcome::Ok.label(), "Ok");
-        let f = Outcome::Failed {
+        assert_eq!(CallOutcome::Ok.label(), "Ok");
+        let f = CallOutcome::Failed {
             failure: Failure::Status(Code::NotFound),
             class: ErrorClass::AlreadyDone,
         };
         assert_eq!((f.label(), f.code()), ("NotFound", Some(Code::NotFound)));
-        let t = Outcome::Failed {
+        let t = CallOutcome::Failed {
             failure: Failure::AttemptDeadline,
             class: ErrorClass::Uncertain,
         };

@@ -62,11 +62,7 @@ async fn run() -> Result<(), Error> {
     let writer = WorkloadId::new("web-1")?;
     let reader = WorkloadId::new("report-1")?;
     for (workload, mode) in [(&writer, ClaimMode::Write), (&reader, ClaimMode::Read)] {
-        let request = ClaimVolume {
-            volume: volume.clone(),
-            workload: workload.clone(),
-            mode,
-        };
+        let request = ClaimVolume::new(volume.clone(), workload.clone(), mode);
         let claimed = plane.service().claim(request).await?;
         println!("{workload}: published at {}", claimed.target_path.display());
     }
@@ -94,10 +90,7 @@ async fn run() -> Result<(), Error> {
     // 5. Grown while the writer has it published; a snapshot, and a volume made from it.
     let grown = service.expand(&volume, 2 << 30).await?;
     println!("expanded to {} bytes", grown.capacity_bytes);
-    let cut = NewSnapshot {
-        name: "db-nightly".into(),
-        parameters: Default::default(),
-    };
+    let cut = NewSnapshot::new("db-nightly");
     let snapshot = service.create_snapshot(&volume, cut).await?;
     let copy = VolumeId::new("db-copy")?;
     service
@@ -115,7 +108,7 @@ async fn run() -> Result<(), Error> {
     let of_volume = SnapshotsOf::Volume(volume.clone());
     service.delete_snapshot(&of_volume, &snapshot.id).await?;
     service.delete(&volume).await?;
-    let deregistered = service.deregister(&copy, false, false).await?;
+    let deregistered = service.deregister_volume(&copy, false, false).await?;
     println!("deleted {volume}; deregistered {copy}, which leaves:");
     for left in &deregistered.left_behind {
         println!("  {left}");

@@ -425,18 +425,18 @@ impl ControlPlane {
         &self.node
     }
 
-    /// Registers the plugin instance at `endpoint` on this node ([`Node::register`]); it is
+    /// Registers the plugin instance at `endpoint` on this node ([`Node::register_plugin`]); it is
     /// fingerprinted and probed from then on, and registered again at the next open.
     ///
     /// # Errors
     ///
-    /// As [`Node::register`]: the registrations' file could not be written.
+    /// As [`Node::register_plugin`]: the registrations' file could not be written.
     pub async fn register_plugin(
         &self,
         plugin: PluginId,
         endpoint: Endpoint,
     ) -> Result<RegistrationId, NodeError> {
-        self.node.register(plugin, endpoint).await
+        self.node.register_plugin(plugin, endpoint).await
     }
 
     /// Waits up to `within` until `plugin` is fingerprinted and healthy here

@@ -30,17 +30,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use csi_claims::driver::{DriverConfig, DriverError};
+use csi_claims::driver::DriverConfig;
 use csi_claims::store::{ChangeSender, Changes, Format, Stored};
 use csi_claims::{
-    ClaimError, ClaimMode, ClaimStore, DenyReason, Duties, MachineConfig, StoreError, Version,
-    VolumeRecord,
+    ClaimMode, ClaimStore, DenyReason, Duties, MachineConfig, StoreError, Version, VolumeRecord,
 };
 use csi_client::{Code, CsiClient, Endpoint, NodePublish, NodeStage, Rpc};
 use csi_control::service::{ClaimVolume, NewVolume};
 use csi_control::{CatalogEntry, FileCatalog, ServiceError, VolumeCatalog, VolumeService};
 use csi_node::Node;
-use csi_node::layout::Usage;
+use csi_node::layout::PublishUsage;
 use csi_node::plugins::PluginObserver;
 use csi_node::shim::{NodeBackend, RegistryFeed};
 use csi_rpc_shim::{
@@ -388,7 +387,7 @@ impl Site {
             .expect("node opens");
         assert!(feed.wake(node.claims().clone()), "first driver given");
         let endpoint = Endpoint::unix(&socket).expect("endpoint");
-        node.register(plugin_id(), endpoint.clone())
+        node.register_plugin(plugin_id(), endpoint.clone())
             .await
             .expect("registered");
         node.wait_for(&plugin_id(), GUARD)
@@ -559,7 +558,7 @@ fn check_denial(
     e: &ServiceError,
 ) -> Result<(), String> {
     match e {
-        ServiceError::Claims(DriverError::Claim(ClaimError::Denied(denied)))
+        ServiceError::Denied(denied)
             if deny.matches(&denied.reason) && denied.access_mode == access =>
         {
             let mut named: Vec<String> = denied
@@ -646,7 +645,7 @@ async fn probe(
         .target_path(
             &entry.id,
             &workload(step.workload),
-            &Usage::of(&capability, read_only),
+            &PublishUsage::of(&capability, read_only),
         )
         .map_err(|e| e.to_string())?;
     if let Some(parent) = target.parent() {

@@ -8,9 +8,10 @@ use csi_claims::ClaimMode;
 use csi_client::{Endpoint, Rpc};
 use csi_control::service::{ClaimVolume, NewSnapshot, NewVolume, RegisterVolume, SnapshotsOf};
 use csi_control::{ControlPlane, PlaneError, ServiceEvent};
+use csi_node::volumes::ReconcileAction;
 use csi_structs::volume_secrets::{SecretsUse, VolumeSecrets};
 use csi_structs::{AccessMode, ExternalVolumeId, NodeId, PluginId, VolumeId, WorkloadId};
-use csi_testkit::{MockPlugin, MockPluginBuilder, MockServer, Outcome};
+use csi_testkit::{MockPlugin, MockPluginBuilder, MockServer, RecordedOutcome};
 use tokio::time::Instant;
 
 /// Only a guard against a hang: a healthy run needs a fraction of it.
@@ -120,14 +121,22 @@ async fn a_restart_restores_the_plugin_and_confirms_the_node_s_publications() {
     // node's records hold is confirmed with it before it is trusted.
     let plane = setup.open().await;
     let reconciled = plane.reconciled().await;
-    let actions: Vec<(&str, Option<String>)> = reconciled
+    let actions: Vec<(ReconcileAction, Option<String>)> = reconciled
         .report
         .records
         .iter()
         .map(|r| (r.action(), r.workload.as_ref().map(ToString::to_string)))
         .collect();
-    assert_eq!(actions, [("republished", Some("web-1".to_owned()))]);
+    assert_eq!(
+        actions,
+        [(ReconcileAction::Republished, Some("web-1".to_owned()))]
+    );
     assert!(reconciled.plugins_not_ready.is_empty());
+    assert_eq!(
+        reconciled.to_string(),
+        "node's usage records confirmed: 1 record(s): 1 republished, 0 released, 0 kept, 0 not \
+         confirmed"
+    );
     assert_eq!(
         setup.mock.calls().count(Rpc::NodePublishVolume),
         publishes + 1
@@ -366,7 +375,10 @@ async fn whole_flow(setup: &Setup, secrets: VolumeSecrets) -> Result<(), String>
             AccessMode::SingleNodeWriter,
         )
     };
-    service.register(legacy).await.map_err(at("register"))?;
+    service
+        .register_volume(legacy)
+        .await
+        .map_err(at("register"))?;
     let new = NewVolume {
         capacity_bytes: 1 << 30,
         secrets,
@@ -416,7 +428,7 @@ async fn whole_flow(setup: &Setup, secrets: VolumeSecrets) -> Result<(), String>
         .map_err(at("release"))?;
     service.delete(&id("data")).await.map_err(at("delete"))?;
     service
-        .deregister(&id("legacy"), false, false)
+        .deregister_volume(&id("legacy"), false, false)
         .await
         .map_err(at("deregister"))?;
     plane.close().await.expect("closed");
@@ -437,7 +449,12 @@ async fn every_call_carries_its_secrets(rpc: Rpc, use_: SecretsUse) {
     let calls = setup.mock.calls().of(rpc);
     assert!(!calls.is_empty(), "the flow calls {}", rpc.name());
     for call in calls.records() {
-        assert_eq!(call.outcome, Outcome::Ok, "{}: {call:?}", rpc.name());
+        assert_eq!(
+            call.outcome,
+            RecordedOutcome::Ok,
+            "{}: {call:?}",
+            rpc.name()
+        );
     }
 }
 
@@ -509,7 +526,7 @@ async fn a_directory_laid_out_by_stores_is_taken_over_with_its_claims_and_record
         .report
         .records
         .iter()
-        .map(|r| r.action())
+        .map(|r| r.action().as_str())
         .collect();
     assert_eq!(actions, ["republished"], "the usage record came along");
     let state_now = plane.service().volume(&id("data")).expect("in the catalog");

@@ -7,19 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::driver::DriverError;
-use csi_claims::{ClaimError, ClaimMode, ClaimRequest};
+use csi_claims::{ClaimError, ClaimMode, ClaimRequest, DenyReason};
 use csi_client::{Code, Rpc};
 use csi_control::service::{
     CallFailure, DetachVolume, NewSnapshot, NewVolumeSource, RegisterVolume, SnapshotsOf,
 };
 use csi_control::{ServiceError, ServiceEvent, VolumeService};
+use csi_node::volumes::ReconcileAction;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     PluginNodeId, Topology, VolumeContext, VolumeSecrets,
 };
 use csi_testkit::capabilities::{CONTROLLER_IMPLEMENTED, NODE_IMPLEMENTED};
 use csi_testkit::{
-    ControllerCapability, MockPlugin, NodeCapability, Outcome, Quirk, VolumeExpansion,
+    ControllerCapability, MockPlugin, NodeCapability, Quirk, RecordedOutcome, VolumeExpansion,
 };
 use support::{Harness, me, volume_id, workload, write_claim};
 
@@ -68,7 +69,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
 
     let entry = h
         .service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect("registered");
     assert!(!entry.created);
@@ -86,7 +87,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
     assert_eq!(h.entry(&id), Some(entry));
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Registered {
+        vec![ServiceEvent::VolumeRegistered {
             volume: id.clone(),
             plugin: h.plugin.clone(),
             created: false,
@@ -96,7 +97,7 @@ async fn register_validates_with_the_fingerprinted_controller_and_refuses_a_take
     // The same id again: a conflict, before any plugin call.
     let err = h
         .service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect_err("the id is taken");
     assert!(conflict(err).contains("data"));
@@ -112,7 +113,7 @@ async fn register_for_a_plugin_with_no_known_controller_needs_controller_publish
 
     let (field, reason) = invalid(
         h.service
-            .register(request.clone())
+            .register_volume(request.clone())
             .await
             .expect_err("unknown whether it needs controller publish"),
     );
@@ -122,12 +123,16 @@ async fn register_for_a_plugin_with_no_known_controller_needs_controller_publish
 
     // Said explicitly, it is registered as it is: no controller to validate with.
     request.controller_publish = Some(false);
-    let entry = h.service.register(request).await.expect("registered");
+    let entry = h
+        .service
+        .register_volume(request)
+        .await
+        .expect("registered");
     assert!(!entry.controller_publish);
     assert_eq!(h.mock.calls().count(Rpc::ValidateVolumeCapabilities), 0);
     assert!(matches!(
         h.events().as_slice(),
-        [ServiceEvent::Registered { created: false, .. }]
+        [ServiceEvent::VolumeRegistered { created: false, .. }]
     ));
 }
 
@@ -142,7 +147,7 @@ async fn register_of_a_volume_the_plugin_does_not_confirm_is_refused() {
     .await;
     let (field, reason) = invalid(
         h.service
-            .register(register_request(&h, "data", "pre-1"))
+            .register_volume(register_request(&h, "data", "pre-1"))
             .await
             .expect_err("not confirmed"),
     );
@@ -180,7 +185,7 @@ async fn create_makes_the_volume_in_the_plugin_and_records_it() {
     );
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Registered {
+        vec![ServiceEvent::VolumeRegistered {
             volume: id,
             plugin: h.plugin.clone(),
             created: true,
@@ -405,7 +410,7 @@ async fn a_volume_that_may_exist_admits_nothing_until_deregistered() {
     // Deregistering clears it, saying what may be left in the plugin.
     let gone = h
         .service
-        .deregister(&id, false, false)
+        .deregister_volume(&id, false, false)
         .await
         .expect("deregistered");
     assert_eq!(gone.dropped_claims, 0);
@@ -444,7 +449,7 @@ async fn a_create_of_a_volume_that_may_exist_resolves_it_first() {
             events.as_slice(),
             [
                 ServiceEvent::CreateUndone { .. },
-                ServiceEvent::Registered { created: true, .. }
+                ServiceEvent::VolumeRegistered { created: true, .. }
             ]
         ),
         "{events:?}"
@@ -476,6 +481,7 @@ async fn a_claim_publishes_the_volume_here_through_the_controller() {
 
     let state = h.service.volume(&volume_id("data")).expect("known");
     assert_eq!(state.claims.len(), 1);
+    assert_eq!(state.to_string(), "volume data (plugin mock): 1 claim(s)");
     assert_eq!(state.claims[0].1.as_ref(), Some(&claimed.target_path));
     assert_eq!(
         h.events(),
@@ -696,6 +702,34 @@ async fn a_claim_that_waits_for_a_release_past_its_deadline_is_refused_naming_th
         .claim(write_claim("data", "web-2"))
         .await
         .expect("admitted once web-1 is freed");
+}
+
+/// A claim the access mode does not admit is `ServiceError::Denied`, matched in one arm: the
+/// reason, the holders and the class, the same words as the claim layer's, and no call made.
+#[tokio::test]
+async fn a_second_workload_on_a_single_node_writer_volume_is_denied_in_one_arm() {
+    let h = Harness::start().await;
+    h.create("data").await;
+    h.claim("data", "web-1").await;
+    let publishes = h.mock.calls().count(Rpc::NodePublishVolume);
+
+    let answer = h.service.claim(write_claim("data", "web-2")).await;
+    assert!(
+        matches!(&answer, Err(ServiceError::Denied(d)) if d.reason == DenyReason::SingleWorkload),
+        "{answer:?}"
+    );
+    let refused = answer.expect_err("denied");
+    let ServiceError::Denied(denied) = &refused else {
+        unreachable!()
+    };
+    assert_eq!(denied.workload, workload("web-2"));
+    assert_eq!(denied.holders.0.len(), 1);
+    assert_eq!(denied.holders.0[0].workload, workload("web-1"));
+    assert_eq!(refused.class(), Some(ErrorClass::Retry));
+    // The same words as the claim layer's error it came as.
+    let as_driver = DriverError::Claim(ClaimError::Denied(denied.clone()));
+    assert_eq!(refused.to_string(), as_driver.to_string());
+    assert_eq!(h.mock.calls().count(Rpc::NodePublishVolume), publishes);
 }
 
 #[tokio::test]
@@ -1224,7 +1258,7 @@ async fn delete_waits_for_the_claims_and_deletes_in_the_plugin() {
     assert!(h.entry(&id).is_none());
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deleted {
+        vec![ServiceEvent::VolumeDeleted {
             volume: id.clone(),
             in_plugin: true,
         }]
@@ -1240,7 +1274,7 @@ async fn delete_of_a_registered_volume_leaves_it_in_the_plugin() {
     let mut h = Harness::with(MockPlugin::builder().volume("pre-1", GIB as i64)).await;
     let id = volume_id("data");
     h.service
-        .register(register_request(&h, "data", "pre-1"))
+        .register_volume(register_request(&h, "data", "pre-1"))
         .await
         .expect("registered");
     h.events();
@@ -1250,7 +1284,7 @@ async fn delete_of_a_registered_volume_leaves_it_in_the_plugin() {
     assert!(h.entry(&id).is_none());
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deleted {
+        vec![ServiceEvent::VolumeDeleted {
             volume: id,
             in_plugin: false,
         }]
@@ -1268,13 +1302,13 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
 
     conflict(
         h.service
-            .deregister(&id, false, false)
+            .deregister_volume(&id, false, false)
             .await
             .expect_err("claimed"),
     );
     let (field, reason) = invalid(
         h.service
-            .deregister(&id, true, false)
+            .deregister_volume(&id, true, false)
             .await
             .expect_err("not confirmed"),
     );
@@ -1291,7 +1325,7 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
 
     let gone = h
         .service
-        .deregister(&id, false, false)
+        .deregister_volume(&id, false, false)
         .await
         .expect("deregistered");
     assert_eq!(gone.dropped_claims, 0);
@@ -1309,7 +1343,7 @@ async fn deregister_refuses_claims_without_force_and_forgets_without_the_plugin(
     assert!(after.is_empty(), "the plugin was called: {after:?}");
     assert_eq!(
         h.events(),
-        vec![ServiceEvent::Deregistered {
+        vec![ServiceEvent::VolumeDeregistered {
             volume: id,
             dropped_claims: 0,
         }]
@@ -1422,7 +1456,7 @@ async fn after_a_restart_reconcile_publishes_the_claims_of_this_node_again() {
 
     let reconciled = h.service.reconcile_node(Duration::from_secs(30)).await;
     assert!(reconciled.plugins_not_ready.is_empty());
-    let actions: Vec<(&str, Option<String>)> = reconciled
+    let actions: Vec<(ReconcileAction, Option<String>)> = reconciled
         .report
         .records
         .iter()
@@ -1430,7 +1464,7 @@ async fn after_a_restart_reconcile_publishes_the_claims_of_this_node_again() {
         .collect();
     assert_eq!(
         actions,
-        vec![("republished", Some("web-1".to_owned()))],
+        vec![(ReconcileAction::Republished, Some("web-1".to_owned()))],
         "{:?}",
         reconciled.report.records
     );
@@ -1527,7 +1561,7 @@ async fn detach_of_a_node_gone_for_good_releases_its_claims_without_node_steps()
     assert!(
         detached
             .iter()
-            .any(|c| c.node_id.as_deref() == Some("node-2") && c.outcome == Outcome::Ok),
+            .any(|c| c.node_id.as_deref() == Some("node-2") && c.outcome == RecordedOutcome::Ok),
         "{detached:?}"
     );
 }
@@ -1554,7 +1588,7 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     )
     .build();
     let refused = blind
-        .deregister(&id, true, true)
+        .deregister_volume(&id, true, true)
         .await
         .expect_err("cannot forget");
     assert!(
@@ -1565,7 +1599,11 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     assert_eq!(h.service.volume(&id).expect("known").claims.len(), 1);
     drop(blind);
 
-    let gone = h.service.deregister(&id, true, true).await.expect("forced");
+    let gone = h
+        .service
+        .deregister_volume(&id, true, true)
+        .await
+        .expect("forced");
     assert_eq!(gone.dropped_claims, 1);
     assert!(h.entry(&id).is_none());
     // Deleted in the store before the answer; the driver drops its copy when the store's
@@ -1585,7 +1623,10 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     // Registered again, the volume starts without claims.
     let mut again = register_request(&h, "data", entry.external_id.as_str());
     again.controller_publish = Some(true);
-    h.service.register(again).await.expect("registered again");
+    h.service
+        .register_volume(again)
+        .await
+        .expect("registered again");
     let state = h.service.volume(&id).expect("known");
     assert!(state.claims.is_empty(), "inherited: {:?}", state.claims);
 }

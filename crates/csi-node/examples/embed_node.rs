@@ -44,7 +44,7 @@ async fn run() -> Result<(), Error> {
 
     // 1. The node, from its state directory; the plugin registered and fingerprinted.
     let node = Node::open(&state, me.clone()).await?;
-    node.register(plugin.clone(), Endpoint::unix(&socket)?)
+    node.register_plugin(plugin.clone(), Endpoint::unix(&socket)?)
         .await?;
     let ready = node.wait_for(&plugin, STEP).await?;
     let plugin_node = ready.fingerprint.node.clone().ok_or("no node service")?;

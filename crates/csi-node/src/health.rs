@@ -6,9 +6,9 @@
 //!
 //! | source | the plugin advertises | the call |
 //! |---|---|---|
-//! | [`Source::Node`] | node `VOLUME_CONDITION` (and `GET_VOLUME_STATS`) | `NodeGetVolumeStats` of a publication here |
-//! | [`Source::Controller`] | controller `VOLUME_CONDITION` with `GET_VOLUME` | `ControllerGetVolume` |
-//! | [`Source::Controller`] | controller `VOLUME_CONDITION` with `LIST_VOLUMES` | `ListVolumes`, once per plugin |
+//! | [`ConditionSource::Node`] | node `VOLUME_CONDITION` (and `GET_VOLUME_STATS`) | `NodeGetVolumeStats` of a publication here |
+//! | [`ConditionSource::Controller`] | controller `VOLUME_CONDITION` with `GET_VOLUME` | `ControllerGetVolume` |
+//! | [`ConditionSource::Controller`] | controller `VOLUME_CONDITION` with `LIST_VOLUMES` | `ListVolumes`, once per plugin |
 //!
 //! Usage (bytes and inodes) comes from `NodeGetVolumeStats` of a plugin with node
 //! `GET_VOLUME_STATS`. The controller is asked when it runs on this node (its plugin's
@@ -31,20 +31,26 @@ use crate::volumes::VolumeManager;
 
 /// Who reported a condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Source {
+pub enum ConditionSource {
     /// The plugin's controller (`ControllerGetVolume` or `ListVolumes`).
     Controller,
     /// The plugin's node service here (`NodeGetVolumeStats`).
     Node,
 }
 
-impl Source {
+impl ConditionSource {
     /// `controller` or `node`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Source::Controller => "controller",
-            Source::Node => "node",
+            ConditionSource::Controller => "controller",
+            ConditionSource::Node => "node",
         }
+    }
+}
+
+impl std::fmt::Display for ConditionSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -65,10 +71,10 @@ pub struct VolumeHealth {
 
 impl VolumeHealth {
     /// The abnormal conditions, by who reported them.
-    pub fn abnormal(&self) -> Vec<(Source, &VolumeCondition)> {
+    pub fn abnormal(&self) -> Vec<(ConditionSource, &VolumeCondition)> {
         [
-            (Source::Controller, self.controller.as_ref()),
-            (Source::Node, self.node.as_ref()),
+            (ConditionSource::Controller, self.controller.as_ref()),
+            (ConditionSource::Node, self.node.as_ref()),
         ]
         .into_iter()
         .filter_map(|(s, c)| c.filter(|c| c.abnormal).map(|c| (s, c)))
@@ -79,7 +85,7 @@ impl VolumeHealth {
 /// A condition that changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum HealthEvent {
+pub enum VolumeHealthEvent {
     /// A volume is reported abnormal (or its abnormal condition's message changed).
     Abnormal {
         /// The volume.
@@ -87,7 +93,7 @@ pub enum HealthEvent {
         /// Its plugin.
         plugin: PluginId,
         /// Who says so.
-        source: Source,
+        source: ConditionSource,
         /// The plugin's words.
         message: String,
     },
@@ -98,8 +104,44 @@ pub enum HealthEvent {
         /// Its plugin.
         plugin: PluginId,
         /// Who says so.
-        source: Source,
+        source: ConditionSource,
     },
+}
+
+impl std::fmt::Display for VolumeHealthEvent {
+    /// `volume v1 (plugin ebs): abnormal, says its node service: <message>` (the plugin's
+    /// words escaped), or `volume v1 (plugin ebs): normal again, says its controller`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VolumeHealthEvent::Abnormal {
+                volume,
+                plugin,
+                source,
+                message,
+            } => write!(
+                f,
+                "volume {volume} (plugin {plugin}): abnormal, says its {}: {}",
+                says(*source),
+                csi_structs::untrusted::escaped(message)
+            ),
+            VolumeHealthEvent::Recovered {
+                volume,
+                plugin,
+                source,
+            } => write!(
+                f,
+                "volume {volume} (plugin {plugin}): normal again, says its {}",
+                says(*source)
+            ),
+        }
+    }
+}
+
+fn says(source: ConditionSource) -> &'static str {
+    match source {
+        ConditionSource::Controller => "controller",
+        ConditionSource::Node => "node service",
+    }
 }
 
 /// Polls the health of the volumes published on this node (module docs: [`self`]).
@@ -108,7 +150,7 @@ pub struct HealthMonitor {
     plugins: PluginManager,
     volumes: VolumeManager,
     health: Mutex<BTreeMap<VolumeId, VolumeHealth>>,
-    events: broadcast::Sender<HealthEvent>,
+    events: broadcast::Sender<VolumeHealthEvent>,
 }
 
 impl HealthMonitor {
@@ -122,8 +164,8 @@ impl HealthMonitor {
         }
     }
 
-    /// Every [`HealthEvent`] from now on (a receiver more than 256 behind misses the oldest).
-    pub fn subscribe(&self) -> broadcast::Receiver<HealthEvent> {
+    /// Every [`VolumeHealthEvent`] from now on (a receiver more than 256 behind misses the oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<VolumeHealthEvent> {
         self.events.subscribe()
     }
 
@@ -141,7 +183,7 @@ impl HealthMonitor {
     }
 
     /// One round over the volumes published here. Returns the events it sent.
-    pub async fn poll(&self) -> Vec<HealthEvent> {
+    pub async fn poll(&self) -> Vec<VolumeHealthEvent> {
         let records = self.volumes.records();
         let mut now: BTreeMap<VolumeId, VolumeHealth> = BTreeMap::new();
         // One listing per plugin whose controller reports conditions only through it.
@@ -212,7 +254,7 @@ impl HealthMonitor {
         let events = changes(&before, &now);
         for e in &events {
             match e {
-                HealthEvent::Abnormal {
+                VolumeHealthEvent::Abnormal {
                     volume,
                     plugin,
                     source,
@@ -220,7 +262,7 @@ impl HealthMonitor {
                 } => {
                     tracing::warn!(volume = %volume, plugin = %plugin, source = source.as_str(), message = %message, "volume reported abnormal");
                 }
-                HealthEvent::Recovered {
+                VolumeHealthEvent::Recovered {
                     volume,
                     plugin,
                     source,
@@ -252,7 +294,7 @@ async fn list_conditions(
 fn changes(
     before: &BTreeMap<VolumeId, VolumeHealth>,
     now: &BTreeMap<VolumeId, VolumeHealth>,
-) -> Vec<HealthEvent> {
+) -> Vec<VolumeHealthEvent> {
     let mut out = Vec::new();
     for (volume, health) in now {
         let Some(plugin) = &health.plugin else {
@@ -261,25 +303,27 @@ fn changes(
         let old = before.get(volume);
         for (source, current, previous) in [
             (
-                Source::Controller,
+                ConditionSource::Controller,
                 health.controller.as_ref(),
                 old.and_then(|o| o.controller.as_ref()),
             ),
             (
-                Source::Node,
+                ConditionSource::Node,
                 health.node.as_ref(),
                 old.and_then(|o| o.node.as_ref()),
             ),
         ] {
             let was = previous.filter(|c| c.abnormal);
             match (was, current) {
-                (_, Some(c)) if c.abnormal && was != Some(c) => out.push(HealthEvent::Abnormal {
-                    volume: volume.clone(),
-                    plugin: plugin.clone(),
-                    source,
-                    message: c.message.clone(),
-                }),
-                (Some(_), Some(c)) if !c.abnormal => out.push(HealthEvent::Recovered {
+                (_, Some(c)) if c.abnormal && was != Some(c) => {
+                    out.push(VolumeHealthEvent::Abnormal {
+                        volume: volume.clone(),
+                        plugin: plugin.clone(),
+                        source,
+                        message: c.message.clone(),
+                    })
+                }
+                (Some(_), Some(c)) if !c.abnormal => out.push(VolumeHealthEvent::Recovered {
                     volume: volume.clone(),
                     plugin: plugin.clone(),
                     source,
@@ -317,7 +361,7 @@ mod tests {
         assert!(changes(&none, &at(with(Some((false, ""))))).is_empty());
         let bad = changes(&none, &at(with(Some((true, "disk gone")))));
         assert!(
-            matches!(&bad[..], [HealthEvent::Abnormal { source: Source::Node, message, .. }] if message == "disk gone"),
+            matches!(&bad[..], [VolumeHealthEvent::Abnormal { source: ConditionSource::Node, message, .. }] if message == "disk gone"),
             "{bad:?}"
         );
         assert!(
@@ -340,8 +384,8 @@ mod tests {
         assert!(
             matches!(
                 &back[..],
-                [HealthEvent::Recovered {
-                    source: Source::Node,
+                [VolumeHealthEvent::Recovered {
+                    source: ConditionSource::Node,
                     ..
                 }]
             ),
@@ -350,5 +394,27 @@ mod tests {
         // No answer is not recovery; a volume gone from here is no event.
         assert!(changes(&at(with(Some((true, "x")))), &at(with(None))).is_empty());
         assert!(changes(&at(with(Some((true, "x")))), &none).is_empty());
+        assert_eq!(
+            bad[0].to_string(),
+            "volume v (plugin p): abnormal, says its node service: disk gone"
+        );
+        assert_eq!(
+            back[0].to_string(),
+            "volume v (plugin p): normal again, says its node service"
+        );
+    }
+
+    #[test]
+    fn a_plugin_s_message_is_escaped_for_people() {
+        let event = VolumeHealthEvent::Abnormal {
+            volume: vid("v"),
+            plugin: PluginId::new("p").expect("id"),
+            source: ConditionSource::Controller,
+            message: "pool degraded\n| forged".into(),
+        };
+        assert_eq!(
+            event.to_string(),
+            r"volume v (plugin p): abnormal, says its controller: pool degraded\n| forged"
+        );
     }
 }

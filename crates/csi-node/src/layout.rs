@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use std::path::Path;
-//! use csi_node::layout::{Layout, Usage};
+//! use csi_node::layout::{Layout, PublishUsage};
 //! use csi_structs::{AccessMode, MountOptions, VolumeCapability, VolumeId};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +56,7 @@ pub struct LayoutError {
 
 /// How a volume is used by one publication: the `<usage>` segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
+pub struct PublishUsage {
     /// Read-only publication.
     pub read_only: bool,
     /// Mount or block.
@@ -65,7 +65,7 @@ pub struct Usage {
     pub access_mode: AccessMode,
 }
 
-impl Usage {
+impl PublishUsage {
     /// The usage of a publication with `capability`, read-only or not.
     pub fn of(capability: &VolumeCapability, read_only: bool) -> Self {
         Self {
@@ -209,7 +209,7 @@ impl Layout {
         &self,
         volume: &VolumeId,
         workload: &WorkloadId,
-        usage: &Usage,
+        usage: &PublishUsage,
     ) -> Result<PathBuf, LayoutError> {
         Ok(self
             .workload_root()
@@ -245,8 +245,8 @@ fn segment<'a>(field: &'static str, value: &'a str) -> Result<&'a str, LayoutErr
 mod tests {
     use super::*;
 
-    fn usage() -> Usage {
-        Usage {
+    fn usage() -> PublishUsage {
+        PublishUsage {
             read_only: false,
             attachment: AccessTypeKind::Mount,
             access_mode: AccessMode::SingleNodeWriter,
@@ -267,7 +267,7 @@ mod tests {
             layout.target_path(&vol, &web, &usage()).unwrap(),
             Path::new("/data/per-workload/web-1/db/rw-mount-single-node-writer")
         );
-        let ro = Usage {
+        let ro = PublishUsage {
             read_only: true,
             attachment: AccessTypeKind::Block,
             access_mode: AccessMode::MultiNodeReaderOnly,
@@ -320,11 +320,11 @@ mod tests {
         let rw = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::new());
         let ro = VolumeCapability::block(AccessMode::MultiNodeReaderOnly);
         assert_eq!(
-            Usage::of(&rw, false).segment(),
+            PublishUsage::of(&rw, false).segment(),
             "rw-mount-single-node-writer"
         );
         assert_eq!(
-            Usage::of(&ro, true).segment(),
+            PublishUsage::of(&ro, true).segment(),
             "ro-block-multi-node-reader-only"
         );
     }

@@ -70,7 +70,7 @@
 //! # let server = csi_testkit::MockPlugin::builder().build()?.serve_unix(&socket).await?;
 //! let node = Node::open(dir.path().join("csi"), NodeId::new("node-1")?).await?;
 //! let mock = PluginId::new("mock")?;
-//! node.register(mock.clone(), Endpoint::unix(&socket)?).await?;
+//! node.register_plugin(mock.clone(), Endpoint::unix(&socket)?).await?;
 //! let ready = node.plugins().wait_for(&mock, Instant::now() + Duration::from_secs(30)).await?;
 //! assert!(ready.fingerprint.capabilities.node.requires_staging());
 //! // Each workload: node.claims().claim(&info, request), then node.attacher().attach(..);

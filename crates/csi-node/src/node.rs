@@ -8,7 +8,7 @@
 //! | in the directory | what it holds |
 //! |---|---|
 //! | `node.redb` | the claims and the usage records, group-committed together ([`RedbStore`]) |
-//! | `plugins.json` | the plugins registered with [`Node::register`], restored at the next open |
+//! | `plugins.json` | the plugins registered with [`Node::register_plugin`], restored at the next open |
 //! | `staging/`, `per-workload/`, … | the stagings and publications ([`Layout`]) |
 //!
 //! A `usage.json` of an older version in the directory is moved into `node.redb` once.
@@ -310,7 +310,7 @@ async fn blocking<T: Send + 'static>(
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let node = Node::open("/var/lib/my-orchestrator/csi", NodeId::new("node-1")?).await?;
 /// let plugin = PluginId::new("ebs")?;
-/// node.register(plugin.clone(), Endpoint::unix("/run/csi/ebs.sock")?).await?;
+/// node.register_plugin(plugin.clone(), Endpoint::unix("/run/csi/ebs.sock")?).await?;
 /// // Claim with node.claims(), attach with node.attacher(), release with node.claims().
 /// node.close().await?;
 /// # Ok(()) }
@@ -405,7 +405,7 @@ impl Node {
     ///
     /// [`NodeError::State`] when the registrations' file cannot be written; nothing changed
     /// then.
-    pub async fn register(
+    pub async fn register_plugin(
         &self,
         plugin: PluginId,
         endpoint: Endpoint,
@@ -440,7 +440,7 @@ impl Node {
     /// [`NodeError::State`] when the registrations' file cannot be written.
     pub async fn deregister_plugin(&self, plugin: &PluginId) -> Result<bool, NodeError> {
         match self.plugins.status(plugin) {
-            Some(status) => self.deregister(status.registration).await,
+            Some(status) => self.deregister_registration(status.registration).await,
             None => Ok(false),
         }
     }
@@ -451,7 +451,10 @@ impl Node {
     /// # Errors
     ///
     /// [`NodeError::State`] when the registrations' file cannot be written.
-    pub async fn deregister(&self, registration: RegistrationId) -> Result<bool, NodeError> {
+    pub async fn deregister_registration(
+        &self,
+        registration: RegistrationId,
+    ) -> Result<bool, NodeError> {
         let plugins = self.plugins.clone();
         blocking(move || plugins.deregister(registration))
             .await?

@@ -72,7 +72,8 @@ use tokio::task::JoinHandle;
 
 pub use dir::DirWatcher;
 pub use event::{
-    GoneReason, Health, LogEvents, PluginEvent, PluginObserver, RegistrationId, Source, Unhealthy,
+    GoneReason, Health, LogEvents, PluginEvent, PluginObserver, RegistrationId, RegistrationSource,
+    Unhealthy,
 };
 pub use wait::{NotReady, WaitError};
 
@@ -311,7 +312,7 @@ pub struct PluginStatus {
     /// Where it listens.
     pub endpoint: Endpoint,
     /// Who registered it.
-    pub source: Source,
+    pub source: RegistrationSource,
     /// Its fingerprint, once it answered.
     pub fingerprint: Option<Arc<Fingerprint>>,
     /// Its health.
@@ -320,6 +321,31 @@ pub struct PluginStatus {
     pub last_error: Option<Arc<csi_client::Error>>,
     /// How many registrations of this plugin id were fingerprinted so far.
     pub fingerprints: u64,
+}
+
+impl fmt::Display for PluginStatus {
+    /// One line for people, plugin text escaped: `plugin ebs (#3) at unix:///run/csi/ebs.sock:
+    /// healthy, version 1.2.0`, or `…: unknown (not probed since its fingerprint), not
+    /// fingerprinted yet, last fingerprint error: <error>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "plugin {} ({}) at {}: {}",
+            self.plugin, self.registration, self.endpoint, self.health
+        )?;
+        match &self.fingerprint {
+            Some(fp) => write!(
+                f,
+                ", version {}",
+                csi_structs::untrusted::escaped(&fp.plugin.vendor_version)
+            )?,
+            None => f.write_str(", not fingerprinted yet")?,
+        }
+        if let Some(e) = &self.last_error {
+            write!(f, ", last fingerprint error: {e}")?;
+        }
+        Ok(())
+    }
 }
 
 /// A fingerprinted, usable plugin: what [`PluginManager::wait_for`] returns.
@@ -395,14 +421,14 @@ impl PluginManager {
         plugin: PluginId,
         endpoint: Endpoint,
     ) -> Result<RegistrationId, StateFileError> {
-        self.register_from(plugin, endpoint, Source::Pushed)
+        self.register_from(plugin, endpoint, RegistrationSource::Pushed)
     }
 
     fn register_from(
         &self,
         plugin: PluginId,
         endpoint: Endpoint,
-        source: Source,
+        source: RegistrationSource,
     ) -> Result<RegistrationId, StateFileError> {
         let registration = {
             let _turn = self.inner.writer_turn();

@@ -7,11 +7,11 @@
 use async_trait::async_trait;
 use csi_client::{CallOptions, ErrorClass, Failure, Rpc, SnapshotFilter};
 use csi_rpc_shim::{
-    Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
-    ControllerExpanded, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
-    DeleteSnapshot, DeleteVolume, GrpcCode, ListSnapshots, ListVolumes, ListedVolume, LocalPlugins,
-    LocalStatus, NodeDetach, NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind,
-    SnapshotInfo, SnapshotPage, Validated, VolumePage,
+    ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume,
+    GrpcCode, ListSnapshots, ListVolumes, ListedVolume, LocalPlugins, LocalStatus, NodeDetach,
+    NodeExpand, NodeExpanded, PluginError, PluginFailure, ServiceKind, ShimContext, SnapshotInfo,
+    SnapshotPage, Validated, VolumePage,
 };
 use csi_structs::wire::size_to_wire;
 use csi_structs::{CapacityRange, ConfirmPolicy, Confirmation, ControllerCapabilities, PluginId};
@@ -20,7 +20,7 @@ mod registry;
 
 pub use registry::RegistryFeed;
 
-use crate::layout::Usage;
+use crate::layout::PublishUsage;
 use crate::plugins::{Health, PluginManager};
 use crate::volumes::{ExpandRequest, UnmountRequest, VolumeError, VolumeManager};
 
@@ -118,7 +118,7 @@ impl NodeBackend {
         &self,
         plugin: &PluginId,
         rpc: Rpc,
-        ctx: &CallContext,
+        ctx: &ShimContext,
     ) -> Result<csi_client::ControllerClient, PluginError> {
         self.controller_and_caps(plugin, rpc, ctx).map(|(c, _)| c)
     }
@@ -137,7 +137,7 @@ impl NodeBackend {
         &self,
         plugin: &PluginId,
         rpc: Rpc,
-        ctx: &CallContext,
+        ctx: &ShimContext,
     ) -> Result<(csi_client::ControllerClient, ControllerCapabilities), PluginError> {
         match self.plugins.get(plugin) {
             Some(ready)
@@ -232,7 +232,7 @@ fn snapshot_info(s: csi_structs::Snapshot) -> SnapshotInfo {
 }
 
 async fn within<T>(
-    ctx: &CallContext,
+    ctx: &ShimContext,
     call: impl Future<Output = Result<T, PluginError>>,
 ) -> Result<T, PluginError> {
     let deadline = ctx.deadline;
@@ -255,9 +255,9 @@ impl LocalPlugins for NodeBackend {
 
     async fn controller_attach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerAttach,
-    ) -> Result<Attached, PluginError> {
+    ) -> Result<ControllerAttached, PluginError> {
         let (c, caps) =
             self.controller_and_caps(&req.query.plugin, Rpc::ControllerPublishVolume, ctx)?;
         // The spec: the CO must send `readonly = false` unless the plugin has
@@ -275,14 +275,14 @@ impl LocalPlugins for NodeBackend {
                 )
                 .await
                 .map_err(client_error)?;
-            Ok(Attached { publish_context })
+            Ok(ControllerAttached { publish_context })
         })
         .await
     }
 
     async fn controller_detach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::ControllerUnpublishVolume, ctx)?;
@@ -296,7 +296,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn controller_validate(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerValidate,
     ) -> Result<Validated, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::ValidateVolumeCapabilities, ctx)?;
@@ -328,7 +328,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn create_volume(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateVolume,
     ) -> Result<CreatedVolume, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::CreateVolume, ctx)?;
@@ -359,7 +359,7 @@ impl LocalPlugins for NodeBackend {
         .await
     }
 
-    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError> {
+    async fn delete_volume(&self, ctx: &ShimContext, req: DeleteVolume) -> Result<(), PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::DeleteVolume, ctx)?;
         within(ctx, async move {
             c.delete(&req.external_volume, &req.secrets)
@@ -371,7 +371,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn controller_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::ControllerExpandVolume, ctx)?;
@@ -399,7 +399,7 @@ impl LocalPlugins for NodeBackend {
     /// answer.
     async fn list_volumes(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::ListVolumes, ctx)?;
@@ -430,7 +430,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn create_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::CreateSnapshot, ctx)?;
@@ -446,7 +446,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn delete_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: DeleteSnapshot,
     ) -> Result<(), PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::DeleteSnapshot, ctx)?;
@@ -461,7 +461,7 @@ impl LocalPlugins for NodeBackend {
     /// As [`list_volumes`](Self::list_volumes): one page, or the whole listing.
     async fn list_snapshots(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
         let c = self.controller(&req.query.plugin, Rpc::ListSnapshots, ctx)?;
@@ -500,13 +500,13 @@ impl LocalPlugins for NodeBackend {
         .await
     }
 
-    async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError> {
+    async fn node_detach(&self, ctx: &ShimContext, req: NodeDetach) -> Result<(), PluginError> {
         let request = UnmountRequest {
             plugin: req.plugin,
             volume: req.volume,
             external_id: req.external_volume,
             workload: req.workload,
-            usage: Usage::of(&req.capability, req.read_only),
+            usage: PublishUsage::of(&req.capability, req.read_only),
         };
         within(ctx, async move {
             self.volumes
@@ -520,7 +520,7 @@ impl LocalPlugins for NodeBackend {
 
     async fn node_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: NodeExpand,
     ) -> Result<NodeExpanded, PluginError> {
         let request = ExpandRequest {

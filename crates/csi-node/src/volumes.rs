@@ -93,6 +93,7 @@ pub mod store;
 pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -106,14 +107,14 @@ use tokio::sync::broadcast;
 pub use error::VolumeError;
 use ops::Ops;
 pub use reconcile::{
-    Found, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore, RestoreLookup,
-    Restored,
+    Found, ReconcileAction, ReconcileOutcome, Reconciled, Reconciliation, Republish, Restore,
+    RestoreLookup, Restored,
 };
 pub use store::{USAGE_TABLE, UsageDb, UsageJson, UsageStore};
 use usage::key as usage_key;
 pub use usage::{LegacyStaging, StepState, UserEntry, VolumeEntry};
 
-use crate::layout::{Layout, Usage};
+use crate::layout::{Layout, PublishUsage};
 use crate::plugins::{PluginManager, ReadyPlugin};
 use crate::state::StateFileError;
 
@@ -185,7 +186,7 @@ pub struct UnmountRequest {
     /// The workload.
     pub workload: WorkloadId,
     /// How it was published: names the target when the workload has no usage record.
-    pub usage: Usage,
+    pub usage: PublishUsage,
 }
 
 /// What a node expansion needs.
@@ -253,20 +254,96 @@ pub enum VolumeEvent {
     },
 }
 
-/// Which step of a publication a [`Pending`] is.
+impl fmt::Display for VolumeEvent {
+    /// One line for people: `volume v1 (plugin ebs) for workload w1: mounted at <target>`,
+    /// `…: unmount failed (retry): <error>`, a [`Reconciliation`]'s line, `volume v1 (plugin
+    /// ebs): expanded on this node to 2147483648 bytes`; plugin text escaped by the errors.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn failed(f: &mut fmt::Formatter<'_>, what: &str, e: &VolumeError) -> fmt::Result {
+            write!(f, "{what} failed ({}): {e}", e.class().as_str())
+        }
+        match self {
+            VolumeEvent::Mount {
+                plugin,
+                volume,
+                workload,
+                outcome,
+            } => {
+                write!(
+                    f,
+                    "volume {volume} (plugin {plugin}) for workload {workload}: "
+                )?;
+                match outcome {
+                    Ok(target) => write!(f, "mounted at {}", target.display()),
+                    Err(e) => failed(f, "mount", e),
+                }
+            }
+            VolumeEvent::Unmount {
+                plugin,
+                volume,
+                workload,
+                outcome,
+            } => {
+                write!(
+                    f,
+                    "volume {volume} (plugin {plugin}) for workload {workload}: "
+                )?;
+                match outcome {
+                    Ok(u) => write!(
+                        f,
+                        "unmounted (unpublished: {}, unstaged: {})",
+                        u.unpublished, u.unstaged
+                    ),
+                    Err(e) => failed(f, "unmount", e),
+                }
+            }
+            VolumeEvent::Reconcile(r) => r.fmt(f),
+            VolumeEvent::Expand {
+                plugin,
+                volume,
+                outcome,
+            } => {
+                write!(f, "volume {volume} (plugin {plugin}): ")?;
+                match outcome {
+                    Ok(Some(bytes)) => write!(f, "expanded on this node to {bytes} bytes"),
+                    Ok(None) => f.write_str("expanded on this node"),
+                    Err(e) => failed(f, "node expansion", e),
+                }
+            }
+        }
+    }
+}
+
+/// Which step of a publication an [`UncertainMount`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PendingStep {
+pub enum MountStep {
     /// `NodeStageVolume` of the volume.
     Stage,
     /// `NodePublishVolume` for a workload.
     Publish,
 }
 
+impl MountStep {
+    /// `stage` or `publish`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MountStep::Stage => "stage",
+            MountStep::Publish => "publish",
+        }
+    }
+}
+
+impl fmt::Display for MountStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A stage or publish whose outcome is not known to be done: started (a crash or an error
 /// came before the answer) or uncertain (a deadline or lost connection). An unmount of the
 /// volume undoes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pending {
+pub struct UncertainMount {
     /// The plugin.
     pub plugin: PluginId,
     /// The volume.
@@ -274,11 +351,28 @@ pub struct Pending {
     /// The workload, for a publish.
     pub workload: Option<WorkloadId>,
     /// Which step.
-    pub step: PendingStep,
+    pub step: MountStep,
     /// The staging path or target (host side).
     pub path: PathBuf,
     /// Where it stands.
     pub state: StepState,
+}
+
+impl fmt::Display for UncertainMount {
+    /// `volume v1 (plugin ebs) for workload w1: publish uncertain at /data/…/target`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "volume {} (plugin {})", self.volume, self.plugin)?;
+        if let Some(w) = &self.workload {
+            write!(f, " for workload {w}")?;
+        }
+        write!(
+            f,
+            ": {} {} at {}",
+            self.step,
+            self.state,
+            self.path.display()
+        )
+    }
 }
 
 /// Which volume (and workload) a release step is about.
@@ -550,7 +644,7 @@ impl VolumeManager {
 
     /// The mount, with the volume's turn held by the caller.
     async fn mount_in_turn(&self, req: &MountRequest) -> Result<Mounted, VolumeError> {
-        let usage = Usage::of(&req.capability, req.read_only);
+        let usage = PublishUsage::of(&req.capability, req.read_only);
         let key = usage_key(&req.plugin, &req.volume);
         let layout = &self.inner.layout;
         let target = layout.target_path(&req.volume, &req.workload, &usage)?;
@@ -702,7 +796,7 @@ impl VolumeManager {
             volume: req.volume.clone(),
             external_id: req.external_id.clone(),
             workload: req.workload.clone(),
-            usage: Usage::of(&req.capability, req.read_only),
+            usage: PublishUsage::of(&req.capability, req.read_only),
         };
         match self.unmount_in_turn(&unmount).await {
             Ok(undone) => {
@@ -1084,7 +1178,7 @@ impl VolumeManager {
     }
 
     /// Stages and publications whose outcome is not known to be done.
-    pub fn uncertain(&self) -> Vec<Pending> {
+    pub fn uncertain(&self) -> Vec<UncertainMount> {
         let mut out = Vec::new();
         for e in self.records() {
             let stagings = e
@@ -1094,11 +1188,11 @@ impl VolumeManager {
                 .chain(e.legacy_stagings.iter().map(|l| (l.stage, &l.path)));
             for (state, path) in stagings {
                 if state != StepState::Done {
-                    out.push(Pending {
+                    out.push(UncertainMount {
                         plugin: e.plugin.clone(),
                         volume: e.volume.clone(),
                         workload: None,
-                        step: PendingStep::Stage,
+                        step: MountStep::Stage,
                         path: path.clone(),
                         state,
                     });
@@ -1106,11 +1200,11 @@ impl VolumeManager {
             }
             for (w, u) in &e.users {
                 if u.publish != StepState::Done {
-                    out.push(Pending {
+                    out.push(UncertainMount {
                         plugin: e.plugin.clone(),
                         volume: e.volume.clone(),
                         workload: Some(w.clone()),
-                        step: PendingStep::Publish,
+                        step: MountStep::Publish,
                         path: u.target.clone(),
                         state: u.publish,
                     });

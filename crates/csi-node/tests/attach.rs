@@ -480,7 +480,7 @@ async fn the_last_claim_s_unstage_is_confirmed_not_assumed() {
             volume: volume.id().clone(),
             external_id,
             workload: outside,
-            usage: csi_node::layout::Usage::of(&capability, false),
+            usage: csi_node::layout::PublishUsage::of(&capability, false),
         })
         .await
         .expect("the last publication goes, and the staging with it");

@@ -6,7 +6,7 @@ mod support;
 
 use csi_client::Endpoint;
 use csi_node::Node;
-use csi_node::health::{HealthEvent, HealthMonitor, Source};
+use csi_node::health::{ConditionSource, HealthMonitor, VolumeHealthEvent};
 use csi_node::volumes::MountRequest;
 use csi_structs::{
     AccessMode, ExternalVolumeId, MountOptions, NodeId, PluginId, Secrets, VolumeCapability,
@@ -33,7 +33,7 @@ async fn published(mock: &MockPlugin) -> Published {
         .await
         .expect("opens");
     let plugin = PluginId::new("mock").expect("id");
-    node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+    node.register_plugin(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
         .await
         .expect("registered");
     node.wait_for(&plugin, GUARD)
@@ -93,10 +93,10 @@ async fn a_volume_turning_abnormal_is_told_once_and_its_recovery_too() {
 
     mock.set_volume_condition(external.as_str(), true, "disk detached");
     let told = monitor.poll().await;
-    let mut sources: Vec<Source> = told
+    let mut sources: Vec<ConditionSource> = told
         .iter()
         .map(|e| match e {
-            HealthEvent::Abnormal {
+            VolumeHealthEvent::Abnormal {
                 volume: v,
                 message,
                 source,
@@ -109,11 +109,14 @@ async fn a_volume_turning_abnormal_is_told_once_and_its_recovery_too() {
         })
         .collect();
     sources.sort();
-    assert_eq!(sources, [Source::Controller, Source::Node]);
+    assert_eq!(
+        sources,
+        [ConditionSource::Controller, ConditionSource::Node]
+    );
     assert_eq!(monitor.health()[&volume].abnormal().len(), 2);
     assert!(matches!(
         events.try_recv(),
-        Ok(HealthEvent::Abnormal { .. })
+        Ok(VolumeHealthEvent::Abnormal { .. })
     ));
     // Still abnormal, same words: nothing new.
     assert!(monitor.poll().await.is_empty());
@@ -123,7 +126,7 @@ async fn a_volume_turning_abnormal_is_told_once_and_its_recovery_too() {
     assert_eq!(told.len(), 2, "{told:?}");
     assert!(
         told.iter()
-            .all(|e| matches!(e, HealthEvent::Recovered { .. })),
+            .all(|e| matches!(e, VolumeHealthEvent::Recovered { .. })),
         "{told:?}"
     );
     assert!(monitor.health()[&volume].abnormal().is_empty());
@@ -175,7 +178,7 @@ async fn a_controller_without_get_volume_is_asked_through_list_volumes() {
     mock.set_volume_condition(external.as_str(), true, "pool degraded");
     let told = monitor.poll().await;
     assert!(
-        matches!(&told[..], [HealthEvent::Abnormal { source: Source::Controller, message, .. }] if message == "pool degraded"),
+        matches!(&told[..], [VolumeHealthEvent::Abnormal { source: ConditionSource::Controller, message, .. }] if message == "pool degraded"),
         "{told:?}"
     );
     assert_eq!(mock.calls().count(csi_client::Rpc::ControllerGetVolume), 0);

@@ -31,7 +31,7 @@ async fn a_node_reopened_from_its_directory_has_its_plugins_claims_and_usage_rec
     let plugin = PluginId::new("mock").expect("id");
 
     let node = Node::open(&state, me()).await.expect("opens");
-    node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+    node.register_plugin(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
         .await
         .expect("registered");
     let ready = node
@@ -199,7 +199,7 @@ async fn every_client_of_a_registration_is_built_with_the_embedder_s_settings() 
         .open()
         .await
         .expect("opens");
-    node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+    node.register_plugin(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
         .await
         .expect("registered");
     let ready = node

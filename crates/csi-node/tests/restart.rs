@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_client::{Code, Endpoint, ErrorClass, Rpc};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::volumes::{
     MountRequest, ReconcileOutcome, Reconciled, Republish, Restore, Restored, StepState,
@@ -106,7 +106,7 @@ impl Host {
             volume: vol.id.clone(),
             external_id: vol.external.clone(),
             workload: workload(w),
-            usage: Usage::of(&capability(), false),
+            usage: PublishUsage::of(&capability(), false),
         }
     }
 
@@ -147,7 +147,11 @@ impl Host {
     fn target(&self, vol: &Vol, w: &str) -> PathBuf {
         self.volumes
             .layout()
-            .target_path(&vol.id, &workload(w), &Usage::of(&capability(), false))
+            .target_path(
+                &vol.id,
+                &workload(w),
+                &PublishUsage::of(&capability(), false),
+            )
             .expect("path")
     }
 }
@@ -217,7 +221,7 @@ fn actions(report: &Reconciled) -> Vec<(String, String, &'static str)> {
                     .as_ref()
                     .map(ToString::to_string)
                     .unwrap_or_default(),
-                r.action(),
+                r.action().as_str(),
             )
         })
         .collect()
@@ -314,6 +318,10 @@ async fn after_a_host_reboot_reconcile_stages_and_publishes_every_record_again()
     );
     assert!(!report.is_complete(), "tmp is not confirmed");
     assert_eq!(report.failed().count(), 0);
+    assert_eq!(
+        report.to_string(),
+        "4 record(s): 3 republished, 0 released, 1 kept, 0 not confirmed"
+    );
     let restaged: Vec<bool> = report
         .records
         .iter()

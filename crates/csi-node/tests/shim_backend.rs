@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use csi_node::shim::NodeBackend;
 use csi_rpc_shim::{
-    CallContext, ControllerQuery, CreateVolume, DeleteVolume, LocalPlugins, LocalStatus,
-    PluginFailure, ServiceKind,
+    ControllerQuery, CreateVolume, DeleteVolume, LocalPlugins, LocalStatus, PluginFailure,
+    ServiceKind, ShimContext,
 };
 use csi_structs::{
     AccessMode, ErrorClass, MountOptions, NodeId, Parameters, PluginId, Secrets, VolumeCapability,
@@ -17,8 +17,8 @@ use csi_structs::{
 };
 use support::mock_plugin;
 
-fn context() -> CallContext {
-    CallContext {
+fn context() -> ShimContext {
+    ShimContext {
         deadline: tokio::time::Instant::now() + Duration::from_secs(30),
         origin: NodeId::new("n1").expect("id"),
         hops: 0,
@@ -115,7 +115,7 @@ async fn the_registry_feed_publishes_a_healthy_plugin_and_takes_it_away_when_it_
     );
     assert_eq!(registry.node_plugin(&me, &plugin), NodePlugin::Missing);
 
-    node.register(
+    node.register_plugin(
         plugin.clone(),
         csi_client::Endpoint::unix(&socket).expect("endpoint"),
     )
@@ -175,7 +175,7 @@ async fn a_retryable_failure_under_a_short_caller_deadline_is_answered_at_once()
 
     // Less than csi-client's first pause before retrying an unpublish (a second or more).
     let left = Duration::from_millis(500);
-    let ctx = CallContext {
+    let ctx = ShimContext {
         deadline: tokio::time::Instant::now() + left,
         ..context()
     };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_client::{Code, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_node::plugins::{PluginManager, PluginManagerConfig};
 use csi_node::state::StateFileError;
 use csi_node::volumes::{
@@ -201,13 +201,21 @@ async fn a_reopened_manager_knows_who_uses_what() {
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].workload.as_ref().map(|w| w.as_str()), Some("w3"));
     assert_eq!(pending[0].state, StepState::Uncertain);
+    let shown = pending[0].to_string();
+    assert!(
+        shown.starts_with(&format!(
+            "volume {} (plugin {}) for workload w3: publish uncertain at /",
+            db.0, node.id
+        )),
+        "{shown}"
+    );
     let w1 = WorkloadId::new("w1").expect("id");
     assert_eq!(
         volumes.published(&db.0, &w1),
         Some(
             volumes
                 .layout()
-                .target_path(&db.0, &w1, &Usage::of(&capability(), false))
+                .target_path(&db.0, &w1, &PublishUsage::of(&capability(), false))
                 .expect("path")
         )
     );
@@ -257,7 +265,17 @@ async fn every_operation_ends_with_its_event() {
         .mount(&node.mount(&db, "w1"))
         .await
         .expect("mounted");
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    assert_eq!(
+        event.to_string(),
+        format!(
+            "volume {} (plugin {}) for workload w1: mounted at {}",
+            db.0,
+            node.id,
+            target.display()
+        )
+    );
+    match event {
         VolumeEvent::Mount {
             workload, outcome, ..
         } => {
@@ -289,7 +307,17 @@ async fn every_operation_ends_with_its_event() {
         "at the published target: {}",
         call.request
     );
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    assert_eq!(
+        event.to_string(),
+        format!(
+            "volume {} (plugin {}): expanded on this node to {} bytes",
+            db.0,
+            node.id,
+            1u64 << 30
+        )
+    );
+    match event {
         VolumeEvent::Expand { outcome, .. } => assert_eq!(outcome.expect("ok"), grown),
         other => panic!("expected an expansion, got {other:?}"),
     }
@@ -300,7 +328,16 @@ async fn every_operation_ends_with_its_event() {
         .await
         .expect_err("not here");
     assert!(matches!(err, VolumeError::NotHere { .. }), "{err}");
-    match events.recv().await.expect("event") {
+    let event = events.recv().await.expect("event");
+    let text = event.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "volume {} (plugin {}): node expansion failed (",
+            elsewhere.0, node.id
+        )),
+        "{text}"
+    );
+    match event {
         VolumeEvent::Expand { outcome, .. } => assert!(outcome.is_err()),
         other => panic!("expected an expansion, got {other:?}"),
     }
@@ -368,7 +405,7 @@ async fn unmounting_what_is_already_cleaned_up_needs_no_plugin() {
         volume: VolumeId::new("v1").expect("id"),
         external_id: ExternalVolumeId::new("vol-1").expect("id"),
         workload: WorkloadId::new("w1").expect("id"),
-        usage: Usage::of(&capability(), false),
+        usage: PublishUsage::of(&capability(), false),
     };
     // No record and no target directory: done, without calling the (missing) plugin.
     volumes.unmount(&request).await.expect("already done");
@@ -460,7 +497,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
     let volume = VolumeId::new("db").expect("id");
     let mut records = serde_json::Map::new();
     for (workload, read_only) in [("reader", true), ("writer", false)] {
-        let usage = Usage::of(&cap, read_only);
+        let usage = PublishUsage::of(&cap, read_only);
         let staging = layout.staging_root().join("db").join(usage.segment());
         let target = layout
             .target_path(&volume, &WorkloadId::new(workload).expect("id"), &usage)
@@ -529,7 +566,7 @@ async fn format_1_stagings_are_unstaged_with_the_last_publication() {
         volume: volume.clone(),
         external_id: ext.clone(),
         workload: WorkloadId::new(workload).expect("id"),
-        usage: Usage::of(&cap, read_only),
+        usage: PublishUsage::of(&cap, read_only),
     };
     volumes
         .unmount(&unmount("reader", true))

@@ -13,7 +13,7 @@ use csi_structs::{ErrorClass, NodeId, PluginId};
 use tokio::time::Instant;
 
 use crate::request::{
-    Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded,
     ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume,
     ListSnapshots, ListVolumes, NodeDetach, NodeExpand, NodeExpanded, SnapshotInfo, SnapshotPage,
     Validated, VolumePage,
@@ -226,7 +226,7 @@ pub enum LocalStatus {
 
 /// What the shim tells the local plugins about a call it serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallContext {
+pub struct ShimContext {
     /// The latest moment the answer is still useful: the original caller's deadline, carried
     /// across every hop. Set the plugin call's own timeout from it.
     pub deadline: Instant,
@@ -255,76 +255,76 @@ pub trait LocalPlugins: Send + Sync + 'static {
     /// `ControllerPublishVolume`.
     async fn controller_attach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerAttach,
-    ) -> Result<Attached, PluginError>;
+    ) -> Result<ControllerAttached, PluginError>;
 
     /// `ControllerUnpublishVolume`.
     async fn controller_detach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError>;
 
     /// `ValidateVolumeCapabilities`.
     async fn controller_validate(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerValidate,
     ) -> Result<Validated, PluginError>;
 
     /// `CreateVolume`.
     async fn create_volume(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateVolume,
     ) -> Result<CreatedVolume, PluginError>;
 
     /// `DeleteVolume`.
-    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError>;
+    async fn delete_volume(&self, ctx: &ShimContext, req: DeleteVolume) -> Result<(), PluginError>;
 
     /// `ControllerExpandVolume`.
     async fn controller_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError>;
 
     /// `ListVolumes`, one page.
     async fn list_volumes(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListVolumes,
     ) -> Result<VolumePage, PluginError>;
 
     /// `CreateSnapshot`.
     async fn create_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError>;
 
     /// `DeleteSnapshot`.
     async fn delete_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: DeleteSnapshot,
     ) -> Result<(), PluginError>;
 
     /// `ListSnapshots`, one page.
     async fn list_snapshots(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError>;
 
     /// `NodeUnpublishVolume` for the workload's target path, then `NodeUnstageVolume`.
-    async fn node_detach(&self, ctx: &CallContext, req: NodeDetach) -> Result<(), PluginError>;
+    async fn node_detach(&self, ctx: &ShimContext, req: NodeDetach) -> Result<(), PluginError>;
 
     /// `NodeExpandVolume`.
     async fn node_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: NodeExpand,
     ) -> Result<NodeExpanded, PluginError>;
 }

@@ -121,12 +121,12 @@ mod tls;
 pub mod wire;
 
 pub use auth::{Credentials, Denied, Principal, Scope, Token, TokenBook, TokenError};
-pub use backend::{CallContext, GrpcCode, LocalPlugins, LocalStatus, PluginError, PluginFailure};
+pub use backend::{GrpcCode, LocalPlugins, LocalStatus, PluginError, PluginFailure, ShimContext};
 pub use error::{ProtocolProblem, Refusal, RefusalReason, ShimError};
 pub use peers::Routes;
 pub use registry::{ControllerView, Health, Instance, NodePlugin, NodeStatus, Registry};
 pub use request::{
-    Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded,
     ControllerQuery, ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume,
     DeleteSnapshot, DeleteVolume, ListSnapshots, ListVolumes, ListedVolume, NodeDetach, NodeExpand,
     NodeExpanded, SnapshotInfo, SnapshotPage, Validated, VolumePage,

@@ -64,7 +64,7 @@ pub struct ControllerAttach {
 
 /// The answer to [`ControllerAttach`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Attached {
+pub struct ControllerAttached {
     /// Passed on to the node's stage and publish calls.
     pub publish_context: PublishContext,
 }

@@ -10,14 +10,14 @@ use csi_structs::{NodeId, PluginId};
 use tokio::time::{Instant, timeout_at};
 
 use crate::auth::{Credentials, Denied, HOPS_HEADER, Principal, Scope, TokenBook};
-use crate::backend::{CallContext, LocalPlugins, LocalStatus};
+use crate::backend::{LocalPlugins, LocalStatus, ShimContext};
 use crate::error::{Refusal, RefusalReason, ShimError};
 use crate::forward::{self, Presented};
 use crate::ops::{Acting, Op, Routing};
 use crate::peers::{PeerPool, Route, Routes};
 use crate::registry::{NodePlugin, Registry};
 use crate::request::{
-    Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded,
     ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume,
     ListSnapshots, ListVolumes, NodeDetach, NodeExpand, NodeExpanded, SnapshotInfo, SnapshotPage,
     Validated, VolumePage,
@@ -366,7 +366,7 @@ impl Shim {
             .resolve(me, target);
         let (sent_to, addr) = match route {
             Route::Local => {
-                let ctx = CallContext {
+                let ctx = ShimContext {
                     deadline,
                     origin: me.clone(),
                     hops: 0,
@@ -408,7 +408,7 @@ impl Shim {
     }
 
     /// Serves a call with this node's plugins.
-    async fn serve_here<O: Op>(&self, op: O, ctx: &CallContext) -> Result<O::Output, ShimError> {
+    async fn serve_here<O: Op>(&self, op: O, ctx: &ShimContext) -> Result<O::Output, ShimError> {
         let rpc = O::RPC;
         let service = rpc.service();
         let me = &self.inner.me;
@@ -535,7 +535,7 @@ impl Shim {
 
         let work = async {
             if target == *me {
-                let ctx = CallContext {
+                let ctx = ShimContext {
                     deadline,
                     origin: principal.node.clone(),
                     hops,
@@ -620,7 +620,7 @@ macro_rules! calls {
 calls! {
     /// Attaches a volume to a node through a controller instance of the plugin, failing over
     /// to the next instance on "retry elsewhere" or `UNAVAILABLE`.
-    controller_attach(ControllerAttach) -> Attached;
+    controller_attach(ControllerAttach) -> ControllerAttached;
     /// Detaches a volume from a node through a controller instance, with failover.
     controller_detach(ControllerDetach) -> ();
     /// Validates capabilities through a controller instance, with failover.

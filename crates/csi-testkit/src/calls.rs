@@ -28,7 +28,7 @@ use crate::plugin::Shared;
 
 /// How a recorded call ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RecordedOutcome {
     /// The call is still being served.
     InFlight,
     /// The mock answered OK (for a stream: the stream was set up).
@@ -46,11 +46,11 @@ pub enum Outcome {
     ConnectionDropped,
 }
 
-impl Outcome {
+impl RecordedOutcome {
     /// The gRPC code of a failed call, `None` otherwise.
     pub fn code(&self) -> Option<Code> {
         match self {
-            Outcome::Failed { code, .. } => Some(*code),
+            RecordedOutcome::Failed { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -72,7 +72,7 @@ pub struct CallRecord {
     /// The request as printed by its `Debug`, which redacts every secret value.
     pub request: String,
     /// How the call ended.
-    pub outcome: Outcome,
+    pub outcome: RecordedOutcome,
     /// When the call arrived.
     pub at: SystemTime,
 }
@@ -122,7 +122,7 @@ impl CallLog {
             volume_id,
             node_id,
             request,
-            outcome: Outcome::InFlight,
+            outcome: RecordedOutcome::InFlight,
             at: SystemTime::now(),
         });
         seq
@@ -143,7 +143,7 @@ impl CallLog {
         self.records.get_mut(index)
     }
 
-    pub(crate) fn finish(&mut self, seq: u64, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, seq: u64, outcome: RecordedOutcome) {
         if let Some(record) = self.find(seq) {
             record.outcome = outcome;
         }
@@ -509,11 +509,14 @@ mod tests {
             vec![Rpc::GetPluginInfo, Rpc::NodeGetInfo]
         );
         assert_eq!(log.evicted(), 1);
-        log.finish(2, Outcome::Ok);
-        assert_eq!(log.snapshot().records()[1].outcome, Outcome::Ok);
+        log.finish(2, RecordedOutcome::Ok);
+        assert_eq!(log.snapshot().records()[1].outcome, RecordedOutcome::Ok);
         // A finished call that was evicted is ignored rather than misattributed.
-        log.finish(0, Outcome::Abandoned);
-        assert_eq!(log.snapshot().records()[0].outcome, Outcome::InFlight);
+        log.finish(0, RecordedOutcome::Abandoned);
+        assert_eq!(
+            log.snapshot().records()[0].outcome,
+            RecordedOutcome::InFlight
+        );
         assert_eq!(
             log.stats(),
             LogStats {
@@ -532,9 +535,9 @@ mod tests {
             log.push(Rpc::Probe, None, None, String::new());
         }
         // Seqs 2, 3 and 4 are kept; 0 is gone and 7 never was.
-        log.finish(3, Outcome::Ok);
-        log.finish(0, Outcome::Abandoned);
-        log.finish(7, Outcome::Abandoned);
+        log.finish(3, RecordedOutcome::Ok);
+        log.finish(0, RecordedOutcome::Abandoned);
+        log.finish(7, RecordedOutcome::Abandoned);
         let outcomes: Vec<_> = log
             .snapshot()
             .records()
@@ -544,22 +547,22 @@ mod tests {
         assert_eq!(
             outcomes,
             [
-                (2, Outcome::InFlight),
-                (3, Outcome::Ok),
-                (4, Outcome::InFlight)
+                (2, RecordedOutcome::InFlight),
+                (3, RecordedOutcome::Ok),
+                (4, RecordedOutcome::InFlight)
             ]
         );
         log.drain();
         let seq = log.push(Rpc::Probe, None, None, String::new());
         log.set_volume(seq, "vol-1".to_owned());
-        log.finish(seq, Outcome::Ok);
+        log.finish(seq, RecordedOutcome::Ok);
         let list = log.snapshot();
         let record = &list.records()[0];
         assert_eq!(
             (record.seq, record.volume_id.as_deref()),
             (5, Some("vol-1"))
         );
-        assert_eq!(record.outcome, Outcome::Ok);
+        assert_eq!(record.outcome, RecordedOutcome::Ok);
     }
 
     #[test]
@@ -568,7 +571,7 @@ mod tests {
         for rpc in [Rpc::Probe, Rpc::NodeGetInfo] {
             log.push(rpc, None, None, String::new());
         }
-        log.finish(1, Outcome::Ok);
+        log.finish(1, RecordedOutcome::Ok);
         assert!(log.snapshot().is_empty());
         assert_eq!(
             log.stats(),

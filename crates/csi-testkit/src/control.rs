@@ -52,7 +52,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
-use crate::calls::{CallList, Outcome};
+use crate::calls::{CallList, RecordedOutcome};
 use crate::error::Error;
 use crate::fault_spec::{FaultSpec, FaultSpecError};
 use crate::plugin::MockPlugin;
@@ -249,8 +249,8 @@ fn call_lines(calls: &CallList) -> String {
     for record in calls.records() {
         let _ = write!(out, "call {} {} ", record.seq, record.rpc.name());
         match &record.outcome {
-            Outcome::Ok => out.push_str("OK"),
-            Outcome::Failed { code, message } => {
+            RecordedOutcome::Ok => out.push_str("OK"),
+            RecordedOutcome::Failed { code, message } => {
                 let _ = write!(
                     out,
                     "FAILED {} {}",
@@ -258,9 +258,9 @@ fn call_lines(calls: &CallList) -> String {
                     message.replace(['\n', '\r'], " ")
                 );
             }
-            Outcome::InFlight => out.push_str("IN_FLIGHT"),
-            Outcome::Abandoned => out.push_str("ABANDONED"),
-            Outcome::ConnectionDropped => out.push_str("CONNECTION_DROPPED"),
+            RecordedOutcome::InFlight => out.push_str("IN_FLIGHT"),
+            RecordedOutcome::Abandoned => out.push_str("ABANDONED"),
+            RecordedOutcome::ConnectionDropped => out.push_str("CONNECTION_DROPPED"),
         }
         if let Some(volume) = &record.volume_id {
             let _ = write!(out, " volume={volume}");

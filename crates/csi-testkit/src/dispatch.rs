@@ -9,7 +9,7 @@ use std::time::Duration;
 use csi_proto::Rpc;
 use tonic::{Request, Response, Status};
 
-use crate::calls::Outcome;
+use crate::calls::RecordedOutcome;
 use crate::faults::FaultStep;
 use crate::plugin::MockPlugin;
 use crate::secrets::CallSecrets;
@@ -77,7 +77,7 @@ impl Target {
 }
 
 /// One call being served. Records the outcome when finished; a call dropped before it
-/// finished (the caller gave up) is recorded as [`Outcome::Abandoned`].
+/// finished (the caller gave up) is recorded as [`RecordedOutcome::Abandoned`].
 pub(crate) struct CallScope {
     plugin: MockPlugin,
     rpc: Rpc,
@@ -95,7 +95,7 @@ impl fmt::Debug for CallScope {
 }
 
 impl CallScope {
-    fn record(&mut self, outcome: Outcome) {
+    fn record(&mut self, outcome: RecordedOutcome) {
         self.finished = true;
         tracing::debug!(
             rpc = self.rpc.name(),
@@ -115,7 +115,7 @@ impl CallScope {
 
     /// Records a failure and hands the status back.
     pub(crate) fn fail(mut self, status: Status) -> Status {
-        self.record(Outcome::Failed {
+        self.record(RecordedOutcome::Failed {
             code: status.code(),
             message: status.message().to_string(),
         });
@@ -127,7 +127,7 @@ impl CallScope {
         match result {
             Ok(value) => match self.plugin.shared.save_state() {
                 Ok(()) => {
-                    self.record(Outcome::Ok);
+                    self.record(RecordedOutcome::Ok);
                     Ok(Response::new(value))
                 }
                 Err(err) => {
@@ -155,13 +155,13 @@ impl CallScope {
         match self.stream_fault.take() {
             Some((messages, status)) => {
                 out.truncate(messages);
-                self.record(Outcome::Failed {
+                self.record(RecordedOutcome::Failed {
                     code: status.code(),
                     message: status.message().to_string(),
                 });
                 out.push(Err(status));
             }
-            None => self.record(Outcome::Ok),
+            None => self.record(RecordedOutcome::Ok),
         }
         Ok(Response::new(tokio_stream::iter(out)))
     }
@@ -184,7 +184,7 @@ impl Drop for CallScope {
                 .shared
                 .lock()
                 .calls
-                .finish(self.seq, Outcome::Abandoned);
+                .finish(self.seq, RecordedOutcome::Abandoned);
             self.plugin.shared.log_changed.notify_waiters();
         }
     }
@@ -285,7 +285,7 @@ impl MockPlugin {
                 Err(scope.fail(released_status(rpc)))
             }
             Some(FaultStep::DropConnection) => {
-                scope.record(Outcome::ConnectionDropped);
+                scope.record(RecordedOutcome::ConnectionDropped);
                 // The call is over as far as the mock is concerned: free its volume now rather
                 // than when the connection task gets round to dropping this future.
                 scope.release_lock();

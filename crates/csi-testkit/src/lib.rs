@@ -95,7 +95,9 @@ mod state;
 pub mod transport;
 mod validate;
 
-pub use calls::{CallList, CallRecord, Calls, LogStats, Outcome, RunsMismatch, WaitTimeout};
+pub use calls::{
+    CallList, CallRecord, Calls, LogStats, RecordedOutcome, RunsMismatch, WaitTimeout,
+};
 pub use capabilities::{
     ControllerCapability, GroupControllerCapability, NodeCapability, PluginCapabilities,
     PluginService, VolumeExpansion,

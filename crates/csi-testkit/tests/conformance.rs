@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use csi_proto::Rpc;
-use csi_testkit::conformance::{self, Check, Options, Outcome, Report, Suite};
+use csi_testkit::conformance::{self, Check, CheckOutcome, Options, Report, Suite};
 use csi_testkit::{
     ControllerCapability, MockPlugin, MockPluginBuilder, MockServer, NodeCapability, PluginService,
     Quirk, Role, VolumeExpansion,
@@ -58,7 +58,7 @@ impl Served {
     }
 }
 
-fn outcome(report: &Report, check: Check) -> Outcome {
+fn outcome(report: &Report, check: Check) -> CheckOutcome {
     report
         .outcome(check)
         .cloned()
@@ -72,7 +72,7 @@ fn assert_no_failures_and_stated_skips(report: &Report) {
         "a check failed against the spec-abiding mock:\n{report}"
     );
     for result in &report.results {
-        if let Outcome::Skip { reason } = &result.outcome {
+        if let CheckOutcome::Skip { reason } = &result.outcome {
             let stated = ["not advertised", "not served", "configured", "unadvertised"]
                 .iter()
                 .any(|phrase| reason.contains(phrase));
@@ -125,7 +125,11 @@ async fn the_mock_passes_every_check_and_nothing_is_left_behind() {
         Check::SecretsPassedThrough,
         Check::SizeLimits,
     ] {
-        assert_eq!(outcome(&report, check), Outcome::Pass, "{check}:\n{report}");
+        assert_eq!(
+            outcome(&report, check),
+            CheckOutcome::Pass,
+            "{check}:\n{report}"
+        );
     }
     assert_eq!(
         report.plugin.as_ref().map(|p| p.name.as_str()),
@@ -187,7 +191,7 @@ async fn absent_capabilities_skip_their_checks_and_answer_unimplemented() {
     // The mock answers UNIMPLEMENTED for what it does not advertise, and the suite checked that.
     assert_eq!(
         outcome(&report, Check::UnadvertisedRpcsUnimplemented),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     for (check, capability) in [
@@ -208,14 +212,16 @@ async fn absent_capabilities_skip_their_checks_and_answer_unimplemented() {
         ),
     ] {
         match outcome(&report, check) {
-            Outcome::Skip { reason } => assert!(reason.contains(capability), "{check}: {reason}"),
+            CheckOutcome::Skip { reason } => {
+                assert!(reason.contains(capability), "{check}: {reason}")
+            }
             other => panic!("{check} should be skipped for {capability}, got {other:?}"),
         }
     }
     // The lifecycle still runs: with staging, without stats.
     assert_eq!(
         outcome(&report, Check::NodeLifecycle),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     served.server.shutdown().await.expect("the mock shuts down");
@@ -266,7 +272,9 @@ async fn wrong_codes_fail_required_field_not_found_and_idempotency_checks() {
             .await
             .expect("the suite finishes");
         match outcome(&report, check) {
-            Outcome::Fail { reason } => assert!(reason.contains(expected), "{check}: {reason}"),
+            CheckOutcome::Fail { reason } => {
+                assert!(reason.contains(expected), "{check}: {reason}")
+            }
             other => panic!("{check} should fail, got {other:?}"),
         }
         assert!(
@@ -298,7 +306,7 @@ async fn an_unadvertised_rpc_answering_anything_but_unimplemented_fails_consiste
         .await
         .expect("the suite finishes");
     match outcome(&report, Check::UnadvertisedRpcsUnimplemented) {
-        Outcome::Fail { reason } => {
+        CheckOutcome::Fail { reason } => {
             assert!(
                 reason.contains("ListSnapshots answered INTERNAL"),
                 "{reason}"
@@ -342,7 +350,7 @@ async fn online_expansion_without_an_expand_capability_fails_coherence() {
     let served = Served::start(builder).await;
     let report = served.run(served.options()).await;
     match outcome(&report, Check::CapabilitiesCoherent) {
-        Outcome::Fail { reason } => assert!(reason.contains("ONLINE"), "{reason}"),
+        CheckOutcome::Fail { reason } => assert!(reason.contains("ONLINE"), "{reason}"),
         other => panic!("CapabilitiesCoherent should fail, got {other:?}\n{report}"),
     }
     let failed: Vec<Check> = report.failures().map(|r| r.check).collect();
@@ -357,16 +365,16 @@ async fn a_node_only_plugin_skips_controller_checks() {
     assert_no_failures_and_stated_skips(&report);
     assert_eq!(
         outcome(&report, Check::NodeGetInfo),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     assert_eq!(
         outcome(&report, Check::RequiredFields(Rpc::NodePublishVolume)),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     match outcome(&report, Check::ValidateConfirms) {
-        Outcome::Skip { reason } => assert!(reason.contains("CONTROLLER_SERVICE"), "{reason}"),
+        CheckOutcome::Skip { reason } => assert!(reason.contains("CONTROLLER_SERVICE"), "{reason}"),
         other => panic!("ValidateConfirms should be skipped, got {other:?}"),
     }
     assert!(outcome(&report, Check::NodeLifecycle).is_skip(), "{report}");
@@ -378,7 +386,7 @@ async fn a_node_only_plugin_skips_controller_checks() {
     assert_no_failures_and_stated_skips(&report);
     assert_eq!(
         outcome(&report, Check::NodeLifecycle),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     assert!(served.plugin.staged().is_empty() && served.plugin.published().is_empty());
@@ -390,7 +398,7 @@ async fn a_plugin_that_never_confirms_fails_validation() {
     let served = Served::start(MockPlugin::builder().quirk(Quirk::NeverConfirm)).await;
     let report = served.run(served.options()).await;
     match outcome(&report, Check::ValidateConfirms) {
-        Outcome::Fail { reason } => assert!(reason.contains("confirmed"), "{reason}"),
+        CheckOutcome::Fail { reason } => assert!(reason.contains("confirmed"), "{reason}"),
         other => panic!("ValidateConfirms should fail, got {other:?}\n{report}"),
     }
     // Only the checks the quirk touches fail.
@@ -430,7 +438,7 @@ async fn argument_checks_before_not_found_fail_the_not_found_checks() {
     ];
     for (check, case) in expected {
         match outcome(&report, check) {
-            Outcome::Fail { reason } => assert!(
+            CheckOutcome::Fail { reason } => assert!(
                 reason.contains(case) && reason.contains("INVALID_ARGUMENT"),
                 "{check}: {reason}"
             ),
@@ -452,7 +460,7 @@ async fn accepting_any_mutable_parameter_key_fails_the_mutable_parameter_check()
     let served = Served::start(MockPlugin::builder().quirk(Quirk::AnyMutableParameterKey)).await;
     let report = served.run(served.options()).await;
     match outcome(&report, Check::MutableParameterKeys) {
-        Outcome::Fail { reason } => assert!(
+        CheckOutcome::Fail { reason } => assert!(
             reason.contains("CreateVolume") && reason.contains("ControllerModifyVolume"),
             "both calls are named: {reason}"
         ),
@@ -468,7 +476,7 @@ async fn accepting_any_mutable_parameter_key_fails_the_mutable_parameter_check()
         .await;
     assert_eq!(
         outcome(&report, Check::MutableParameterKeys),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     served.server.shutdown().await.expect("the mock shuts down");
@@ -496,7 +504,9 @@ async fn not_found_on_a_repeated_unpublish_fails_idempotency() {
         Check::Idempotent(Rpc::ControllerUnpublishVolume),
     ] {
         match outcome(&report, check) {
-            Outcome::Fail { reason } => assert!(reason.contains("NOT_FOUND"), "{check}: {reason}"),
+            CheckOutcome::Fail { reason } => {
+                assert!(reason.contains("NOT_FOUND"), "{check}: {reason}")
+            }
             other => panic!("{check} should fail, got {other:?}\n{report}"),
         }
     }
@@ -521,7 +531,7 @@ async fn an_advertised_rpc_answering_unimplemented_fails_consistency() {
         .expect("the suite finishes");
     assert_eq!(report.results.len(), 1);
     match outcome(&report, Check::AdvertisedRpcsAnswer) {
-        Outcome::Fail { reason } => {
+        CheckOutcome::Fail { reason } => {
             assert!(
                 reason.contains("GetCapacity answered UNIMPLEMENTED"),
                 "{reason}"
@@ -562,7 +572,7 @@ async fn a_failure_mid_lifecycle_still_cleans_up_everything() {
         .await
         .expect("the suite finishes");
     match outcome(&report, Check::NodeLifecycle) {
-        Outcome::Fail { reason } => assert!(reason.contains("INTERNAL"), "{reason}"),
+        CheckOutcome::Fail { reason } => assert!(reason.contains("INTERNAL"), "{reason}"),
         other => panic!("NodeLifecycle should fail, got {other:?}"),
     }
     // The volume was created, published to the node and staged before the failure; all undone.
@@ -608,7 +618,7 @@ async fn a_call_that_never_answers_fails_its_check_after_the_per_call_deadline()
         .expect("the suite finishes");
     match outcome(&report, Check::Probe) {
         // Either our own deadline or the plugin honouring grpc-timeout ends the call.
-        Outcome::Fail { reason } => assert!(reason.starts_with("Probe "), "{reason}"),
+        CheckOutcome::Fail { reason } => assert!(reason.starts_with("Probe "), "{reason}"),
         other => panic!("Probe should fail, got {other:?}"),
     }
     served.server.shutdown().await.expect("the mock shuts down");
@@ -776,7 +786,11 @@ async fn the_mock_with_volume_condition_passes_every_check() {
     let report = served.run(served.options()).await;
     assert_no_failures_and_stated_skips(&report);
     for check in CONDITION_CHECKS {
-        assert_eq!(outcome(&report, check), Outcome::Pass, "{check}:\n{report}");
+        assert_eq!(
+            outcome(&report, check),
+            CheckOutcome::Pass,
+            "{check}:\n{report}"
+        );
     }
     let calls = served.server.calls();
     for rpc in [
@@ -801,7 +815,7 @@ async fn volume_condition_checks_are_skipped_where_it_is_not_advertised() {
         (Check::NodeVolumeCondition, "node"),
     ] {
         match outcome(&report, check) {
-            Outcome::Skip { reason } => assert!(
+            CheckOutcome::Skip { reason } => assert!(
                 reason.contains(&format!(
                     "{side} capability VOLUME_CONDITION not advertised"
                 )),
@@ -820,7 +834,7 @@ async fn volume_condition_checks_are_skipped_where_it_is_not_advertised() {
     .await;
     let report = condition_checks(&served).await;
     match outcome(&report, Check::ControllerVolumeCondition) {
-        Outcome::Skip { reason } => assert!(
+        CheckOutcome::Skip { reason } => assert!(
             reason.contains("GET_VOLUME and LIST_VOLUMES not advertised"),
             "{reason}"
         ),
@@ -843,7 +857,7 @@ async fn the_controller_check_covers_list_volumes_alone() {
     let report = condition_checks(&served).await;
     assert_eq!(
         outcome(&report, Check::ControllerVolumeCondition),
-        Outcome::Pass,
+        CheckOutcome::Pass,
         "{report}"
     );
     assert!(
@@ -856,7 +870,7 @@ async fn the_controller_check_covers_list_volumes_alone() {
     let served = Served::start(list_only().quirk(Quirk::NoVolumeCondition)).await;
     let report = condition_checks(&served).await;
     match outcome(&report, Check::ControllerVolumeCondition) {
-        Outcome::Fail { reason } => assert!(
+        CheckOutcome::Fail { reason } => assert!(
             reason.contains("ListVolumes listed 1 of 1 entries without status.volume_condition")
                 && !reason.contains("ControllerGetVolume"),
             "{reason}"
@@ -871,7 +885,7 @@ async fn a_plugin_that_omits_the_advertised_condition_fails_the_condition_checks
     let served = Served::start(with_volume_condition().quirk(Quirk::NoVolumeCondition)).await;
     let report = served.run(served.options()).await;
     match outcome(&report, Check::ControllerVolumeCondition) {
-        Outcome::Fail { reason } => assert!(
+        CheckOutcome::Fail { reason } => assert!(
             reason.contains("ControllerGetVolume of volume")
                 && reason.contains("without status.volume_condition")
                 && reason.contains("ListVolumes listed"),
@@ -880,7 +894,7 @@ async fn a_plugin_that_omits_the_advertised_condition_fails_the_condition_checks
         other => panic!("ControllerVolumeCondition should fail, got {other:?}\n{report}"),
     }
     match outcome(&report, Check::NodeVolumeCondition) {
-        Outcome::Fail { reason } => assert!(
+        CheckOutcome::Fail { reason } => assert!(
             reason.contains("NodeGetVolumeStats of volume") && reason.contains("volume_condition"),
             "{reason}"
         ),

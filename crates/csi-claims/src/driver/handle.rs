@@ -9,7 +9,7 @@ use tokio::sync::{Notify, broadcast, oneshot};
 use super::{DutyState, Shared, now};
 use crate::duty::Duty;
 use crate::machine::{
-    ClaimError, Event, ReleaseError, ReleaseMachine, ReleaseStarted, VolumeStatus,
+    ClaimError, Event, ReleaseError, ReleaseMachine, ReleaseStarted, ReleaseStatus,
 };
 use crate::model::{Claim, ClaimRequest, VolumeInfo, VolumeRecord};
 
@@ -59,7 +59,7 @@ pub enum DriverError {
         waited: std::time::Duration,
         /// The volume's release at the deadline: the step awaited, the attempts and the last
         /// error (`None` when the volume has no record any more).
-        status: Option<Box<VolumeStatus>>,
+        status: Option<Box<ReleaseStatus>>,
     },
     /// [`ClaimsHandle::claim_until`] waited for the claims being released in its way until
     /// its deadline, and the claim is still refused: `refusal` is the refusal as it stands
@@ -124,26 +124,10 @@ fn releasing_claims(claims: &[Claim]) -> String {
     shown.join(", ")
 }
 
-/// `; waiting for <step> (<n> failed attempts, last: <error>)`, for a release that did not
-/// finish in time.
-fn status_summary(status: Option<&VolumeStatus>) -> String {
-    use crate::machine::{LastError, Pending};
-    let Some(status) = status else {
-        return String::new();
-    };
-    let step = match &status.pending {
-        Pending::Nothing => "nothing in flight".to_owned(),
-        Pending::NodeDetach(w) => format!("the node detach of workload {w}"),
-        Pending::ControllerDetach(w) => format!("the controller detach of workload {w}"),
-        Pending::ControllerSlot(w) => format!("a controller call slot for workload {w}"),
-        Pending::Backoff { step, .. } => format!("the backoff before retrying the {step}"),
-    };
-    let last = match &status.last_error {
-        Some(LastError::Detach { error, .. }) => format!(", last: {error}"),
-        Some(LastError::Store { detail, .. }) => format!(", last store error: {detail}"),
-        None => String::new(),
-    };
-    format!("; {step} ({} failed attempts{last})", status.attempts)
+/// `; <step> (<n> failed attempts, last: <error>)`, for a release that did not finish in
+/// time.
+fn status_summary(status: Option<&ReleaseStatus>) -> String {
+    status.map_or_else(String::new, |s| format!("; {}", s.progress()))
 }
 
 impl DriverError {
@@ -886,12 +870,12 @@ impl ClaimsHandle {
     }
 
     /// Where a volume's release stands; see [`ReleaseMachine::status`].
-    pub fn status(&self, volume: &VolumeId) -> Option<VolumeStatus> {
+    pub fn status(&self, volume: &VolumeId) -> Option<ReleaseStatus> {
         self.shared.lock().machine.status(volume)
     }
 
     /// Every volume whose last step or write failed; see [`ReleaseMachine::stuck`].
-    pub fn stuck(&self) -> Vec<VolumeStatus> {
+    pub fn stuck(&self) -> Vec<ReleaseStatus> {
         self.shared.lock().machine.stuck()
     }
 

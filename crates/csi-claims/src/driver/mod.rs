@@ -204,8 +204,8 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-pub(crate) fn now() -> std::time::Instant {
-    tokio::time::Instant::now().into_std()
+pub(crate) fn now() -> tokio::time::Instant {
+    tokio::time::Instant::now()
 }
 
 /// The running release loop. Dropping it aborts the loop and every call in flight (like
@@ -363,7 +363,7 @@ where
             let deadline = self.turn(calls);
             let sleep = async {
                 match deadline {
-                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
@@ -428,7 +428,7 @@ where
 
     /// One turn: fire due timers, start every action, deliver events; returns the next
     /// deadline.
-    fn turn(&self, calls: &mut JoinSet<()>) -> Option<std::time::Instant> {
+    fn turn(&self, calls: &mut JoinSet<()>) -> Option<tokio::time::Instant> {
         let mut state = self.shared.lock();
         state.machine.handle_timeout(now());
         while let Some(action) = state.machine.poll_action() {
@@ -748,7 +748,7 @@ async fn while_held(
         loop {
             match duty.until() {
                 Some(until) if now() < until => {
-                    tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+                    tokio::time::sleep_until(until).await;
                 }
                 _ => return,
             }

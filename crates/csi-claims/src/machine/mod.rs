@@ -3,6 +3,10 @@
 //! [`ReleaseMachine`] does no I/O, reads no clock and spawns nothing (the shape of
 //! `quinn-proto`'s `Connection`). Everything it needs comes in through method calls, every
 //! time-dependent input takes `now`, and everything it wants done comes out as a value.
+//! Its instants are tokio's [`Instant`], the type of every deadline in
+//! the crates above it, used as a plain value: the machine needs no runtime, and a test drives
+//! it with whatever instants it passes. The [driver](crate::driver) passes tokio's clock, so a
+//! paused runtime pauses the releases too.
 //!
 //! # Calling protocol
 //!
@@ -42,11 +46,11 @@
 //!   an event says the cause may be gone. The machine's own writes never wake a failed step,
 //!   so there is no tight loop. Each failed attempt is announced ([`Event::StepFailed`]: the
 //!   step, its error class, the attempt and when it is retried), the wait shows in
-//!   [`status`](ReleaseMachine::status) as [`Pending::Backoff`], and a failed step that
+//!   [`status`](ReleaseMachine::status) as [`ReleaseWait::Backoff`], and a failed step that
 //!   succeeds at last is announced too ([`Event::StepRecovered`]).
 //!
 //! ```
-//! use std::time::Instant;
+//! use tokio::time::Instant;
 //! use csi_claims::{Action, ClaimMode, ClaimRequest, ControllerRequirement, MachineConfig,
 //!                  ReleaseMachine, VolumeInfo};
 //! use csi_structs::*;
@@ -84,21 +88,21 @@ mod status;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use csi_structs::{ErrorClass, NodeId, PluginId, VolumeId, WorkloadId};
 
 pub use config::{Duties, MachineConfig, NodeDuties};
 pub use error::{ClaimError, LoadError, ReleaseError};
 pub use output::{Action, Event, NotStarted, PersistRequest, ReloadRequest, StepFailure, Ticket};
-pub use status::{LastError, Pending, RetriedStep, VolumeStatus};
+pub use status::{LastError, ReleaseStatus, ReleaseWait, RetriedStep};
 
 use crate::accounting::{self, Admission, admit};
 use crate::backoff::{BackoffPolicy, JitterRng};
 use crate::detach::{ControllerDetachRequest, DetachError, DetachRpc, NodeDetachRequest};
 use crate::error::error_chain;
 use crate::model::{Claim, ClaimMode, ClaimRequest, VolumeInfo, VolumeRecord};
-use crate::state::{ClaimState, ControllerStep, Detached, NodeDetached, NodeStep};
+use crate::state::{ClaimState, ControllerStep, DetachSteps, NodeDetached, NodeStep};
 use crate::store::{Format, StoreError, Stored, Version};
 use crate::transition::{Side, Step, next_step_performed_by};
 
@@ -1361,7 +1365,7 @@ impl ReleaseMachine {
                     }
                     if let ClaimState::NodeDetached(done) = &claim.state {
                         let before = claim.clone();
-                        claim.state = ClaimState::ControllerDetached(Detached {
+                        claim.state = ClaimState::ControllerDetached(DetachSteps {
                             node: done.node,
                             controller: ControllerStep::Detached,
                         });
@@ -1505,7 +1509,7 @@ impl ReleaseMachine {
 
     /// Where the release of `volume` stands: its claims and states, the call in flight, the
     /// last error with its class, the number of failed attempts and the next retry time.
-    pub fn status(&self, volume: &VolumeId) -> Option<VolumeStatus> {
+    pub fn status(&self, volume: &VolumeId) -> Option<ReleaseStatus> {
         let entry = self.volumes.get(volume)?;
         let retry = if entry.store_retry.last_error.is_some() {
             &entry.store_retry
@@ -1519,14 +1523,14 @@ impl ReleaseMachine {
             .or_else(|| entry.step_retry.backoff());
         let pending = match &entry.op {
             Op::Idle => match backoff {
-                Some((step, until)) => Pending::Backoff { step, until },
-                None => Pending::Nothing,
+                Some((step, until)) => ReleaseWait::Backoff { step, until },
+                None => ReleaseWait::Nothing,
             },
-            Op::Node { workload, .. } => Pending::NodeDetach(workload.clone()),
-            Op::Controller { workload, .. } => Pending::ControllerDetach(workload.clone()),
-            Op::WaitingSlot { workload } => Pending::ControllerSlot(workload.clone()),
+            Op::Node { workload, .. } => ReleaseWait::NodeDetach(workload.clone()),
+            Op::Controller { workload, .. } => ReleaseWait::ControllerDetach(workload.clone()),
+            Op::WaitingSlot { workload } => ReleaseWait::ControllerSlot(workload.clone()),
         };
-        Some(VolumeStatus {
+        Some(ReleaseStatus {
             volume: volume.clone(),
             claims: entry.record.claims.clone(),
             pending,
@@ -1538,7 +1542,7 @@ impl ReleaseMachine {
     }
 
     /// The status of every volume whose last step or write failed.
-    pub fn stuck(&self) -> Vec<VolumeStatus> {
+    pub fn stuck(&self) -> Vec<ReleaseStatus> {
         self.volumes
             .iter()
             .filter(|(_, e)| e.step_retry.attempts > 0 || e.store_retry.attempts > 0)
@@ -1985,11 +1989,11 @@ fn freed_elsewhere<'a>(
             // The agent that freed it knew how both steps ended; this one knows what it saw.
             let detached = match &claim.state {
                 ClaimState::ControllerDetached(d) | ClaimState::ReadyToFree(d) => d.clone(),
-                ClaimState::NodeDetached(n) => Detached {
+                ClaimState::NodeDetached(n) => DetachSteps {
                     node: n.node,
                     controller: ControllerStep::DoneElsewhere,
                 },
-                _ => Detached {
+                _ => DetachSteps {
                     node: NodeStep::DoneElsewhere,
                     controller: ControllerStep::DoneElsewhere,
                 },

@@ -1,8 +1,9 @@
 //! What the machine asks its driver to do ([`Action`]) and tells it ([`Event`]).
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
+use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, VolumeId, WorkloadId};
 
 use crate::detach::{ControllerDetachRequest, DetachRpc, NodeDetachRequest};
@@ -163,7 +164,7 @@ pub enum Event {
     Freed(Claim),
     /// A release step failed (a detach call, or a read of the volume after the store failed)
     /// and waits out a backoff before it is tried again: one event per failed attempt. The
-    /// volume's status says [`Pending::Backoff`](super::Pending::Backoff) meanwhile.
+    /// volume's status says [`ReleaseWait::Backoff`](super::ReleaseWait::Backoff) meanwhile.
     StepFailed(StepFailure),
     /// A step that had failed ([`Event::StepFailed`]) succeeded: its backoff is over and the
     /// release goes on. Not sent for a step whose retry was overtaken (another agent did it,
@@ -265,6 +266,68 @@ impl Event {
     }
 }
 
+impl std::fmt::Display for Event {
+    /// One line for people, plugin and store text escaped: `volume v1: claim of w1 durable`,
+    /// `volume v1: claim of w1 on node n1 freed`, a [`StepFailure`]'s line, …
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Event::ClaimDurable { volume, workload } => {
+                write!(f, "volume {volume}: claim of {workload} durable")
+            }
+            Event::ReleaseDurable { volume, workload } => {
+                write!(f, "volume {volume}: release of {workload} durable")
+            }
+            Event::ClaimLost { volume, workload } => write!(
+                f,
+                "volume {volume}: claim of {workload} lost to a concurrent writer"
+            ),
+            Event::ClaimRefused {
+                volume,
+                workload,
+                reason,
+            } => write!(
+                f,
+                "volume {volume}: claim of {workload} refused by the claim store: {}",
+                escaped(reason)
+            ),
+            Event::ClaimNotStored {
+                volume,
+                workload,
+                reason,
+            } => write!(
+                f,
+                "volume {volume}: claim of {workload} may not be stored: {}",
+                escaped(reason)
+            ),
+            Event::ReleaseNotStored {
+                volume,
+                workload,
+                reason,
+            } => write!(
+                f,
+                "volume {volume}: release of {workload} may not be stored: {}",
+                escaped(reason)
+            ),
+            Event::Freed(claim) => write!(
+                f,
+                "volume {}: claim of {} on node {} freed",
+                claim.volume(),
+                claim.workload(),
+                claim.node()
+            ),
+            Event::StepFailed(failure) => failure.fmt(f),
+            Event::StepRecovered {
+                volume,
+                step,
+                failed_attempts,
+            } => write!(
+                f,
+                "volume {volume}: {step} succeeded after {failed_attempts} failed attempt(s)"
+            ),
+        }
+    }
+}
+
 /// A failed release step and when it is tried again ([`Event::StepFailed`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepFailure {
@@ -287,7 +350,7 @@ pub struct StepFailure {
     pub detail: String,
     /// The failed attempts of the volume's release since its last successful step, this one
     /// included: 1 for a first failure. It is the count the backoff grows with (and
-    /// [`VolumeStatus::attempts`](super::VolumeStatus::attempts)); while one claim of the
+    /// [`ReleaseStatus::attempts`](super::ReleaseStatus::attempts)); while one claim of the
     /// volume is being released, the failed attempts of this step so far.
     pub attempt: u32,
     /// When the retry is due: the failure's time plus the backoff's delay for `attempt` (its
@@ -300,5 +363,24 @@ impl StepFailure {
     /// The workload whose claim the step is for (`None` for a store read).
     pub fn workload(&self) -> Option<&WorkloadId> {
         self.step.workload()
+    }
+}
+
+impl std::fmt::Display for StepFailure {
+    /// `volume v1: node detach of workload w1 (NodeUnstageVolume) failed, attempt 2 (retry):
+    /// device busy`, the detail escaped. When it is retried is left out: it is an instant of
+    /// the caller's clock (see [`next_retry`](Self::next_retry)).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "volume {}: {}", self.volume, self.step)?;
+        if let Some(rpc) = self.rpc {
+            write!(f, " ({rpc})")?;
+        }
+        write!(
+            f,
+            " failed, attempt {} ({}): {}",
+            self.attempt,
+            self.class.as_str(),
+            escaped(&self.detail)
+        )
     }
 }

@@ -1,7 +1,10 @@
 //! "Why is this volume stuck?": a snapshot of one volume's release.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
+use std::fmt;
+
+use csi_structs::untrusted::escaped;
 use csi_structs::{ErrorClass, VolumeId, WorkloadId};
 
 use crate::detach::DetachError;
@@ -10,12 +13,12 @@ use crate::transition::Side;
 
 /// What a volume is waiting for right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pending {
+pub enum ReleaseWait {
     /// Nothing: no release step is in flight, awaited or backing off. (A store write of the
     /// volume may be in flight.)
     Nothing,
     /// The backoff after `step` failed: it is retried at `until` (the same instant as
-    /// [`VolumeStatus::next_retry`]), or earlier when an event says the cause may be gone (the
+    /// [`ReleaseStatus::next_retry`]), or earlier when an event says the cause may be gone (the
     /// plugin or the node is back, the store answers). Until then no release step of the
     /// volume is started.
     Backoff {
@@ -32,8 +35,25 @@ pub enum Pending {
     ControllerSlot(WorkloadId),
 }
 
+impl fmt::Display for ReleaseWait {
+    /// `nothing in flight`, `the node detach of workload w1`, `the controller detach of
+    /// workload w1`, `a controller call slot for workload w1`, `the backoff before retrying
+    /// the node detach of workload w1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReleaseWait::Nothing => f.write_str("nothing in flight"),
+            ReleaseWait::NodeDetach(w) => write!(f, "the node detach of workload {w}"),
+            ReleaseWait::ControllerDetach(w) => write!(f, "the controller detach of workload {w}"),
+            ReleaseWait::ControllerSlot(w) => write!(f, "a controller call slot for workload {w}"),
+            ReleaseWait::Backoff { step, .. } => {
+                write!(f, "the backoff before retrying the {step}")
+            }
+        }
+    }
+}
+
 /// A step of a volume's release that is retried after a backoff when it fails: the step of
-/// [`Pending::Backoff`], [`Event::StepFailed`](crate::Event::StepFailed) and
+/// [`ReleaseWait::Backoff`], [`Event::StepFailed`](crate::Event::StepFailed) and
 /// [`Event::StepRecovered`](crate::Event::StepRecovered).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RetriedStep {
@@ -117,15 +137,27 @@ impl LastError {
     }
 }
 
+impl fmt::Display for LastError {
+    /// The detach error (`NodeUnpublishVolume failed (retry): device busy`), or `store error:
+    /// <the store's error>`; plugin and store text escaped. When it happened is left out: it
+    /// is an instant of the caller's clock, not a time of day.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LastError::Detach { error, .. } => error.fmt(f),
+            LastError::Store { detail, .. } => write!(f, "store error: {}", escaped(detail)),
+        }
+    }
+}
+
 /// One volume's release, as an operator needs to see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeStatus {
+pub struct ReleaseStatus {
     /// The volume.
     pub volume: VolumeId,
     /// Its claims, each with its state.
     pub claims: Vec<Claim>,
     /// The call in flight or awaited, or the failed step whose backoff the volume waits out.
-    pub pending: Pending,
+    pub pending: ReleaseWait,
     /// Failed attempts of the current step since it last succeeded.
     pub attempts: u32,
     /// The last failure, with its class.
@@ -134,4 +166,101 @@ pub struct VolumeStatus {
     pub next_retry: Option<Instant>,
     /// Whether every change is durable.
     pub durable: bool,
+}
+
+impl ReleaseStatus {
+    /// `<what it waits for> (<n> failed attempts, last: <error>)`, without the volume: the
+    /// end of [`Display`](fmt::Display), and what a release that did not finish in time says
+    /// of itself ([`DriverError::StillReleasing`](crate::driver::DriverError::StillReleasing)).
+    pub fn progress(&self) -> impl fmt::Display + '_ {
+        Progress(self)
+    }
+}
+
+struct Progress<'a>(&'a ReleaseStatus);
+
+impl fmt::Display for Progress<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        write!(f, "{} ({} failed attempts", s.pending, s.attempts)?;
+        match &s.last_error {
+            Some(e @ LastError::Detach { .. }) => write!(f, ", last: {e}")?,
+            Some(e @ LastError::Store { .. }) => write!(f, ", last {e}")?,
+            None => {}
+        }
+        f.write_str(")")
+    }
+}
+
+impl fmt::Display for ReleaseStatus {
+    /// One line for people: `volume v1: 2 claim(s); the backoff before retrying the node
+    /// detach of workload w1 (3 failed attempts, last: NodeUnpublishVolume failed (retry):
+    /// device busy)`, and `; not durable yet` while a change of it is not. Plugin and store
+    /// text escaped; no secret is in a status.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "volume {}: {} claim(s); {}",
+            self.volume,
+            self.claims.len(),
+            self.progress()
+        )?;
+        if !self.durable {
+            f.write_str("; not durable yet")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detach::DetachRpc;
+
+    fn wid(s: &str) -> WorkloadId {
+        WorkloadId::new(s).expect("id")
+    }
+
+    #[test]
+    fn a_status_is_one_line_for_people_with_plugin_text_escaped() {
+        let at = Instant::now();
+        let mut status = ReleaseStatus {
+            volume: VolumeId::new("v1").expect("id"),
+            claims: Vec::new(),
+            pending: ReleaseWait::Backoff {
+                step: RetriedStep::NodeDetach(wid("w1")),
+                until: at,
+            },
+            attempts: 3,
+            last_error: Some(LastError::Detach {
+                error: DetachError::new(
+                    DetachRpc::NodeUnpublish,
+                    ErrorClass::Retry,
+                    "device busy\n| forged | row",
+                ),
+                at,
+            }),
+            next_retry: Some(at),
+            durable: true,
+        };
+        assert_eq!(
+            status.to_string(),
+            r"volume v1: 0 claim(s); the backoff before retrying the node detach of workload w1 (3 failed attempts, last: NodeUnpublishVolume failed (retry): device busy\n| forged | row)"
+        );
+        status.pending = ReleaseWait::Nothing;
+        status.attempts = 0;
+        status.last_error = Some(LastError::Store {
+            detail: "claim store redb /data/claims.redb: disk full\r".into(),
+            at,
+        });
+        status.durable = false;
+        assert_eq!(
+            status.to_string(),
+            r"volume v1: 0 claim(s); nothing in flight (0 failed attempts, last store error: claim store redb /data/claims.redb: disk full\r); not durable yet"
+        );
+        assert_eq!(
+            ReleaseWait::ControllerSlot(wid("w2")).to_string(),
+            "a controller call slot for workload w2"
+        );
+    }
 }

@@ -2,7 +2,9 @@
 //! performed at once against a [`MemoryStore`], and detach calls are answered by the test.
 
 use std::num::NonZeroUsize;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
@@ -288,7 +290,7 @@ fn release_runs_node_then_controller_then_free_with_a_checkpoint_between_each() 
     };
     assert_eq!(
         claim.state(),
-        &ClaimState::Freed(Detached {
+        &ClaimState::Freed(DetachSteps {
             node: NodeStep::Detached { unstaged: true },
             controller: ControllerStep::Detached,
         })
@@ -569,7 +571,7 @@ fn controller_calls_per_plugin_are_bounded() {
         let waiting =
             h.m.volumes()
                 .filter_map(|v| h.m.status(v))
-                .filter(|s| matches!(s.pending, Pending::ControllerSlot(_)))
+                .filter(|s| matches!(s.pending, ReleaseWait::ControllerSlot(_)))
                 .count();
         assert_eq!(waiting, 3 - expect);
         // Each answer frees a slot for the next one; all finish.
@@ -621,7 +623,12 @@ fn waiting_for_slot(h: &Harness) -> Vec<VolumeId> {
     // The line is exactly the volumes that show as waiting for a slot.
     let mut shown: Vec<&VolumeId> =
         h.m.volumes()
-            .filter(|v| matches!(h.m.status(v).unwrap().pending, Pending::ControllerSlot(_)))
+            .filter(|v| {
+                matches!(
+                    h.m.status(v).unwrap().pending,
+                    ReleaseWait::ControllerSlot(_)
+                )
+            })
             .collect();
     shown.sort();
     let mut sorted: Vec<&VolumeId> = line.iter().collect();
@@ -1549,10 +1556,24 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
         })]
     );
     assert_eq!(failure(&h.progress, 0).workload(), Some(&wid("a")));
+    assert_eq!(
+        h.progress[0].to_string(),
+        "volume v: node detach of workload a (NodeUnpublishVolume) failed, attempt 1 (retry): \
+         scripted"
+    );
     let status = h.m.status(&vid("v")).unwrap();
     assert_eq!(
+        status.to_string(),
+        "volume v: 1 claim(s); the backoff before retrying the node detach of workload a (1 \
+         failed attempts, last: NodeUnpublishVolume failed (retry): scripted)"
+    );
+    assert_eq!(
+        status.claims[0].to_string(),
+        "volume v: a (write on n1, releasing)"
+    );
+    assert_eq!(
         status.pending,
-        Pending::Backoff {
+        ReleaseWait::Backoff {
             step: step.clone(),
             until: h.now + Duration::from_secs(1),
         }
@@ -1564,7 +1585,7 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
     assert_eq!(h.node_calls.len(), 1);
     assert_eq!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::NodeDetach(wid("a"))
+        ReleaseWait::NodeDetach(wid("a"))
     );
 
     // Second failure: attempt 2, and the delay doubled (2 s).
@@ -1578,7 +1599,7 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
     assert_eq!(second.next_retry, h.now + Duration::from_secs(2));
     assert!(matches!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::Backoff { until, .. } if until == h.now + Duration::from_secs(2)
+        ReleaseWait::Backoff { until, .. } if until == h.now + Duration::from_secs(2)
     ));
 
     // It succeeds: reported once, and the controller step that follows is not a recovery.
@@ -1594,7 +1615,7 @@ fn a_failing_node_step_is_reported_with_its_attempt_and_when_it_is_retried() {
     );
     assert_eq!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::ControllerDetach(wid("a"))
+        ReleaseWait::ControllerDetach(wid("a"))
     );
     h.answer_controller(Ok(()));
     assert_eq!(h.freed(), ["a"]);
@@ -1628,7 +1649,7 @@ fn a_fatal_failure_is_reported_as_fatal_with_its_retry_at_the_cap() {
     assert_eq!(step.side(), Some(Side::Controller));
     assert_eq!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::Backoff { step, until: cap }
+        ReleaseWait::Backoff { step, until: cap }
     );
 }
 
@@ -1638,24 +1659,28 @@ fn a_volume_back_from_its_backoff_shows_nothing_pending() {
     let v = info("v", ControllerRequirement::NotRequired);
     h.claim(&v, read_claim("v", "a", "n1")).unwrap();
     h.claim(&v, read_claim("v", "b", "n2")).unwrap();
-    assert_eq!(h.m.status(&vid("v")).unwrap().pending, Pending::Nothing);
+    assert_eq!(h.m.status(&vid("v")).unwrap().pending, ReleaseWait::Nothing);
     h.release("v", "b");
     h.answer_node(err(DetachRpc::NodeUnpublish, ErrorClass::RetryElsewhere));
     assert!(matches!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::Backoff { step: RetriedStep::NodeDetach(w), .. } if w == wid("b")
+        ReleaseWait::Backoff { step: RetriedStep::NodeDetach(w), .. } if w == wid("b")
     ));
     // The plugin is back: retried at once, before the backoff ends.
     h.m.plugin_available(&PluginId::new("plug").unwrap(), None, h.now);
     h.pump();
     assert_eq!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::NodeDetach(wid("b"))
+        ReleaseWait::NodeDetach(wid("b"))
     );
     h.answer_node(Ok(()));
     assert_eq!(h.freed(), ["b"]);
     let status = h.m.status(&vid("v")).unwrap();
-    assert_eq!(status.pending, Pending::Nothing, "a is held, nothing to do");
+    assert_eq!(
+        status.pending,
+        ReleaseWait::Nothing,
+        "a is held, nothing to do"
+    );
     assert_eq!(status.next_retry, None);
     assert!(matches!(
         &h.progress[..],
@@ -1689,7 +1714,7 @@ fn a_failed_store_read_is_reported_and_shown_as_its_backoff() {
     assert_eq!(first.next_retry, h.now + Duration::from_secs(1));
     assert_eq!(
         h.m.status(&vid("v")).unwrap().pending,
-        Pending::Backoff {
+        ReleaseWait::Backoff {
             step: RetriedStep::StoreRead,
             until: h.now + Duration::from_secs(1),
         }
@@ -1710,7 +1735,7 @@ fn a_failed_store_read_is_reported_and_shown_as_its_backoff() {
             failed_attempts: 2,
         }]
     );
-    assert_eq!(h.m.status(&vid("v")).unwrap().pending, Pending::Nothing);
+    assert_eq!(h.m.status(&vid("v")).unwrap().pending, ReleaseWait::Nothing);
 }
 
 #[test]

@@ -75,6 +75,17 @@ pub struct Claim {
     pub(crate) state: ClaimState,
 }
 
+impl std::fmt::Display for Claim {
+    /// `volume v1: w1 (write on n1, taken)`, as a denial names its holders.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "volume {}: {} ({} on {}, {})",
+            self.volume, self.workload, self.mode, self.node, self.state
+        )
+    }
+}
+
 impl Claim {
     /// A fresh claim in state [`ClaimState::Taken`].
     pub(crate) fn taken(request: ClaimRequest) -> Self {

@@ -285,7 +285,7 @@ fn checked(record: VolumeRecord) -> Result<VolumeRecord, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{ControllerStep, Detached, NodeDetached, NodeStep};
+    use crate::state::{ControllerStep, DetachSteps, NodeDetached, NodeStep};
 
     fn sample() -> VolumeRecord {
         let volume = VolumeId::new("vol").unwrap();
@@ -317,7 +317,7 @@ mod tests {
                 ),
                 claim(
                     "d",
-                    ClaimState::ReadyToFree(Detached {
+                    ClaimState::ReadyToFree(DetachSteps {
                         node: NodeStep::Detached { unstaged: true },
                         controller: ControllerStep::SkippedStillUsedOnNode {
                             by: WorkloadId::new("a").unwrap(),
@@ -345,8 +345,8 @@ mod tests {
             0 => ClaimState::Taken,
             1 => ClaimState::Releasing,
             2 => ClaimState::NodeDetached(NodeDetached { node }),
-            3 => ClaimState::ControllerDetached(Detached { node, controller }),
-            _ => ClaimState::ReadyToFree(Detached { node, controller }),
+            3 => ClaimState::ControllerDetached(DetachSteps { node, controller }),
+            _ => ClaimState::ReadyToFree(DetachSteps { node, controller }),
         })
     }
 
@@ -433,7 +433,7 @@ mod tests {
     #[test]
     fn freed_and_duplicate_claims_are_refused() {
         let mut record = sample();
-        record.claims[0].state = ClaimState::Freed(Detached {
+        record.claims[0].state = ClaimState::Freed(DetachSteps {
             node: NodeStep::SkippedNodeGone,
             controller: ControllerStep::SkippedNotRequired,
         });

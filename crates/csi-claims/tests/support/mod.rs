@@ -54,7 +54,7 @@ pub fn a_record(volume: &str) -> (VolumeId, Arc<csi_claims::VolumeRecord>) {
     m.claim(
         &info,
         write_claim(&info, "w", "n1"),
-        std::time::Instant::now(),
+        tokio::time::Instant::now(),
     )
     .unwrap();
     let Some(csi_claims::Action::Persist(write)) = m.poll_action() else {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::prometheus::push_label_value;
 use super::{InMemoryMetrics, MetricsLayer, write_prometheus};
-use crate::{AttemptEvent, CallEvent, CallObserver, CsiClientBuilder, Failure, Outcome};
+use crate::{AttemptEvent, CallEvent, CallObserver, CallOutcome, CsiClientBuilder, Failure};
 
 /// The default name of the counter of calls that never reached a plugin ([`Unsent`]).
 pub const UNSENT_TOTAL: &str = "csi_rpc_unsent_total";
@@ -166,7 +166,7 @@ impl Unsent {
 
 impl CallObserver for Unsent {
     fn on_attempt(&self, event: &AttemptEvent) {
-        if let Outcome::Failed {
+        if let CallOutcome::Failed {
             failure: Failure::NotConnected | Failure::BadEndpoint,
             ..
         } = event.outcome
@@ -214,7 +214,7 @@ mod tests {
             volume: None,
             attempts: 0,
             duration: Duration::ZERO,
-            outcome: Outcome::Failed {
+            outcome: CallOutcome::Failed {
                 failure: Failure::InvalidRequest,
                 class: ErrorClass::Fatal,
             },
@@ -225,13 +225,13 @@ mod tests {
             volume: None,
             attempts: 1,
             duration: Duration::from_millis(3),
-            outcome: Outcome::Ok,
+            outcome: CallOutcome::Ok,
         });
         unsent.on_attempt(&AttemptEvent {
             rpc: Rpc::Probe,
             attempt: 1,
             duration: Duration::from_millis(1),
-            outcome: Outcome::Failed {
+            outcome: CallOutcome::Failed {
                 failure: Failure::NotConnected,
                 class: ErrorClass::RetryElsewhere,
             },
@@ -240,7 +240,7 @@ mod tests {
             rpc: Rpc::NodeUnpublishVolume,
             attempt: 1,
             duration: Duration::ZERO,
-            outcome: Outcome::Failed {
+            outcome: CallOutcome::Failed {
                 failure: Failure::BadEndpoint,
                 class: ErrorClass::Fatal,
             },
@@ -276,7 +276,7 @@ mod tests {
             volume: None,
             attempts: 0,
             duration: Duration::ZERO,
-            outcome: Outcome::Failed {
+            outcome: CallOutcome::Failed {
                 failure: Failure::InvalidRequest,
                 class: ErrorClass::Fatal,
             },

@@ -106,7 +106,7 @@ async fn dropping_the_future_cancels_the_call() {
             log.of(csi_client::Rpc::NodeGetInfo)
                 .records()
                 .iter()
-                .any(|r| r.outcome == csi_testkit::Outcome::Abandoned)
+                .any(|r| r.outcome == csi_testkit::RecordedOutcome::Abandoned)
         })
         .await
         .unwrap();

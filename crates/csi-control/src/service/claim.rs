@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use csi_claims::{Claim, ClaimMode, ClaimRequest};
-use csi_node::layout::Usage;
+use csi_node::layout::PublishUsage;
 use csi_node::volumes::{ExpandRequest, MountRequest};
 use csi_rpc_shim::{ControllerAttach, ControllerQuery};
 use csi_structs::topology::check_accessible;
@@ -22,6 +22,18 @@ pub struct ClaimVolume {
     pub workload: WorkloadId,
     /// Read or write.
     pub mode: ClaimMode,
+}
+
+impl ClaimVolume {
+    /// A claim of `volume` for `workload` in `mode`. Every field is required; this is the
+    /// literal in one call, like the service's other requests.
+    pub fn new(volume: VolumeId, workload: WorkloadId, mode: ClaimMode) -> Self {
+        ClaimVolume {
+            volume,
+            workload,
+            mode,
+        }
+    }
 }
 
 /// A claim taken and published on this node.
@@ -43,6 +55,19 @@ pub struct DetachVolume {
     /// The node is gone for good: its claims are released without node steps, and the
     /// controller step runs though its agent is not there.
     pub node_gone: bool,
+}
+
+impl DetachVolume {
+    /// A detach of `node`'s claims on `volume`, the node not reported gone (its agent runs
+    /// the node steps); set [`node_gone`](Self::node_gone) on the result for a node gone for
+    /// good (`DetachVolume { node_gone: true, ..DetachVolume::new(volume, node) }`).
+    pub fn new(volume: VolumeId, node: NodeId) -> Self {
+        DetachVolume {
+            volume,
+            node,
+            node_gone: false,
+        }
+    }
 }
 
 /// What a detach started.
@@ -140,7 +165,7 @@ impl VolumeService {
             .target_path(
                 &entry.id,
                 &workload,
-                &Usage::of(&entry.capability(), read_only),
+                &PublishUsage::of(&entry.capability(), read_only),
             )
             .map_err(|e| invalid("workload", e))?;
         // The plugin's attach limit counts against every claim on this node, before any call.

@@ -17,7 +17,7 @@ use super::error::{CallFailure, deleting, invalid, wire_size};
 use super::{ServiceError, ServiceEvent, VolumeService};
 use crate::catalog::{CatalogEntry, MayExist};
 
-/// An existing volume to register: [`VolumeService::register`].
+/// An existing volume to register: [`VolumeService::register_volume`].
 #[derive(Clone, Debug)]
 pub struct RegisterVolume {
     /// The orchestrator's id.
@@ -130,7 +130,7 @@ impl VolumeService {
     /// [`ServiceError::Conflict`] when the id is taken, [`ServiceError::Invalid`] naming the
     /// field (`controller_publish` unknown, an id that cannot name a directory, a capability
     /// the plugin does not confirm, as `access_mode`), and the validation call's error.
-    pub async fn register(&self, r: RegisterVolume) -> Result<CatalogEntry, ServiceError> {
+    pub async fn register_volume(&self, r: RegisterVolume) -> Result<CatalogEntry, ServiceError> {
         if self.catalog.get(&r.id).is_some() {
             return Err(taken(&r.id));
         }
@@ -206,7 +206,7 @@ impl VolumeService {
             return Err(taken(&id));
         }
         tracing::info!(volume = %id, "volume registered");
-        self.emit(ServiceEvent::Registered {
+        self.emit(ServiceEvent::VolumeRegistered {
             volume: id,
             plugin: entry.plugin.clone(),
             created: entry.created,

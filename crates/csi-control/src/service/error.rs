@@ -1,7 +1,7 @@
 //! What a volume operation answers when it fails: [`ServiceError`].
 
-use csi_claims::StoreError;
 use csi_claims::driver::DriverError;
+use csi_claims::{ClaimDenied, ClaimError, StoreError};
 use csi_node::shim::plugin_failure;
 use csi_node::state::StateFileError;
 use csi_node::volumes::VolumeError;
@@ -15,9 +15,21 @@ use crate::catalog::CatalogError;
 /// The variants say whose fault it is: the caller's ([`NotFound`](Self::NotFound),
 /// [`Invalid`](Self::Invalid), [`Conflict`](Self::Conflict)), the plugin's
 /// ([`Unsupported`](Self::Unsupported), [`Call`](Self::Call)), the claim layer's
-/// ([`Claims`](Self::Claims)), or the service's own disk or store ([`State`](Self::State),
-/// [`Local`](Self::Local), [`Store`](Self::Store)). [`class`](Self::class) says what a
-/// caller may do next.
+/// ([`Denied`](Self::Denied), [`Claims`](Self::Claims)), or the service's own disk or store
+/// ([`State`](Self::State), [`Local`](Self::Local), [`Store`](Self::Store)).
+/// [`class`](Self::class) says what a caller may do next.
+///
+/// A claim the access mode does not admit is one arm away:
+///
+/// ```
+/// use csi_claims::DenyReason;
+/// use csi_control::ServiceError;
+///
+/// fn taken(answer: &Result<(), ServiceError>) -> bool {
+///     matches!(answer, Err(ServiceError::Denied(d)) if d.reason == DenyReason::SingleWorkload)
+/// }
+/// # assert!(!taken(&Ok(())));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServiceError {
@@ -45,9 +57,15 @@ pub enum ServiceError {
     /// volume's present state.
     #[error("{0}")]
     Unsupported(String),
-    /// The claim layer refused or stopped.
+    /// The claim was denied before anything was recorded or called: the volume's access mode
+    /// (or its attachment mode, or the workload's earlier claim) does not admit it beside the
+    /// claims it has. The denial names the reason and the holders. (Boxed: it is large.)
     #[error(transparent)]
-    Claims(#[from] DriverError),
+    Denied(Box<ClaimDenied>),
+    /// The claim layer refused otherwise ([`ClaimError`]'s other refusals, a release refused)
+    /// or stopped. A denial is [`Denied`](Self::Denied), never this.
+    #[error(transparent)]
+    Claims(DriverError),
     /// A plugin call (here or through a peer) failed.
     #[error("{step}: {detail}")]
     Call {
@@ -101,6 +119,16 @@ pub enum CallFailure {
     Unhealthy,
 }
 
+impl From<DriverError> for ServiceError {
+    /// A denial becomes [`ServiceError::Denied`]; everything else stays the claim layer's.
+    fn from(e: DriverError) -> Self {
+        match e {
+            DriverError::Claim(ClaimError::Denied(denied)) => ServiceError::Denied(denied),
+            other => ServiceError::Claims(other),
+        }
+    }
+}
+
 impl From<CatalogError> for ServiceError {
     fn from(e: CatalogError) -> Self {
         match e {
@@ -121,6 +149,24 @@ impl From<PluginFailure> for CallFailure {
             PluginFailure::Agent => CallFailure::Agent,
             _ => CallFailure::Status,
         }
+    }
+}
+
+impl std::fmt::Display for CallFailure {
+    /// Who said what, for people: `the plugin answered with an error`, `the plugin's answer
+    /// was unusable`, `our deadline passed`, `the plugin could not be reached`, `refused
+    /// before it was sent`, `the serving agent failed`, `the plugin is not known to be
+    /// healthy`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CallFailure::Status => "the plugin answered with an error",
+            CallFailure::UnusableAnswer => "the plugin's answer was unusable",
+            CallFailure::Deadline => "our deadline passed",
+            CallFailure::Unreachable => "the plugin could not be reached",
+            CallFailure::NotSent => "refused before it was sent",
+            CallFailure::Agent => "the serving agent failed",
+            CallFailure::Unhealthy => "the plugin is not known to be healthy",
+        })
     }
 }
 
@@ -155,6 +201,7 @@ impl ServiceError {
     pub fn class(&self) -> Option<ErrorClass> {
         match self {
             ServiceError::Call { class, .. } => Some(*class),
+            ServiceError::Denied(denied) => Some(denied.reason.class()),
             ServiceError::Claims(e) if e.is_store_failure() => Some(ErrorClass::Retry),
             ServiceError::Claims(e) => e.claim_refusal().map(csi_claims::ClaimError::class),
             ServiceError::Store(e) if e.is_permanent() => None,
@@ -285,6 +332,7 @@ mod tests {
             panic!("{e:?}");
         };
         assert_eq!(*failure, CallFailure::UnusableAnswer);
+        assert_eq!(failure.to_string(), "the plugin's answer was unusable");
         assert_eq!(e.class(), Some(ErrorClass::Uncertain));
         let noted = e.with_note("undone");
         assert!(noted.to_string().ends_with("; undone"), "{noted}");

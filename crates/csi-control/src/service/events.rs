@@ -18,7 +18,7 @@ use csi_structs::{
 #[non_exhaustive]
 pub enum ServiceEvent {
     /// A volume entered the catalog: registered, or created in its plugin.
-    Registered {
+    VolumeRegistered {
         /// The volume.
         volume: VolumeId,
         /// Its plugin.
@@ -132,7 +132,7 @@ pub enum ServiceEvent {
         releasing: Vec<WorkloadId>,
     },
     /// A volume left the catalog without its plugin being called.
-    Deregistered {
+    VolumeDeregistered {
         /// The volume.
         volume: VolumeId,
         /// The claims forgotten, not released.
@@ -155,7 +155,7 @@ pub enum ServiceEvent {
         snapshot: SnapshotId,
     },
     /// A volume was deleted.
-    Deleted {
+    VolumeDeleted {
         /// The volume.
         volume: VolumeId,
         /// Whether it was deleted in its plugin too (the service had created it).
@@ -213,7 +213,7 @@ impl ServiceEvent {
                 class: f.class,
                 message: f.detail.clone(),
                 attempt: f.attempt,
-                next_retry: tokio::time::Instant::from_std(f.next_retry),
+                next_retry: f.next_retry,
             }),
             Event::StepRecovered {
                 volume,
@@ -261,7 +261,7 @@ impl fmt::Display for ReleaseStepFailed {
 impl fmt::Display for ServiceEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ServiceEvent::Registered {
+            ServiceEvent::VolumeRegistered {
                 volume,
                 plugin,
                 created,
@@ -379,7 +379,7 @@ impl fmt::Display for ServiceEvent {
                     releasing.len()
                 )
             }
-            ServiceEvent::Deregistered {
+            ServiceEvent::VolumeDeregistered {
                 volume,
                 dropped_claims,
             } => write!(
@@ -401,7 +401,7 @@ impl fmt::Display for ServiceEvent {
             ServiceEvent::SnapshotDeleted { plugin, snapshot } => {
                 write!(f, "plugin {plugin}: snapshot {snapshot} deleted")
             }
-            ServiceEvent::Deleted { volume, in_plugin } => {
+            ServiceEvent::VolumeDeleted { volume, in_plugin } => {
                 let how = if *in_plugin {
                     " (and in its plugin)"
                 } else {

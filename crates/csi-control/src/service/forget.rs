@@ -44,7 +44,7 @@ impl VolumeService {
     /// (field `confirmed`, listing what would be left) for `force` without `confirmed`,
     /// [`ServiceError::Unsupported`] for `force` when the claims cannot be forgotten (no
     /// [`forgetting`](super::VolumeServiceBuilder::forgetting) store, and claims not shared).
-    pub async fn deregister(
+    pub async fn deregister_volume(
         &self,
         volume: &VolumeId,
         force: bool,
@@ -94,7 +94,7 @@ impl VolumeService {
             tracing::warn!(volume = %entry.id, claims = claims.len(), "volume deregistered by force: its claims are forgotten, not released");
         }
         tracing::info!(volume = %entry.id, "volume deregistered; the plugin keeps it");
-        self.emit(ServiceEvent::Deregistered {
+        self.emit(ServiceEvent::VolumeDeregistered {
             volume: entry.id.clone(),
             dropped_claims: claims.len(),
         });
@@ -199,7 +199,7 @@ impl VolumeService {
         }
         self.catalog.remove(&entry.id).await?;
         tracing::info!(volume = %entry.id, "volume deleted");
-        self.emit(ServiceEvent::Deleted {
+        self.emit(ServiceEvent::VolumeDeleted {
             volume: entry.id.clone(),
             in_plugin: entry.created,
         });

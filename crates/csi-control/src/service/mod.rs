@@ -4,14 +4,14 @@
 //!
 //! | operation | what it does |
 //! |---|---|
-//! | [`register`](VolumeService::register) | records an existing volume, validated against its plugin's controller when one is known |
+//! | [`register_volume`](VolumeService::register_volume) | records an existing volume, validated against its plugin's controller when one is known |
 //! | [`create`](VolumeService::create) | `CreateVolume` through a controller (here or on a peer), an uncertain outcome undone before the answer |
 //! | [`claim`](VolumeService::claim) | a durable claim (waiting for releasing claims in its way), then controller publish through the shim when the node has none, then stage and publish here |
 //! | [`release`](VolumeService::release) | starts a claim's release (the release pipeline runs its steps) |
 //! | [`expand`](VolumeService::expand) | `ControllerExpandVolume`, then `NodeExpandVolume` where the volume is published |
 //! | [`create_snapshot`](VolumeService::create_snapshot), [`list_snapshots`](VolumeService::list_snapshots), [`delete_snapshot`](VolumeService::delete_snapshot) | snapshots of a volume, or of a plugin |
 //! | [`detach`](VolumeService::detach) | releases every claim of a volume on one node, which may be gone for good |
-//! | [`deregister`](VolumeService::deregister) | forgets a volume without calling its plugin, saying what stays behind |
+//! | [`deregister_volume`](VolumeService::deregister_volume) | forgets a volume without calling its plugin, saying what stays behind |
 //! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
 //! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins |
 //!
@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use csi_claims::driver::ClaimsHandle;
 use csi_claims::store::{ClaimStore, Forgetting};
-use csi_claims::{Claim, StoreError, VolumeStatus};
+use csi_claims::{Claim, ReleaseStatus, StoreError};
 use csi_node::plugins::PluginManager;
 use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::Shim;
@@ -158,7 +158,7 @@ impl VolumeServiceBuilder {
         self
     }
 
-    /// The claim store a forced [`deregister`](VolumeService::deregister) forgets a volume's
+    /// The claim store a forced [`deregister_volume`](VolumeService::deregister_volume) forgets a volume's
     /// claims through (csi-claims' [`Forgetting`] over the store the driver runs on). Without
     /// it a forced deregistration of a volume with claims is refused, unless [`Peers`] says
     /// the claims are shared, where the catalog's record and the claims go together.
@@ -515,7 +515,26 @@ pub struct VolumeState {
     /// published.
     pub claims: Vec<(Claim, Option<PathBuf>)>,
     /// Its release, when a claim is releasing or the last step failed.
-    pub release: Option<VolumeStatus>,
+    pub release: Option<ReleaseStatus>,
+}
+
+impl std::fmt::Display for VolumeState {
+    /// `volume v1 (plugin ebs): 2 claim(s)`, then its release's line when it has one
+    /// ([`ReleaseStatus`]'s, plugin text escaped). Never a secret: the entry's secrets are
+    /// not shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "volume {} (plugin {}): {} claim(s)",
+            self.entry.id,
+            self.entry.plugin,
+            self.claims.len()
+        )?;
+        if let Some(release) = &self.release {
+            write!(f, "; release: {}", release.progress())?;
+        }
+        Ok(())
+    }
 }
 
 /// An id in [`VolumeService::creating`], taken out again when dropped.

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use csi_node::volumes::{Reconciled, Republish, Restore, Restored};
+use csi_node::volumes::{ReconcileAction, Reconciled, Republish, Restore, Restored};
 use csi_structs::PluginId;
 
 use super::{ServiceEvent, VolumeService};
@@ -17,6 +17,19 @@ pub struct NodeReconciled {
     pub plugins_not_ready: Vec<PluginId>,
     /// One outcome per restored publication or staging.
     pub report: Reconciled,
+}
+
+impl std::fmt::Display for NodeReconciled {
+    /// `node's usage records confirmed: 3 record(s): 1 republished, …`, and the plugins that
+    /// were not ready in time.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node's usage records confirmed: {}", self.report)?;
+        if !self.plugins_not_ready.is_empty() {
+            let plugins: Vec<&str> = self.plugins_not_ready.iter().map(|p| p.as_str()).collect();
+            write!(f, "; plugins not ready in time: {}", plugins.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 impl VolumeService {
@@ -40,7 +53,7 @@ impl VolumeService {
         }
         let lookup = |p: &Restored| self.restore(p);
         let report = self.volumes.reconcile(&lookup).await;
-        let count = |action: &str| {
+        let count = |action: ReconcileAction| {
             report
                 .records
                 .iter()
@@ -49,15 +62,15 @@ impl VolumeService {
         };
         tracing::info!(
             records = report.records.len(),
-            republished = count("republished"),
-            released = count("released") + count("cleaned"),
-            kept = count("kept"),
+            republished = count(ReconcileAction::Republished),
+            released = count(ReconcileAction::Released) + count(ReconcileAction::Cleaned),
+            kept = count(ReconcileAction::Kept),
             not_confirmed = report.failed().count(),
             "usage records restored at start confirmed with their plugins"
         );
         self.emit(ServiceEvent::NodeReconciled {
             records: report.records.len(),
-            republished: count("republished"),
+            republished: count(ReconcileAction::Republished),
             not_confirmed: report.failed().count(),
         });
         NodeReconciled {

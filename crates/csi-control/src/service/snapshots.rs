@@ -31,6 +31,17 @@ pub struct NewSnapshot {
     pub parameters: Parameters,
 }
 
+impl NewSnapshot {
+    /// A snapshot named `name`, with no parameters; set
+    /// [`parameters`](Self::parameters) on the result for a plugin that wants some.
+    pub fn new(name: impl Into<String>) -> Self {
+        NewSnapshot {
+            name: name.into(),
+            parameters: Parameters::default(),
+        }
+    }
+}
+
 /// A snapshot, with the orchestrator's id of its source volume when it knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -81,7 +81,7 @@ impl Harness {
         let server = mock.serve_unix(&socket).await.expect("serves");
         let plugin = PluginId::new("mock").expect("id");
         let (node, registry) = open_node(&dir).await;
-        node.register(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
+        node.register_plugin(plugin.clone(), Endpoint::unix(&socket).expect("endpoint"))
             .await
             .expect("registered");
         let (service, events) = service_over(&dir, &node, registry, &plugin).await;

@@ -5,7 +5,7 @@ use csi_claims::driver::NodeDetacher;
 use csi_claims::{DetachError, DetachRpc, NodeDetachRequest};
 use csi_structs::ErrorClass;
 
-use crate::layout::Usage;
+use crate::layout::PublishUsage;
 use crate::volumes::{UnmountRequest, VolumeError, VolumeManager};
 
 /// [`NodeDetacher`] over the node's [`VolumeManager`]: the node step of a release is the
@@ -47,7 +47,7 @@ fn unmount_request(request: &NodeDetachRequest) -> UnmountRequest {
         volume: request.volume.clone(),
         external_id: request.external_volume.clone(),
         workload: request.workload.clone(),
-        usage: Usage {
+        usage: PublishUsage {
             read_only: request.read_only,
             attachment: request.attachment,
             access_mode: request.access_mode,

@@ -10,7 +10,7 @@ use csi_structs::ErrorClass;
 
 use super::cleanup::remove_empty_dirs;
 use super::error::detach_error;
-use crate::layout::{Layout, Usage};
+use crate::layout::{Layout, PublishUsage};
 
 /// [`NodeDetacher`] with a [`CsiClient`] talking to the node plugin on this node.
 ///
@@ -60,8 +60,8 @@ impl ClientNodeDetacher {
     }
 }
 
-fn usage(request: &NodeDetachRequest) -> Usage {
-    Usage {
+fn usage(request: &NodeDetachRequest) -> PublishUsage {
+    PublishUsage {
         read_only: request.read_only,
         attachment: request.attachment,
         access_mode: request.access_mode,

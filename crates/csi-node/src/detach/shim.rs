@@ -106,7 +106,7 @@ impl ControllerDetacher for ShimDetacher {
         // Under a fenced duty, the agent that serves the hop must stop retrying by the
         // holder's deadline: a holder paused meanwhile could not cancel it.
         let timeout = r.duty_deadline.map_or(self.timeout, |deadline| {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now().into_std());
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             self.timeout.min(left)
         });
         self.shim

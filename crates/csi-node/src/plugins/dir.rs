@@ -11,7 +11,7 @@ use csi_structs::PluginId;
 use csi_structs::untrusted::escaped;
 
 use super::PluginManager;
-use super::event::{RegistrationId, Source};
+use super::event::{RegistrationId, RegistrationSource};
 
 /// Watches a directory for `<plugin-id>.sock` sockets and keeps a [`PluginManager`]'s
 /// registrations in step with it: a socket that appears is registered, one that disappears
@@ -63,7 +63,7 @@ impl DirWatcher {
         if !seen.adopted {
             seen.adopted = true;
             for status in self.manager.list() {
-                if let Source::Directory { socket, inode } = &status.source
+                if let RegistrationSource::Directory { socket, inode } = &status.source
                     && socket.parent() == Some(self.dir.as_path())
                 {
                     seen.sockets.insert(
@@ -117,7 +117,7 @@ impl DirWatcher {
                     continue;
                 }
             };
-            let source = Source::Directory {
+            let source = RegistrationSource::Directory {
                 socket: path.clone(),
                 inode,
             };

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use csi_client::{Endpoint, Fingerprint};
 use csi_structs::PluginId;
+use csi_structs::untrusted::escaped;
 use serde::{Deserialize, Serialize};
 
 /// The number the manager gave one registration. Registrations are numbered in the order
@@ -32,7 +33,7 @@ impl fmt::Display for RegistrationId {
 /// Who registered a plugin instance.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Source {
+pub enum RegistrationSource {
     /// The embedder, with [`PluginManager::register`](super::PluginManager::register) (for
     /// example when its task runner started the plugin).
     Pushed,
@@ -123,6 +124,28 @@ pub enum GoneReason {
     },
 }
 
+impl fmt::Display for GoneReason {
+    /// `deregistered`, or `replaced by registration #4`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GoneReason::Deregistered => f.write_str("deregistered"),
+            GoneReason::Replaced { by } => write!(f, "replaced by registration {by}"),
+        }
+    }
+}
+
+impl fmt::Display for RegistrationSource {
+    /// `the embedder`, or `socket /run/csi/ebs.sock` (a directory watcher's).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegistrationSource::Pushed => f.write_str("the embedder"),
+            RegistrationSource::Directory { socket, .. } => {
+                write!(f, "socket {}", escaped(&socket.to_string_lossy()))
+            }
+        }
+    }
+}
+
 /// A transition of a plugin instance.
 ///
 /// Every event names the plugin and the registration it is about; events of a registration
@@ -138,7 +161,7 @@ pub enum PluginEvent {
         /// Where the plugin listens.
         endpoint: Endpoint,
         /// Who registered it.
-        source: Source,
+        source: RegistrationSource,
     },
     /// The plugin answered every discovery call.
     Fingerprinted {
@@ -218,6 +241,49 @@ impl PluginEvent {
     }
 }
 
+impl fmt::Display for PluginEvent {
+    /// One line for people, plugin text escaped: `plugin ebs (#3): registered at
+    /// unix:///run/csi/ebs.sock by the embedder`, `plugin ebs (#3): fingerprinted, version
+    /// 1.2.0`, `plugin ebs (#3): unhealthy: probe answered not ready`, `plugin ebs (#3): gone,
+    /// replaced by registration #4`, …
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "plugin {} ({}): ", self.plugin(), self.registration())?;
+        match self {
+            PluginEvent::Registered {
+                endpoint, source, ..
+            } => write!(f, "registered at {endpoint} by {source}"),
+            PluginEvent::Fingerprinted {
+                fingerprint,
+                previous,
+                ..
+            } => {
+                let how = match previous {
+                    Some(old) if old != fingerprint => "fingerprint changed",
+                    _ => "fingerprinted",
+                };
+                write!(
+                    f,
+                    "{how}, version {}",
+                    escaped(&fingerprint.plugin.vendor_version)
+                )
+            }
+            PluginEvent::FingerprintFailed {
+                error, periodic, ..
+            } => {
+                let which = if *periodic { "periodic " } else { "" };
+                write!(
+                    f,
+                    "{which}fingerprint failed ({}): {error}",
+                    error.class().as_str()
+                )
+            }
+            PluginEvent::Healthy { .. } => f.write_str("healthy"),
+            PluginEvent::Unhealthy { why, .. } => write!(f, "unhealthy: {why}"),
+            PluginEvent::Gone { why, .. } => write!(f, "gone, {why}"),
+        }
+    }
+}
+
 /// Receives every [`PluginEvent`], in the order the manager's state changed, none lost.
 ///
 /// Called synchronously by whichever task made the change, without the manager's lock
@@ -259,11 +325,11 @@ impl PluginObserver for LogEvents {
                 endpoint,
                 source,
             } => match source {
-                Source::Directory { socket, .. } => {
+                RegistrationSource::Directory { socket, .. } => {
                     tracing::info!(plugin = %plugin, socket = %socket.display(), "plugin socket appeared");
                     self.sockets().insert(*registration, socket.clone());
                 }
-                Source::Pushed => {
+                RegistrationSource::Pushed => {
                     tracing::info!(plugin = %plugin, endpoint = %endpoint, "plugin registered");
                 }
             },

@@ -12,7 +12,7 @@ use csi_client::Endpoint;
 use csi_structs::PluginId;
 use serde::{Deserialize, Serialize};
 
-use super::event::{RegistrationId, Source};
+use super::event::{RegistrationId, RegistrationSource};
 use crate::state::{StateFileError, load_json, save_json};
 
 const FORMAT: u32 = 1;
@@ -30,7 +30,7 @@ struct File {
 struct Stored {
     registration: u64,
     endpoint: String,
-    source: Source,
+    source: RegistrationSource,
 }
 
 /// One registration as kept.
@@ -39,7 +39,7 @@ pub(super) struct Kept {
     pub(super) plugin: PluginId,
     pub(super) registration: RegistrationId,
     pub(super) endpoint: Endpoint,
-    pub(super) source: Source,
+    pub(super) source: RegistrationSource,
 }
 
 /// Reads the file: the next number and the registrations (none when it does not exist).
@@ -127,7 +127,7 @@ mod tests {
             plugin: PluginId::new("mock").expect("id"),
             registration: RegistrationId(4),
             endpoint: "unix:///run/mock.sock".parse().expect("endpoint"),
-            source: Source::Directory {
+            source: RegistrationSource::Directory {
                 socket: "/run/mock.sock".into(),
                 inode: 12,
             },

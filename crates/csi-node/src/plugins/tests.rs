@@ -262,7 +262,7 @@ async fn a_directory_socket_is_registered_once_and_deregistered_when_it_goes() {
 
     watcher.scan();
     let found = manager.status(&id).expect("registered from the directory");
-    assert!(matches!(found.source, Source::Directory { .. }));
+    assert!(matches!(found.source, RegistrationSource::Directory { .. }));
     assert_eq!(manager.list().len(), 1, "only sockets count");
     watcher.scan();
     assert_eq!(
@@ -397,7 +397,7 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
             plugin: plugin.clone(),
             registration: RegistrationId(1),
             endpoint: Endpoint::unix("/run/csi/ebs.sock").expect("endpoint"),
-            source: Source::Pushed,
+            source: RegistrationSource::Pushed,
         });
         log.on_event(&PluginEvent::Unhealthy {
             plugin: plugin.clone(),
@@ -415,7 +415,7 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
             plugin: plugin.clone(),
             registration: RegistrationId(2),
             endpoint: Endpoint::unix("/plugins/ebs.sock").expect("endpoint"),
-            source: Source::Directory {
+            source: RegistrationSource::Directory {
                 socket: "/plugins/ebs.sock".into(),
                 inode: 7,
             },
@@ -462,5 +462,46 @@ fn log_events_writes_one_line_per_transition_naming_the_plugin() {
     assert!(
         log.sockets().is_empty(),
         "nothing kept for a gone registration"
+    );
+}
+
+#[test]
+fn a_plugin_event_is_one_line_for_people() {
+    let plugin = PluginId::new("ebs").expect("id");
+    let registered = PluginEvent::Registered {
+        plugin: plugin.clone(),
+        registration: RegistrationId(3),
+        endpoint: Endpoint::unix("/run/csi/ebs.sock").expect("endpoint"),
+        source: RegistrationSource::Directory {
+            socket: "/run/csi/ebs\n.sock".into(),
+            inode: 7,
+        },
+    };
+    assert_eq!(
+        registered.to_string(),
+        format!(
+            "plugin ebs (#3): registered at {} by socket /run/csi/ebs\\n.sock",
+            Endpoint::unix("/run/csi/ebs.sock").expect("endpoint")
+        )
+    );
+    let unhealthy = PluginEvent::Unhealthy {
+        plugin: plugin.clone(),
+        registration: RegistrationId(3),
+        why: Unhealthy::NotReady,
+    };
+    assert_eq!(
+        unhealthy.to_string(),
+        "plugin ebs (#3): unhealthy: probe answered not ready"
+    );
+    let gone = PluginEvent::Gone {
+        plugin,
+        registration: RegistrationId(3),
+        why: GoneReason::Replaced {
+            by: RegistrationId(4),
+        },
+    };
+    assert_eq!(
+        gone.to_string(),
+        "plugin ebs (#3): gone, replaced by registration #4"
     );
 }

@@ -40,7 +40,7 @@ use super::usage::{StepState, VolumeEntry};
 use super::{
     Ids, MountRequest, UnmountRequest, Unmounted, VolumeError, VolumeEvent, VolumeManager,
 };
-use crate::layout::Usage;
+use crate::layout::PublishUsage;
 
 /// A publication restored from the usage records that this process has not seen succeed: what
 /// the [`RestoreLookup`] is asked about.
@@ -179,18 +179,73 @@ impl Reconciliation {
         }
     }
 
-    /// What was done, in a word: `already_confirmed`, `republished`, `released`, `cleaned`,
-    /// `kept`, `plugin_missing` or `failed`.
-    pub fn action(&self) -> &'static str {
-        match &self.outcome {
-            ReconcileOutcome::AlreadyConfirmed => "already_confirmed",
-            ReconcileOutcome::Republished { .. } => "republished",
-            ReconcileOutcome::Released(_) => "released",
-            ReconcileOutcome::Cleaned { .. } => "cleaned",
-            ReconcileOutcome::Kept => "kept",
-            ReconcileOutcome::PluginMissing(_) => "plugin_missing",
-            ReconcileOutcome::Failed(_) => "failed",
+    /// What was done, without its details: [`ReconcileAction::as_str`] gives it in a word.
+    pub fn action(&self) -> ReconcileAction {
+        self.outcome.action()
+    }
+}
+
+impl ReconcileOutcome {
+    /// What was done, without its details.
+    pub fn action(&self) -> ReconcileAction {
+        match self {
+            ReconcileOutcome::AlreadyConfirmed => ReconcileAction::AlreadyConfirmed,
+            ReconcileOutcome::Republished { .. } => ReconcileAction::Republished,
+            ReconcileOutcome::Released(_) => ReconcileAction::Released,
+            ReconcileOutcome::Cleaned { .. } => ReconcileAction::Cleaned,
+            ReconcileOutcome::Kept => ReconcileAction::Kept,
+            ReconcileOutcome::PluginMissing(_) => ReconcileAction::PluginMissing,
+            ReconcileOutcome::Failed(_) => ReconcileAction::Failed,
         }
+    }
+}
+
+/// What reconcile did about one record, without its details: one variant per
+/// [`ReconcileOutcome`], to count, match or print (`Display` writes [`as_str`](Self::as_str)).
+///
+/// ```
+/// use csi_node::volumes::ReconcileAction;
+///
+/// assert_eq!(ReconcileAction::PluginMissing.as_str(), "plugin_missing");
+/// assert_eq!(ReconcileAction::Republished.to_string(), "republished");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReconcileAction {
+    /// [`ReconcileOutcome::AlreadyConfirmed`].
+    AlreadyConfirmed,
+    /// [`ReconcileOutcome::Republished`].
+    Republished,
+    /// [`ReconcileOutcome::Released`].
+    Released,
+    /// [`ReconcileOutcome::Cleaned`].
+    Cleaned,
+    /// [`ReconcileOutcome::Kept`].
+    Kept,
+    /// [`ReconcileOutcome::PluginMissing`].
+    PluginMissing,
+    /// [`ReconcileOutcome::Failed`].
+    Failed,
+}
+
+impl ReconcileAction {
+    /// In a word: `already_confirmed`, `republished`, `released`, `cleaned`, `kept`,
+    /// `plugin_missing` or `failed`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReconcileAction::AlreadyConfirmed => "already_confirmed",
+            ReconcileAction::Republished => "republished",
+            ReconcileAction::Released => "released",
+            ReconcileAction::Cleaned => "cleaned",
+            ReconcileAction::Kept => "kept",
+            ReconcileAction::PluginMissing => "plugin_missing",
+            ReconcileAction::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ReconcileAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -248,6 +303,28 @@ impl Reconciled {
                     | ReconcileOutcome::Failed(_)
             )
         })
+    }
+}
+
+impl fmt::Display for Reconciled {
+    /// `3 record(s): 1 republished, 1 released, 0 kept, 1 not confirmed`: a summary; each
+    /// record's line is its [`Reconciliation`]'s.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = |actions: &[ReconcileAction]| {
+            self.records
+                .iter()
+                .filter(|r| actions.contains(&r.action()))
+                .count()
+        };
+        write!(
+            f,
+            "{} record(s): {} republished, {} released, {} kept, {} not confirmed",
+            self.records.len(),
+            count(&[ReconcileAction::Republished]),
+            count(&[ReconcileAction::Released, ReconcileAction::Cleaned]),
+            count(&[ReconcileAction::Kept]),
+            self.failed().count()
+        )
     }
 }
 
@@ -438,7 +515,7 @@ impl VolumeManager {
                             external_id: external_id.clone(),
                             workload: workload.clone(),
                             // Only names a target when there is no record; this one has.
-                            usage: Usage {
+                            usage: PublishUsage {
                                 read_only: false,
                                 attachment: AccessTypeKind::Mount,
                                 access_mode: AccessMode::SingleNodeWriter,
@@ -488,7 +565,7 @@ fn log(item: &Reconciliation) {
             plugin = %item.plugin,
             volume = %item.volume,
             workload,
-            action = item.action(),
+            action = item.action().as_str(),
             class = e.class().as_str(),
             error = %e,
             "usage record not confirmed; kept"
@@ -497,7 +574,7 @@ fn log(item: &Reconciliation) {
             plugin = %item.plugin,
             volume = %item.volume,
             workload,
-            action = item.action(),
+            action = item.action().as_str(),
             "usage record reconciled"
         ),
     }

@@ -49,6 +49,23 @@ pub enum StepState {
     Started,
 }
 
+impl StepState {
+    /// `done`, `uncertain` or `started` (the words of the records' JSON).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StepState::Done => "done",
+            StepState::Uncertain => "uncertain",
+            StepState::Started => "started",
+        }
+    }
+}
+
+impl std::fmt::Display for StepState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One workload's publication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserEntry {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_client::{Endpoint, Rpc, proto};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_node::plugins::{PluginEvent, PluginManager, PluginManagerConfig};
 use csi_node::volumes::{MountRequest, UnmountRequest, VolumeManager};
 use csi_structs::{
@@ -180,6 +180,6 @@ pub fn unmount_request(
         volume: volume.clone(),
         external_id: external.clone(),
         workload: WorkloadId::new(workload).expect("id"),
-        usage: Usage::of(capability, false),
+        usage: PublishUsage::of(capability, false),
     }
 }

@@ -3,9 +3,9 @@
 use csi_structs::{NodeId, PluginNodeId};
 
 use super::{Acting, Op, PluginFuture, Routing, query_from_wire, query_to_wire};
-use crate::backend::{CallContext, LocalPlugins};
+use crate::backend::{LocalPlugins, ShimContext};
 use crate::request::{
-    Attached, ControllerAttach, ControllerDetach, ControllerExpand, ControllerExpanded,
+    ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand, ControllerExpanded,
     ControllerValidate, CreateSnapshot, CreateVolume, CreatedVolume, DeleteSnapshot, DeleteVolume,
     ListSnapshots, ListVolumes, ListedVolume, SnapshotInfo, SnapshotPage, Validated, VolumePage,
 };
@@ -16,7 +16,7 @@ use crate::wire::{
 };
 
 impl Op for ControllerAttach {
-    type Output = Attached;
+    type Output = ControllerAttached;
     type Wire = pb::ControllerAttachRequest;
     type WireOut = pb::ControllerAttachResponse;
     const RPC: AgentRpc = AgentRpc::ControllerAttach;
@@ -88,7 +88,7 @@ impl Op for ControllerAttach {
         let mut d = Decoder::new();
         let publish_context = d.map("publish_context", w.publish_context);
         d.finish(|| {
-            Some(Attached {
+            Some(ControllerAttached {
                 publish_context: publish_context?,
             })
         })
@@ -97,7 +97,7 @@ impl Op for ControllerAttach {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, Self::Output> {
         plugins.controller_attach(ctx, self)
     }
@@ -170,7 +170,7 @@ impl Op for ControllerDetach {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, ()> {
         plugins.controller_detach(ctx, self)
     }
@@ -256,7 +256,7 @@ impl Op for ControllerValidate {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, Validated> {
         plugins.controller_validate(ctx, self)
     }
@@ -357,7 +357,7 @@ impl Op for CreateVolume {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, CreatedVolume> {
         plugins.create_volume(ctx, self)
     }
@@ -419,7 +419,7 @@ impl Op for DeleteVolume {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, ()> {
         plugins.delete_volume(ctx, self)
     }
@@ -504,7 +504,7 @@ impl Op for ControllerExpand {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, ControllerExpanded> {
         plugins.controller_expand(ctx, self)
     }
@@ -613,7 +613,7 @@ impl Op for ListVolumes {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, VolumePage> {
         plugins.list_volumes(ctx, self)
     }
@@ -720,7 +720,7 @@ impl Op for CreateSnapshot {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, SnapshotInfo> {
         plugins.create_snapshot(ctx, self)
     }
@@ -779,7 +779,7 @@ impl Op for DeleteSnapshot {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, ()> {
         plugins.delete_snapshot(ctx, self)
     }
@@ -878,7 +878,7 @@ impl Op for ListSnapshots {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, SnapshotPage> {
         plugins.list_snapshots(ctx, self)
     }

@@ -9,7 +9,7 @@ use std::pin::Pin;
 
 use csi_structs::{NodeId, PluginId, PluginNodeId};
 
-use crate::backend::{CallContext, LocalPlugins, PluginError};
+use crate::backend::{LocalPlugins, PluginError, ShimContext};
 use crate::request::ControllerQuery;
 use crate::rpc::AgentRpc;
 use crate::wire::{Decoder, InvalidMessage, WireId, pb};
@@ -87,7 +87,7 @@ pub(crate) trait Op: Clone + Send + Sync + 'static {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, Self::Output>;
 
     /// Applies the receiving side's rules before sending, so a call that a peer would reject

@@ -3,7 +3,7 @@
 use csi_structs::NodeId;
 
 use super::{Acting, Op, PluginFuture, Routing};
-use crate::backend::{CallContext, LocalPlugins};
+use crate::backend::{LocalPlugins, ShimContext};
 use crate::request::{NodeDetach, NodeExpand, NodeExpanded};
 use crate::rpc::AgentRpc;
 use crate::wire::{Decoder, InvalidMessage, WireId, WireMap, capability_to_wire, pb};
@@ -78,7 +78,7 @@ impl Op for NodeDetach {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, ()> {
         plugins.node_detach(ctx, self)
     }
@@ -163,7 +163,7 @@ impl Op for NodeExpand {
     fn serve<'a>(
         self,
         plugins: &'a dyn LocalPlugins,
-        ctx: &'a CallContext,
+        ctx: &'a ShimContext,
     ) -> PluginFuture<'a, NodeExpanded> {
         plugins.node_expand(ctx, self)
     }

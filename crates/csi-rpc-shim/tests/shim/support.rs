@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use csi_rpc_shim::{
-    AgentRpc, Attached, CallContext, ControllerAttach, ControllerDetach, ControllerExpand,
+    AgentRpc, ControllerAttach, ControllerAttached, ControllerDetach, ControllerExpand,
     ControllerExpanded, ControllerQuery, ControllerValidate, CreateSnapshot, CreateVolume,
     CreatedVolume, Credentials, DeleteSnapshot, DeleteVolume, GrpcCode, Health, Instance,
     ListSnapshots, ListVolumes, LocalPlugins, LocalStatus, NodeDetach, NodeExpand, NodeExpanded,
-    PluginError, Registry, Routes, Scope, ServiceKind, Shim, ShimConfig, SnapshotInfo,
+    PluginError, Registry, Routes, Scope, ServiceKind, Shim, ShimConfig, ShimContext, SnapshotInfo,
     SnapshotPage, Strategy, Token, TokenBook, Validated, VolumePage,
 };
 use csi_structs::{
@@ -65,7 +65,7 @@ pub(crate) fn unavailable() -> Behaviour {
 #[derive(Clone, Debug)]
 pub(crate) struct Seen {
     pub(crate) rpc: AgentRpc,
-    pub(crate) ctx: CallContext,
+    pub(crate) ctx: ShimContext,
     /// Time left until the deadline when the call arrived.
     pub(crate) budget: Duration,
     /// The secrets the call carried, as the plugin would get them.
@@ -137,7 +137,7 @@ impl FakePlugins {
     async fn answer<T>(
         &self,
         rpc: AgentRpc,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         secrets: Option<&Secrets>,
         ok: T,
     ) -> Result<T, PluginError> {
@@ -178,23 +178,23 @@ impl LocalPlugins for FakePlugins {
 
     async fn controller_attach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerAttach,
-    ) -> Result<Attached, PluginError> {
+    ) -> Result<ControllerAttached, PluginError> {
         let publish_context =
             PublishContext::try_from_iter([("served_by", self.node.as_str())]).unwrap();
         self.answer(
             AgentRpc::ControllerAttach,
             ctx,
             Some(&req.secrets),
-            Attached { publish_context },
+            ControllerAttached { publish_context },
         )
         .await
     }
 
     async fn controller_detach(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerDetach,
     ) -> Result<(), PluginError> {
         self.answer(AgentRpc::ControllerDetach, ctx, Some(&req.secrets), ())
@@ -203,7 +203,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn controller_validate(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerValidate,
     ) -> Result<Validated, PluginError> {
         self.answer(
@@ -217,7 +217,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn create_volume(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateVolume,
     ) -> Result<CreatedVolume, PluginError> {
         let out = CreatedVolume {
@@ -250,7 +250,7 @@ impl LocalPlugins for FakePlugins {
         .await
     }
 
-    async fn delete_volume(&self, ctx: &CallContext, req: DeleteVolume) -> Result<(), PluginError> {
+    async fn delete_volume(&self, ctx: &ShimContext, req: DeleteVolume) -> Result<(), PluginError> {
         self.answer(
             AgentRpc::ControllerDeleteVolume,
             ctx,
@@ -262,7 +262,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn controller_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ControllerExpand,
     ) -> Result<ControllerExpanded, PluginError> {
         let out = ControllerExpanded {
@@ -280,7 +280,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn list_volumes(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         _req: ListVolumes,
     ) -> Result<VolumePage, PluginError> {
         let page = self.state.lock().unwrap().volume_page.clone();
@@ -290,7 +290,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn create_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, PluginError> {
         let out = SnapshotInfo {
@@ -310,7 +310,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn delete_snapshot(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: DeleteSnapshot,
     ) -> Result<(), PluginError> {
         self.answer(
@@ -324,7 +324,7 @@ impl LocalPlugins for FakePlugins {
 
     async fn list_snapshots(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: ListSnapshots,
     ) -> Result<SnapshotPage, PluginError> {
         self.answer(
@@ -336,13 +336,13 @@ impl LocalPlugins for FakePlugins {
         .await
     }
 
-    async fn node_detach(&self, ctx: &CallContext, _req: NodeDetach) -> Result<(), PluginError> {
+    async fn node_detach(&self, ctx: &ShimContext, _req: NodeDetach) -> Result<(), PluginError> {
         self.answer(AgentRpc::NodeDetach, ctx, None, ()).await
     }
 
     async fn node_expand(
         &self,
-        ctx: &CallContext,
+        ctx: &ShimContext,
         req: NodeExpand,
     ) -> Result<NodeExpanded, PluginError> {
         let out = NodeExpanded {

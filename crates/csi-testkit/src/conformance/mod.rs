@@ -41,7 +41,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use check::{Check, IDEMPOTENT_RPCS, NOT_FOUND_RPCS, PAGINATION_RPCS, REQUIRED_FIELDS_RPCS};
 pub use error::Error;
 pub use options::{DEFAULT_TIMEOUT, DEFAULT_VOLUME_SIZE, Options};
-pub use report::{CheckResult, Outcome, PluginIdentity, Report};
+pub use report::{CheckOutcome, CheckResult, PluginIdentity, Report};
 
 use ctx::{Ctx, Stop};
 
@@ -104,9 +104,9 @@ impl Suite {
         ctx.discover().await;
         for check in self.checks {
             let outcome = match checks::run(&mut ctx, check).await {
-                Ok(()) => Outcome::Pass,
-                Err(Stop::Fail(reason)) => Outcome::Fail { reason },
-                Err(Stop::Skip(reason)) => Outcome::Skip { reason },
+                Ok(()) => CheckOutcome::Pass,
+                Err(Stop::Fail(reason)) => CheckOutcome::Fail { reason },
+                Err(Stop::Skip(reason)) => CheckOutcome::Skip { reason },
             };
             report.cleanup_problems.extend(ctx.clean_up().await);
             report.results.push(CheckResult { check, outcome });

@@ -9,7 +9,7 @@ use super::Check;
 /// How one check ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "lowercase")]
-pub enum Outcome {
+pub enum CheckOutcome {
     /// The plugin behaved as the spec demands.
     Pass,
     /// The plugin deviated from the spec.
@@ -24,27 +24,27 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
-    /// True for [`Outcome::Fail`].
+impl CheckOutcome {
+    /// True for [`CheckOutcome::Fail`].
     pub fn is_fail(&self) -> bool {
-        matches!(self, Outcome::Fail { .. })
+        matches!(self, CheckOutcome::Fail { .. })
     }
 
-    /// True for [`Outcome::Pass`].
+    /// True for [`CheckOutcome::Pass`].
     pub fn is_pass(&self) -> bool {
-        matches!(self, Outcome::Pass)
+        matches!(self, CheckOutcome::Pass)
     }
 
-    /// True for [`Outcome::Skip`].
+    /// True for [`CheckOutcome::Skip`].
     pub fn is_skip(&self) -> bool {
-        matches!(self, Outcome::Skip { .. })
+        matches!(self, CheckOutcome::Skip { .. })
     }
 
     /// The reason of a failure or a skip.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Outcome::Pass => None,
-            Outcome::Fail { reason } | Outcome::Skip { reason } => Some(reason),
+            CheckOutcome::Pass => None,
+            CheckOutcome::Fail { reason } | CheckOutcome::Skip { reason } => Some(reason),
         }
     }
 }
@@ -56,7 +56,7 @@ pub struct CheckResult {
     pub check: Check,
     /// How it ended.
     #[serde(flatten)]
-    pub outcome: Outcome,
+    pub outcome: CheckOutcome,
 }
 
 /// Who the plugin said it was.
@@ -94,7 +94,7 @@ impl Report {
     }
 
     /// The outcome of `check`, if it ran.
-    pub fn outcome(&self, check: Check) -> Option<&Outcome> {
+    pub fn outcome(&self, check: Check) -> Option<&CheckOutcome> {
         self.results
             .iter()
             .find(|r| r.check == check)
@@ -123,9 +123,11 @@ impl fmt::Display for Report {
         for result in &self.results {
             let id = result.check.id();
             match &result.outcome {
-                Outcome::Pass => writeln!(f, "PASS  {id:<width$}  {}", result.check.description())?,
-                Outcome::Fail { reason } => writeln!(f, "FAIL  {id:<width$}  {reason}")?,
-                Outcome::Skip { reason } => writeln!(f, "SKIP  {id:<width$}  {reason}")?,
+                CheckOutcome::Pass => {
+                    writeln!(f, "PASS  {id:<width$}  {}", result.check.description())?
+                }
+                CheckOutcome::Fail { reason } => writeln!(f, "FAIL  {id:<width$}  {reason}")?,
+                CheckOutcome::Skip { reason } => writeln!(f, "SKIP  {id:<width$}  {reason}")?,
             }
         }
         for problem in &self.cleanup_problems {
@@ -150,17 +152,17 @@ mod tests {
             results: vec![
                 CheckResult {
                     check: Check::Probe,
-                    outcome: Outcome::Pass,
+                    outcome: CheckOutcome::Pass,
                 },
                 CheckResult {
                     check: Check::RequiredFields(Rpc::CreateVolume),
-                    outcome: Outcome::Fail {
+                    outcome: CheckOutcome::Fail {
                         reason: "missing name: answered OK".into(),
                     },
                 },
                 CheckResult {
                     check: Check::Pagination(Rpc::ListSnapshots),
-                    outcome: Outcome::Skip {
+                    outcome: CheckOutcome::Skip {
                         reason: "controller capability LIST_SNAPSHOTS not advertised".into(),
                     },
                 },

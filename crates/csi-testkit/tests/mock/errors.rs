@@ -7,7 +7,7 @@ use csi_proto::Rpc;
 use csi_proto::v1::volume_capability::AccessType;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_testkit::{ControllerCapability, MockPlugin, NodeCapability, Outcome, Quirk, Role};
+use csi_testkit::{ControllerCapability, MockPlugin, NodeCapability, Quirk, RecordedOutcome, Role};
 use tonic::Code;
 
 use crate::support::*;
@@ -483,5 +483,5 @@ async fn the_call_log_never_holds_a_secret() {
     let record = h.server.calls().last(Rpc::CreateVolume).unwrap();
     assert!(record.request.contains("password"));
     assert!(!record.request.contains("hunter2"));
-    assert_eq!(record.outcome, Outcome::Ok);
+    assert_eq!(record.outcome, RecordedOutcome::Ok);
 }

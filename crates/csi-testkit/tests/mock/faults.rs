@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use csi_proto::Rpc;
 use csi_proto::v1::*;
-use csi_testkit::{MockPlugin, Outcome, Role};
+use csi_testkit::{MockPlugin, RecordedOutcome, Role};
 use tonic::Code;
 
 use crate::support::*;
@@ -50,15 +50,15 @@ async fn scripted_failures_are_consumed_in_order_then_normal_service() {
     calls
         .assert_runs(&[(Rpc::NodeUnstageVolume, 4)])
         .unwrap_or_else(|e| panic!("{e}"));
-    let outcomes: Vec<Outcome> = calls.all().into_iter().map(|r| r.outcome).collect();
+    let outcomes: Vec<RecordedOutcome> = calls.all().into_iter().map(|r| r.outcome).collect();
     assert_eq!(
         outcomes[0],
-        Outcome::Failed {
+        RecordedOutcome::Failed {
             code: Code::Unavailable,
             message: "busy".into()
         }
     );
-    assert_eq!(outcomes[3], Outcome::Ok);
+    assert_eq!(outcomes[3], RecordedOutcome::Ok);
 }
 
 #[tokio::test]
@@ -122,7 +122,7 @@ async fn a_hang_lasts_until_the_caller_gives_up() {
     h.server
         .calls()
         .wait_for(GUARD, |c| {
-            c.records().first().map(|r| &r.outcome) == Some(&Outcome::Abandoned)
+            c.records().first().map(|r| &r.outcome) == Some(&RecordedOutcome::Abandoned)
         })
         .await
         .expect("the hung call is logged as abandoned once the caller gave up");
@@ -149,7 +149,7 @@ async fn a_dropped_connection_fails_the_call_then_service_resumes() {
     );
     assert_eq!(
         h.server.calls().last(Rpc::GetPluginInfo).unwrap().outcome,
-        Outcome::ConnectionDropped
+        RecordedOutcome::ConnectionDropped
     );
     // The channel reconnects; the script is used up.
     let info = tokio::time::timeout(GUARD, async {
@@ -244,7 +244,7 @@ async fn dropping_an_in_memory_connection_fails_the_call() {
     assert_ne!(status.code(), Code::Ok);
     assert_eq!(
         server.calls().last(Rpc::Probe).unwrap().outcome,
-        Outcome::ConnectionDropped
+        RecordedOutcome::ConnectionDropped
     );
     let mut fresh =
         csi_proto::v1::identity_client::IdentityClient::new(server.channel().await.unwrap());

@@ -9,7 +9,7 @@ use csi_proto::Rpc;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_testkit::secrets::{SecretRequirementError, takes_secrets};
-use csi_testkit::{ConfigError, MockPlugin, Outcome, Role};
+use csi_testkit::{ConfigError, MockPlugin, RecordedOutcome, Role};
 use tonic::Code;
 
 use crate::support::*;
@@ -73,19 +73,19 @@ async fn a_call_without_the_required_secret_is_refused_and_logged() {
     assert_eq!(h.plugin().volumes().len(), 1);
 
     let records = h.server.calls().of(Rpc::CreateVolume).into_records();
-    let outcomes: Vec<Outcome> = records.iter().map(|r| r.outcome.clone()).collect();
+    let outcomes: Vec<RecordedOutcome> = records.iter().map(|r| r.outcome.clone()).collect();
     assert_eq!(
         outcomes,
         vec![
-            Outcome::Failed {
+            RecordedOutcome::Failed {
                 code: Code::InvalidArgument,
                 message: missing.message().to_string(),
             },
-            Outcome::Failed {
+            RecordedOutcome::Failed {
                 code: Code::InvalidArgument,
                 message: wrong.message().to_string(),
             },
-            Outcome::Ok,
+            RecordedOutcome::Ok,
         ]
     );
     for record in &records {

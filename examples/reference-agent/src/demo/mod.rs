@@ -378,7 +378,7 @@ async fn lifecycle<W: Write>(
                 ..RegisterVolume::new(id.clone(), external, plugin.clone(), mode)
             };
             let entry = walk
-                .step(Step::RegisterVolume, service.register(volume))
+                .step(Step::RegisterVolume, service.register_volume(volume))
                 .await?;
             let text = format!(
                 "ok: registered {} (no controller to validate it)",
@@ -392,11 +392,7 @@ async fn lifecycle<W: Write>(
     for (rpc, why) in plan.skipped_calls(false) {
         walk.skip(Step::Claim, rpc, why)?;
     }
-    let claim = ClaimVolume {
-        volume: id.clone(),
-        workload: workload.clone(),
-        mode: ClaimMode::Write,
-    };
+    let claim = ClaimVolume::new(id.clone(), workload.clone(), ClaimMode::Write);
     let claimed = walk.step(Step::Claim, service.claim(claim)).await?;
 
     match plan.expand {
@@ -419,10 +415,7 @@ async fn lifecycle<W: Write>(
     if let Err(why) = plan.snapshot {
         walk.skip(Step::Snapshot, "-", why)?;
     } else {
-        let cut = NewSnapshot {
-            name: format!("{id}-snapshot"),
-            parameters: Default::default(),
-        };
+        let cut = NewSnapshot::new(format!("{id}-snapshot"));
         let snapshot = walk.step(Step::Snapshot, service.create_snapshot(&id, cut));
         made.snapshot = Some(snapshot.await?.id);
     }
@@ -451,7 +444,7 @@ async fn lifecycle<W: Write>(
     } else {
         let step = Step::DeregisterVolume;
         let gone = walk
-            .step(step, service.deregister(&id, false, false))
+            .step(step, service.deregister_volume(&id, false, false))
             .await?;
         walk.result(
             step,
@@ -512,7 +505,10 @@ async fn left_behind(plane: &ControlPlane, made: &Made) -> Vec<String> {
             claim.state().name()
         ));
     }
-    match service.deregister(id, !state.claims.is_empty(), true).await {
+    match service
+        .deregister_volume(id, !state.claims.is_empty(), true)
+        .await
+    {
         // A volume given with --volume-id is not left behind: it is kept.
         Ok(gone) => left.extend(
             gone.left_behind

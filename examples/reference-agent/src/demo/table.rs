@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_client::{CallEvent, Outcome};
+use csi_client::{CallEvent, CallOutcome};
 use csi_structs::ErrorClass;
 use csi_structs::untrusted::escaped;
 
@@ -108,12 +108,12 @@ impl<W: Write> Table<W> {
     pub fn call(&mut self, step: Step, call: &CallEvent) -> io::Result<()> {
         self.calls += 1;
         let outcome = match call.outcome {
-            Outcome::Ok => "ok".to_owned(),
-            Outcome::Failed {
+            CallOutcome::Ok => "ok".to_owned(),
+            CallOutcome::Failed {
                 class: ErrorClass::AlreadyDone,
                 ..
             } => format!("ok: already done ({})", call.outcome.label()),
-            Outcome::Failed { class, .. } => {
+            CallOutcome::Failed { class, .. } => {
                 format!("failed: {} ({})", call.outcome.label(), class.as_str())
             }
         };
@@ -158,7 +158,7 @@ mod tests {
             volume: Some(csi_structs::ExternalVolumeId::new("vol\n99  forged").unwrap()),
             attempts: 1,
             duration: Duration::from_micros(1500),
-            outcome: Outcome::Ok,
+            outcome: CallOutcome::Ok,
         };
         table.call(Step::Claim, &event).unwrap();
         table

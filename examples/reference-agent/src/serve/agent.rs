@@ -3,23 +3,24 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
-use csi_claims::machine::{LastError, Pending};
-use csi_claims::{Claim, ClaimMode, VolumeStatus};
+use csi_claims::machine::{LastError, ReleaseWait};
+use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
 use csi_control::service::{
     CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
     Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
-use csi_node::volumes::{PendingStep, Reconciliation, StepState, VolumeManager};
+use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
 use csi_structs::{
     AccessMode, AccessTypeKind, ErrorClass, ExternalVolumeId, NodeId, Parameters, PluginId,
     SnapshotId, Topology, VolumeContext, VolumeId, WorkloadId,
 };
+use tokio::time::Instant;
 
 use super::plugins::Plugins;
 use crate::metrics::{Gauges, Metrics};
@@ -140,7 +141,7 @@ pub fn parts(e: &AgentError) -> (u16, &'static str, Option<ErrorClass>) {
         AgentError::Unsupported(_) => (409, "unsupported", None),
         AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
         AgentError::Claims(e) if e.is_store_failure() => (503, "store", class),
-        AgentError::Claims(_) => (409, "claim", None),
+        AgentError::Denied(_) | AgentError::Claims(_) => (409, "claim", None),
         AgentError::Call { failure, .. } => (502, call_kind(*failure), class),
         AgentError::Local { store: true, .. } => (503, "store", class),
         AgentError::Store(e) if e.is_permanent() => (400, "store", None),
@@ -262,13 +263,16 @@ impl Agent {
     }
 
     /// Registers an existing volume, validated against its plugin's controller when one is
-    /// known ([`VolumeService::register`]).
+    /// known ([`VolumeService::register_volume`]).
     ///
     /// # Errors
     ///
     /// [`AgentError`] naming the bad field, a capability the plugin does not confirm, or a
     /// conflict when the id is taken.
-    pub async fn register(&self, r: api::RegisterVolume) -> Result<api::VolumeView, AgentError> {
+    pub async fn register_volume(
+        &self,
+        r: api::RegisterVolume,
+    ) -> Result<api::VolumeView, AgentError> {
         let id = parse_volume_id(&r.id)?;
         let request = RegisterVolume {
             id,
@@ -281,7 +285,7 @@ impl Agent {
             secrets: r.secrets,
             accessible_topology: parse_topologies("accessible_topology", r.accessible_topology)?,
         };
-        let entry = self.service.register(request).await?;
+        let entry = self.service.register_volume(request).await?;
         Ok(self.view_of(entry))
     }
 
@@ -338,11 +342,7 @@ impl Agent {
         };
         let claimed = self
             .service
-            .claim(ClaimVolume {
-                volume,
-                workload,
-                mode,
-            })
+            .claim(ClaimVolume::new(volume, workload, mode))
             .await?;
         Ok(claim_view(
             &claimed.claim,
@@ -404,12 +404,12 @@ impl Agent {
     }
 
     /// Drops a volume from the agent without calling the plugin
-    /// ([`VolumeService::deregister`]); the answer shows the volume as it was.
+    /// ([`VolumeService::deregister_volume`]); the answer shows the volume as it was.
     ///
     /// # Errors
     ///
     /// [`AgentError`].
-    pub async fn deregister(
+    pub async fn deregister_volume(
         &self,
         id: &str,
         r: api::DeregisterVolume,
@@ -418,7 +418,7 @@ impl Agent {
         let view = self.volume(id)?;
         let done = self
             .service
-            .deregister(&volume, r.force, r.confirmed)
+            .deregister_volume(&volume, r.force, r.confirmed)
             .await?;
         Ok(api::DeregisterView {
             volume: view,
@@ -683,11 +683,7 @@ impl Agent {
                     workload: p
                         .workload
                         .map_or_else(|| "-".into(), WorkloadId::into_inner),
-                    step: match p.step {
-                        PendingStep::Stage => "stage",
-                        PendingStep::Publish => "publish",
-                    }
-                    .into(),
+                    step: p.step.as_str().into(),
                     path: p.path.display().to_string(),
                 })
                 .collect(),
@@ -793,12 +789,7 @@ fn snapshot_view(s: Snapshot) -> api::SnapshotView {
 
 /// One record's confirmation for the API.
 fn reconciled_view(r: &Reconciliation) -> api::ReconciledView {
-    let state = |s: Option<StepState>| match s {
-        Some(StepState::Done) => "done",
-        Some(StepState::Uncertain) => "uncertain",
-        Some(StepState::Started) => "started",
-        None => "-",
-    };
+    let state = |s: Option<StepState>| s.map_or("-", StepState::as_str);
     let error = r.error();
     api::ReconciledView {
         plugin: r.plugin.to_string(),
@@ -812,7 +803,7 @@ fn reconciled_view(r: &Reconciliation) -> api::ReconciledView {
             state(r.found.stage),
             state(r.found.publish)
         ),
-        action: r.action().to_owned(),
+        action: r.action().as_str().to_owned(),
         error: error.map(ToString::to_string),
         class: error.map(|e| e.class().as_str().to_owned()),
     }
@@ -841,16 +832,16 @@ pub fn claim_view(c: &Claim, target_path: Option<String>) -> api::ClaimView {
 }
 
 /// A release for the API.
-pub fn release_view(s: &VolumeStatus) -> api::ReleaseView {
+pub fn release_view(s: &ReleaseStatus) -> api::ReleaseView {
     let (pending, pending_workload) = match &s.pending {
-        Pending::Nothing => ("nothing", None),
-        Pending::NodeDetach(w) => ("node_detach", Some(w.to_string())),
-        Pending::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
-        Pending::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
-        Pending::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
+        ReleaseWait::Nothing => ("nothing", None),
+        ReleaseWait::NodeDetach(w) => ("node_detach", Some(w.to_string())),
+        ReleaseWait::ControllerDetach(w) => ("controller_detach", Some(w.to_string())),
+        ReleaseWait::ControllerSlot(w) => ("controller_slot", Some(w.to_string())),
+        ReleaseWait::Backoff { step, .. } => ("backoff", step.workload().map(ToString::to_string)),
     };
     let backoff_step = match &s.pending {
-        Pending::Backoff { step, .. } => Some(step.name().to_owned()),
+        ReleaseWait::Backoff { step, .. } => Some(step.name().to_owned()),
         _ => None,
     };
     let (last_error, last_error_class) = match &s.last_error {
@@ -894,8 +885,8 @@ mod tests {
         AgentError::shim("CreateVolume", &e)
     }
 
-    fn status(pending: Pending, next_retry: Option<Instant>) -> VolumeStatus {
-        VolumeStatus {
+    fn status(pending: ReleaseWait, next_retry: Option<Instant>) -> ReleaseStatus {
+        ReleaseStatus {
             volume: csi_structs::VolumeId::new("v1").unwrap(),
             claims: Vec::new(),
             pending,
@@ -912,7 +903,7 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(60);
         let workload = csi_structs::WorkloadId::new("w1").unwrap();
         let node = release_view(&status(
-            Pending::Backoff {
+            ReleaseWait::Backoff {
                 step: RetriedStep::NodeDetach(workload.clone()),
                 until,
             },
@@ -923,7 +914,7 @@ mod tests {
         assert_eq!(node.backoff_step.as_deref(), Some("node_detach"));
         assert!(node.next_retry_ms.is_some_and(|ms| ms > 50_000), "{node:?}");
         let store = release_view(&status(
-            Pending::Backoff {
+            ReleaseWait::Backoff {
                 step: RetriedStep::StoreRead,
                 until,
             },
@@ -935,13 +926,13 @@ mod tests {
         );
 
         // Not backing off: no new field in the JSON, and older JSON without it still reads.
-        let calling = release_view(&status(Pending::ControllerDetach(workload), None));
+        let calling = release_view(&status(ReleaseWait::ControllerDetach(workload), None));
         assert_eq!(calling.pending, "controller_detach");
         let json = serde_json::to_value(&calling).unwrap();
         assert!(json.get("backoff_step").is_none(), "{json}");
         let older: api::ReleaseView = serde_json::from_value(json).unwrap();
         assert_eq!(older.backoff_step, None);
-        let idle = release_view(&status(Pending::Nothing, None));
+        let idle = release_view(&status(ReleaseWait::Nothing, None));
         assert_eq!(
             (idle.pending.as_str(), idle.backoff_step),
             ("nothing", None)
@@ -1057,5 +1048,32 @@ mod tests {
             volume: vid("v"),
         }));
         assert_eq!(parts(&denied).1, "claim");
+    }
+
+    #[test]
+    fn a_denied_claim_is_answered_409_claim_without_a_class_as_before() {
+        let denied = csi_claims::ClaimDenied {
+            volume: vid("v"),
+            workload: WorkloadId::new("w2").expect("id"),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            reason: csi_claims::DenyReason::SingleWorkload,
+            holders: csi_claims::accounting::Holders(vec![csi_claims::accounting::Holder {
+                workload: WorkloadId::new("w1").expect("id"),
+                node: NodeId::new("n1").expect("id"),
+                mode: ClaimMode::Write,
+                state: "taken",
+            }]),
+        };
+        let from_driver =
+            DriverError::Claim(csi_claims::ClaimError::Denied(Box::new(denied.clone())));
+        let text = from_driver.to_string();
+        let e = AgentError::from(from_driver);
+        assert!(
+            matches!(&e, AgentError::Denied(d) if *d.as_ref() == denied),
+            "{e:?}"
+        );
+        assert_eq!(parts(&e), (409, "claim", None));
+        assert_eq!(e.to_string(), text);
     }
 }

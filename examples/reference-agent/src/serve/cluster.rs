@@ -100,7 +100,7 @@ impl Cluster {
 /// This agent's hold on the controller duty, as `status` shows it.
 fn duty_view(duty: &Duty) -> api::DutyView {
     // The driver's clock (tokio's, which tests may pause).
-    let now = tokio::time::Instant::now().into_std();
+    let now = tokio::time::Instant::now();
     let left = duty
         .until()
         .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));

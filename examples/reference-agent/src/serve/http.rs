@@ -242,7 +242,7 @@ async fn answer(agent: &Arc<Agent>, access: &Access, head: &Parts, unread: &mut 
         (Method::GET, ["v1", "volumes"]) => json(200, &agent.volumes()),
         (Method::GET, ["v1", "volumes", id]) => reply(agent.volume(id)),
         (Method::POST, ["v1", "volumes"]) => match body(unread).await {
-            Ok(r) => reply(agent.register(r).await),
+            Ok(r) => reply(agent.register_volume(r).await),
             Err(a) => a,
         },
         (Method::POST, ["v1", "volumes", "create"]) => match body(unread).await {
@@ -280,7 +280,7 @@ async fn answer(agent: &Arc<Agent>, access: &Access, head: &Parts, unread: &mut 
         (Method::POST, ["v1", "volumes", id, "deregister"]) => {
             let id = (*id).to_owned();
             match body(unread).await {
-                Ok(r) => reply(agent.deregister(&id, r).await),
+                Ok(r) => reply(agent.deregister_volume(&id, r).await),
                 Err(a) => a,
             }
         }

@@ -12,7 +12,8 @@ use csi_claims::driver::ClaimsHandle;
 use csi_client::{CallsInFlight, CsiClient, Fingerprint};
 use csi_node::detach::NodeDetachPolicy;
 use csi_node::plugins::{
-    DirWatcher, LogEvents, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus, Source,
+    DirWatcher, LogEvents, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
+    RegistrationSource,
 };
 use csi_node::shim::RegistryFeed;
 use csi_node::state::StateFileError;
@@ -150,8 +151,10 @@ impl Plugins {
             id: s.plugin.to_string(),
             node: self.me.to_string(),
             socket: match &s.source {
-                Source::Directory { socket, .. } => Some(socket.display().to_string()),
-                Source::Pushed => s.endpoint.unix_path().map(|p| p.display().to_string()),
+                RegistrationSource::Directory { socket, .. } => Some(socket.display().to_string()),
+                RegistrationSource::Pushed => {
+                    s.endpoint.unix_path().map(|p| p.display().to_string())
+                }
             },
             health: s.health.name().into(),
             health_reason,

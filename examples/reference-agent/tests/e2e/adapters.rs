@@ -14,7 +14,7 @@ use csi_claims::{
 };
 use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,
@@ -87,8 +87,8 @@ struct Published {
     target: PathBuf,
 }
 
-fn usage() -> Usage {
-    Usage {
+fn usage() -> PublishUsage {
+    PublishUsage {
         read_only: false,
         attachment: AccessTypeKind::Mount,
         access_mode: AccessMode::SingleNodeWriter,

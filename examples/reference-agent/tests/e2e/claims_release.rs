@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use csi_claims::backoff::BackoffPolicy;
 use csi_claims::driver::{ClaimsDriver, ClaimsHandle, DriverConfig, NodeDetacher};
-use csi_claims::machine::{LastError, Pending, VolumeStatus};
+use csi_claims::machine::{LastError, ReleaseStatus, ReleaseWait};
 use csi_claims::store::ClaimStore;
 use csi_claims::{
     ClaimMode, ClaimRequest, ClaimState, ControllerRequirement, ControllerStep, DetachError,
@@ -32,7 +32,7 @@ use csi_claims::{
 use csi_claims::{ControllerDetachRequest, driver::ControllerDetacher};
 use csi_client::{Code, CsiClient, Endpoint, ErrorClass, NodePublish, NodeStage, Rpc, proto};
 use csi_node::detach::{ClientControllerDetacher, ClientNodeDetacher, NoSecrets, NodeDetachPolicy};
-use csi_node::layout::{Layout, Usage};
+use csi_node::layout::{Layout, PublishUsage};
 use csi_structs::{
     AccessMode, AccessTypeKind, MountOptions, NodeId, PluginId, PublishContext, Secrets,
     VolumeCapability, VolumeContext, VolumeId, WorkloadId,
@@ -55,8 +55,8 @@ struct Fixture {
     target: PathBuf,
 }
 
-fn usage() -> Usage {
-    Usage {
+fn usage() -> PublishUsage {
+    PublishUsage {
         read_only: false,
         attachment: AccessTypeKind::Mount,
         access_mode: AccessMode::SingleNodeWriter,
@@ -246,8 +246,8 @@ fn an_hour() -> BackoffPolicy {
 async fn wait_for_status(
     claims: &ClaimsHandle,
     volume: &VolumeId,
-    done: impl Fn(&VolumeStatus) -> bool,
-) -> VolumeStatus {
+    done: impl Fn(&ReleaseStatus) -> bool,
+) -> ReleaseStatus {
     let polled = tokio::time::timeout(GUARD, async {
         loop {
             if let Some(status) = claims.status(volume)
@@ -269,14 +269,16 @@ async fn wait_for_status(
 }
 
 /// The volume failed its node step once and is backing off.
-async fn wait_until_stuck(claims: &ClaimsHandle, volume: &VolumeId) -> VolumeStatus {
+async fn wait_until_stuck(claims: &ClaimsHandle, volume: &VolumeId) -> ReleaseStatus {
     wait_for_status(claims, volume, |s| {
-        s.attempts >= 1 && matches!(s.pending, Pending::Backoff { .. }) && s.next_retry.is_some()
+        s.attempts >= 1
+            && matches!(s.pending, ReleaseWait::Backoff { .. })
+            && s.next_retry.is_some()
     })
     .await
 }
 
-fn detach_error(status: &VolumeStatus) -> &DetachError {
+fn detach_error(status: &ReleaseStatus) -> &DetachError {
     match &status.last_error {
         Some(LastError::Detach { error, .. }) => error,
         other => panic!("expected a detach error, got {other:?}"),
@@ -286,7 +288,7 @@ fn detach_error(status: &VolumeStatus) -> &DetachError {
 /// Asserts the volume is held in its node step after the node plugin was found missing:
 /// one failed attempt, class `RetryElsewhere`, a retry scheduled, the claim still
 /// `Releasing` (neither detached nor skipped), and no detach call reached the mock.
-fn assert_held_in_node_step(f: &Fixture, claims: &ClaimsHandle, status: &VolumeStatus) {
+fn assert_held_in_node_step(f: &Fixture, claims: &ClaimsHandle, status: &ReleaseStatus) {
     assert_eq!(status.attempts, 1, "{status:?}");
     let error = detach_error(status);
     assert_eq!(error.rpc, DetachRpc::NodeUnpublish, "{error:?}");

@@ -494,7 +494,7 @@ async fn a_node_gone_for_good_is_detached_and_a_stuck_volume_deregistered_by_for
         .of(Rpc::ControllerUnpublishVolume)
         .records()
         .iter()
-        .filter(|r| r.outcome == csi_testkit::Outcome::Ok)
+        .filter(|r| r.outcome == csi_testkit::RecordedOutcome::Ok)
         .filter_map(|r| r.node_id.clone())
         .collect();
     assert_eq!(

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use csi_agent::ops::api::{ClaimView, ReleaseView, StatusView, VolumeView};
 use csi_client::{Code, Rpc};
-use csi_testkit::{CallRecord, FaultStep, MockPlugin, Outcome};
+use csi_testkit::{CallRecord, FaultStep, MockPlugin, RecordedOutcome};
 
 use super::cluster::{Node, cluster_view, converged, node, start_etcd};
 use super::serve::{eventually, json};
@@ -302,7 +302,7 @@ async fn fencing_round(round: usize, nodes: &[Node; 3], mock: &MockPlugin) -> Ro
     let since_takeover = unpublishes(mock, &ext, takeover);
     let ok = since_takeover
         .iter()
-        .filter(|r| r.outcome == Outcome::Ok)
+        .filter(|r| r.outcome == RecordedOutcome::Ok)
         .count();
     assert!(
         ok >= 1,
@@ -353,7 +353,7 @@ async fn fencing_round(round: usize, nodes: &[Node; 3], mock: &MockPlugin) -> Ro
     assert_eq!(
         unpublishes(mock, &ext, takeover)
             .iter()
-            .filter(|r| r.outcome == Outcome::Ok)
+            .filter(|r| r.outcome == RecordedOutcome::Ok)
             .count(),
         ok,
         "no successful detach since the new holder's"
@@ -390,7 +390,7 @@ async fn fencing_round(round: usize, nodes: &[Node; 3], mock: &MockPlugin) -> Ro
     assert!(done.claims.is_empty(), "{done:?}");
     let after = unpublishes(mock, &ext, freed);
     assert_eq!(after.len(), 1, "{:?}", describe(&after));
-    assert_eq!(after[0].outcome, Outcome::Ok);
+    assert_eq!(after[0].outcome, RecordedOutcome::Ok);
     assert!(mock.published_nodes(&ext).is_empty());
     Round {
         holder: NAMES[holder],

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use csi_agent::ops::api::{ClaimView, StatusView, VolumeView};
 use csi_client::{Code, Rpc};
-use csi_testkit::{MockPlugin, Outcome};
+use csi_testkit::{MockPlugin, RecordedOutcome};
 
 use crate::serve::{cli, json, metrics, one_agent, raw_get};
 use crate::support::file_with_mode;
@@ -195,7 +195,7 @@ async fn each_call_gets_its_secrets_and_no_output_shows_one() {
             .of(Rpc::ControllerUnpublishVolume)
             .records()
             .iter()
-            .any(|r| r.outcome == Outcome::Ok)
+            .any(|r| r.outcome == RecordedOutcome::Ok)
     );
 
     // Kept for later calls, readable by the agent's user only.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use csi_agent::ops::api::{PluginView, StatusView, VolumeView};
 use csi_client::Rpc;
-use csi_testkit::{MockPlugin, Outcome, Role};
+use csi_testkit::{MockPlugin, RecordedOutcome, Role};
 use serde::de::DeserializeOwned;
 
 /// Hang guard of each wait; never a timing assertion.
@@ -182,7 +182,7 @@ pub(crate) fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
         .of(rpc)
         .records()
         .iter()
-        .filter(|r| r.outcome == Outcome::Ok)
+        .filter(|r| r.outcome == RecordedOutcome::Ok)
         .count()
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_agent::ops::api::VolumeView;
-use csi_testkit::{MockPlugin, Outcome};
+use csi_testkit::{MockPlugin, RecordedOutcome};
 
 use super::control::Control;
 use super::{Access, Volume};
@@ -33,7 +33,7 @@ impl MockCalls {
     fn drain(&mut self, mock: &MockPlugin) {
         for record in mock.calls().drain().into_records() {
             self.total += 1;
-            if let Outcome::Failed {
+            if let RecordedOutcome::Failed {
                 code: csi_client::Code::Aborted,
                 ..
             } = record.outcome
