@@ -117,6 +117,19 @@ pub enum NodeStep {
     DoneElsewhere,
 }
 
+impl std::fmt::Display for NodeStep {
+    /// `unpublished`, `unpublished and unstaged`, `skipped: node gone for good` or
+    /// `done by another agent`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodeStep::Detached { unstaged: false } => "unpublished",
+            NodeStep::Detached { unstaged: true } => "unpublished and unstaged",
+            NodeStep::SkippedNodeGone => "skipped: node gone for good",
+            NodeStep::DoneElsewhere => "done by another agent",
+        })
+    }
+}
+
 /// How a claim's controller step ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "controller_step", rename_all = "snake_case")]
@@ -134,4 +147,45 @@ pub enum ControllerStep {
     /// Another agent sharing the store performed it; this one learned only that the claim was
     /// freed. Only seen in [`Event::Freed`](crate::Event::Freed); never stored.
     DoneElsewhere,
+}
+
+impl std::fmt::Display for ControllerStep {
+    /// `detached`, `skipped: no controller publish`, `skipped: still used on the node by
+    /// <workload>` or `done by another agent`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControllerStep::Detached => f.write_str("detached"),
+            ControllerStep::SkippedNotRequired => f.write_str("skipped: no controller publish"),
+            ControllerStep::SkippedStillUsedOnNode { by } => {
+                write!(f, "skipped: still used on the node by {by}")
+            }
+            ControllerStep::DoneElsewhere => f.write_str("done by another agent"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod step_display_tests {
+    use super::*;
+
+    #[test]
+    fn steps_read_as_words() {
+        assert_eq!(
+            NodeStep::Detached { unstaged: true }.to_string(),
+            "unpublished and unstaged"
+        );
+        assert_eq!(
+            NodeStep::SkippedNodeGone.to_string(),
+            "skipped: node gone for good"
+        );
+        let by = WorkloadId::new("web-2").expect("id");
+        assert_eq!(
+            ControllerStep::SkippedStillUsedOnNode { by }.to_string(),
+            "skipped: still used on the node by web-2"
+        );
+        assert_eq!(
+            ControllerStep::DoneElsewhere.to_string(),
+            "done by another agent"
+        );
+    }
 }
