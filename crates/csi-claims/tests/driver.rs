@@ -793,21 +793,35 @@ async fn a_claim_waits_for_its_own_workload_s_release_and_is_admitted_once_it_is
     driver.shutdown().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_claim_waits_for_the_capacity_another_workload_s_release_gives_back() {
+/// A driver over a plugin whose controller step takes 10 s (virtual time), so a release sits
+/// in it while a claim comes.
+async fn slow_controller_driver() -> (Arc<Plugin>, csi_claims::driver::ClaimsHandle, ClaimsDriver) {
     let plugin = Plugin::new();
     *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
     let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    (plugin, claims, driver)
+}
+
+/// A write claim of `v` by `workload` on `node`, the volume a multi-node single-writer one.
+fn single_writer(
+    v: &csi_claims::VolumeInfo,
+    workload: &str,
+    node: &str,
+) -> csi_claims::ClaimRequest {
+    request(
+        v,
+        workload,
+        node,
+        ClaimMode::Write,
+        AccessMode::MultiNodeSingleWriter,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_for_the_capacity_another_workload_s_release_gives_back() {
+    let (_plugin, claims, driver) = slow_controller_driver().await;
     let v = info("v", "p", ControllerRequirement::Required);
-    let single = |w: &str, node: &str| {
-        request(
-            &v,
-            w,
-            node,
-            ClaimMode::Write,
-            AccessMode::MultiNodeSingleWriter,
-        )
-    };
+    let single = |w: &str, node: &str| single_writer(&v, w, node);
     guard(claims.claim(&v, single("a", "n1"))).await.unwrap();
     guard(claims.release(&v.id, &WorkloadId::new("a").unwrap()))
         .await
@@ -865,19 +879,9 @@ async fn a_claim_waits_for_the_attach_limit_a_release_on_the_node_gives_back() {
 
 #[tokio::test(start_paused = true)]
 async fn a_claim_whose_blocker_is_not_releasing_is_refused_at_once() {
-    let plugin = Plugin::new();
-    *plugin.controller_latency.lock().unwrap() = Duration::from_secs(10);
-    let (claims, driver) = start(&plugin, DriverConfig::default()).await;
+    let (_plugin, claims, driver) = slow_controller_driver().await;
     let v = info("v", "p", ControllerRequirement::Required);
-    let single = |w: &str, node: &str| {
-        request(
-            &v,
-            w,
-            node,
-            ClaimMode::Write,
-            AccessMode::MultiNodeSingleWriter,
-        )
-    };
+    let single = |w: &str, node: &str| single_writer(&v, w, node);
     guard(claims.claim(&v, single("a", "n1"))).await.unwrap();
 
     // a holds the one writer slot and is not releasing: waiting cannot help. Had it waited,

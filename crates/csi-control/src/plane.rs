@@ -227,7 +227,7 @@ impl ControlPlaneBuilder {
             observer,
             calls,
         } = self;
-        create_dir(&dir)?;
+        csi_node::node::create_state_dir(&dir)?;
         adopt_stores_layout(&dir)?;
         let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(&dir).await?);
         // The shim's registry learns this node's plugins from the plugin manager's events.
@@ -323,18 +323,6 @@ fn random_hex(bytes: usize) -> Result<String, PlaneError> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn create_dir(dir: &Path) -> Result<(), PlaneError> {
-    use std::os::unix::fs::PermissionsExt;
-    let failed = |source| {
-        PlaneError::Node(NodeError::Directory {
-            path: dir.to_owned(),
-            source,
-        })
-    };
-    std::fs::create_dir_all(dir).map_err(failed)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(failed)
-}
-
 /// Moves the embedded claim store of [`Stores`](crate::stores::Stores) (`<dir>/claims.redb`:
 /// the claims and the node's usage records, in the tables `node.redb` has) to
 /// `<dir>/node/node.redb`, where the node opens it. Nothing to do when there is none; refused,
@@ -349,7 +337,7 @@ fn adopt_stores_layout(dir: &Path) -> Result<(), PlaneError> {
     if new.exists() {
         return Err(PlaneError::TwoDatabases { old, new });
     }
-    create_dir(&node_dir)?;
+    csi_node::node::create_state_dir(&node_dir)?;
     std::fs::rename(&old, &new).map_err(|source| {
         PlaneError::Node(NodeError::Directory {
             path: old.clone(),

@@ -257,7 +257,7 @@ fn open_files(
     observers: Vec<Arc<dyn PluginObserver>>,
     customize: Option<ClientCustomizer>,
 ) -> Result<Opened, NodeError> {
-    create_dir(dir)?;
+    create_state_dir(dir)?;
     let db_file = dir.join(DATABASE_FILE);
     let db = RedbStore::open(&db_file)?;
     let usage = UsageDb::open(&db, &db_file, Some(&dir.join(LEGACY_USAGE_FILE)))?;
@@ -281,7 +281,13 @@ fn open_files(
     }
 }
 
-fn create_dir(dir: &Path) -> Result<(), NodeError> {
+/// Creates `dir` (and its parents) when missing and makes it owner-only, as a node's state
+/// directory is kept.
+///
+/// # Errors
+///
+/// [`NodeError::Directory`] naming the directory.
+pub fn create_state_dir(dir: &Path) -> Result<(), NodeError> {
     use std::os::unix::fs::PermissionsExt;
     let failed = |source| NodeError::Directory {
         path: dir.to_owned(),
