@@ -1,11 +1,11 @@
-//! The front door in cluster mode: two `ControlPlane`s opened with `StoreConfig::Etcd` on one
-//! real etcd (Debian's `etcd-server`, started by csi-testkit's `LocalEtcd` on loopback), each
-//! node with its own directory and its own view of one storage model (csi-testkit's mock,
-//! served as plugin node `node-1` to `a` and, through `MockPlugin::as_node`, as `node-2` to
-//! `b`). Each joins the cluster's membership with its plane's etcd client and its claims, as an
-//! orchestrator does; the controller duty goes to one of them. Run with
-//! `cargo test -p csi-control --features etcd`. Waits are bounded hang guards, never timing
-//! assertions.
+//! The front door in cluster mode: two `ControlPlane`s opened with
+//! `ControlPlaneBuilder::cluster` on one real etcd (Debian's `etcd-server`, started by
+//! csi-testkit's `LocalEtcd` on loopback), each node with its own directory, its routing served
+//! on loopback, and its own view of one storage model (csi-testkit's mock, served as plugin node
+//! `node-1` to `a` and, through `MockPlugin::as_node`, as `node-2` to `b`). The embedder's code
+//! is the open call and serving the routing; the membership, the controller duty and the other
+//! members' routes come with the front door. Run with `cargo test -p csi-control --features
+//! etcd`. Waits are bounded hang guards, never timing assertions.
 #![cfg(feature = "etcd")]
 
 use std::path::Path;
@@ -13,61 +13,68 @@ use std::time::Duration;
 
 use csi_claims::ClaimMode;
 use csi_claims::DenyReason;
-use csi_claims::duty::DutyTiming;
 use csi_client::{Endpoint, Rpc};
-use csi_control::cluster::{MemberRecord, Membership};
 use csi_control::service::{ClaimVolume, NewVolume};
-use csi_control::stores::{EtcdConfig, StoreConfig};
-use csi_control::{ControlPlane, ServiceError};
+use csi_control::stores::EtcdConfig;
+use csi_control::{ClusterSettings, ControlPlane, Peers, ServiceError};
+use csi_rpc_shim::Token;
 use csi_structs::{AccessMode, NodeId, PluginId, VolumeId, WorkloadId};
 use csi_testkit::etcd::LocalEtcd;
 use csi_testkit::{MockPlugin, MockServer};
-use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 /// The hang guard of every wait.
 const GUARD: Duration = Duration::from_secs(30);
-/// The membership's lease: long enough that no lease runs out during a test.
-const TTL: Duration = Duration::from_secs(10);
-
-/// What each member says of itself (nothing the test reads).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct About {
-    role: String,
-}
 
 fn plugin() -> PluginId {
     PluginId::new("mock").expect("plugin id")
 }
 
-/// One node: its control plane, its membership and its view of the storage.
+/// One node: its control plane, its served routing and its view of the storage.
 struct Member {
     plane: ControlPlane,
-    membership: Membership<About>,
+    stop_routing: oneshot::Sender<()>,
+    routing: tokio::task::JoinHandle<()>,
     mock: MockPlugin,
     _server: MockServer,
 }
 
 impl Member {
-    /// Opens node `me` in `<root>/<me>` on the cluster's etcd, serves `mock` beside it,
-    /// registers it and joins the membership.
+    /// Opens node `me` in `<root>/<me>` as a member of the cluster on `etcd`, serves its
+    /// routing on loopback, serves `mock` beside it and registers it.
     async fn open(root: &Path, me: &str, etcd: &LocalEtcd, mock: MockPlugin) -> Member {
-        let store = StoreConfig::Etcd(Box::new(EtcdConfig {
+        let store = EtcdConfig {
             endpoints: etcd.endpoints(),
             prefix: "/plane-test".into(),
             ca_file: None,
             identity: None,
             user: None,
-        }));
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let advertise = listener.local_addr().expect("address").to_string();
+        let token = Token::new("a-cluster-token-of-the-test-0123").expect("token");
+        let mut settings = ClusterSettings::new(store, token, advertise);
+        settings.follow_interval = Duration::from_millis(100);
         let plane = ControlPlane::builder(root.join(me), NodeId::new(me).expect("node id"))
-            .store(store)
+            .cluster(settings)
             .open()
             .await
-            .expect("the control plane opens on etcd");
+            .expect("the control plane opens as a cluster member");
         assert!(
             plane.store_description().starts_with("etcd://"),
             "{}",
             plane.store_description()
         );
+        let shim = plane.service().shim().clone();
+        let (stop_routing, stopped) = oneshot::channel::<()>();
+        let routing = tokio::spawn(async move {
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            shim.serve(listener, stopped).await.expect("routing served");
+        });
         let socket = root.join(format!("{me}.sock"));
         let server = mock.serve_unix(&socket).await.expect("the mock serves");
         plane
@@ -78,24 +85,18 @@ impl Member {
             .wait_for_plugin(&plugin(), GUARD)
             .await
             .expect("fingerprinted and healthy (hang guard)");
-        let etcd = plane
-            .etcd()
-            .expect("an etcd client on a plane opened on etcd");
-        let record = MemberRecord::new(me, format!("instance-{me}"), About { role: me.into() });
-        let duty = DutyTiming::new(TTL).expect("duty timing");
-        let membership = Membership::join(etcd, TTL, duty, &record, plane.node().claims().clone())
-            .await
-            .expect("joins");
         Member {
             plane,
-            membership,
+            stop_routing,
+            routing,
             mock,
             _server: server,
         }
     }
 
     async fn close(self) {
-        self.membership.leave().await;
+        let _ = self.stop_routing.send(());
+        self.routing.await.expect("routing stopped");
         self.plane.close().await.expect("closes");
     }
 }
@@ -130,12 +131,13 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// A volume created through one node's front door is in the other's catalog; its claims are
-/// shared, so the other node's claim is refused before any plugin call while the first holds
-/// it, and admitted once the first released it, the controller step done by whichever holds
-/// the duty.
+/// Two nodes opened as cluster members know each other (members, plugins, routes); a volume
+/// created through one node's front door is in the other's catalog; its claims are shared, so
+/// the other node's claim is refused before any plugin call while the first holds it, and
+/// admitted once the first released it, the controller step done by whichever holds the duty
+/// through its routing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
+async fn two_cluster_members_know_each_other_and_share_the_catalog_and_the_claims() {
     let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
     etcd.wait_healthy(GUARD).expect("etcd healthy (hang guard)");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -146,6 +148,23 @@ async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
     let second = first.as_node("node-2").expect("the mock as node-2");
     let a = Member::open(dir.path(), "a", &etcd, first).await;
     let b = Member::open(dir.path(), "b", &etcd, second).await;
+    // Each knows the other from the member records: a live member with its plugin.
+    for (member, other) in [(&a, "b"), (&b, "a")] {
+        let other = NodeId::new(other).expect("node id");
+        eventually("each member reports the other's plugin", || {
+            member
+                .plane
+                .peers()
+                .reports()
+                .get(&other)
+                .is_some_and(|r| r.reachable && r.plugins.iter().any(|p| p.id == "mock"))
+        })
+        .await;
+        assert_eq!(member.plane.peers().reachable(&other), Some(true));
+        assert!(member.plane.peers().shares_claims());
+    }
+    let members = a.plane.membership().expect("a member").members();
+    assert_eq!(members.len(), 2, "{members:?}");
 
     let mut new = NewVolume::new(volume(), plugin(), AccessMode::SingleNodeWriter);
     new.capacity_bytes = 1 << 20;

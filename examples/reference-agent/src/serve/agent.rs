@@ -2,16 +2,17 @@
 //! [`VolumeService`], their answers as the API's views, and the agent's status and metrics.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, ReleaseWait};
 use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
+use csi_control::peers::NodePeers;
 use csi_control::service::{
     CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
-    NodeReconciled, PeerPlugin, Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    NodeReconciled, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
@@ -28,17 +29,6 @@ use crate::ops::api;
 /// A failed control operation: csi-control's error, answered by [`parts`].
 pub use csi_control::ServiceError as AgentError;
 
-/// What the agent knows about a peer.
-#[derive(Clone, Debug, Default)]
-pub struct PeerState {
-    /// Whether the last poll answered.
-    pub reachable: bool,
-    /// Its plugins, from the last answer.
-    pub plugins: Vec<api::PeerPlugin>,
-    /// The last poll error.
-    pub last_error: Option<String>,
-}
-
 /// Whose snapshots a snapshot call is about.
 #[derive(Clone, Copy, Debug)]
 pub enum SnapshotsOf<'a> {
@@ -48,86 +38,10 @@ pub enum SnapshotsOf<'a> {
     Plugin(&'a str),
 }
 
-/// What the agent asks of the cluster, in cluster mode.
-#[async_trait::async_trait]
+/// What `status` shows of the cluster, in cluster mode.
 pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
     /// The store, the members and the controller duty's holder.
     fn view(&self) -> api::ClusterView;
-
-    /// Reports `node` gone for good to every agent (their drivers skip its node steps).
-    ///
-    /// # Errors
-    ///
-    /// When the store cannot be written.
-    async fn report_node_gone(&self, node: &NodeId) -> Result<(), csi_claims::StoreError>;
-}
-
-/// The agent's peers, by node (their last reports), and the cluster: what the volume service
-/// learns of other nodes.
-#[derive(Debug, Default)]
-pub struct AgentPeers {
-    states: Mutex<BTreeMap<NodeId, PeerState>>,
-    cluster: OnceLock<Arc<dyn ClusterStatus>>,
-}
-
-impl AgentPeers {
-    /// No peer reported yet, and no cluster until [`set_cluster`](Self::set_cluster).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Cluster mode: the members and the duty, once this agent joined (a second call is
-    /// ignored).
-    pub fn set_cluster(&self, cluster: Arc<dyn ClusterStatus>) {
-        let _ = self.cluster.set(cluster);
-    }
-
-    /// The peers' last reports, by node.
-    pub fn states(&self) -> MutexGuard<'_, BTreeMap<NodeId, PeerState>> {
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl Peers for AgentPeers {
-    fn plugins(&self) -> Vec<PeerPlugin> {
-        let mut out = Vec::new();
-        for (node, peer) in self.states().iter() {
-            for p in &peer.plugins {
-                let Ok(plugin) = PluginId::new(p.id.clone()) else {
-                    continue;
-                };
-                out.push(PeerPlugin {
-                    node: node.clone(),
-                    plugin,
-                    controller: p.controller.is_some(),
-                    node_service: p.node.is_some(),
-                    controller_publish: p.controller_publish,
-                    capabilities: p.capabilities.clone(),
-                });
-            }
-        }
-        out
-    }
-
-    fn reachable(&self, node: &NodeId) -> Option<bool> {
-        if let Some(cluster) = self.cluster.get() {
-            let members = cluster.view().members;
-            return Some(members.iter().any(|m| m.node == node.as_str()));
-        }
-        self.states().get(node).map(|p| p.reachable)
-    }
-
-    fn shares_claims(&self) -> bool {
-        self.cluster.get().is_some()
-    }
-
-    async fn report_node_gone(&self, node: &NodeId) -> Result<bool, csi_claims::StoreError> {
-        match self.cluster.get() {
-            Some(cluster) => cluster.report_node_gone(node).await.map(|()| true),
-            None => Ok(false),
-        }
-    }
 }
 
 /// The HTTP status, the kind and the class of an error answer. The agent's own failures
@@ -239,8 +153,8 @@ pub struct Agent {
     pub metrics: Metrics,
     /// The health of the volumes published here.
     pub health: Arc<csi_node::health::HealthMonitor>,
-    /// Peers, by node, and the cluster.
-    pub peers: Arc<AgentPeers>,
+    /// What peers reported last, by node (the control plane's).
+    pub peers: Arc<NodePeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<Arc<dyn ClusterStatus>>,
     /// How the usage records restored at start were confirmed ([`Agent::reconciled`]);
@@ -623,7 +537,7 @@ impl Agent {
         for v in &mut out {
             v.in_use = in_use.get(v.id.as_str()).copied().unwrap_or(0);
         }
-        for (node, peer) in self.peers.states().iter() {
+        for (node, peer) in &self.peers.reports() {
             for p in &peer.plugins {
                 let healthy = p.controller.unwrap_or(true) && p.node.as_ref().is_none_or(|n| n.1);
                 out.push(api::PluginView {
@@ -662,7 +576,7 @@ impl Agent {
             plugins: self.plugin_views(),
             peers: self
                 .peers
-                .states()
+                .reports()
                 .iter()
                 .map(|(n, p)| api::PeerView {
                     node: n.to_string(),

@@ -204,8 +204,11 @@ pub async fn serve_until(
         .map_err(ServeError::Runtime)?;
 
     let calls = Arc::new(CallsInFlight::new());
-    let peers = Arc::new(agent::AgentPeers::new());
-    let plane = open_plane(&config, &metrics, &calls, &peers).await?;
+    let addresses = Addresses {
+        http: http_addr,
+        shim: shim_addr,
+    };
+    let plane = open_plane(&config, &metrics, &calls, addresses).await?;
     let service = Arc::clone(plane.service());
     // Static peers: reached directly, trusted with cluster scope, down until they answer.
     let shim = service.shim();
@@ -234,36 +237,13 @@ pub async fn serve_until(
     let claims = service.claims().clone();
     let log_events = claims.log_events();
     #[cfg(feature = "etcd")]
-    let membership = match (plane.etcd(), &config.store) {
-        (Some(store), crate::config::StoreChoice::Etcd(settings)) => {
-            let record = cluster::AgentRecord::new(
-                me.to_string(),
-                random_file(&data, "instance.id")?,
-                cluster::MemberInfo {
-                    http: http_addr.to_string(),
-                    shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
-                    plugins: Vec::new(),
-                },
-            );
-            match cluster::Cluster::join(store, settings, &record, claims.clone()).await {
-                Ok(joined) => {
-                    let joined = Arc::new(joined);
-                    peers.set_cluster(Arc::clone(&joined) as Arc<dyn agent::ClusterStatus>);
-                    Some((joined, record))
-                }
-                Err(e) => {
-                    drop((service, plugins, claims, log_events));
-                    let _ = plane.close().await;
-                    return Err(ServeError::Cluster(e));
-                }
-            }
-        }
+    let cluster_status = match (plane.membership(), &config.store) {
+        (Some(membership), crate::config::StoreChoice::Etcd(settings)) => Some(Arc::new(
+            cluster::Cluster::new(Arc::clone(membership), settings),
+        )
+            as Arc<dyn agent::ClusterStatus>),
         _ => None,
     };
-    #[cfg(feature = "etcd")]
-    let cluster_status = membership
-        .as_ref()
-        .map(|(m, _)| Arc::clone(m) as Arc<dyn agent::ClusterStatus>);
     #[cfg(not(feature = "etcd"))]
     let cluster_status = None;
     // Releases the store says are unfinished: the driver resumed each at its checkpointed step.
@@ -285,7 +265,7 @@ pub async fn serve_until(
         plugins: plugins.clone(),
         service,
         metrics,
-        peers,
+        peers: Arc::clone(plane.peers()),
         cluster: cluster_status,
         reconciled: Mutex::new(None),
     });
@@ -355,17 +335,6 @@ pub async fn serve_until(
         Arc::clone(plugins.calls_in_flight()),
         stop_rx.clone(),
     ));
-    #[cfg(feature = "etcd")]
-    if let (Some((membership, record)), Some(token)) = (&membership, &config.cluster_token) {
-        tasks.spawn(cluster::run(
-            Arc::clone(&agent),
-            Arc::clone(membership),
-            record.clone(),
-            token.token.clone(),
-            config.scan_interval,
-            stop_rx.clone(),
-        ));
-    }
     if let (false, Some(token)) = (config.peers.is_empty(), &config.cluster_token) {
         tasks.spawn(peers::run(
             Arc::clone(&agent),
@@ -416,26 +385,33 @@ pub async fn serve_until(
     drop((agent, claims));
     // Every release step was checkpointed before its call; closing stops the release
     // pipeline, dropping calls in flight, and the next start repeats the step from the store.
+    // In cluster mode it then hands the controller duty and the membership over now rather
+    // than at lease expiry.
     if let Err(e) = plane.close().await {
         tracing::warn!(error = %e, "the control plane did not close cleanly");
-    }
-    // Hand the controller duty and the membership over now rather than at lease expiry.
-    #[cfg(feature = "etcd")]
-    if let Some((cluster, _)) = &membership {
-        cluster.membership.leave().await;
     }
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     stopped
 }
 
+/// Where this agent listens: its control API, and its routing (shim) when served; written in
+/// its member record in cluster mode.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+struct Addresses {
+    http: SocketAddr,
+    shim: Option<SocketAddr>,
+}
+
 /// The control plane of `config`: csi-control's front door in the data directory, with the
-/// agent's store, timings, plugin clients (`metrics`, `calls`), peers and cluster token.
+/// agent's store, timings, plugin clients (`metrics`, `calls`) and cluster token; in cluster
+/// mode joined to the cluster with a record naming `addresses`.
 async fn open_plane(
     config: &AgentConfig,
     metrics: &Metrics,
     calls: &Arc<CallsInFlight>,
-    peers: &Arc<agent::AgentPeers>,
+    addresses: Addresses,
 ) -> Result<ControlPlane, ServeError> {
     let timings = plugins::Timings {
         health_interval: config.health_interval,
@@ -455,8 +431,15 @@ async fn open_plane(
         call_timeout: config.call_timeout.saturating_mul(2),
         ..DriverConfig::default()
     };
+    #[cfg(not(feature = "etcd"))]
+    let _ = addresses;
+    #[cfg(not(feature = "etcd"))]
+    if let crate::config::StoreChoice::Etcd(settings) = &config.store {
+        return Err(stores_error(StoresError::NoEtcd {
+            store: settings.display(),
+        }));
+    }
     let mut plane = ControlPlane::builder(&config.data_dir, config.node_id.clone())
-        .store(config.store.stores())
         .call_timeout(config.call_timeout)
         .restart_wait(FIRST_FINGERPRINT_WAIT)
         .plugins(timings.manager_config())
@@ -466,13 +449,40 @@ async fn open_plane(
             config.call_timeout,
             metrics.clone(),
         ))
-        .plugin_observer(Arc::new(LogEvents::default()))
-        .peers(Arc::clone(peers) as Arc<dyn csi_control::Peers>);
+        .plugin_observer(Arc::new(LogEvents::default()));
     if let Some(token) = &config.cluster_token {
         plane = plane.shim_token(token.token.clone());
     }
+    #[cfg(feature = "etcd")]
+    if let (crate::config::StoreChoice::Etcd(settings), Some(token)) =
+        (&config.store, &config.cluster_token)
+    {
+        let advertise = addresses.shim.map(|a| a.to_string()).unwrap_or_default();
+        let mut cluster = csi_control::ClusterSettings::new(
+            settings.store.clone(),
+            token.token.clone(),
+            advertise,
+        );
+        cluster.lease_ttl = settings.lease_ttl;
+        cluster.duty = Some(settings.duty);
+        cluster.follow_interval = config.scan_interval;
+        cluster.extra.insert(
+            cluster::HTTP_FIELD.into(),
+            addresses.http.to_string().into(),
+        );
+        plane = plane.cluster(cluster);
+    }
     plane.open().await.map_err(|e| match e {
         PlaneError::Stores(e) => stores_error(e),
+        #[cfg(feature = "etcd")]
+        PlaneError::Join(e) => match *e {
+            csi_control::JoinError::DuplicateNode { node, other } => ServeError::Cluster(format!(
+                "node id {node} is already a member of the cluster (agent at {}, another data \
+                 directory); every agent needs its own node id",
+                other.about.shim
+            )),
+            e => ServeError::Cluster(e.to_string()),
+        },
         e => ServeError::Plane(e),
     })
 }
@@ -579,12 +589,12 @@ mod tests {
             }),
             "etcd_ca_file",
         );
-        let (metrics, calls, peers) = (
-            Metrics::new(),
-            Arc::new(CallsInFlight::new()),
-            Arc::new(agent::AgentPeers::new()),
-        );
-        match open_plane(&config, &metrics, &calls, &peers).await {
+        let (metrics, calls) = (Metrics::new(), Arc::new(CallsInFlight::new()));
+        let addresses = Addresses {
+            http: "127.0.0.1:1".parse().expect("address"),
+            shim: None,
+        };
+        match open_plane(&config, &metrics, &calls, addresses).await {
             Err(ServeError::Config(ConfigError::Invalid { key: named, .. })) => {
                 assert_eq!(named, key);
             }
