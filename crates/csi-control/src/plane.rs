@@ -45,30 +45,81 @@
 //! ([`call_observer`](ControlPlaneBuilder::call_observer)) and while it runs
 //! ([`calls_in_flight`](ControlPlaneBuilder::calls_in_flight)); the builders of the crates
 //! below stay for setups this one does not cover.
+//!
+//! # A cluster node
+//!
+//! [`ControlPlaneBuilder::store`] with [`StoreConfig::Etcd`] (cargo feature `etcd`) opens a
+//! node of a cluster: the catalog and the claims are in etcd, shared by every node; the node's
+//! usage records, registrations and paths stay in `node/`. Its release pipeline performs its
+//! own node steps, and controller steps while it holds the controller duty, fenced in etcd.
+//! What stays the embedder's, in a few lines: join the cluster's
+//! [`Membership`](crate::cluster::Membership) with [`ControlPlane::etcd`] and the node's
+//! claims (which elects the duty holder), give the nodes one token
+//! ([`shim_token`](ControlPlaneBuilder::shim_token)), serve the routing
+//! ([`Shim::serve`](csi_rpc_shim::Shim::serve) of [`VolumeService::shim`]) and add the
+//! other members' routes and plugins to it as they come and go. Controller release steps go
+//! through that routing in every mode, so a duty holder reaches a controller on another node.
+//!
+//! ```no_run
+//! # #[cfg(feature = "etcd")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! use csi_claims::duty::DutyTiming;
+//! use csi_control::cluster::{MemberRecord, Membership};
+//! use csi_control::stores::{EtcdConfig, StoreConfig};
+//! use csi_control::ControlPlane;
+//! use csi_structs::NodeId;
+//!
+//! let etcd = EtcdConfig {
+//!     endpoints: vec!["http://10.0.0.1:2379".into()],
+//!     prefix: "/my-orchestrator".into(),
+//!     ca_file: None,
+//!     identity: None,
+//!     user: None,
+//! };
+//! let plane = ControlPlane::builder("/var/lib/my-orchestrator", NodeId::new("node-1")?)
+//!     .store(StoreConfig::Etcd(Box::new(etcd)))
+//!     .open()
+//!     .await?;
+//! let ttl = Duration::from_secs(10);
+//! let me = MemberRecord::new("node-1", "7f3c0a9e", serde_json::json!({"api": "10.0.0.1:80"}));
+//! let store = plane.etcd().expect("opened on etcd");
+//! let membership =
+//!     Membership::join(store, ttl, DutyTiming::new(ttl)?, &me, plane.node().claims().clone())
+//!         .await?;
+//! // Create, claim, release: plane.service(), against every node's claims.
+//! membership.leave().await;
+//! plane.close().await?;
+//! # Ok(()) }
+//! ```
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_claims::driver::DriverConfig;
+use csi_claims::detach::{ControllerDetachRequest, DetachError, DetachRpc};
+use csi_claims::driver::{ControllerDetacher, DriverConfig};
 use csi_client::{CallObserver, CallsInFlight, CsiClientBuilder, Endpoint};
 use csi_node::Node;
+use csi_node::detach::{SecretsLookup, ShimDetacher};
 use csi_node::node::NodeError;
 use csi_node::plugins::{
-    PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
+    ClientCustomizer, PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
 };
 use csi_node::shim::{NodeBackend, RegistryFeed};
 use csi_node::state::StateFileError;
 use csi_rpc_shim::{
     Credentials, NodeStatus, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook,
 };
-use csi_structs::{NodeId, PluginId};
+use csi_structs::{ErrorClass, NodeId, PluginId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::catalog::{CatalogSecrets, FileCatalog, VolumeCatalog};
-use crate::service::{NodeReconciled, VolumeService};
+use crate::service::{NodeReconciled, Peers, VolumeService};
+use crate::stores::{StoreConfig, Stores, StoresError};
 
 /// The node's own state directory inside the control plane's.
 pub const NODE_DIR: &str = "node";
@@ -85,6 +136,10 @@ pub enum PlaneError {
     /// The node could not be opened or closed (its directory, database or state files).
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// The shared stores ([`StoreConfig::Etcd`]) could not be opened: a file of the etcd
+    /// settings, etcd itself, or a build without etcd.
+    #[error(transparent)]
+    Stores(#[from] StoresError),
     /// The catalog (`volumes.json`) could not be read.
     #[error(transparent)]
     Catalog(#[from] StateFileError),
@@ -123,7 +178,6 @@ pub enum PlaneError {
 
 /// What a [`ControlPlane`] is opened with: [`ControlPlane::builder`]. Every setting has a
 /// default.
-#[derive(Debug)]
 pub struct ControlPlaneBuilder {
     dir: PathBuf,
     node: NodeId,
@@ -133,9 +187,68 @@ pub struct ControlPlaneBuilder {
     driver: DriverConfig,
     observer: Option<Arc<dyn CallObserver>>,
     calls: Option<Arc<CallsInFlight>>,
+    store: StoreConfig,
+    token: Option<Token>,
+    customize: Option<ClientCustomizer>,
+    plugin_observers: Vec<Arc<dyn PluginObserver>>,
+    peers: Option<Arc<dyn Peers>>,
+}
+
+impl std::fmt::Debug for ControlPlaneBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlaneBuilder")
+            .field("dir", &self.dir)
+            .field("node", &self.node)
+            .field("store", &self.store)
+            .field("call_timeout", &self.call_timeout)
+            .field("restart_wait", &self.restart_wait)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ControlPlaneBuilder {
+    /// Where the catalog and the claims live (default: [`StoreConfig::Embedded`], in the
+    /// directory). With [`StoreConfig::Etcd`] (cargo feature `etcd`) they are shared by a
+    /// cluster: the catalog and the claims in etcd ([`Stores`]), the node's usage records
+    /// and paths still in `node/`; this node's release pipeline performs its own node steps,
+    /// and controller steps only while it holds the controller duty, which the cluster's
+    /// [`Membership`](crate::cluster::Membership) elects (join it with
+    /// [`ControlPlane::etcd`]).
+    pub fn store(mut self, store: StoreConfig) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// The token this node presents to other nodes' routing (csi-rpc-shim) and accepts
+    /// from them (default: a random one, for a node whose routing is never served). Give
+    /// the cluster's token to serve [`VolumeService::shim`] to peers and route to theirs.
+    pub fn shim_token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Adjusts every plugin client the node builds, after the control plane's own settings
+    /// ([`NodeBuilder::client_builder`](csi_node::node::NodeBuilder::client_builder)):
+    /// policies, a metrics layer.
+    pub fn client_builder(mut self, customize: ClientCustomizer) -> Self {
+        self.customize = Some(customize);
+        self
+    }
+
+    /// Tells `observer` of every plugin event, from the first (registered, fingerprinted,
+    /// health changes, gone): a log, metrics. Call again for more than one.
+    pub fn plugin_observer(mut self, observer: Arc<dyn PluginObserver>) -> Self {
+        self.plugin_observers.push(observer);
+        self
+    }
+
+    /// What the service learns of other nodes: their plugins, their reachability, whether
+    /// claims are shared (default: [`NoPeers`](crate::NoPeers), a node on its own).
+    pub fn peers(mut self, peers: Arc<dyn Peers>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
     /// The deadline of each plugin call the service makes, and of the wait for a failed
     /// claim's release (default: 30 s; [`VolumeServiceBuilder::call_timeout`](
     /// crate::service::VolumeServiceBuilder::call_timeout)).
@@ -226,10 +339,32 @@ impl ControlPlaneBuilder {
             mut driver,
             observer,
             calls,
+            store,
+            token,
+            customize,
+            plugin_observers,
+            peers,
         } = self;
         csi_node::node::create_state_dir(&dir)?;
-        adopt_stores_layout(&dir)?;
-        let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(&dir).await?);
+        let (catalog, shared): (Arc<dyn VolumeCatalog>, _) = match &store {
+            StoreConfig::Embedded => {
+                adopt_stores_layout(&dir)?;
+                (Arc::new(FileCatalog::open(&dir).await?), None)
+            }
+            StoreConfig::Etcd(_) => {
+                let stores = Stores::open(&store, &dir, &me).await?;
+                (Arc::clone(&stores.catalog), Some(stores))
+            }
+        };
+        let description = match &shared {
+            Some(stores) => stores.description.clone(),
+            None => format!(
+                "embedded {}",
+                dir.join(NODE_DIR)
+                    .join(csi_node::node::DATABASE_FILE)
+                    .display()
+            ),
+        };
         // The shim's registry learns this node's plugins from the plugin manager's events.
         let registry = Arc::new(Registry::new());
         registry.set_node_status(&me, NodeStatus::Ready);
@@ -238,26 +373,42 @@ impl ControlPlaneBuilder {
             driver.first_plugin_wait = restart_wait;
         }
         let mut node = Node::builder(dir.join(NODE_DIR), me.clone());
-        if observer.is_some() || calls.is_some() {
-            node = node.client_builder(Arc::new(move |_, mut client: CsiClientBuilder| {
+        if let Some(stores) = &shared {
+            node = node.claim_store(Arc::clone(&stores.claims));
+            driver.machine.duties = stores.duties.clone();
+            // A controller may be another member's, which this node never fingerprints.
+            driver.first_plugin_wait_controllers = false;
+        }
+        if observer.is_some() || calls.is_some() || customize.is_some() {
+            node = node.client_builder(Arc::new(move |plugin, mut client: CsiClientBuilder| {
                 if let Some(observer) = &observer {
                     client = client.observer(Arc::clone(observer));
                 }
                 if let Some(calls) = &calls {
                     client = client.calls_in_flight(Arc::clone(calls));
                 }
-                client
+                match &customize {
+                    Some(customize) => customize(plugin, client),
+                    None => client,
+                }
             }));
         }
+        // Controller release steps go through the routing, which picks a controller on this
+        // node or a peer's; the routing needs the node's managers, so it is handed over once
+        // the node is open.
+        let (routing_tx, routing) = watch::channel(None);
+        node = plugin_observers
+            .into_iter()
+            .fold(node, |node, observer| node.observer(observer));
         let node = node
             .plugins(plugins)
             .driver(driver)
-            .secrets(Arc::new(CatalogSecrets::new(Arc::clone(&catalog))))
+            .controller_detacher(Arc::new(LateRouting { routing }))
             .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
             .open()
             .await?;
         feed.wake(node.claims().clone());
-        let shim = match local_shim(&node, registry) {
+        let shim = match local_shim(&node, registry, token, call_timeout) {
             Ok(shim) => shim,
             Err(e) => {
                 // Nothing of the node is handed out yet: it closes at once.
@@ -265,11 +416,17 @@ impl ControlPlaneBuilder {
                 return Err(e);
             }
         };
-        let service = Arc::new(
-            VolumeService::for_node(&node, catalog, shim)
-                .call_timeout(call_timeout)
-                .build(),
-        );
+        let secrets: Arc<dyn SecretsLookup> = Arc::new(CatalogSecrets::new(Arc::clone(&catalog)));
+        let _ = routing_tx.send(Some(Arc::new(ShimDetacher::new(
+            shim.clone(),
+            call_timeout,
+            secrets,
+        ))));
+        let mut service = VolumeService::for_node(&node, catalog, shim).call_timeout(call_timeout);
+        if let Some(peers) = peers {
+            service = service.peers(peers);
+        }
+        let service = Arc::new(service.build());
         let (report, reconciled) = watch::channel(None);
         let reconcile = {
             let service = Arc::clone(&service);
@@ -284,19 +441,56 @@ impl ControlPlaneBuilder {
             service,
             reconciled,
             reconcile,
+            description,
+            #[cfg(feature = "etcd")]
+            etcd: shared.and_then(|s| s.etcd),
         })
     }
 }
 
-/// The routing of this node's plugin calls: csi-rpc-shim over this node's plugins alone,
-/// with credentials nobody outside the process sees (the shim is never served).
-fn local_shim(node: &Node, registry: Arc<Registry>) -> Result<Shim, PlaneError> {
-    let token = Token::new(random_hex(24)?).map_err(|e| {
-        PlaneError::Random(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            e.to_string(),
-        ))
-    })?;
+/// The controller release steps, through the routing once the control plane has built it
+/// (a step that comes first waits for it; none can come before the node is open).
+struct LateRouting {
+    routing: watch::Receiver<Option<Arc<ShimDetacher>>>,
+}
+
+#[async_trait::async_trait]
+impl ControllerDetacher for LateRouting {
+    async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
+        let mut routing = self.routing.clone();
+        let detacher = match routing.wait_for(Option::is_some).await {
+            Ok(ready) => ready.clone(),
+            Err(_) => None,
+        };
+        match detacher {
+            Some(detacher) => detacher.controller_unpublish(r).await,
+            None => Err(DetachError::new(
+                DetachRpc::ControllerUnpublish,
+                ErrorClass::Retry,
+                "the control plane did not finish opening; the step is repeated at the next open",
+            )),
+        }
+    }
+}
+
+/// The routing of this node's plugin calls: csi-rpc-shim over this node's plugins, with
+/// `token` (the cluster's, to serve it and reach peers) or credentials nobody outside the
+/// process sees; no route until the embedder adds its peers'.
+fn local_shim(
+    node: &Node,
+    registry: Arc<Registry>,
+    token: Option<Token>,
+    call_timeout: Duration,
+) -> Result<Shim, PlaneError> {
+    let token = match token {
+        Some(token) => token,
+        None => Token::new(random_hex(24)?).map_err(|e| {
+            PlaneError::Random(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            ))
+        })?,
+    };
     let credentials = Credentials {
         node: node.id().clone(),
         token,
@@ -305,8 +499,10 @@ fn local_shim(node: &Node, registry: Arc<Registry>) -> Result<Shim, PlaneError> 
         node.plugins().clone(),
         node.volumes().clone(),
     ));
+    let mut config = ShimConfig::new(credentials, Scope::Cluster);
+    config.connect_timeout = call_timeout.min(Duration::from_secs(10));
     Ok(Shim::new(
-        ShimConfig::new(credentials, Scope::Cluster),
+        config,
         registry,
         backend,
         TokenBook::new(),
@@ -355,6 +551,9 @@ pub struct ControlPlane {
     service: Arc<VolumeService>,
     reconciled: watch::Receiver<Option<Arc<NodeReconciled>>>,
     reconcile: JoinHandle<()>,
+    description: String,
+    #[cfg(feature = "etcd")]
+    etcd: Option<csi_claims::store::EtcdStore>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -378,6 +577,11 @@ impl ControlPlane {
             driver: DriverConfig::default(),
             observer: None,
             calls: None,
+            store: StoreConfig::Embedded,
+            token: None,
+            customize: None,
+            plugin_observers: Vec::new(),
+            peers: None,
         }
     }
 
@@ -413,6 +617,20 @@ impl ControlPlane {
         &self.node
     }
 
+    /// Where the catalog and the claims are, for a log line: `embedded <dir>/node/node.redb`
+    /// or `etcd://HOST:PORT,... prefix /...`.
+    pub fn store_description(&self) -> &str {
+        &self.description
+    }
+
+    /// The etcd client of a control plane opened with [`StoreConfig::Etcd`], to join the
+    /// cluster's [`Membership`](crate::cluster::Membership) with this node's claims
+    /// ([`Node::claims`]); `None` with the embedded store.
+    #[cfg(feature = "etcd")]
+    pub fn etcd(&self) -> Option<&csi_claims::store::EtcdStore> {
+        self.etcd.as_ref()
+    }
+
     /// Registers the plugin instance at `endpoint` on this node ([`Node::register_plugin`]); it is
     /// fingerprinted and probed from then on, and registered again at the next open.
     ///
@@ -445,12 +663,15 @@ impl ControlPlane {
     /// (at most the restart wait for each plugin, plus the calls): which publications were
     /// published again, which released, which kept. A node opened on an empty directory
     /// has nothing to confirm and answers at once.
-    pub async fn reconciled(&self) -> Arc<NodeReconciled> {
+    /// The future holds no borrow of the control plane: a task can wait on it.
+    pub fn reconciled(&self) -> impl Future<Output = Arc<NodeReconciled>> + Send + 'static {
         let mut reconciled = self.reconciled.clone();
-        match reconciled.wait_for(Option::is_some).await {
-            Ok(done) => done.clone().unwrap_or_else(unfinished),
-            // The task ended without a report: only when it panicked.
-            Err(_) => unfinished(),
+        async move {
+            match reconciled.wait_for(Option::is_some).await {
+                Ok(done) => done.clone().unwrap_or_else(unfinished),
+                // The task ended without a report: only when it panicked.
+                Err(_) => unfinished(),
+            }
         }
     }
 

@@ -2,8 +2,7 @@
 //! [`VolumeService`], their answers as the API's views, and the agent's status and metrics.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, ReleaseWait};
@@ -11,8 +10,8 @@ use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
 use csi_control::service::{
-    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
-    Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
+    NodeReconciled, PeerPlugin, Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
@@ -68,16 +67,19 @@ pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
 #[derive(Debug, Default)]
 pub struct AgentPeers {
     states: Mutex<BTreeMap<NodeId, PeerState>>,
-    cluster: Option<Arc<dyn ClusterStatus>>,
+    cluster: OnceLock<Arc<dyn ClusterStatus>>,
 }
 
 impl AgentPeers {
-    /// No peer reported yet; `cluster` in cluster mode.
-    pub fn new(cluster: Option<Arc<dyn ClusterStatus>>) -> Self {
-        Self {
-            states: Mutex::default(),
-            cluster,
-        }
+    /// No peer reported yet, and no cluster until [`set_cluster`](Self::set_cluster).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cluster mode: the members and the duty, once this agent joined (a second call is
+    /// ignored).
+    pub fn set_cluster(&self, cluster: Arc<dyn ClusterStatus>) {
+        let _ = self.cluster.set(cluster);
     }
 
     /// The peers' last reports, by node.
@@ -109,7 +111,7 @@ impl Peers for AgentPeers {
     }
 
     fn reachable(&self, node: &NodeId) -> Option<bool> {
-        if let Some(cluster) = &self.cluster {
+        if let Some(cluster) = self.cluster.get() {
             let members = cluster.view().members;
             return Some(members.iter().any(|m| m.node == node.as_str()));
         }
@@ -117,11 +119,11 @@ impl Peers for AgentPeers {
     }
 
     fn shares_claims(&self) -> bool {
-        self.cluster.is_some()
+        self.cluster.get().is_some()
     }
 
     async fn report_node_gone(&self, node: &NodeId) -> Result<bool, csi_claims::StoreError> {
-        match &self.cluster {
+        match self.cluster.get() {
             Some(cluster) => cluster.report_node_gone(node).await.map(|()| true),
             None => Ok(false),
         }
@@ -231,8 +233,8 @@ pub struct Agent {
     pub me: NodeId,
     /// The local plugins.
     pub plugins: Plugins,
-    /// The volume operations.
-    pub service: VolumeService,
+    /// The volume operations (the control plane's).
+    pub service: Arc<VolumeService>,
     /// Call metrics.
     pub metrics: Metrics,
     /// The health of the volumes published here.
@@ -241,10 +243,8 @@ pub struct Agent {
     pub peers: Arc<AgentPeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<Arc<dyn ClusterStatus>>,
-    /// How the usage records restored at start were confirmed ([`reconcile_node`]); `None`
-    /// until it finished.
-    ///
-    /// [`reconcile_node`]: Agent::reconcile_node
+    /// How the usage records restored at start were confirmed ([`Agent::reconciled`]);
+    /// `None` until it finished.
     pub reconciled: Mutex<Option<api::ReconcileView>>,
 }
 
@@ -712,11 +712,11 @@ impl Agent {
         }
     }
 
-    /// Confirms the node's usage records restored at start against their plugins, after
-    /// waiting up to `wait` for each of them ([`VolumeService::reconcile_node`]); the
-    /// outcome is kept for `status`.
-    pub async fn reconcile_node(&self, wait: Duration) -> api::ReconcileView {
-        let done = self.service.reconcile_node(wait).await;
+    /// Keeps for `status` how the node's usage records restored at start were confirmed
+    /// against their plugins (the control plane's [`reconciled`](
+    /// csi_control::ControlPlane::reconciled)).
+    pub fn reconciled(&self, done: &NodeReconciled) -> api::ReconcileView {
+        let done = done.clone();
         let view = api::ReconcileView {
             plugins_not_ready: done
                 .plugins_not_ready
@@ -875,6 +875,7 @@ mod tests {
     use csi_node::state::StateFileError;
     use csi_node::volumes::VolumeError;
     use csi_rpc_shim::{AgentRpc, GrpcCode, PluginError, PluginFailure, ShimError};
+    use std::time::Duration;
 
     fn through_shim(error: PluginError) -> AgentError {
         let e = ShimError::Plugin {
