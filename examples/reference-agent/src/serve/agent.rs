@@ -498,7 +498,7 @@ impl Agent {
 
     /// This agent's plugin calls about a volume in flight now.
     fn calls_in_flight(&self, volume: &ExternalVolumeId) -> Vec<api::CallInFlightView> {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         self.plugins
             .calls_in_flight()
             .for_volume(volume)
