@@ -16,7 +16,7 @@ use csi_structs::NodeId;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{PlaneError, random_hex};
+use super::PlaneError;
 use crate::cluster::{MemberRecord, Membership};
 use crate::peers::{ClusterMembers, HostedPlugin, NodeAbout, NodePeers};
 use crate::stores::EtcdConfig;
@@ -97,7 +97,9 @@ pub(super) async fn join(
         Some(duty) => duty,
         None => DutyTiming::new(settings.lease_ttl).map_err(PlaneError::Duty)?,
     };
-    let instance = random_file(dir, INSTANCE_FILE)?;
+    let path = dir.join(INSTANCE_FILE);
+    let instance = csi_node::state::random_value_file(&path)
+        .map_err(|source| PlaneError::Instance { path, source })?;
     let record = MemberRecord::new(
         node.id().as_str(),
         instance,
@@ -216,31 +218,4 @@ impl Follower {
             );
         }
     }
-}
-
-/// A random value kept in `<dir>/<name>` (owner-only), created when missing or shorter than
-/// 16 characters.
-fn random_file(dir: &Path, name: &str) -> Result<String, PlaneError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(name);
-    let failed = |source| PlaneError::Instance {
-        path: path.clone(),
-        source,
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(failed(e)),
-    }
-    let value = random_hex(32)?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(failed)?;
-    std::io::Write::write_all(&mut file, value.as_bytes()).map_err(failed)?;
-    Ok(value)
 }

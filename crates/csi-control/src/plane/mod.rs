@@ -92,7 +92,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -521,12 +520,14 @@ fn local_shim(
 ) -> Result<Shim, PlaneError> {
     let token = match token {
         Some(token) => token,
-        None => Token::new(random_hex(24)?).map_err(|e| {
-            PlaneError::Random(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                e.to_string(),
-            ))
-        })?,
+        None => Token::new(csi_node::state::random_hex(24).map_err(PlaneError::Random)?).map_err(
+            |e| {
+                PlaneError::Random(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    e.to_string(),
+                ))
+            },
+        )?,
     };
     let credentials = Credentials {
         node: node.id().clone(),
@@ -545,15 +546,6 @@ fn local_shim(
         TokenBook::new(),
         Routes::new(),
     ))
-}
-
-/// `bytes` random bytes from the system, as hex.
-pub(crate) fn random_hex(bytes: usize) -> Result<String, PlaneError> {
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(PlaneError::Random)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Moves the embedded claim store of [`Stores`](crate::stores::Stores) (`<dir>/claims.redb`:

@@ -26,9 +26,8 @@ pub mod peers;
 pub mod plugins;
 
 use std::hash::{Hash, Hasher};
-use std::io::Read as _;
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,33 +134,11 @@ fn data_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
     }
 }
 
-/// Random hex from the system's generator.
-fn random_hex(bytes: usize) -> std::io::Result<String> {
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// A random value kept in `<data_dir>/<name>` (mode 0600), created when missing: the operator
-/// token (`control.token`), this data directory's identity in a cluster (`instance.id`).
+/// token (`control.token`).
 fn random_file(data_dir: &Path, name: &str) -> Result<String, ServeError> {
     let path = data_dir.join(name);
-    match std::fs::read_to_string(&path) {
-        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(data_err(&path)(e)),
-    }
-    let token = random_hex(32).map_err(data_err(&path))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(data_err(&path))?;
-    std::io::Write::write_all(&mut f, token.as_bytes()).map_err(data_err(&path))?;
-    Ok(token)
+    csi_node::state::random_value_file(&path).map_err(data_err(&path))
 }
 
 async fn bind(key: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
