@@ -14,6 +14,7 @@
 //! | [`deregister_volume`](VolumeService::deregister_volume) | forgets a volume without calling its plugin, saying what stays behind |
 //! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
 //! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins |
+//! | [`blocked_releases`](VolumeService::blocked_releases) | the releases waiting for something that is not there (a node that is down), followed over time by [`ReleaseWaits`] |
 //!
 //! Each operation checks its request against the volume, the catalog and the plugin's
 //! advertised capabilities before any plugin call, and fails with a [`ServiceError`] that
@@ -31,6 +32,7 @@ mod expand;
 mod forget;
 mod reconcile;
 mod snapshots;
+mod waits;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -56,6 +58,7 @@ pub use expand::Expanded;
 pub use forget::{Deregistered, Leftover};
 pub use reconcile::NodeReconciled;
 pub use snapshots::{ExternalVolume, NewSnapshot, Snapshot, SnapshotsOf};
+pub use waits::{BlockedOn, BlockedRelease, ReleaseWaits};
 
 use error::{invalid, no_volume};
 

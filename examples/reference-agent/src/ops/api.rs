@@ -444,6 +444,25 @@ pub struct VolumeView {
     /// and usage), when the agent polls any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<VolumeHealthView>,
+    /// Releases of the volume's claims that wait for something that is not there (a node
+    /// that is down), past the agent's threshold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingView>,
+}
+
+/// A claim's release that waits for something that is not there.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WaitingView {
+    /// The volume.
+    pub volume: String,
+    /// The claim's workload.
+    pub workload: String,
+    /// The node the release waits for, when it waits for a node.
+    pub node: Option<String>,
+    /// What it waits for, in words.
+    pub waiting_for: String,
+    /// How long it has waited, as this agent saw it, in seconds.
+    pub waited_s: u64,
 }
 
 /// A volume that may exist in a plugin, though the agent cannot name it.
@@ -530,6 +549,10 @@ pub struct StatusView {
     pub claims: BTreeMap<String, u64>,
     /// Every stuck release, explained.
     pub stuck: Vec<ReleaseView>,
+    /// Releases that wait for something that is not there (a node that is down), past the
+    /// agent's threshold (`call_timeout`), oldest first; absent from agents before it.
+    #[serde(default)]
+    pub waiting: Vec<WaitingView>,
     /// Uncertain node publications awaiting cleanup.
     pub uncertain: Vec<UncertainView>,
     /// Cluster mode: the store, the members and who drives controller-side releases (`None`:

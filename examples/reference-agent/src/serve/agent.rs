@@ -11,8 +11,8 @@ use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
 use csi_control::peers::NodePeers;
 use csi_control::service::{
-    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
-    NodeReconciled, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    BlockedOn, CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
+    NodeReconciled, RegisterVolume, ReleaseWaits, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
@@ -157,6 +157,8 @@ pub struct Agent {
     pub peers: Arc<NodePeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<Arc<dyn ClusterStatus>>,
+    /// The releases that wait for something that is not there, followed over time.
+    pub waits: Mutex<ReleaseWaits>,
     /// How the usage records restored at start were confirmed ([`Agent::reconciled`]);
     /// `None` until it finished.
     pub reconciled: Mutex<Option<api::ReconcileView>>,
@@ -493,7 +495,41 @@ impl Agent {
                 error: may.error.clone(),
             }),
             health: self.health.health().get(&entry.id).map(health_view),
+            waiting: self
+                .waiting()
+                .into_iter()
+                .filter(|w| w.volume == entry.id.as_str())
+                .collect(),
         }
+    }
+
+    /// Looks again at the releases that wait for something that is not there
+    /// ([`ReleaseWaits::check`]: each logged once when it passes the threshold).
+    pub fn check_waits(&self) {
+        self.waits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .check(&self.service);
+    }
+
+    /// The releases waiting past the threshold at the last [`check_waits`](Self::check_waits).
+    pub fn waiting(&self) -> Vec<api::WaitingView> {
+        let now = Instant::now();
+        let waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
+        waits
+            .current()
+            .into_iter()
+            .map(|b| api::WaitingView {
+                volume: b.volume.to_string(),
+                workload: b.workload.to_string(),
+                node: match &b.on {
+                    BlockedOn::NodeAway(node) => Some(node.to_string()),
+                    _ => None,
+                },
+                waiting_for: b.on.to_string(),
+                waited_s: now.saturating_duration_since(b.since).as_secs(),
+            })
+            .collect()
     }
 
     /// This agent's plugin calls about a volume in flight now.
@@ -588,6 +624,7 @@ impl Agent {
             volumes: self.book().list().len(),
             claims: self.service.claim_counts(),
             stuck: claims.stuck().iter().map(release_view).collect(),
+            waiting: self.waiting(),
             uncertain: self
                 .volumes_here()
                 .uncertain()
@@ -655,6 +692,12 @@ impl Agent {
         self.metrics.render(&Gauges {
             claims: self.service.claim_counts(),
             stuck_releases: self.claims().stuck().len() as u64,
+            waiting_releases: self
+                .waits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .current()
+                .len() as u64,
             plugins,
             store_failing: self.claims().store_failure().is_some(),
             failing_files: failing_files().len() as u64,

@@ -244,12 +244,28 @@ pub async fn serve_until(
         metrics,
         peers: Arc::clone(plane.peers()),
         cluster: cluster_status,
+        waits: Mutex::new(csi_control::service::ReleaseWaits::new(config.call_timeout)),
         reconciled: Mutex::new(None),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
+    {
+        // Releases that wait for something that is not there, looked at as often as the
+        // plugins' health; each is logged once it waited `call_timeout`.
+        let (agent, interval, mut stop) =
+            (Arc::clone(&agent), config.health_interval, stop_rx.clone());
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => agent.check_waits(),
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
     {
         // The health of the volumes published here, polled as often as the plugins' health.
         let (stop, interval) = (stopped(stop_rx.clone()), config.health_interval);
