@@ -455,7 +455,8 @@ impl ControlPlane {
     }
 
     /// Closes the volume service and the node together: stops the confirmation of restored
-    /// records if it still runs, then closes the node ([`Node::close`]: the release pipeline
+    /// records if it still runs, waits for the operations still running (those whose callers
+    /// left run to their end: [`VolumeService::wait_idle`]), then closes the node ([`Node::close`]: the release pipeline
     /// checkpoints and stops, the plugins' tasks stop, the database closes).
     ///
     /// # Errors
@@ -472,6 +473,8 @@ impl ControlPlane {
         } = self;
         reconcile.abort();
         let _ = reconcile.await;
+        // An operation whose caller left runs to its end, holding the node's managers.
+        service.wait_idle().await;
         let holders = Arc::strong_count(&service) - 1;
         let me = node.id().clone();
         // The last handle drops the service here; another still holding it keeps the
