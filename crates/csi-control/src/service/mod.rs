@@ -314,6 +314,12 @@ impl VolumeService {
         }
     }
 
+    /// The deadline of each plugin call the service makes
+    /// ([`VolumeServiceBuilder::call_timeout`]).
+    pub fn call_timeout(&self) -> Duration {
+        self.inner.call_timeout
+    }
+
     /// This node.
     pub fn node(&self) -> &NodeId {
         &self.inner.me

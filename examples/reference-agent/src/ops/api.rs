@@ -684,21 +684,9 @@ pub struct MemberView {
     pub plugins: Vec<String>,
 }
 
-/// One plugin as a peer advertises it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PeerPlugin {
-    /// The plugin id.
-    pub id: String,
-    /// Controller service health (`None`: no controller here).
-    pub controller: Option<bool>,
-    /// Node service: the plugin's node id and whether it is healthy.
-    pub node: Option<(String, bool)>,
-    /// Whether releases need a controller unpublish.
-    pub controller_publish: bool,
-    /// What the instance there advertises (absent from agents that predate it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capabilities: Option<csi_structs::Capabilities>,
-}
+/// One plugin as a peer advertises it (csi-control's wire form, in member records and in
+/// `GET /peer/v1/plugins`).
+pub use csi_control::peers::HostedPlugin as PeerPlugin;
 
 /// `GET /peer/v1/plugins`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -2,17 +2,17 @@
 //! [`VolumeService`], their answers as the API's views, and the agent's status and metrics.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, ReleaseWait};
 use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
+use csi_control::peers::NodePeers;
 use csi_control::service::{
-    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource, PeerPlugin,
-    Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
+    NodeReconciled, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
@@ -29,17 +29,6 @@ use crate::ops::api;
 /// A failed control operation: csi-control's error, answered by [`parts`].
 pub use csi_control::ServiceError as AgentError;
 
-/// What the agent knows about a peer.
-#[derive(Clone, Debug, Default)]
-pub struct PeerState {
-    /// Whether the last poll answered.
-    pub reachable: bool,
-    /// Its plugins, from the last answer.
-    pub plugins: Vec<api::PeerPlugin>,
-    /// The last poll error.
-    pub last_error: Option<String>,
-}
-
 /// Whose snapshots a snapshot call is about.
 #[derive(Clone, Copy, Debug)]
 pub enum SnapshotsOf<'a> {
@@ -49,83 +38,10 @@ pub enum SnapshotsOf<'a> {
     Plugin(&'a str),
 }
 
-/// What the agent asks of the cluster, in cluster mode.
-#[async_trait::async_trait]
+/// What `status` shows of the cluster, in cluster mode.
 pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
     /// The store, the members and the controller duty's holder.
     fn view(&self) -> api::ClusterView;
-
-    /// Reports `node` gone for good to every agent (their drivers skip its node steps).
-    ///
-    /// # Errors
-    ///
-    /// When the store cannot be written.
-    async fn report_node_gone(&self, node: &NodeId) -> Result<(), csi_claims::StoreError>;
-}
-
-/// The agent's peers, by node (their last reports), and the cluster: what the volume service
-/// learns of other nodes.
-#[derive(Debug, Default)]
-pub struct AgentPeers {
-    states: Mutex<BTreeMap<NodeId, PeerState>>,
-    cluster: Option<Arc<dyn ClusterStatus>>,
-}
-
-impl AgentPeers {
-    /// No peer reported yet; `cluster` in cluster mode.
-    pub fn new(cluster: Option<Arc<dyn ClusterStatus>>) -> Self {
-        Self {
-            states: Mutex::default(),
-            cluster,
-        }
-    }
-
-    /// The peers' last reports, by node.
-    pub fn states(&self) -> MutexGuard<'_, BTreeMap<NodeId, PeerState>> {
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl Peers for AgentPeers {
-    fn plugins(&self) -> Vec<PeerPlugin> {
-        let mut out = Vec::new();
-        for (node, peer) in self.states().iter() {
-            for p in &peer.plugins {
-                let Ok(plugin) = PluginId::new(p.id.clone()) else {
-                    continue;
-                };
-                out.push(PeerPlugin {
-                    node: node.clone(),
-                    plugin,
-                    controller: p.controller.is_some(),
-                    node_service: p.node.is_some(),
-                    controller_publish: p.controller_publish,
-                    capabilities: p.capabilities.clone(),
-                });
-            }
-        }
-        out
-    }
-
-    fn reachable(&self, node: &NodeId) -> Option<bool> {
-        if let Some(cluster) = &self.cluster {
-            let members = cluster.view().members;
-            return Some(members.iter().any(|m| m.node == node.as_str()));
-        }
-        self.states().get(node).map(|p| p.reachable)
-    }
-
-    fn shares_claims(&self) -> bool {
-        self.cluster.is_some()
-    }
-
-    async fn report_node_gone(&self, node: &NodeId) -> Result<bool, csi_claims::StoreError> {
-        match &self.cluster {
-            Some(cluster) => cluster.report_node_gone(node).await.map(|()| true),
-            None => Ok(false),
-        }
-    }
 }
 
 /// The HTTP status, the kind and the class of an error answer. The agent's own failures
@@ -232,20 +148,18 @@ pub struct Agent {
     pub me: NodeId,
     /// The local plugins.
     pub plugins: Plugins,
-    /// The volume operations.
-    pub service: VolumeService,
+    /// The volume operations (the control plane's).
+    pub service: Arc<VolumeService>,
     /// Call metrics.
     pub metrics: Metrics,
     /// The health of the volumes published here.
     pub health: Arc<csi_node::health::HealthMonitor>,
-    /// Peers, by node, and the cluster.
-    pub peers: Arc<AgentPeers>,
+    /// What peers reported last, by node (the control plane's).
+    pub peers: Arc<NodePeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<Arc<dyn ClusterStatus>>,
-    /// How the usage records restored at start were confirmed ([`reconcile_node`]); `None`
-    /// until it finished.
-    ///
-    /// [`reconcile_node`]: Agent::reconcile_node
+    /// How the usage records restored at start were confirmed ([`Agent::reconciled`]);
+    /// `None` until it finished.
     pub reconciled: Mutex<Option<api::ReconcileView>>,
 }
 
@@ -624,7 +538,7 @@ impl Agent {
         for v in &mut out {
             v.in_use = in_use.get(v.id.as_str()).copied().unwrap_or(0);
         }
-        for (node, peer) in self.peers.states().iter() {
+        for (node, peer) in &self.peers.reports() {
             for p in &peer.plugins {
                 let healthy = p.controller.unwrap_or(true) && p.node.as_ref().is_none_or(|n| n.1);
                 out.push(api::PluginView {
@@ -663,7 +577,7 @@ impl Agent {
             plugins: self.plugin_views(),
             peers: self
                 .peers
-                .states()
+                .reports()
                 .iter()
                 .map(|(n, p)| api::PeerView {
                     node: n.to_string(),
@@ -713,11 +627,11 @@ impl Agent {
         }
     }
 
-    /// Confirms the node's usage records restored at start against their plugins, after
-    /// waiting up to `wait` for each of them ([`VolumeService::reconcile_node`]); the
-    /// outcome is kept for `status`.
-    pub async fn reconcile_node(&self, wait: Duration) -> api::ReconcileView {
-        let done = self.service.reconcile_node(wait).await;
+    /// Keeps for `status` how the node's usage records restored at start were confirmed
+    /// against their plugins (the control plane's [`reconciled`](
+    /// csi_control::ControlPlane::reconciled)).
+    pub fn reconciled(&self, done: &NodeReconciled) -> api::ReconcileView {
+        let done = done.clone();
         let view = api::ReconcileView {
             plugins_not_ready: done
                 .plugins_not_ready
@@ -876,6 +790,7 @@ mod tests {
     use csi_node::state::StateFileError;
     use csi_node::volumes::VolumeError;
     use csi_rpc_shim::{AgentRpc, GrpcCode, PluginError, PluginFailure, ShimError};
+    use std::time::Duration;
 
     fn through_shim(error: PluginError) -> AgentError {
         let e = ShimError::Plugin {

@@ -1,23 +1,18 @@
 //! `csi-agent serve`: the long-running agent.
 //!
-//! It composes every crate:
-//! - [`plugins`]: a plugin directory watched for `<plugin-id>.sock` sockets, each
-//!   fingerprinted and health-checked with csi-client, transitions logged;
-//! - csi-node's volume manager, with its paths under `<data_dir>/node` and its usage records
-//!   in the node's redb database, one record per volume: `<data_dir>/claims.redb` beside the
-//!   claims with the embedded store, `<data_dir>/node/node.redb` in cluster mode
-//!   ([`open_volumes`]);
-//! - the volume book and the claim store, opened together by csi-control's `Stores` (with the
-//!   embedded store: `<data_dir>/volumes.json` and csi-claims' redb store,
-//!   `<data_dir>/claims.redb`; in cluster mode: etcd), and the release driver, whose
-//!   detachers (csi-node's `ShimDetacher`) go through csi-rpc-shim so a release reaches the
-//!   node and the controller wherever they run; csi-node's `NodeBackend` serves the shim's
-//!   calls with this node's plugins; [`peers`] learns which plugins peers host;
+//! It opens csi-control's front door, [`ControlPlane`], in the data directory: csi-node's
+//! `Node` (plugins, volumes, claims and their release pipeline, under `<data_dir>/node`), the
+//! volume catalog (`<data_dir>/volumes.json`, or etcd in cluster mode), the routing of plugin
+//! calls (csi-rpc-shim, served to peers when `shim_listen` is set) and the volume service.
+//! Around it the agent keeps what is its own:
+//! - [`plugins`]: the plugin directory watched for `<plugin-id>.sock` sockets, fed to the
+//!   control plane's plugin manager, with the agent's client settings and metrics;
+//! - [`peers`] (static `--peer` list) and [`cluster`] (etcd membership): what peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
 //! - [`log`]: the log format, every field value escaped.
 //!
 //! Stopping: SIGTERM (or SIGINT) stops accepting requests, lets control requests in flight
-//! finish (bounded by `call_timeout`), then stops the release driver (every release step is
+//! finish (bounded by `call_timeout`), then closes the control plane (every release step is
 //! checkpointed before its call, so a detach call cut off is repeated by the next start) and
 //! exits 0. Starting resumes every unfinished release from the store. See `SERVE.md` in the
 //! package for an operator's walk-through.
@@ -38,15 +33,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use csi_claims::driver::{ClaimsDriver, DriverConfig};
-use csi_claims::{MachineConfig, RedbStore, StoreError};
-use csi_control::catalog::CatalogSecrets;
-use csi_control::stores::{Stores, StoresError};
-use csi_node::detach::ShimDetacher;
-use csi_node::layout::Layout;
-use csi_node::volumes::{UsageDb, VolumeManager};
-use csi_rpc_shim::NodeStatus;
-use csi_rpc_shim::{Credentials, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook};
+use csi_claims::MachineConfig;
+use csi_claims::driver::DriverConfig;
+use csi_client::CallsInFlight;
+use csi_control::stores::StoresError;
+use csi_control::{ControlPlane, PlaneError};
+use csi_node::plugins::LogEvents;
+use csi_rpc_shim::{NodeStatus, Scope};
 
 use crate::config::{AgentConfig, ConfigArgs, ConfigError};
 use crate::metrics::Metrics;
@@ -78,12 +71,9 @@ pub enum ServeError {
     /// A state file is damaged or unwritable.
     #[error(transparent)]
     State(#[from] csi_node::state::StateFileError),
-    /// The claim store cannot be opened or read.
-    #[error("claim store: {0}")]
-    Store(#[from] StoreError),
-    /// The volume book or the claim store cannot be opened.
+    /// The control plane (the node, the catalog, the claims) cannot be opened or closed.
     #[error(transparent)]
-    Stores(StoresError),
+    Plane(PlaneError),
     /// An address cannot be bound.
     #[error("cannot listen on {addr} (config key `{key}`): {source}")]
     Bind {
@@ -200,42 +190,7 @@ pub async fn serve_until(
     let me = config.node_id.clone();
     let control = random_file(&data, "control.token")?;
     let metrics = Metrics::new();
-    let registry = Arc::new(Registry::new());
-    registry.set_node_status(&me, NodeStatus::Ready);
-    let plugins = plugins::Plugins::new(
-        me.clone(),
-        config.plugin_dir.clone(),
-        Arc::clone(&registry),
-        metrics.clone(),
-        plugins::Timings {
-            health_interval: config.health_interval,
-            retry_interval: config.scan_interval,
-            call_timeout: config.call_timeout,
-            fingerprint_interval: config.fingerprint_interval,
-            node_detach: config.node_detach,
-        },
-    )?;
-    // The volume book, the claim store, and the node's database (the usage records).
-    let stores = open_stores(&config).await?;
-    let (node_db, node_db_file) = match &stores.database {
-        Some(db) => db.clone(),
-        None => {
-            let path = data.join("node").join("node.redb");
-            std::fs::create_dir_all(data.join("node")).map_err(data_err(&data))?;
-            let opened = path.clone();
-            let db = tokio::task::spawn_blocking(move || RedbStore::open(opened))
-                .await
-                .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
-            (db, path)
-        }
-    };
-    let volumes = {
-        let (data, plugins) = (data.clone(), plugins.clone());
-        tokio::task::spawn_blocking(move || open_volumes(&data, &plugins, &node_db, &node_db_file))
-            .await
-            .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??
-    };
-    // Bound first, so a taken port stops the agent before it joins anything.
+    // Bound first, so a taken port stops the agent before it opens or joins anything.
     let http_listener = bind("listen", config.listen).await?;
     let http_addr = http_listener.local_addr().map_err(ServeError::Runtime)?;
     let shim_listener = match config.shim_listen {
@@ -248,119 +203,58 @@ pub async fn serve_until(
         .transpose()
         .map_err(ServeError::Runtime)?;
 
-    // The shim: this node serves its own plugins; peers are trusted with cluster scope.
-    let own_token = match &config.cluster_token {
-        Some(t) => t.token.clone(),
-        None => {
-            let local = random_hex(24).map_err(data_err(&data))?;
-            Token::new(local).map_err(|e| ServeError::Runtime(std::io::Error::other(e)))?
-        }
+    let calls = Arc::new(CallsInFlight::new());
+    let addresses = Addresses {
+        http: http_addr,
+        shim: shim_addr,
     };
-    let mut tokens = TokenBook::new();
-    let mut routes = Routes::new();
-    for peer in &config.peers {
-        tokens.insert(peer.node.clone(), own_token.clone(), Scope::Cluster);
-        routes.set_direct(peer.node.clone(), peer.shim);
-        registry.set_node_status(&peer.node, NodeStatus::Down);
+    let plane = open_plane(&config, &metrics, &calls, addresses).await?;
+    let service = Arc::clone(plane.service());
+    // Static peers: reached directly, trusted with cluster scope, down until they answer.
+    let shim = service.shim();
+    if let Some(token) = &config.cluster_token {
+        for peer in &config.peers {
+            shim.update_tokens(|t| {
+                t.insert(peer.node.clone(), token.token.clone(), Scope::Cluster)
+            });
+            shim.update_routes(|r| r.set_direct(peer.node.clone(), peer.shim));
+            shim.registry()
+                .set_node_status(&peer.node, NodeStatus::Down);
+        }
     }
-    let mut shim_config = ShimConfig::new(
-        Credentials {
-            node: me.clone(),
-            token: own_token.clone(),
-        },
-        Scope::Cluster,
+    let plugins = plugins::Plugins::new(
+        me.clone(),
+        plane.node().plugins().clone(),
+        config.plugin_dir.clone(),
+        calls,
     );
-    shim_config.connect_timeout = config.call_timeout.min(Duration::from_secs(10));
-    let backend = Arc::new(csi_node::shim::NodeBackend::new(
-        plugins.manager().clone(),
-        volumes.clone(),
-    ));
-    let shim = Shim::new(shim_config, Arc::clone(&registry), backend, tokens, routes);
-
-    // The release driver.
-    let book = stores.catalog;
-    // The controller release step sends the volume's secrets, read from the book.
-    let detacher = Arc::new(ShimDetacher::new(
-        shim.clone(),
-        config.call_timeout,
-        Arc::new(CatalogSecrets::new(Arc::clone(&book))),
-    ));
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    me.hash(&mut hasher);
-    let driver_config = DriverConfig {
-        machine: MachineConfig {
-            backoff: config.release_backoff,
-            duties: stores.duties.clone(),
-            controller_calls_per_plugin: config.controller_calls,
-            ..MachineConfig::with_seed(hasher.finish())
-        },
-        call_timeout: config.call_timeout.saturating_mul(2),
-        // This node's steps call its own plugins, found by the first scan. With shared claims
-        // a controller may be another member's, which this agent never fingerprints, so
-        // controller steps do not wait.
-        first_plugin_wait: FIRST_FINGERPRINT_WAIT,
-        first_plugin_wait_controllers: !stores.shared,
-        ..DriverConfig::default()
-    };
-    let (claims, driver) = ClaimsDriver::start(
-        stores.claims,
-        Arc::clone(&detacher),
-        detacher,
-        driver_config,
-    )
-    .await?;
-    plugins.set_claims(claims.clone());
-    // Subscribed now, so that no event of the releases resumed below goes unlogged.
+    // The node keeps its registrations; the watchers register again what is still there, so
+    // a driver removed while the agent was down is not kept registered.
+    {
+        let plugins = plugins.clone();
+        let _ = tokio::task::spawn_blocking(move || plugins.forget_unwatched()).await;
+    }
+    let claims = service.claims().clone();
     let log_events = claims.log_events();
-    // Releases the store says are unfinished: the driver resumes each at its checkpointed step.
-    let store_description = stores.description;
     #[cfg(feature = "etcd")]
-    let membership = match (&stores.etcd, &config.store) {
-        (Some(store), crate::config::StoreChoice::Etcd(settings)) => {
-            let record = cluster::AgentRecord::new(
-                me.to_string(),
-                random_file(&data, "instance.id")?,
-                cluster::MemberInfo {
-                    http: http_addr.to_string(),
-                    shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
-                    plugins: Vec::new(),
-                },
-            );
-            let joined = cluster::Cluster::join(store, settings, &record, claims.clone())
-                .await
-                .map_err(ServeError::Cluster)?;
-            Some((Arc::new(joined), record))
-        }
+    let cluster_status = match (plane.membership(), &config.store) {
+        (Some(membership), crate::config::StoreChoice::Etcd(settings)) => Some(Arc::new(
+            cluster::Cluster::new(Arc::clone(membership), settings),
+        )
+            as Arc<dyn agent::ClusterStatus>),
         _ => None,
     };
-    #[cfg(feature = "etcd")]
-    let cluster_status = membership
-        .as_ref()
-        .map(|(m, _)| Arc::clone(m) as Arc<dyn agent::ClusterStatus>);
     #[cfg(not(feature = "etcd"))]
     let cluster_status = None;
-    let resumed = book
+    // Releases the store says are unfinished: the driver resumed each at its checkpointed step.
+    let resumed = service
+        .catalog()
         .list()
         .iter()
         .filter_map(|v| claims.record(&v.id))
         .flat_map(|r| r.claims().to_vec())
         .filter(|c| c.state().is_releasing())
         .count();
-    let peers = Arc::new(agent::AgentPeers::new(cluster_status.clone()));
-    let mut service = csi_control::VolumeService::builder(
-        me.clone(),
-        book,
-        claims,
-        shim.clone(),
-        plugins.manager().clone(),
-        volumes,
-    )
-    .peers(Arc::clone(&peers) as Arc<dyn csi_control::Peers>)
-    .call_timeout(config.call_timeout);
-    if let Some(store) = stores.forgetting {
-        service = service.forgetting(store);
-    }
-    let service = service.build();
     let health = Arc::new(csi_node::health::HealthMonitor::new(
         plugins.manager().clone(),
         service.volumes().clone(),
@@ -371,7 +265,7 @@ pub async fn serve_until(
         plugins: plugins.clone(),
         service,
         metrics,
-        peers,
+        peers: Arc::clone(plane.peers()),
         cluster: cluster_status,
         reconciled: Mutex::new(None),
     });
@@ -404,7 +298,7 @@ pub async fn serve_until(
         stop_rx.clone(),
     ));
     if let Some(listener) = shim_listener {
-        let (shim, shutdown) = (shim.clone(), stopped(stop_rx.clone()));
+        let (shim, shutdown) = (agent.service.shim().clone(), stopped(stop_rx.clone()));
         tasks.spawn(async move {
             if let Err(e) = shim.serve(listener, shutdown).await {
                 tracing::error!(error = %e, "agent-to-agent server stopped");
@@ -421,14 +315,19 @@ pub async fn serve_until(
         });
     }
     // The usage records restored from the data directory are confirmed with their plugins
-    // (staged and published again) once those are healthy, or after a bounded wait.
+    // (staged and published again) by the control plane; `status` shows how.
     {
-        let agent = Arc::clone(&agent);
-        let mut stop = stop_rx.clone();
+        let (agent, done, stop) = (
+            Arc::clone(&agent),
+            plane.reconciled(),
+            stopped(stop_rx.clone()),
+        );
         tasks.spawn(async move {
             tokio::select! {
-                _ = agent.reconcile_node(FIRST_FINGERPRINT_WAIT) => {}
-                _ = stop.changed() => {}
+                done = done => {
+                    agent.reconciled(&done);
+                }
+                () = stop => {}
             }
         });
     }
@@ -436,17 +335,6 @@ pub async fn serve_until(
         Arc::clone(plugins.calls_in_flight()),
         stop_rx.clone(),
     ));
-    #[cfg(feature = "etcd")]
-    if let Some((membership, record)) = &membership {
-        tasks.spawn(cluster::run(
-            Arc::clone(&agent),
-            Arc::clone(membership),
-            record.clone(),
-            own_token.clone(),
-            config.scan_interval,
-            stop_rx.clone(),
-        ));
-    }
     if let (false, Some(token)) = (config.peers.is_empty(), &config.cluster_token) {
         tasks.spawn(peers::run(
             Arc::clone(&agent),
@@ -470,7 +358,7 @@ pub async fn serve_until(
         http = %http_addr,
         shim = %shim_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
         plugin_dir = %config.plugin_dir.display(),
-        store = %store_description,
+        store = %plane.store_description(),
         resumed_releases = resumed,
         "csi-agent serving"
     );
@@ -492,14 +380,6 @@ pub async fn serve_until(
             "control requests still running after the grace period; stopping anyway"
         );
     }
-    // Every release step was checkpointed before its call; stopping drops calls in flight,
-    // and the next start repeats the step from the store.
-    driver.shutdown().await;
-    // Hand the controller duty and the membership over now rather than at lease expiry.
-    #[cfg(feature = "etcd")]
-    if let Some((cluster, _)) = &membership {
-        cluster.membership.leave().await;
-    }
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
@@ -507,47 +387,120 @@ pub async fn serve_until(
     {
         tracing::warn!("some tasks did not stop within 10s; exiting anyway");
     }
+    drop((agent, claims));
+    // Every release step was checkpointed before its call; closing stops the release
+    // pipeline, dropping calls in flight, and the next start repeats the step from the store.
+    // In cluster mode it then hands the controller duty and the membership over now rather
+    // than at lease expiry.
+    if let Err(e) = plane.close().await {
+        tracing::warn!(error = %e, "the control plane did not close cleanly");
+    }
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     stopped
 }
 
-/// csi-node's volume manager as the agent keeps it: paths under `<data_dir>/node`
-/// (`staging/<volume>`, `per-workload/<workload>/<volume>/<usage>`), usage records in `db`
-/// (its file `db_file`; one record per volume, group-committed with the claims when `db` is
-/// the claim store), plugins from the agent's plugin manager. The records of an older version's
-/// `<data_dir>/node/usage.json` move into `db` once, and the file is renamed
-/// `usage.json.migrated`. Blocks on the disk.
-///
-/// # Errors
-///
-/// A [`StateFileError`](csi_node::state::StateFileError) when the records cannot be read or
-/// moved.
-pub fn open_volumes(
-    data_dir: &Path,
-    plugins: &plugins::Plugins,
-    db: &RedbStore,
-    db_file: &Path,
-) -> Result<VolumeManager, csi_node::state::StateFileError> {
-    let root = data_dir.join("node");
-    let usage = UsageDb::open(db, db_file, Some(&root.join("usage.json")))?;
-    VolumeManager::open_with(
-        Layout::new(&root),
-        Arc::new(usage),
-        Arc::new(plugins.manager().clone()),
-    )
+/// Where this agent listens: its control API, and its routing (shim) when served; written in
+/// its member record in cluster mode.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+struct Addresses {
+    http: SocketAddr,
+    shim: Option<SocketAddr>,
 }
 
-/// How long, after a start with the embedded store, releases loaded from the store wait for
-/// their plugin's first fingerprint before their first attempt (a plugin whose socket is
-/// there is fingerprinted within one scan; a plugin that never comes is tried after this).
+/// The control plane of `config`: csi-control's front door in the data directory, with the
+/// agent's store, timings, plugin clients (`metrics`, `calls`) and cluster token; in cluster
+/// mode joined to the cluster with a record naming `addresses`.
+async fn open_plane(
+    config: &AgentConfig,
+    metrics: &Metrics,
+    calls: &Arc<CallsInFlight>,
+    addresses: Addresses,
+) -> Result<ControlPlane, ServeError> {
+    let timings = plugins::Timings {
+        health_interval: config.health_interval,
+        retry_interval: config.scan_interval,
+        call_timeout: config.call_timeout,
+        fingerprint_interval: config.fingerprint_interval,
+        node_detach: config.node_detach,
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    config.node_id.hash(&mut hasher);
+    let driver = DriverConfig {
+        machine: MachineConfig {
+            backoff: config.release_backoff,
+            controller_calls_per_plugin: config.controller_calls,
+            ..MachineConfig::with_seed(hasher.finish())
+        },
+        call_timeout: config.call_timeout.saturating_mul(2),
+        ..DriverConfig::default()
+    };
+    #[cfg(not(feature = "etcd"))]
+    let _ = addresses;
+    #[cfg(not(feature = "etcd"))]
+    if let crate::config::StoreChoice::Etcd(settings) = &config.store {
+        return Err(stores_error(StoresError::NoEtcd {
+            store: settings.display(),
+        }));
+    }
+    let mut plane = ControlPlane::builder(&config.data_dir, config.node_id.clone())
+        .call_timeout(config.call_timeout)
+        .restart_wait(FIRST_FINGERPRINT_WAIT)
+        .plugins(timings.manager_config())
+        .driver(driver)
+        .calls_in_flight(Arc::clone(calls))
+        .client_builder(plugins::client_customizer(
+            config.call_timeout,
+            metrics.clone(),
+        ))
+        .plugin_observer(Arc::new(LogEvents::default()));
+    if let Some(token) = &config.cluster_token {
+        plane = plane.shim_token(token.token.clone());
+    }
+    #[cfg(feature = "etcd")]
+    if let (crate::config::StoreChoice::Etcd(settings), Some(token)) =
+        (&config.store, &config.cluster_token)
+    {
+        let advertise = addresses.shim.map(|a| a.to_string()).unwrap_or_default();
+        let mut cluster = csi_control::ClusterSettings::new(
+            settings.store.clone(),
+            token.token.clone(),
+            advertise,
+        );
+        cluster.lease_ttl = settings.lease_ttl;
+        cluster.duty = Some(settings.duty);
+        cluster.follow_interval = config.scan_interval;
+        cluster.extra.insert(
+            cluster::HTTP_FIELD.into(),
+            addresses.http.to_string().into(),
+        );
+        plane = plane.cluster(cluster);
+    }
+    plane.open().await.map_err(|e| match e {
+        PlaneError::Stores(e) => stores_error(e),
+        #[cfg(feature = "etcd")]
+        PlaneError::Join(e) => match *e {
+            csi_control::JoinError::DuplicateNode { node, other } => ServeError::Cluster(format!(
+                "node id {node} is already a member of the cluster (agent at {}, another data \
+                 directory); every agent needs its own node id",
+                other.about.shim
+            )),
+            e => ServeError::Cluster(e.to_string()),
+        },
+        e => ServeError::Plane(e),
+    })
+}
+
+/// How long, after a start, releases loaded from the store and the usage records restored
+/// wait for their plugin's first fingerprint before going on without it (a plugin whose
+/// socket is there is fingerprinted within one scan).
 const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
 
-/// csi-control's stores of the configured kind. A file of the etcd settings that cannot be
-/// used, or etcd in a build without it, is a configuration error naming the agent's key.
-async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
-    let opened = Stores::open(&config.store.stores(), &config.data_dir, &config.node_id).await;
-    opened.map_err(|e| match e {
+/// csi-control's stores' errors, with a file of the etcd settings that cannot be used, or
+/// etcd in a build without it, as a configuration error naming the agent's key.
+fn stores_error(e: StoresError) -> ServeError {
+    match e {
         StoresError::File {
             setting,
             path,
@@ -571,8 +524,8 @@ async fn open_stores(config: &AgentConfig) -> Result<Stores, ServeError> {
                 .into(),
         }
         .into(),
-        e => ServeError::Stores(e),
-    })
+        e => ServeError::Plane(PlaneError::Stores(e)),
+    }
 }
 
 /// Resolves once `serve` is told to stop (or its stop sender is gone).
@@ -641,7 +594,12 @@ mod tests {
             }),
             "etcd_ca_file",
         );
-        match open_stores(&config).await {
+        let (metrics, calls) = (Metrics::new(), Arc::new(CallsInFlight::new()));
+        let addresses = Addresses {
+            http: "127.0.0.1:1".parse().expect("address"),
+            shim: None,
+        };
+        match open_plane(&config, &metrics, &calls, addresses).await {
             Err(ServeError::Config(ConfigError::Invalid { key: named, .. })) => {
                 assert_eq!(named, key);
             }

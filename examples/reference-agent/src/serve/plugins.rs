@@ -1,23 +1,18 @@
-//! The agent's plugins: csi-node's [`PluginManager`] fed by a [`DirWatcher`] over the plugin
-//! directory (`<plugin-id>.sock` sockets), with the agent's clients (the `call_timeout` cap
-//! and the metrics layers), csi-node's [`RegistryFeed`] (which fills the shim's [`Registry`]
-//! and wakes stuck releases when a plugin is healthy again) and csi-node's [`LogEvents`],
-//! which logs each transition.
+//! The agent's plugins: the control plane's plugin manager (csi-node's [`PluginManager`]) fed
+//! by a [`DirWatcher`] over the plugin directory (`<plugin-id>.sock` sockets), with the
+//! agent's clients ([`client_customizer`]: the `call_timeout` cap and the metrics layers) and
+//! csi-node's [`LogEvents`], which logs each transition.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_claims::driver::ClaimsHandle;
 use csi_client::{CallsInFlight, CsiClient, Fingerprint};
 use csi_node::detach::NodeDetachPolicy;
 use csi_node::plugins::{
-    DirWatcher, LogEvents, PluginManager, PluginManagerConfig, PluginObserver, PluginStatus,
+    ClientCustomizer, DirWatcher, PluginManager, PluginManagerConfig, PluginStatus,
     RegistrationSource,
 };
-use csi_node::shim::RegistryFeed;
-use csi_node::state::StateFileError;
-use csi_rpc_shim::Registry;
 use csi_structs::{NodeId, PluginId};
 
 use crate::metrics::Metrics;
@@ -38,68 +33,71 @@ pub struct Timings {
     pub node_detach: NodeDetachPolicy,
 }
 
+impl Timings {
+    /// The plugin manager's settings.
+    pub fn manager_config(&self) -> PluginManagerConfig {
+        PluginManagerConfig {
+            health_interval: self.health_interval,
+            retry_interval: self.retry_interval,
+            fingerprint_interval: self.fingerprint_interval,
+            node_detach: self.node_detach,
+        }
+    }
+}
+
+/// The agent's plugin clients: every call bounded by `limit` (on top of csi-client's per-RPC
+/// deadlines, which it can only shorten) and counted in `metrics`.
+pub fn client_customizer(limit: Duration, metrics: Metrics) -> ClientCustomizer {
+    Arc::new(move |id, builder| {
+        let mut policies = csi_client::PolicyTable::default();
+        policies.update_all(|_, p| {
+            p.total_budget = p.total_budget.min(limit);
+            p.attempt_deadline = p.attempt_deadline.min(limit);
+        });
+        metrics.instrument(id, builder.policies(policies))
+    })
+}
+
 /// The local plugins. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Plugins {
     me: NodeId,
     manager: PluginManager,
     watcher: Arc<DirWatcher>,
-    feed: Arc<RegistryFeed>,
     /// Every plugin call in flight, of every local plugin.
     calls: Arc<CallsInFlight>,
 }
 
 impl Plugins {
-    /// A registry over `dir` for node `me`. Every plugin call is bounded by `call_timeout`
-    /// (on top of csi-client's per-RPC deadlines, which it can only shorten); a fingerprinted
-    /// plugin is fingerprinted again every `fingerprint_interval` and a change is logged and
-    /// published.
-    ///
-    /// # Errors
-    ///
-    /// None in practice: the agent gives its plugin manager no state file (the directory is
-    /// scanned again at every start), and only reading one can fail.
+    /// The plugins of node `me`: `manager` (the control plane's), fed from the sockets in
+    /// `dir`; `calls` lists the calls of every client `manager` built.
     pub fn new(
         me: NodeId,
+        manager: PluginManager,
         dir: PathBuf,
-        registry: Arc<Registry>,
-        metrics: Metrics,
-        timings: Timings,
-    ) -> Result<Self, StateFileError> {
-        let feed = Arc::new(RegistryFeed::new(me.clone(), registry));
-        let limit = timings.call_timeout;
-        let calls = Arc::new(CallsInFlight::new());
-        let listed = Arc::clone(&calls);
-        let manager = PluginManager::builder(PluginManagerConfig {
-            health_interval: timings.health_interval,
-            retry_interval: timings.retry_interval,
-            fingerprint_interval: timings.fingerprint_interval,
-            node_detach: timings.node_detach,
-        })
-        .client_builder(move |id, builder| {
-            let mut policies = csi_client::PolicyTable::default();
-            policies.update_all(|_, p| {
-                p.total_budget = p.total_budget.min(limit);
-                p.attempt_deadline = p.attempt_deadline.min(limit);
-            });
-            metrics.instrument(
-                id,
-                builder
-                    .policies(policies)
-                    .calls_in_flight(Arc::clone(&listed)),
-            )
-        })
-        .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
-        .observer(Arc::new(LogEvents::default()))
-        .start()?;
+        calls: Arc<CallsInFlight>,
+    ) -> Self {
         let watcher = Arc::new(DirWatcher::new(manager.clone(), dir));
-        Ok(Self {
+        Self {
             me,
             manager,
             watcher,
-            feed,
             calls,
-        })
+        }
+    }
+
+    /// Deregisters the registrations of an earlier run that no watcher checks: every one but
+    /// the plugin directory's (its first scan checks those); kubelet's registration directory
+    /// is scanned again from the start. Writes the registrations' file: call it off the
+    /// runtime's workers.
+    pub fn forget_unwatched(&self) {
+        for status in self.manager.list() {
+            let watched = matches!(&status.source, RegistrationSource::Directory { socket, .. }
+                if socket.parent() == Some(self.watcher.dir()));
+            if !watched && let Err(e) = self.manager.deregister(status.registration) {
+                tracing::warn!(plugin = %status.plugin, error = %e, "cannot drop a registration of the previous run");
+            }
+        }
     }
 
     /// Every call in flight to a local plugin: what it waits on and since when.
@@ -110,11 +108,6 @@ impl Plugins {
     /// The plugin manager underneath.
     pub fn manager(&self) -> &PluginManager {
         &self.manager
-    }
-
-    /// Lets the registry wake stuck releases when a plugin becomes healthy.
-    pub fn set_claims(&self, claims: ClaimsHandle) {
-        self.feed.wake(claims);
     }
 
     /// The client of a fingerprinted local plugin, with its fingerprint.
@@ -178,27 +171,7 @@ impl Plugins {
 
     /// What peers learn about this node's plugins.
     pub fn peer_view(&self) -> Vec<PeerPlugin> {
-        self.manager
-            .list()
-            .iter()
-            .filter_map(|s| {
-                let fp = s.fingerprint.as_ref()?;
-                let healthy = s.health.is_healthy();
-                Some(PeerPlugin {
-                    id: s.plugin.to_string(),
-                    controller: fp
-                        .capabilities
-                        .plugin
-                        .has_controller_service()
-                        .then_some(healthy),
-                    node: fp.node.as_ref().map(|n| (n.node_id.to_string(), healthy)),
-                    controller_publish: fp
-                        .capabilities
-                        .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
-                    capabilities: Some(fp.capabilities.clone()),
-                })
-            })
-            .collect()
+        PeerPlugin::of_node(&self.manager)
     }
 
     /// Scans the plugin directory until `stop` is set, every `interval`, then stops every

@@ -91,6 +91,46 @@ async fn a_driver_announced_in_kubelet_s_registration_directory_is_registered_an
     );
 }
 
+/// The agent keeps its registrations across a restart, but a driver whose registration
+/// socket went while the agent was down is not registered again from that record: only
+/// what kubelet's registration directory still announces is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_gone_from_kubelet_s_directory_while_the_agent_was_down_is_not_kept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = dir.path().join("plugins_registry");
+    let driver = dir.path().join("driver");
+    for d in [&dir.path().join("plugins"), &registry, &driver] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let mock = MockPlugin::builder().build().expect("mock");
+    let csi_socket = driver.join("csi.sock");
+    let _server = mock.serve_unix(&csi_socket).await.expect("serves");
+    let registrar = Registrar::csi("ebs.csi.example.com", &csi_socket, &["1.0.0"]);
+    let reg_socket = registry.join("ebs.csi.example.com-reg.sock");
+    let serving = registrar.serve(&reg_socket).expect("registrar serves");
+    let data = dir.path().join("data");
+    let (mut agent, _) =
+        watching_registry(dir.path(), &data, &registry, "ebs.csi.example.com").await;
+    assert_eq!(agent.terminate(), Some(0));
+
+    // While the agent is down the sidecar goes; the driver's CSI socket still answers.
+    drop(serving);
+    std::fs::remove_file(&reg_socket).expect("socket removed");
+    let mut args = fast_backoff(&dir.path().join("plugins"));
+    args.extend([
+        "--kubelet-registration-dir".to_owned(),
+        registry.display().to_string(),
+    ]);
+    let mut agent = Serve::start(dir.path(), "again", &data, &args);
+    agent.ready().await;
+    let list: Vec<PluginView> = json(&data, &["plugin", "list"]).await;
+    assert!(
+        !list.iter().any(|p| p.id == "ebs.csi.example.com"),
+        "{list:?}"
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}
+
 /// The real kubernetes-csi node-driver-registrar, when it is there: its path in
 /// `CSI_NODE_DRIVER_REGISTRAR`, or `node-driver-registrar` on the `PATH`.
 fn real_registrar() -> Option<std::path::PathBuf> {

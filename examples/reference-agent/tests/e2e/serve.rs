@@ -903,6 +903,49 @@ async fn node_usage_survives_a_restart() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
+/// A data directory laid out as agents wrote it before `serve` opened csi-control's front
+/// door (the claims and the usage records in `claims.redb` beside `volumes.json`, no
+/// `node/plugins.json`) opens unchanged: the database moves to `node/node.redb` once, and the
+/// claim taken before is still there, in use, and released as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_of_the_previous_layout_opens_with_its_claims() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let WithVolume {
+        mock,
+        _server,
+        mut agent,
+        plugins,
+        data,
+    } = agent_with_v1(dir.path(), "first", "single-node-writer").await;
+    claim_v1_here(&data, "w1", "write").await;
+    assert_eq!(agent.terminate(), Some(0));
+    // The previous layout: one database beside the catalog, no registrations file.
+    std::fs::rename(
+        data.join("node").join("node.redb"),
+        data.join("claims.redb"),
+    )
+    .expect("database moved back");
+    let _ = std::fs::remove_file(data.join("node").join("plugins.json"));
+
+    let mut agent = Serve::start(dir.path(), "second", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    assert!(
+        !data.join("claims.redb").exists(),
+        "moved at the first start"
+    );
+    assert!(data.join("node").join("node.redb").exists());
+    let in_use = eventually("the claim of the old layout is in use again", async || {
+        plugin(&data, "mock")
+            .await
+            .filter(|p| p.health == "healthy" && p.in_use == 1)
+    })
+    .await;
+    assert_eq!(in_use.in_use, 1);
+    release_v1(&data, "w1").await;
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert_eq!(agent.terminate(), Some(0));
+}
+
 /// Nomad's host reboot under the agent: its usage records say staged and published, the
 /// plugin comes back with nothing staged. At start the agent confirms the records: the
 /// volume is staged again, then published again for the claim still taken, and `status`

@@ -45,30 +45,83 @@
 //! ([`call_observer`](ControlPlaneBuilder::call_observer)) and while it runs
 //! ([`calls_in_flight`](ControlPlaneBuilder::calls_in_flight)); the builders of the crates
 //! below stay for setups this one does not cover.
+//!
+//! # A cluster node
+//!
+//! [`ControlPlaneBuilder::cluster`] (cargo feature `etcd`) opens a node of a cluster with the
+//! same call: the catalog and the claims are in etcd, shared by every node; the node's usage
+//! records, registrations and paths stay in `node/`. The node joins the cluster's
+//! [`Membership`](crate::cluster::Membership) (its record says where its routing is and which
+//! plugins it hosts, kept current; `instance.id` in the directory tells its restart from
+//! another process given the same node id), and follows the other members: their routes and
+//! plugins go to its routing and to [`ControlPlane::peers`] as they come and go. Its release
+//! pipeline performs its own node steps, and controller steps while it holds the controller
+//! duty, fenced in etcd; they go through the routing, so the duty holder reaches a controller
+//! on any node. What stays the embedder's: serving the routing on the address it advertises.
+//!
+//! ```no_run
+//! # #[cfg(feature = "etcd")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use csi_control::stores::EtcdConfig;
+//! use csi_control::{ClusterSettings, ControlPlane};
+//! use csi_rpc_shim::Token;
+//! use csi_structs::NodeId;
+//!
+//! let etcd = EtcdConfig {
+//!     endpoints: vec!["http://10.0.0.1:2379".into()],
+//!     prefix: "/my-orchestrator".into(),
+//!     ca_file: None,
+//!     identity: None,
+//!     user: None,
+//! };
+//! let token = Token::new(std::fs::read_to_string("/etc/my-orchestrator/cluster.token")?.trim())?;
+//! let listener = tokio::net::TcpListener::bind("10.0.0.5:7070").await?;
+//! let plane = ControlPlane::builder("/var/lib/my-orchestrator", NodeId::new("node-5")?)
+//!     .cluster(ClusterSettings::new(etcd, token, "10.0.0.5:7070"))
+//!     .open()
+//!     .await?;
+//! let routing = plane.service().shim().clone();
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let served = tokio::spawn(async move {
+//!     routing.serve(listener, async { let _ = stopped.await; }).await
+//! });
+//! // Create, claim, release: plane.service(), against every node's claims.
+//! let _ = stop.send(());
+//! served.await??;
+//! plane.close().await?;
+//! # Ok(()) }
+//! ```
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_claims::driver::DriverConfig;
+use csi_claims::detach::{ControllerDetachRequest, DetachError, DetachRpc};
+use csi_claims::driver::{ControllerDetacher, DriverConfig};
 use csi_client::{CallObserver, CallsInFlight, CsiClientBuilder, Endpoint};
 use csi_node::Node;
+use csi_node::detach::{SecretsLookup, ShimDetacher};
 use csi_node::node::NodeError;
 use csi_node::plugins::{
-    PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
+    ClientCustomizer, PluginManagerConfig, PluginObserver, ReadyPlugin, RegistrationId, WaitError,
 };
 use csi_node::shim::{NodeBackend, RegistryFeed};
 use csi_node::state::StateFileError;
 use csi_rpc_shim::{
     Credentials, NodeStatus, Registry, Routes, Scope, Shim, ShimConfig, Token, TokenBook,
 };
-use csi_structs::{NodeId, PluginId};
+use csi_structs::{ErrorClass, NodeId, PluginId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::catalog::{CatalogSecrets, FileCatalog, VolumeCatalog};
-use crate::service::{NodeReconciled, VolumeService};
+use crate::peers::NodePeers;
+use crate::service::{NodeReconciled, Peers, VolumeService};
+use crate::stores::{StoreConfig, Stores, StoresError};
+
+#[cfg(feature = "etcd")]
+pub mod cluster;
 
 /// The node's own state directory inside the control plane's.
 pub const NODE_DIR: &str = "node";
@@ -85,9 +138,32 @@ pub enum PlaneError {
     /// The node could not be opened or closed (its directory, database or state files).
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// The shared stores ([`StoreConfig::Etcd`]) could not be opened: a file of the etcd
+    /// settings, etcd itself, or a build without etcd.
+    #[error(transparent)]
+    Stores(#[from] StoresError),
     /// The catalog (`volumes.json`) could not be read.
     #[error(transparent)]
     Catalog(#[from] StateFileError),
+    /// This node could not join the cluster (cargo feature `etcd`): etcd failed, or another
+    /// live member has this node id.
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Join(Box<crate::cluster::JoinError<crate::peers::NodeAbout>>),
+    /// The controller duty's timing does not fit the member lease (cargo feature `etcd`).
+    #[cfg(feature = "etcd")]
+    #[error("cluster settings: {0}")]
+    Duty(#[source] csi_claims::duty::DutyTimingError),
+    /// The cluster's instance file (`instance.id` in the directory) could not be read or
+    /// written.
+    #[error("{path}: {source}")]
+    Instance {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The system's random source, for the node's internal routing credentials, could not
     /// be read.
     #[error("reading /dev/urandom: {0}")]
@@ -123,7 +199,6 @@ pub enum PlaneError {
 
 /// What a [`ControlPlane`] is opened with: [`ControlPlane::builder`]. Every setting has a
 /// default.
-#[derive(Debug)]
 pub struct ControlPlaneBuilder {
     dir: PathBuf,
     node: NodeId,
@@ -133,9 +208,65 @@ pub struct ControlPlaneBuilder {
     driver: DriverConfig,
     observer: Option<Arc<dyn CallObserver>>,
     calls: Option<Arc<CallsInFlight>>,
+    store: StoreConfig,
+    token: Option<Token>,
+    customize: Option<ClientCustomizer>,
+    plugin_observers: Vec<Arc<dyn PluginObserver>>,
+    #[cfg(feature = "etcd")]
+    cluster: Option<cluster::ClusterSettings>,
+}
+
+impl std::fmt::Debug for ControlPlaneBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlaneBuilder")
+            .field("dir", &self.dir)
+            .field("node", &self.node)
+            .field("store", &self.store)
+            .field("call_timeout", &self.call_timeout)
+            .field("restart_wait", &self.restart_wait)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ControlPlaneBuilder {
+    /// The token this node presents to other nodes' routing (csi-rpc-shim) and accepts
+    /// from them (default: a random one, for a node whose routing is never served). Give
+    /// the cluster's token to serve [`VolumeService::shim`] to peers and route to theirs.
+    pub fn shim_token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Adjusts every plugin client the node builds, after the control plane's own settings
+    /// ([`NodeBuilder::client_builder`](csi_node::node::NodeBuilder::client_builder)):
+    /// policies, a metrics layer.
+    pub fn client_builder(mut self, customize: ClientCustomizer) -> Self {
+        self.customize = Some(customize);
+        self
+    }
+
+    /// Tells `observer` of every plugin event, from the first (registered, fingerprinted,
+    /// health changes, gone): a log, metrics. Call again for more than one.
+    pub fn plugin_observer(mut self, observer: Arc<dyn PluginObserver>) -> Self {
+        self.plugin_observers.push(observer);
+        self
+    }
+
+    /// Opens a node of a cluster (cargo feature `etcd`): the catalog and the claims in the
+    /// etcd of [`ClusterSettings::etcd`](cluster::ClusterSettings::etcd) (the node's usage
+    /// records and paths still in `node/`), the node joined to the cluster's
+    /// [`Membership`](crate::cluster::Membership) with a record saying where its routing is
+    /// and which plugins it hosts (kept current), and the other members' routes and plugins
+    /// fed to its routing as they come and go. Serve the routing
+    /// ([`VolumeService::shim`]) on the advertised address.
+    #[cfg(feature = "etcd")]
+    pub fn cluster(mut self, settings: cluster::ClusterSettings) -> Self {
+        self.store = StoreConfig::Etcd(Box::new(settings.etcd.clone()));
+        self.token = Some(settings.token.clone());
+        self.cluster = Some(settings);
+        self
+    }
+
     /// The deadline of each plugin call the service makes, and of the wait for a failed
     /// claim's release (default: 30 s; [`VolumeServiceBuilder::call_timeout`](
     /// crate::service::VolumeServiceBuilder::call_timeout)).
@@ -226,10 +357,33 @@ impl ControlPlaneBuilder {
             mut driver,
             observer,
             calls,
+            store,
+            token,
+            customize,
+            plugin_observers,
+            #[cfg(feature = "etcd")]
+            cluster,
         } = self;
         csi_node::node::create_state_dir(&dir)?;
-        adopt_stores_layout(&dir)?;
-        let catalog: Arc<dyn VolumeCatalog> = Arc::new(FileCatalog::open(&dir).await?);
+        let (catalog, shared): (Arc<dyn VolumeCatalog>, _) = match &store {
+            StoreConfig::Embedded => {
+                adopt_stores_layout(&dir)?;
+                (Arc::new(FileCatalog::open(&dir).await?), None)
+            }
+            StoreConfig::Etcd(_) => {
+                let stores = Stores::open(&store, &dir, &me).await?;
+                (Arc::clone(&stores.catalog), Some(stores))
+            }
+        };
+        let description = match &shared {
+            Some(stores) => stores.description.clone(),
+            None => format!(
+                "embedded {}",
+                dir.join(NODE_DIR)
+                    .join(csi_node::node::DATABASE_FILE)
+                    .display()
+            ),
+        };
         // The shim's registry learns this node's plugins from the plugin manager's events.
         let registry = Arc::new(Registry::new());
         registry.set_node_status(&me, NodeStatus::Ready);
@@ -238,26 +392,43 @@ impl ControlPlaneBuilder {
             driver.first_plugin_wait = restart_wait;
         }
         let mut node = Node::builder(dir.join(NODE_DIR), me.clone());
-        if observer.is_some() || calls.is_some() {
-            node = node.client_builder(Arc::new(move |_, mut client: CsiClientBuilder| {
+        if let Some(stores) = &shared {
+            node = node.claim_store(Arc::clone(&stores.claims));
+            driver.machine.duties = stores.duties.clone();
+            // A controller may be another member's, which this node never fingerprints.
+            driver.first_plugin_wait_controllers = false;
+        }
+        if observer.is_some() || calls.is_some() || customize.is_some() {
+            node = node.client_builder(Arc::new(move |plugin, mut client: CsiClientBuilder| {
                 if let Some(observer) = &observer {
                     client = client.observer(Arc::clone(observer));
                 }
                 if let Some(calls) = &calls {
                     client = client.calls_in_flight(Arc::clone(calls));
                 }
-                client
+                match &customize {
+                    Some(customize) => customize(plugin, client),
+                    None => client,
+                }
             }));
         }
+        // Controller release steps go through the routing, which picks a controller on this
+        // node or a peer's; the routing needs the node's managers, so it is handed over once
+        // the node is open.
+        let (routing_tx, routing) = watch::channel(None);
+        node = plugin_observers
+            .into_iter()
+            .fold(node, |node, observer| node.observer(observer));
         let node = node
             .plugins(plugins)
             .driver(driver)
-            .secrets(Arc::new(CatalogSecrets::new(Arc::clone(&catalog))))
+            .controller_detacher(Arc::new(LateRouting { routing }))
             .observer(Arc::clone(&feed) as Arc<dyn PluginObserver>)
             .open()
             .await?;
         feed.wake(node.claims().clone());
-        let shim = match local_shim(&node, registry) {
+        let peers = Arc::new(NodePeers::new(Arc::clone(&registry)));
+        let shim = match local_shim(&node, registry, token, call_timeout) {
             Ok(shim) => shim,
             Err(e) => {
                 // Nothing of the node is handed out yet: it closes at once.
@@ -265,11 +436,31 @@ impl ControlPlaneBuilder {
                 return Err(e);
             }
         };
-        let service = Arc::new(
-            VolumeService::for_node(&node, catalog, shim)
-                .call_timeout(call_timeout)
-                .build(),
-        );
+        let secrets: Arc<dyn SecretsLookup> = Arc::new(CatalogSecrets::new(Arc::clone(&catalog)));
+        let _ = routing_tx.send(Some(Arc::new(ShimDetacher::new(
+            shim.clone(),
+            call_timeout,
+            secrets,
+        ))));
+        let service = VolumeService::for_node(&node, catalog, shim)
+            .call_timeout(call_timeout)
+            .peers(Arc::clone(&peers) as Arc<dyn Peers>)
+            .build();
+        let service = Arc::new(service);
+        #[cfg(feature = "etcd")]
+        let joined = match (cluster, shared.as_ref().and_then(|s| s.etcd.as_ref())) {
+            (Some(settings), Some(store)) => {
+                match cluster::join(&dir, &node, service.shim(), &peers, store, settings).await {
+                    Ok(joined) => Some(joined),
+                    Err(e) => {
+                        drop(service);
+                        let _ = node.close().await;
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
         let (report, reconciled) = watch::channel(None);
         let reconcile = {
             let service = Arc::clone(&service);
@@ -284,19 +475,59 @@ impl ControlPlaneBuilder {
             service,
             reconciled,
             reconcile,
+            description,
+            peers,
+            #[cfg(feature = "etcd")]
+            etcd: shared.and_then(|s| s.etcd),
+            #[cfg(feature = "etcd")]
+            joined,
         })
     }
 }
 
-/// The routing of this node's plugin calls: csi-rpc-shim over this node's plugins alone,
-/// with credentials nobody outside the process sees (the shim is never served).
-fn local_shim(node: &Node, registry: Arc<Registry>) -> Result<Shim, PlaneError> {
-    let token = Token::new(random_hex(24)?).map_err(|e| {
-        PlaneError::Random(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            e.to_string(),
-        ))
-    })?;
+/// The controller release steps, through the routing once the control plane has built it
+/// (a step that comes first waits for it; none can come before the node is open).
+struct LateRouting {
+    routing: watch::Receiver<Option<Arc<ShimDetacher>>>,
+}
+
+#[async_trait::async_trait]
+impl ControllerDetacher for LateRouting {
+    async fn controller_unpublish(&self, r: &ControllerDetachRequest) -> Result<(), DetachError> {
+        let mut routing = self.routing.clone();
+        let detacher = match routing.wait_for(Option::is_some).await {
+            Ok(ready) => ready.clone(),
+            Err(_) => None,
+        };
+        match detacher {
+            Some(detacher) => detacher.controller_unpublish(r).await,
+            None => Err(DetachError::new(
+                DetachRpc::ControllerUnpublish,
+                ErrorClass::Retry,
+                "the control plane did not finish opening; the step is repeated at the next open",
+            )),
+        }
+    }
+}
+
+/// The routing of this node's plugin calls: csi-rpc-shim over this node's plugins, with
+/// `token` (the cluster's, to serve it and reach peers) or credentials nobody outside the
+/// process sees; no route until the embedder adds its peers'.
+fn local_shim(
+    node: &Node,
+    registry: Arc<Registry>,
+    token: Option<Token>,
+    call_timeout: Duration,
+) -> Result<Shim, PlaneError> {
+    let token = match token {
+        Some(token) => token,
+        None => Token::new(random_hex(24)?).map_err(|e| {
+            PlaneError::Random(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            ))
+        })?,
+    };
     let credentials = Credentials {
         node: node.id().clone(),
         token,
@@ -305,8 +536,10 @@ fn local_shim(node: &Node, registry: Arc<Registry>) -> Result<Shim, PlaneError> 
         node.plugins().clone(),
         node.volumes().clone(),
     ));
+    let mut config = ShimConfig::new(credentials, Scope::Cluster);
+    config.connect_timeout = call_timeout.min(Duration::from_secs(10));
     Ok(Shim::new(
-        ShimConfig::new(credentials, Scope::Cluster),
+        config,
         registry,
         backend,
         TokenBook::new(),
@@ -315,7 +548,7 @@ fn local_shim(node: &Node, registry: Arc<Registry>) -> Result<Shim, PlaneError> 
 }
 
 /// `bytes` random bytes from the system, as hex.
-fn random_hex(bytes: usize) -> Result<String, PlaneError> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String, PlaneError> {
     let mut buf = vec![0u8; bytes];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
@@ -355,6 +588,12 @@ pub struct ControlPlane {
     service: Arc<VolumeService>,
     reconciled: watch::Receiver<Option<Arc<NodeReconciled>>>,
     reconcile: JoinHandle<()>,
+    description: String,
+    peers: Arc<NodePeers>,
+    #[cfg(feature = "etcd")]
+    etcd: Option<csi_claims::store::EtcdStore>,
+    #[cfg(feature = "etcd")]
+    joined: Option<cluster::Joined>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -378,6 +617,12 @@ impl ControlPlane {
             driver: DriverConfig::default(),
             observer: None,
             calls: None,
+            store: StoreConfig::Embedded,
+            token: None,
+            customize: None,
+            plugin_observers: Vec::new(),
+            #[cfg(feature = "etcd")]
+            cluster: None,
         }
     }
 
@@ -413,6 +658,34 @@ impl ControlPlane {
         &self.node
     }
 
+    /// Where the catalog and the claims are, for a log line: `embedded <dir>/node/node.redb`
+    /// or `etcd://HOST:PORT,... prefix /...`.
+    pub fn store_description(&self) -> &str {
+        &self.description
+    }
+
+    /// What this node knows of its peers (their plugins, whether they answer), fed to its
+    /// routing; report what peers polled by the embedder say with [`NodePeers::report`]. In
+    /// cluster mode the members' records feed it.
+    pub fn peers(&self) -> &Arc<NodePeers> {
+        &self.peers
+    }
+
+    /// The cluster's membership of a node opened with
+    /// [`cluster`](ControlPlaneBuilder::cluster): the members, the controller duty's holder,
+    /// the nodes reported gone.
+    #[cfg(feature = "etcd")]
+    pub fn membership(&self) -> Option<&Arc<crate::cluster::Membership<crate::peers::NodeAbout>>> {
+        self.joined.as_ref().map(|j| &j.membership)
+    }
+
+    /// The etcd client of a cluster node ([`ControlPlaneBuilder::cluster`]), for keys of the
+    /// embedder's own under the cluster's prefix; `None` with the embedded store.
+    #[cfg(feature = "etcd")]
+    pub fn etcd(&self) -> Option<&csi_claims::store::EtcdStore> {
+        self.etcd.as_ref()
+    }
+
     /// Registers the plugin instance at `endpoint` on this node ([`Node::register_plugin`]); it is
     /// fingerprinted and probed from then on, and registered again at the next open.
     ///
@@ -445,42 +718,64 @@ impl ControlPlane {
     /// (at most the restart wait for each plugin, plus the calls): which publications were
     /// published again, which released, which kept. A node opened on an empty directory
     /// has nothing to confirm and answers at once.
-    pub async fn reconciled(&self) -> Arc<NodeReconciled> {
+    /// The future holds no borrow of the control plane: a task can wait on it.
+    pub fn reconciled(&self) -> impl Future<Output = Arc<NodeReconciled>> + Send + 'static {
         let mut reconciled = self.reconciled.clone();
-        match reconciled.wait_for(Option::is_some).await {
-            Ok(done) => done.clone().unwrap_or_else(unfinished),
-            // The task ended without a report: only when it panicked.
-            Err(_) => unfinished(),
+        async move {
+            match reconciled.wait_for(Option::is_some).await {
+                Ok(done) => done.clone().unwrap_or_else(unfinished),
+                // The task ended without a report: only when it panicked.
+                Err(_) => unfinished(),
+            }
         }
     }
 
     /// Closes the volume service and the node together: stops the confirmation of restored
-    /// records if it still runs, waits for the operations still running (those whose callers
-    /// left run to their end: [`VolumeService::wait_idle`]), then closes the node ([`Node::close`]: the release pipeline
-    /// checkpoints and stops, the plugins' tasks stop, the database closes).
+    /// records if it still runs, waits up to the call timeout for the operations still
+    /// running (those whose callers left run to their end: [`VolumeService::wait_idle`]),
+    /// then closes the node ([`Node::close`]: the release pipeline checkpoints and stops, the
+    /// plugins' tasks stop, the database closes).
     ///
     /// # Errors
     ///
     /// [`PlaneError::ServiceHeld`], at once, when a clone of [`service`](Self::service) is
     /// still held: the release pipeline and the plugins' tasks are stopped then, and the
-    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`].
+    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`]
+    /// (its [`NodeError::Held`] when an operation still runs after the wait: the database
+    /// closes when it ends).
     pub async fn close(self) -> Result<(), PlaneError> {
         let ControlPlane {
             node,
             service,
             reconcile,
+            #[cfg(feature = "etcd")]
+            joined,
             ..
         } = self;
         reconcile.abort();
         let _ = reconcile.await;
-        // An operation whose caller left runs to its end, holding the node's managers.
-        service.wait_idle().await;
+        // An operation whose caller left runs to its end, holding the node's managers (and
+        // calling through the routing): it ends before anything stops, if it does within a
+        // call's time.
+        let _ = tokio::time::timeout(service.call_timeout(), service.wait_idle()).await;
+        // The members' follower holds the routing (and so the node's volume manager): it
+        // stops first; the membership is left once the node's release pipeline stopped.
+        #[cfg(feature = "etcd")]
+        let membership = match joined {
+            Some(joined) => Some(joined.stop().await),
+            None => None,
+        };
         let holders = Arc::strong_count(&service) - 1;
         let me = node.id().clone();
         // The last handle drops the service here; another still holding it keeps the
         // node's volume manager, which the node's close then reports at once.
         drop(service);
-        match node.close().await {
+        let closed = node.close().await;
+        #[cfg(feature = "etcd")]
+        if let Some(membership) = membership {
+            membership.leave().await;
+        }
+        match closed {
             Ok(()) => Ok(()),
             Err(NodeError::Held { .. }) if holders > 0 => {
                 Err(PlaneError::ServiceHeld { node: me, holders })
