@@ -723,14 +723,18 @@ impl ControlPlane {
     }
 
     /// Closes the volume service and the node together: stops the confirmation of restored
-    /// records if it still runs, then closes the node ([`Node::close`]: the release pipeline
-    /// checkpoints and stops, the plugins' tasks stop, the database closes).
+    /// records if it still runs, waits up to the call timeout for the operations still
+    /// running (those whose callers left run to their end: [`VolumeService::wait_idle`]),
+    /// then closes the node ([`Node::close`]: the release pipeline checkpoints and stops, the
+    /// plugins' tasks stop, the database closes).
     ///
     /// # Errors
     ///
     /// [`PlaneError::ServiceHeld`], at once, when a clone of [`service`](Self::service) is
     /// still held: the release pipeline and the plugins' tasks are stopped then, and the
-    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`].
+    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`]
+    /// (its [`NodeError::Held`] when an operation still runs after the wait: the database
+    /// closes when it ends).
     pub async fn close(self) -> Result<(), PlaneError> {
         let ControlPlane {
             node,
@@ -742,6 +746,10 @@ impl ControlPlane {
         } = self;
         reconcile.abort();
         let _ = reconcile.await;
+        // An operation whose caller left runs to its end, holding the node's managers (and
+        // calling through the routing): it ends before anything stops, if it does within a
+        // call's time.
+        let _ = tokio::time::timeout(service.call_timeout(), service.wait_idle()).await;
         // The members' follower holds the routing (and so the node's volume manager): it
         // stops first; the membership is left once the node's release pipeline stopped.
         #[cfg(feature = "etcd")]

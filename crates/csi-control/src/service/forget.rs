@@ -50,6 +50,20 @@ impl VolumeService {
         force: bool,
         confirmed: bool,
     ) -> Result<Deregistered, ServiceError> {
+        self.to_the_end("deregister_volume", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_deregister_volume(&volume, force, confirmed).await }
+        })
+        .await
+    }
+
+    /// [`deregister_volume`](Self::deregister_volume), in its task.
+    async fn run_deregister_volume(
+        &self,
+        volume: &VolumeId,
+        force: bool,
+        confirmed: bool,
+    ) -> Result<Deregistered, ServiceError> {
         let entry = self.any_entry(volume)?;
         let claims = self.claims_of(&entry.id);
         let left = self.leftovers(&entry, &claims);
@@ -60,7 +74,11 @@ impl VolumeService {
                 claims.len()
             )));
         }
-        if force && !claims.is_empty() && self.forgetting.is_none() && !self.peers.shares_claims() {
+        if force
+            && !claims.is_empty()
+            && self.inner.forgetting.is_none()
+            && !self.inner.peers.shares_claims()
+        {
             return Err(ServiceError::Unsupported(format!(
                 "volume {volume}'s {} claim(s) cannot be forgotten: this service has no claim                  store to forget them through; release them (or `volume detach` a gone                  node's) instead",
                 claims.len()
@@ -82,15 +100,15 @@ impl VolumeService {
         }
         if claims.is_empty() {
             // As `delete`: no claim is admitted from here on.
-            if self.catalog.mark_deleting(&entry.id).await?.is_none() {
+            if self.inner.catalog.mark_deleting(&entry.id).await?.is_none() {
                 return Err(no_volume(volume));
             }
-            self.catalog.remove(&entry.id).await?;
+            self.inner.catalog.remove(&entry.id).await?;
         } else {
-            if let Some(store) = &self.forgetting {
+            if let Some(store) = &self.inner.forgetting {
                 store.forget(&entry.id).await?;
             }
-            self.catalog.forget(&entry.id).await?;
+            self.inner.catalog.forget(&entry.id).await?;
             tracing::warn!(volume = %entry.id, claims = claims.len(), "volume deregistered by force: its claims are forgotten, not released");
         }
         tracing::info!(volume = %entry.id, "volume deregistered; the plugin keeps it");
@@ -128,8 +146,8 @@ impl VolumeService {
         let mut attached = BTreeSet::new();
         for c in claims {
             if c.state().node_step().is_none() {
-                let at = (c.node() == &self.me)
-                    .then(|| self.volumes.published(&entry.id, c.workload()))
+                let at = (c.node() == &self.inner.me)
+                    .then(|| self.inner.volumes.published(&entry.id, c.workload()))
                     .flatten()
                     .map(|p| format!(" at {}", p.display()))
                     .unwrap_or_default();
@@ -151,7 +169,13 @@ impl VolumeService {
                 )));
             }
         }
-        if self.volumes.records().iter().any(|r| r.volume == entry.id) {
+        if self
+            .inner
+            .volumes
+            .records()
+            .iter()
+            .any(|r| r.volume == entry.id)
+        {
             out.push(Leftover(
                 "this node's usage record of the volume (in the node's database), kept while \
                  its mounts may exist"
@@ -170,8 +194,18 @@ impl VolumeService {
     /// [`ServiceError::Conflict`] while claims remain, and the call's error (the volume
     /// stays in the catalog, marked deleting, and a delete again finishes it).
     pub async fn delete(&self, volume: &VolumeId) -> Result<CatalogEntry, ServiceError> {
+        self.to_the_end("delete", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_delete(&volume).await }
+        })
+        .await
+    }
+
+    /// [`delete`](Self::delete), in its task.
+    async fn run_delete(&self, volume: &VolumeId) -> Result<CatalogEntry, ServiceError> {
         let entry = self.entry(volume)?;
         let claims = self
+            .inner
             .claims
             .stored_record(&entry.id)
             .map_or(0, |r| r.claims().len());
@@ -180,11 +214,12 @@ impl VolumeService {
                 "volume {volume} still has {claims} claim(s); release them first"
             )));
         }
-        let Some(entry) = self.catalog.mark_deleting(&entry.id).await? else {
+        let Some(entry) = self.inner.catalog.mark_deleting(&entry.id).await? else {
             return Err(no_volume(volume));
         };
         if entry.created {
-            self.shim
+            self.inner
+                .shim
                 .delete_volume(
                     DeleteVolume {
                         query: ControllerQuery::new(entry.plugin.clone()),
@@ -192,12 +227,12 @@ impl VolumeService {
                         external_volume: entry.external_id.clone(),
                         secrets: entry.secrets.for_use(SecretsUse::Delete),
                     },
-                    self.call_timeout,
+                    self.inner.call_timeout,
                 )
                 .await
                 .map_err(|e| ServiceError::shim("DeleteVolume", &e))?;
         }
-        self.catalog.remove(&entry.id).await?;
+        self.inner.catalog.remove(&entry.id).await?;
         tracing::info!(volume = %entry.id, "volume deleted");
         self.emit(ServiceEvent::VolumeDeleted {
             volume: entry.id.clone(),

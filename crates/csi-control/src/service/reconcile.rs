@@ -41,18 +41,18 @@ impl VolumeService {
     /// catalog's capability, context and secrets (read-only as the claim says); every other
     /// one (its claim releasing, or unknown) is kept for its release.
     pub async fn reconcile_node(&self, wait: Duration) -> NodeReconciled {
-        let records = self.volumes.records();
+        let records = self.inner.volumes.records();
         let plugins: BTreeSet<PluginId> = records.iter().map(|r| r.plugin.clone()).collect();
         let deadline = tokio::time::Instant::now() + wait;
         let mut plugins_not_ready = Vec::new();
         for id in plugins {
-            if let Err(e) = self.plugins.wait_for(&id, deadline).await {
+            if let Err(e) = self.inner.plugins.wait_for(&id, deadline).await {
                 tracing::warn!(plugin = %id, error = %e, "plugin of restored usage records not ready; their records are kept");
                 plugins_not_ready.push(id);
             }
         }
         let lookup = |p: &Restored| self.restore(p);
-        let report = self.volumes.reconcile(&lookup).await;
+        let report = self.inner.volumes.reconcile(&lookup).await;
         let count = |action: ReconcileAction| {
             report
                 .records
@@ -82,14 +82,19 @@ impl VolumeService {
     /// What a restored publication needs to be published again: its claim taken on this
     /// node and the volume in the catalog; otherwise it is kept for its release.
     fn restore(&self, p: &Restored) -> Restore {
-        let Some(entry) = self.catalog.get(&p.volume).filter(|e| e.plugin == p.plugin) else {
+        let Some(entry) = self
+            .inner
+            .catalog
+            .get(&p.volume)
+            .filter(|e| e.plugin == p.plugin)
+        else {
             return Restore::Keep;
         };
-        let Some(record) = self.claims.record(&p.volume) else {
+        let Some(record) = self.inner.claims.record(&p.volume) else {
             return Restore::Keep;
         };
         let Some(claim) = record.claims().iter().find(|c| {
-            c.workload() == &p.workload && c.node() == &self.me && !c.state().is_releasing()
+            c.workload() == &p.workload && c.node() == &self.inner.me && !c.state().is_releasing()
         }) else {
             return Restore::Keep;
         };

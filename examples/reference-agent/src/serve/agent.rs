@@ -56,6 +56,7 @@ pub fn parts(e: &AgentError) -> (u16, &'static str, Option<ErrorClass>) {
         AgentError::Conflict(_) => (409, "conflict", None),
         AgentError::Unsupported(_) => (409, "unsupported", None),
         AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
+        AgentError::Stopped { .. } => (503, "stopping", class),
         AgentError::Claims(e) if e.is_store_failure() => (503, "store", class),
         AgentError::Denied(_) | AgentError::Claims(_) => (409, "claim", None),
         AgentError::Call { failure, .. } => (502, call_kind(*failure), class),

@@ -359,10 +359,15 @@ pub async fn serve_until(
     let stopped = stop.await;
     tracing::info!("stop signal received; finishing requests, checkpointing and stopping");
     let _ = stop_tx.send(true);
-    // Control requests in flight (a claim being published, say) finish first, with the
-    // release driver still running so their claims and releases become durable.
+    // Control requests in flight (a claim being published, say) finish first, and so do the
+    // operations whose callers hung up (they run to their end), with the release driver
+    // still running so their claims and releases become durable.
     let grace = config.call_timeout.saturating_add(Duration::from_secs(5));
-    if tokio::time::timeout(grace, http_task).await.is_err() {
+    let requests = async {
+        let _ = http_task.await;
+        agent.service.wait_idle().await;
+    };
+    if tokio::time::timeout(grace, requests).await.is_err() {
         tracing::warn!(
             ?grace,
             "control requests still running after the grace period; stopping anyway"
