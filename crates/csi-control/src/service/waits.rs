@@ -68,16 +68,16 @@ impl VolumeService {
     /// [`BlockedOn`]), by volume and workload; what [`ReleaseWaits`] follows over time.
     pub fn blocked_releases(&self) -> Vec<(VolumeId, WorkloadId, BlockedOn)> {
         let mut out = Vec::new();
-        for entry in self.catalog.list() {
-            let Some(record) = self.claims.stored_record(&entry.id) else {
+        for entry in self.inner.catalog.list() {
+            let Some(record) = self.inner.claims.stored_record(&entry.id) else {
                 continue;
             };
             for claim in record.claims() {
                 let node = claim.node();
                 let node_step_pending = matches!(claim.state(), ClaimState::Releasing);
                 if node_step_pending
-                    && node != &self.me
-                    && self.peers.reachable(node) == Some(false)
+                    && node != &self.inner.me
+                    && self.inner.peers.reachable(node) == Some(false)
                 {
                     out.push((
                         entry.id.clone(),
