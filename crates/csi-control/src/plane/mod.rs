@@ -337,10 +337,10 @@ impl ControlPlaneBuilder {
         self
     }
 
-    /// Opens the control plane: the catalog (`volumes.json`), the node (`node/`, created
-    /// owner-only when missing) with its plugins restored and its release pipeline resumed,
-    /// and the volume service; then starts confirming the restored usage records
-    /// ([`ControlPlane::reconciled`]).
+    /// Opens the control plane: the catalog (`volumes.json`, or etcd for a cluster node), the
+    /// node (`node/`, created owner-only when missing) with its plugins restored and its
+    /// release pipeline resumed, the volume service, and for a cluster node its membership;
+    /// then starts confirming the restored usage records ([`ControlPlane::reconciled`]).
     ///
     /// # Errors
     ///
