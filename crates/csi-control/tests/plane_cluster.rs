@@ -9,6 +9,7 @@
 #![cfg(feature = "etcd")]
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::ClaimMode;
@@ -16,9 +17,9 @@ use csi_claims::DenyReason;
 use csi_claims::duty::DutyTiming;
 use csi_client::{Endpoint, Rpc};
 use csi_control::cluster::{MemberRecord, Membership};
-use csi_control::service::{ClaimVolume, NewVolume};
+use csi_control::service::{ClaimVolume, DetachVolume, NewVolume, PeerPlugin, WhileGone};
 use csi_control::stores::{EtcdConfig, StoreConfig};
-use csi_control::{ControlPlane, ServiceError};
+use csi_control::{ControlPlane, Peers, ServiceError};
 use csi_structs::{AccessMode, NodeId, PluginId, VolumeId, WorkloadId};
 use csi_testkit::etcd::LocalEtcd;
 use csi_testkit::{MockPlugin, MockServer};
@@ -51,41 +52,23 @@ impl Member {
     /// Opens node `me` in `<root>/<me>` on the cluster's etcd, serves `mock` beside it,
     /// registers it and joins the membership.
     async fn open(root: &Path, me: &str, etcd: &LocalEtcd, mock: MockPlugin) -> Member {
-        let store = StoreConfig::Etcd(Box::new(EtcdConfig {
-            endpoints: etcd.endpoints(),
-            prefix: "/plane-test".into(),
-            ca_file: None,
-            identity: None,
-            user: None,
-        }));
-        let plane = ControlPlane::builder(root.join(me), NodeId::new(me).expect("node id"))
-            .store(store)
-            .open()
-            .await
-            .expect("the control plane opens on etcd");
-        assert!(
-            plane.store_description().starts_with("etcd://"),
-            "{}",
-            plane.store_description()
-        );
-        let socket = root.join(format!("{me}.sock"));
-        let server = mock.serve_unix(&socket).await.expect("the mock serves");
-        plane
-            .register_plugin(plugin(), Endpoint::unix(&socket).expect("endpoint"))
-            .await
-            .expect("registered");
-        plane
-            .wait_for_plugin(&plugin(), GUARD)
-            .await
-            .expect("fingerprinted and healthy (hang guard)");
-        let etcd = plane
-            .etcd()
-            .expect("an etcd client on a plane opened on etcd");
-        let record = MemberRecord::new(me, format!("instance-{me}"), About { role: me.into() });
-        let duty = DutyTiming::new(TTL).expect("duty timing");
-        let membership = Membership::join(etcd, TTL, duty, &record, plane.node().claims().clone())
-            .await
-            .expect("joins");
+        let plane = open_plane(root, me, etcd).await;
+        let server = serve_plugin(&plane, root, me, &mock).await;
+        let membership = join(&plane, me).await;
+        Member {
+            plane,
+            membership,
+            mock,
+            _server: server,
+        }
+    }
+
+    /// As [`open`](Self::open), in the order an agent restarts: it joins the membership
+    /// (which clears its gone mark) before it finds its plugin again.
+    async fn restart(root: &Path, me: &str, etcd: &LocalEtcd, mock: MockPlugin) -> Member {
+        let plane = open_plane(root, me, etcd).await;
+        let membership = join(&plane, me).await;
+        let server = serve_plugin(&plane, root, me, &mock).await;
         Member {
             plane,
             membership,
@@ -98,6 +81,87 @@ impl Member {
         self.membership.leave().await;
         self.plane.close().await.expect("closes");
     }
+}
+
+/// What each member's service learns of the others: only that the claims are shared (one
+/// etcd), so a node's claims can be released, or forgotten, from any other. A test reports a
+/// node gone through its membership, as an orchestrator's peers would.
+#[derive(Debug)]
+struct SharedClaims;
+
+#[async_trait::async_trait]
+impl Peers for SharedClaims {
+    fn plugins(&self) -> Vec<PeerPlugin> {
+        Vec::new()
+    }
+
+    fn reachable(&self, _: &NodeId) -> Option<bool> {
+        None
+    }
+
+    fn shares_claims(&self) -> bool {
+        true
+    }
+
+    async fn report_node_gone(&self, _: &NodeId) -> Result<bool, csi_claims::StoreError> {
+        Ok(false)
+    }
+}
+
+/// Node `me`'s control plane in `<root>/<me>` on the cluster's etcd.
+async fn open_plane(root: &Path, me: &str, etcd: &LocalEtcd) -> ControlPlane {
+    let store = StoreConfig::Etcd(Box::new(EtcdConfig {
+        endpoints: etcd.endpoints(),
+        prefix: "/plane-test".into(),
+        ca_file: None,
+        identity: None,
+        user: None,
+    }));
+    let plane = ControlPlane::builder(root.join(me), NodeId::new(me).expect("node id"))
+        .store(store)
+        .peers(Arc::new(SharedClaims))
+        .open()
+        .await
+        .expect("the control plane opens on etcd");
+    assert!(
+        plane.store_description().starts_with("etcd://"),
+        "{}",
+        plane.store_description()
+    );
+    plane
+}
+
+/// Serves `mock` on `<root>/<me>.sock` and registers it with `plane`, fingerprinted and
+/// healthy.
+async fn serve_plugin(
+    plane: &ControlPlane,
+    root: &Path,
+    me: &str,
+    mock: &MockPlugin,
+) -> MockServer {
+    let socket = root.join(format!("{me}.sock"));
+    let server = mock.serve_unix(&socket).await.expect("the mock serves");
+    plane
+        .register_plugin(plugin(), Endpoint::unix(&socket).expect("endpoint"))
+        .await
+        .expect("registered");
+    plane
+        .wait_for_plugin(&plugin(), GUARD)
+        .await
+        .expect("fingerprinted and healthy (hang guard)");
+    server
+}
+
+/// `plane`'s node joins the cluster's membership.
+async fn join(plane: &ControlPlane, me: &str) -> Membership<About> {
+    let etcd = plane
+        .etcd()
+        .expect("an etcd client on a plane opened on etcd");
+    let record = MemberRecord::new(me, format!("instance-{me}"), About { role: me.into() });
+    let duty = DutyTiming::new(TTL).expect("duty timing");
+    Membership::join(etcd, TTL, duty, &record, plane.node().claims().clone())
+        .await
+        .expect("joins")
 }
 
 fn volume() -> VolumeId {
@@ -223,4 +287,145 @@ async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
 
     b.close().await;
     a.close().await;
+}
+
+/// Node a is killed holding a claim (staged and published by its plugin), an operator reports
+/// it gone for good and detaches its claims from b, and the controller step is refused: the
+/// plugin still has the volume staged and published on a's node. Then a comes back on the
+/// same directory: the usage record of the claim released while it was gone is unpublished and
+/// unstaged at its plugin and removed, the release completes (the controller step retried
+/// by b, which holds the duty, without waiting out its backoff: a minute at the cap, longer
+/// than the hang guard), and a's report says what it released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_release_completes() {
+    let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
+    etcd.wait_healthy(GUARD).expect("etcd healthy (hang guard)");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let first = MockPlugin::builder()
+        .node_id("node-1")
+        .build()
+        .expect("mock");
+    let second = first.as_node("node-2").expect("the mock as node-2");
+    let a = Member::open(dir.path(), "a", &etcd, first.clone()).await;
+    let b = Member::open(dir.path(), "b", &etcd, second).await;
+    let a_id = NodeId::new("a").expect("node id");
+
+    let mut new = NewVolume::new(volume(), plugin(), AccessMode::SingleNodeWriter);
+    new.capacity_bytes = 1 << 20;
+    let entry = b.plane.service().create(new).await.expect("created on b");
+    let external = entry.external_id.as_str().to_owned();
+    eventually("a's catalog shows the volume created on b", || {
+        a.plane.service().catalog().get(&volume()).is_some()
+    })
+    .await;
+    a.plane
+        .service()
+        .claim(ClaimVolume::new(
+            volume(),
+            workload("w-a"),
+            ClaimMode::Write,
+        ))
+        .await
+        .expect("a claims");
+    assert_eq!(first.staged().len(), 1, "staged on node-1");
+    assert_eq!(first.published().len(), 1, "published on node-1");
+
+    // a is killed (closed without releasing anything: its usage record stays).
+    a.close().await;
+    b.membership
+        .report_node_gone(&a_id)
+        .await
+        .expect("a reported gone");
+    let detached = b
+        .plane
+        .service()
+        .detach(DetachVolume {
+            node_gone: true,
+            ..DetachVolume::new(volume(), a_id.clone())
+        })
+        .await
+        .expect("a's claims detached");
+    assert_eq!(detached.releasing, [workload("w-a")]);
+    first
+        .calls()
+        .wait_for(GUARD, |c| c.count(Rpc::ControllerUnpublishVolume) >= 1)
+        .await
+        .expect("the duty holder tries the controller step (hang guard)");
+    assert_eq!(
+        ok_count(&first, Rpc::ControllerUnpublishVolume),
+        0,
+        "refused while node-1 has the volume staged and published"
+    );
+
+    // A forced deregistration from b would leave a's mounts on a: its answer says so (asked
+    // without confirming it, it changes nothing).
+    match b
+        .plane
+        .service()
+        .deregister_volume(&volume(), true, false)
+        .await
+    {
+        Err(ServiceError::Invalid { field, reason }) => {
+            assert_eq!(field, "confirmed");
+            assert!(
+                reason.contains("publication for workload w-a on node a, reported gone for good"),
+                "{reason}"
+            );
+        }
+        other => panic!("a forced deregistration must be confirmed: {other:?}"),
+    }
+
+    // a comes back on its directory, and joins before it finds its plugin again.
+    let a = Member::restart(dir.path(), "a", &etcd, first.clone()).await;
+    let reconciled = tokio::time::timeout(GUARD, a.plane.reconciled())
+        .await
+        .expect("the confirmation ends (hang guard)");
+    let released: Vec<(String, WhileGone)> = reconciled
+        .released_while_gone
+        .iter()
+        .map(|r| (r.workload.to_string(), r.claim))
+        .collect();
+    assert_eq!(
+        released,
+        [("w-a".to_owned(), WhileGone::ControllerStepResumed)],
+        "{reconciled}"
+    );
+    assert!(
+        reconciled
+            .to_string()
+            .contains("released while this node was reported gone"),
+        "{reconciled}"
+    );
+    let actions: Vec<&str> = reconciled
+        .report
+        .records
+        .iter()
+        .map(|r| r.action().as_str())
+        .collect();
+    assert_eq!(actions, ["released"], "{reconciled}");
+    assert!(first.staged().is_empty() && first.published().is_empty());
+    assert!(a.plane.service().volumes().records().is_empty());
+
+    eventually("the release completes: the claim freed", || {
+        b.plane
+            .service()
+            .volume(&volume())
+            .is_ok_and(|v| v.claims.is_empty())
+    })
+    .await;
+    assert_eq!(ok_count(&first, Rpc::ControllerUnpublishVolume), 1);
+    assert!(first.published_nodes(&external).is_empty());
+
+    b.close().await;
+    a.close().await;
+}
+
+/// How many calls of `rpc` the mock answered OK.
+fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
+    mock.calls()
+        .of(rpc)
+        .records()
+        .iter()
+        .filter(|r| r.outcome == csi_testkit::RecordedOutcome::Ok)
+        .count()
 }
