@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use csi_proto::Rpc;
 use csi_structs::untrusted::escaped;
@@ -142,8 +144,9 @@ impl fmt::Display for CallInFlight {
 /// (a status line, say) asks [`due`](Self::due) itself.
 ///
 /// ```
-/// use std::time::{Duration, Instant};
+/// use std::time::Duration;
 /// use csi_client::{CallsInFlight, LongCalls};
+/// use tokio::time::Instant;
 ///
 /// let calls = CallsInFlight::new();
 /// let mut long = LongCalls::new(Duration::from_secs(5), Duration::from_secs(30));

@@ -412,6 +412,20 @@ fn encode<T: Serialize>(
     Ok(value)
 }
 
+#[async_trait::async_trait]
+impl<T> crate::peers::ClusterMembers for Membership<T>
+where
+    T: Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    fn is_member(&self, node: &NodeId) -> bool {
+        self.members().iter().any(|m| m.node == node.as_str())
+    }
+
+    async fn report_node_gone(&self, node: &NodeId) -> Result<(), StoreError> {
+        Membership::<T>::report_node_gone(self, node).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,7 @@ struct ReadmeDoctests;
 pub mod catalog;
 #[cfg(feature = "etcd")]
 pub mod cluster;
+pub mod peers;
 pub mod plane;
 pub mod service;
 pub mod stores;
@@ -97,6 +98,8 @@ pub use catalog::{
 };
 #[cfg(feature = "etcd")]
 pub use cluster::{JoinError, MemberRecord, Membership};
+#[cfg(feature = "etcd")]
+pub use plane::cluster::ClusterSettings;
 pub use plane::{ControlPlane, ControlPlaneBuilder, PlaneError};
 pub use service::{NoPeers, Peers, ServiceError, ServiceEvent, VolumeService};
 pub use stores::{StoreConfig, Stores, StoresError};

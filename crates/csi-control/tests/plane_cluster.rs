@@ -1,167 +1,104 @@
-//! The front door in cluster mode: two `ControlPlane`s opened with `StoreConfig::Etcd` on one
-//! real etcd (Debian's `etcd-server`, started by csi-testkit's `LocalEtcd` on loopback), each
-//! node with its own directory and its own view of one storage model (csi-testkit's mock,
-//! served as plugin node `node-1` to `a` and, through `MockPlugin::as_node`, as `node-2` to
-//! `b`). Each joins the cluster's membership with its plane's etcd client and its claims, as an
-//! orchestrator does; the controller duty goes to one of them. Run with
-//! `cargo test -p csi-control --features etcd`. Waits are bounded hang guards, never timing
-//! assertions.
+//! The front door in cluster mode: two `ControlPlane`s opened with
+//! `ControlPlaneBuilder::cluster` on one real etcd (Debian's `etcd-server`, started by
+//! csi-testkit's `LocalEtcd` on loopback), each node with its own directory, its routing served
+//! on loopback, and its own view of one storage model (csi-testkit's mock, served as plugin node
+//! `node-1` to `a` and, through `MockPlugin::as_node`, as `node-2` to `b`). The embedder's code
+//! is the open call and serving the routing; the membership, the controller duty and the other
+//! members' routes come with the front door. Run with `cargo test -p csi-control --features
+//! etcd`. Waits are bounded hang guards, never timing assertions.
 #![cfg(feature = "etcd")]
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::ClaimMode;
 use csi_claims::DenyReason;
-use csi_claims::duty::DutyTiming;
 use csi_client::{Endpoint, Rpc};
-use csi_control::cluster::{MemberRecord, Membership};
-use csi_control::service::{ClaimVolume, DetachVolume, NewVolume, PeerPlugin, WhileGone};
-use csi_control::stores::{EtcdConfig, StoreConfig};
-use csi_control::{ControlPlane, Peers, ServiceError};
+use csi_control::service::{ClaimVolume, DetachVolume, NewVolume, WhileGone};
+use csi_control::stores::EtcdConfig;
+use csi_control::{ClusterSettings, ControlPlane, Peers, ServiceError};
+use csi_rpc_shim::Token;
 use csi_structs::{AccessMode, NodeId, PluginId, VolumeId, WorkloadId};
 use csi_testkit::etcd::LocalEtcd;
 use csi_testkit::{MockPlugin, MockServer};
-use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 /// The hang guard of every wait.
 const GUARD: Duration = Duration::from_secs(30);
-/// The membership's lease: long enough that no lease runs out during a test.
-const TTL: Duration = Duration::from_secs(10);
-
-/// What each member says of itself (nothing the test reads).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct About {
-    role: String,
-}
 
 fn plugin() -> PluginId {
     PluginId::new("mock").expect("plugin id")
 }
 
-/// One node: its control plane, its membership and its view of the storage.
+/// One node: its control plane, its served routing and its view of the storage.
 struct Member {
     plane: ControlPlane,
-    membership: Membership<About>,
+    stop_routing: oneshot::Sender<()>,
+    routing: tokio::task::JoinHandle<()>,
     mock: MockPlugin,
     _server: MockServer,
 }
 
 impl Member {
-    /// Opens node `me` in `<root>/<me>` on the cluster's etcd, serves `mock` beside it,
-    /// registers it and joins the membership.
+    /// Opens node `me` in `<root>/<me>` as a member of the cluster on `etcd`, serves its
+    /// routing on loopback, serves `mock` beside it and registers it.
     async fn open(root: &Path, me: &str, etcd: &LocalEtcd, mock: MockPlugin) -> Member {
-        let plane = open_plane(root, me, etcd).await;
-        let server = serve_plugin(&plane, root, me, &mock).await;
-        let membership = join(&plane, me).await;
+        let store = EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: "/plane-test".into(),
+            ca_file: None,
+            identity: None,
+            user: None,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let advertise = listener.local_addr().expect("address").to_string();
+        let token = Token::new("a-cluster-token-of-the-test-0123").expect("token");
+        let mut settings = ClusterSettings::new(store, token, advertise);
+        settings.follow_interval = Duration::from_millis(100);
+        let plane = ControlPlane::builder(root.join(me), NodeId::new(me).expect("node id"))
+            .cluster(settings)
+            .open()
+            .await
+            .expect("the control plane opens as a cluster member");
+        assert!(
+            plane.store_description().starts_with("etcd://"),
+            "{}",
+            plane.store_description()
+        );
+        let shim = plane.service().shim().clone();
+        let (stop_routing, stopped) = oneshot::channel::<()>();
+        let routing = tokio::spawn(async move {
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            shim.serve(listener, stopped).await.expect("routing served");
+        });
+        let socket = root.join(format!("{me}.sock"));
+        let server = mock.serve_unix(&socket).await.expect("the mock serves");
+        plane
+            .register_plugin(plugin(), Endpoint::unix(&socket).expect("endpoint"))
+            .await
+            .expect("registered");
+        plane
+            .wait_for_plugin(&plugin(), GUARD)
+            .await
+            .expect("fingerprinted and healthy (hang guard)");
         Member {
             plane,
-            membership,
-            mock,
-            _server: server,
-        }
-    }
-
-    /// As [`open`](Self::open), in the order an agent restarts: it joins the membership
-    /// (which clears its gone mark) before it finds its plugin again.
-    async fn restart(root: &Path, me: &str, etcd: &LocalEtcd, mock: MockPlugin) -> Member {
-        let plane = open_plane(root, me, etcd).await;
-        let membership = join(&plane, me).await;
-        let server = serve_plugin(&plane, root, me, &mock).await;
-        Member {
-            plane,
-            membership,
+            stop_routing,
+            routing,
             mock,
             _server: server,
         }
     }
 
     async fn close(self) {
-        self.membership.leave().await;
+        let _ = self.stop_routing.send(());
+        self.routing.await.expect("routing stopped");
         self.plane.close().await.expect("closes");
     }
-}
-
-/// What each member's service learns of the others: only that the claims are shared (one
-/// etcd), so a node's claims can be released, or forgotten, from any other. A test reports a
-/// node gone through its membership, as an orchestrator's peers would.
-#[derive(Debug)]
-struct SharedClaims;
-
-#[async_trait::async_trait]
-impl Peers for SharedClaims {
-    fn plugins(&self) -> Vec<PeerPlugin> {
-        Vec::new()
-    }
-
-    fn reachable(&self, _: &NodeId) -> Option<bool> {
-        None
-    }
-
-    fn shares_claims(&self) -> bool {
-        true
-    }
-
-    async fn report_node_gone(&self, _: &NodeId) -> Result<bool, csi_claims::StoreError> {
-        Ok(false)
-    }
-}
-
-/// Node `me`'s control plane in `<root>/<me>` on the cluster's etcd.
-async fn open_plane(root: &Path, me: &str, etcd: &LocalEtcd) -> ControlPlane {
-    let store = StoreConfig::Etcd(Box::new(EtcdConfig {
-        endpoints: etcd.endpoints(),
-        prefix: "/plane-test".into(),
-        ca_file: None,
-        identity: None,
-        user: None,
-    }));
-    let plane = ControlPlane::builder(root.join(me), NodeId::new(me).expect("node id"))
-        .store(store)
-        .peers(Arc::new(SharedClaims))
-        .open()
-        .await
-        .expect("the control plane opens on etcd");
-    assert!(
-        plane.store_description().starts_with("etcd://"),
-        "{}",
-        plane.store_description()
-    );
-    plane
-}
-
-/// Serves `mock` on `<root>/<me>.sock` and registers it with `plane`, fingerprinted and
-/// healthy.
-async fn serve_plugin(
-    plane: &ControlPlane,
-    root: &Path,
-    me: &str,
-    mock: &MockPlugin,
-) -> MockServer {
-    let socket = root.join(format!("{me}.sock"));
-    let server = mock.serve_unix(&socket).await.expect("the mock serves");
-    plane
-        .register_plugin(plugin(), Endpoint::unix(&socket).expect("endpoint"))
-        .await
-        .expect("registered");
-    plane
-        .wait_for_plugin(&plugin(), GUARD)
-        .await
-        .expect("fingerprinted and healthy (hang guard)");
-    server
-}
-
-/// `plane`'s node joins the cluster's membership.
-async fn join(plane: &ControlPlane, me: &str) -> Membership<About> {
-    let etcd = plane
-        .etcd()
-        .expect("an etcd client on a plane opened on etcd");
-    let record = MemberRecord::new(me, format!("instance-{me}"), About { role: me.into() });
-    let duty = DutyTiming::new(TTL).expect("duty timing");
-    Membership::join(etcd, TTL, duty, &record, plane.node().claims().clone())
-        .await
-        .expect("joins")
 }
 
 fn volume() -> VolumeId {
@@ -194,12 +131,13 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// A volume created through one node's front door is in the other's catalog; its claims are
-/// shared, so the other node's claim is refused before any plugin call while the first holds
-/// it, and admitted once the first released it, the controller step done by whichever holds
-/// the duty.
+/// Two nodes opened as cluster members know each other (members, plugins, routes); a volume
+/// created through one node's front door is in the other's catalog; its claims are shared, so
+/// the other node's claim is refused before any plugin call while the first holds it, and
+/// admitted once the first released it, the controller step done by whichever holds the duty
+/// through its routing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
+async fn two_cluster_members_know_each_other_and_share_the_catalog_and_the_claims() {
     let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
     etcd.wait_healthy(GUARD).expect("etcd healthy (hang guard)");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -210,6 +148,23 @@ async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
     let second = first.as_node("node-2").expect("the mock as node-2");
     let a = Member::open(dir.path(), "a", &etcd, first).await;
     let b = Member::open(dir.path(), "b", &etcd, second).await;
+    // Each knows the other from the member records: a live member with its plugin.
+    for (member, other) in [(&a, "b"), (&b, "a")] {
+        let other = NodeId::new(other).expect("node id");
+        eventually("each member reports the other's plugin", || {
+            member
+                .plane
+                .peers()
+                .reports()
+                .get(&other)
+                .is_some_and(|r| r.reachable && r.plugins.iter().any(|p| p.id == "mock"))
+        })
+        .await;
+        assert_eq!(member.plane.peers().reachable(&other), Some(true));
+        assert!(member.plane.peers().shares_claims());
+    }
+    let members = a.plane.membership().expect("a member").members();
+    assert_eq!(members.len(), 2, "{members:?}");
 
     let mut new = NewVolume::new(volume(), plugin(), AccessMode::SingleNodeWriter);
     new.capacity_bytes = 1 << 20;
@@ -292,10 +247,12 @@ async fn two_nodes_opened_on_etcd_share_the_catalog_and_the_claims() {
 /// Node a is killed holding a claim (staged and published by its plugin), an operator reports
 /// it gone for good and detaches its claims from b, and the controller step is refused: the
 /// plugin still has the volume staged and published on a's node. Then a comes back on the
-/// same directory: the usage record of the claim released while it was gone is unpublished and
-/// unstaged at its plugin and removed, the release completes (the controller step retried
-/// by b, which holds the duty, without waiting out its backoff: a minute at the cap, longer
-/// than the hang guard), and a's report says what it released.
+/// same directory (it joins the cluster as it opens, before it finds its plugin again, which
+/// clears its gone mark and wakes b's step too early): the usage record of the claim released
+/// while it was gone is unpublished and unstaged at its plugin and removed, the release
+/// completes (the controller step retried by b, which holds the duty, without waiting out its
+/// backoff: a minute at the cap, longer than the hang guard), and a's report says what it
+/// released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_release_completes() {
     let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
@@ -332,10 +289,6 @@ async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_rele
 
     // a is killed (closed without releasing anything: its usage record stays).
     a.close().await;
-    b.membership
-        .report_node_gone(&a_id)
-        .await
-        .expect("a reported gone");
     let detached = b
         .plane
         .service()
@@ -344,7 +297,7 @@ async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_rele
             ..DetachVolume::new(volume(), a_id.clone())
         })
         .await
-        .expect("a's claims detached");
+        .expect("a reported gone and its claims detached");
     assert_eq!(detached.releasing, [workload("w-a")]);
     first
         .calls()
@@ -356,7 +309,6 @@ async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_rele
         0,
         "refused while node-1 has the volume staged and published"
     );
-
     // A forced deregistration from b would leave a's mounts on a: its answer says so (asked
     // without confirming it, it changes nothing).
     match b
@@ -375,8 +327,8 @@ async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_rele
         other => panic!("a forced deregistration must be confirmed: {other:?}"),
     }
 
-    // a comes back on its directory, and joins before it finds its plugin again.
-    let a = Member::restart(dir.path(), "a", &etcd, first.clone()).await;
+    // a comes back on its directory.
+    let a = Member::open(dir.path(), "a", &etcd, first.clone()).await;
     let reconciled = tokio::time::timeout(GUARD, a.plane.reconciled())
         .await
         .expect("the confirmation ends (hang guard)");

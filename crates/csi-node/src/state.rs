@@ -378,6 +378,45 @@ fn write_bytes(path: &Path, bytes: &[u8], mode: Option<u32>) -> Result<(), State
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// `bytes` random bytes from the system's generator (`/dev/urandom`), as lowercase hex: for
+/// tokens and identities.
+///
+/// # Errors
+///
+/// When `/dev/urandom` cannot be read.
+pub fn random_hex(bytes: usize) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A random value kept in the file `path` (owner-only, mode 0600): the value read when the
+/// file holds at least 16 characters, otherwise 32 random bytes as hex, written first. For an
+/// operator token or a state directory's identity.
+///
+/// # Errors
+///
+/// When the file cannot be read or written, or `/dev/urandom` cannot be read.
+pub fn random_value_file(path: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(path) {
+        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let value = random_hex(32)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(value.as_bytes())?;
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,5 +579,23 @@ mod tests {
 
         // Let the stuck write end, so no thread outlives the test's files.
         unstall(stalled, &p);
+    }
+
+    #[test]
+    fn a_random_value_file_is_made_once_owner_only_and_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("control.token");
+        let first = random_value_file(&path).expect("made");
+        assert_eq!(first.len(), 64);
+        assert!(first.chars().all(|c| c.is_ascii_hexdigit()));
+        let mode = std::fs::metadata(&path).expect("file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(random_value_file(&path).expect("read"), first);
+        // Too short to be a value of ours: replaced.
+        std::fs::write(&path, "short").expect("write");
+        let second = random_value_file(&path).expect("made again");
+        assert_ne!(second, first);
+        assert_eq!(second.len(), 64);
     }
 }

@@ -228,7 +228,9 @@ pub enum LocalStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShimContext {
     /// The latest moment the answer is still useful: the original caller's deadline, carried
-    /// across every hop. Set the plugin call's own timeout from it.
+    /// across every hop (for a call from another agent, the sooner of its `grpc-timeout` and
+    /// its stamped wall-clock deadline less the clock-skew margin; see
+    /// [`deadline`](crate::deadline)). Set the plugin call's own timeout from it.
     pub deadline: Instant,
     /// The node on whose behalf the call is made (authenticated).
     pub origin: NodeId,

@@ -1,5 +1,7 @@
 //! Sending one call to another agent, and reading what came back.
 
+use std::time::SystemTime;
+
 use csi_structs::{NodeId, PluginId};
 use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue};
@@ -7,6 +9,7 @@ use tonic::transport::Channel;
 
 use crate::auth::{HOPS_HEADER, NODE_HEADER, TOKEN_HEADER};
 use crate::backend::GrpcCode;
+use crate::deadline::{self, DEADLINE_HEADER};
 use crate::details::Checked;
 use crate::error::{ProtocolProblem, ShimError};
 use crate::ops::Op;
@@ -39,14 +42,16 @@ impl Presented {
     }
 }
 
-/// Sends one unary call of `O` on `channel`, with the credentials, the hop count and the time
-/// left until `deadline` as `grpc-timeout` (the channel also enforces it).
+/// Sends one unary call of `O` on `channel`, with the credentials, the hop count, the time
+/// left until `deadline` as `grpc-timeout` (the channel also enforces it) and `stamp`, the
+/// same deadline in wall-clock time, as [`DEADLINE_HEADER`].
 pub(crate) async fn unary<O: Op>(
     channel: Channel,
     wire: O::Wire,
     creds: &Presented,
     hops: u8,
     deadline: Instant,
+    stamp: Option<SystemTime>,
 ) -> Result<O::WireOut, tonic::Status> {
     let mut request = tonic::Request::new(wire);
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -67,6 +72,9 @@ pub(crate) async fn unary<O: Op>(
         md.insert(TOKEN_HEADER, token);
     }
     md.insert(HOPS_HEADER, AsciiMetadataValue::from(u32::from(hops)));
+    if let Some(value) = stamp.and_then(deadline::to_header) {
+        md.insert(DEADLINE_HEADER, value);
+    }
 
     // An answer is capped like a request: another agent cannot make this one buffer more.
     let mut grpc = tonic::client::Grpc::new(Checked(channel))

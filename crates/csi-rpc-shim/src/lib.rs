@@ -17,7 +17,10 @@
 //!   healthy ones), while every other call is refused there;
 //! - sends the call to the target agent directly, or through one relay when it has no direct
 //!   link ([`Routes`]); a relay never relays again (hop count in metadata);
-//! - carries the caller's deadline on every hop (`grpc-timeout`, and each agent enforces it).
+//! - carries the caller's deadline on every hop, relative (`grpc-timeout`, and each agent
+//!   enforces it) and absolute (wall-clock time, [`deadline::DEADLINE_HEADER`]): the agent
+//!   that serves a call refuses it, before any plugin call, once the sender's deadline has
+//!   passed, however long the request waited in its socket ([`deadline`]).
 //!
 //! Calls are authenticated with per-node [`Token`]s compared in constant time; a node-scoped
 //! caller may act only for its own node ([`auth`]). Errors cross the wire as a structured
@@ -105,6 +108,7 @@ struct ReadmeDoctests;
 
 pub mod auth;
 mod backend;
+pub mod deadline;
 mod details;
 mod error;
 mod forward;
@@ -122,6 +126,7 @@ pub mod wire;
 
 pub use auth::{Credentials, Denied, Principal, Scope, Token, TokenBook, TokenError};
 pub use backend::{GrpcCode, LocalPlugins, LocalStatus, PluginError, PluginFailure, ShimContext};
+pub use deadline::{DEFAULT_CLOCK_SKEW_MARGIN, MalformedDeadline, WallClock};
 pub use error::{ProtocolProblem, Refusal, RefusalReason, ShimError};
 pub use peers::Routes;
 pub use registry::{ControllerView, Health, Instance, NodePlugin, NodeStatus, Registry};

@@ -54,7 +54,9 @@ impl Shim {
     /// Serves the agent protocol on `listener` until `shutdown` completes (with TLS when the
     /// `tls` feature is on and configured). Every call ends within its `grpc-timeout` and
     /// never later than [`ShimConfig::max_remote_timeout`](crate::ShimConfig::max_remote_timeout)
-    /// after it arrived, whether or not its request ever finishes arriving.
+    /// after it arrived, whether or not its request ever finishes arriving; a call read after
+    /// its sender's stamped deadline is refused without a plugin call
+    /// ([`deadline`](crate::deadline)).
     ///
     /// # Errors
     ///

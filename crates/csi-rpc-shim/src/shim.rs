@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use csi_structs::untrusted::escaped;
 use csi_structs::{NodeId, PluginId};
@@ -11,6 +11,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::auth::{Credentials, Denied, HOPS_HEADER, Principal, Scope, TokenBook};
 use crate::backend::{LocalPlugins, LocalStatus, ShimContext};
+use crate::deadline::{self, DEFAULT_CLOCK_SKEW_MARGIN, WallClock};
 use crate::error::{Refusal, RefusalReason, ShimError};
 use crate::forward::{self, Presented};
 use crate::ops::{Acting, Op, Routing};
@@ -44,6 +45,16 @@ pub struct ShimConfig {
     /// How long dialling another agent may take. Default 5 seconds; every call is also bounded
     /// by its deadline.
     pub connect_timeout: Duration,
+    /// How far this agent's wall clock may lag the senders' (see [`deadline`]). A call
+    /// received from another agent carries its sender's deadline as wall-clock time; it is
+    /// refused, before any plugin call, when `now + clock_skew_margin >= deadline` by
+    /// [`wall_clock`](Self::wall_clock), and the plugin call gets no more than
+    /// `deadline - (now + clock_skew_margin)`. Default
+    /// [`DEFAULT_CLOCK_SKEW_MARGIN`] (250 ms); the agents' clocks must agree within it.
+    pub clock_skew_margin: Duration,
+    /// The wall clock that deadlines are stamped and checked with. Default the system clock;
+    /// a simulation or a test gives [`WallClock::following_tokio`].
+    pub wall_clock: WallClock,
     /// TLS for agent links (feature `tls`; default none: plain HTTP/2). With it the shim dials
     /// `https://` and [`Shim::serve`] accepts TLS only. See
     /// [`TlsConfig::from_pem`](crate::TlsConfig::from_pem).
@@ -53,7 +64,8 @@ pub struct ShimConfig {
 
 impl ShimConfig {
     /// Defaults for an agent with these credentials and scope: sticky controller choice,
-    /// 5 minute cap on remote calls, 5 second connect timeout.
+    /// 5 minute cap on remote calls, 5 second connect timeout, 250 ms clock-skew margin on
+    /// the system clock.
     pub fn new(credentials: Credentials, scope: Scope) -> Self {
         Self {
             credentials,
@@ -61,6 +73,8 @@ impl ShimConfig {
             strategy: Strategy::Sticky,
             max_remote_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(5),
+            clock_skew_margin: DEFAULT_CLOCK_SKEW_MARGIN,
+            wall_clock: WallClock::system(),
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -88,6 +102,14 @@ struct Counters {
     relayed: AtomicU64,
 }
 
+/// `deadline`, or `left` from now when that is sooner (a stamp far in the future cannot
+/// overflow the clock).
+fn within(deadline: Instant, left: Duration) -> Instant {
+    Instant::now()
+        .checked_add(left)
+        .map_or(deadline, |stamped| deadline.min(stamped))
+}
+
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -97,6 +119,8 @@ struct Inner {
     own: Presented,
     scope: Scope,
     max_remote_timeout: Duration,
+    clock_skew_margin: Duration,
+    wall_clock: WallClock,
     registry: Arc<Registry>,
     plugins: Arc<dyn LocalPlugins>,
     routes: RwLock<Routes>,
@@ -148,6 +172,8 @@ impl Shim {
                 own,
                 scope: config.scope,
                 max_remote_timeout: config.max_remote_timeout,
+                clock_skew_margin: config.clock_skew_margin,
+                wall_clock: config.wall_clock,
                 registry,
                 plugins,
                 routes: RwLock::new(routes),
@@ -371,7 +397,7 @@ impl Shim {
                     origin: me.clone(),
                     hops: 0,
                 };
-                return self.serve_here(op, &ctx).await;
+                return self.serve_here(op, ctx, None).await;
             }
             Route::Direct(addr) => (target.clone(), addr),
             Route::Via { relay, addr } => (relay, addr),
@@ -390,7 +416,8 @@ impl Shim {
         };
         bump(&self.inner.counters.sent);
         let wire = op.to_wire(target);
-        match forward::unary::<O>(channel, wire, &self.inner.own, 0, deadline).await {
+        let stamp = self.inner.wall_clock.at(deadline);
+        match forward::unary::<O>(channel, wire, &self.inner.own, 0, deadline, Some(stamp)).await {
             Ok(out) => O::output_from_wire(out).map_err(|e| ShimError::Protocol {
                 rpc: O::RPC,
                 node: sent_to,
@@ -407,8 +434,15 @@ impl Shim {
         }
     }
 
-    /// Serves a call with this node's plugins.
-    async fn serve_here<O: Op>(&self, op: O, ctx: &ShimContext) -> Result<O::Output, ShimError> {
+    /// Serves a call with this node's plugins. `stamp` is the sender's deadline in wall-clock
+    /// time when another agent sent one: checked last thing before the plugin call, which
+    /// never gets a call whose sender's deadline has passed, nor more than the time left.
+    async fn serve_here<O: Op>(
+        &self,
+        op: O,
+        mut ctx: ShimContext,
+        stamp: Option<SystemTime>,
+    ) -> Result<O::Output, ShimError> {
         let rpc = O::RPC;
         let service = rpc.service();
         let me = &self.inner.me;
@@ -437,14 +471,52 @@ impl Shim {
                 });
             }
         }
+        if let Some(stamp) = stamp {
+            let left = self.time_left(&op, &ctx.origin, stamp)?;
+            ctx.deadline = within(ctx.deadline, left);
+        }
         bump(&self.inner.counters.served_here);
-        op.serve(&*self.inner.plugins, ctx)
+        op.serve(&*self.inner.plugins, &ctx)
             .await
             .map_err(|error| ShimError::Plugin {
                 rpc,
                 node: me.clone(),
                 error,
             })
+    }
+
+    /// The time a call received with the stamped deadline `stamp` may still take here: until
+    /// `stamp`, less the clock-skew margin, by this agent's wall clock. When none is left the
+    /// call is refused as [`ShimError::DeadlineExceeded`] (the class the sender gives its own
+    /// deadline passing) and the refusal is logged with the call, the volume, the sender
+    /// (`origin`) and how late it is.
+    fn time_left<O: Op>(
+        &self,
+        op: &O,
+        origin: &NodeId,
+        stamp: SystemTime,
+    ) -> Result<Duration, ShimError> {
+        let now = self.inner.wall_clock.now();
+        let margin = self.inner.clock_skew_margin;
+        let line = now.checked_add(margin).unwrap_or(now);
+        match stamp.duration_since(line) {
+            Ok(left) if !left.is_zero() => Ok(left),
+            _ => {
+                tracing::warn!(
+                    rpc = %O::RPC,
+                    volume = op.volume().map_or("-", |v| v.as_str()),
+                    origin = %origin,
+                    late_ms = deadline::late_millis(now, stamp),
+                    margin_ms = margin.as_millis(),
+                    "refused a call received after its sender's deadline (late_ms below 0: \
+                     within the clock-skew margin); the plugin was not called"
+                );
+                Err(ShimError::DeadlineExceeded {
+                    rpc: O::RPC,
+                    node: Some(self.inner.me.clone()),
+                })
+            }
+        }
     }
 
     fn authorize<O: Op>(&self, who: &Principal, op: &O) -> Result<(), ShimError> {
@@ -528,6 +600,16 @@ impl Shim {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(u8::MAX),
         };
+        // The sender's deadline in wall-clock time: none from an agent that predates it (the
+        // `grpc-timeout` alone bounds the call then); one that does not parse is refused.
+        let stamp = deadline::from_metadata(md).map_err(|e| {
+            tracing::debug!(rpc = %O::RPC, origin = %principal.node, error = %e, "agent call refused");
+            fail(ShimError::Rejected {
+                rpc: O::RPC,
+                node: me.clone(),
+                violations: vec![crate::wire::cap_message(e.to_string())],
+            })
+        })?;
         let (op, target) = O::from_wire(request.into_inner())
             .map_err(|error| fail(ShimError::InvalidRequest { rpc: O::RPC, error }))?;
         self.authorize(&principal, &op).map_err(fail)?;
@@ -541,7 +623,7 @@ impl Shim {
                     hops,
                 };
                 return self
-                    .serve_here(op, &ctx)
+                    .serve_here(op, ctx, stamp)
                     .await
                     .map(O::output_to_wire)
                     .map_err(fail);
@@ -564,10 +646,19 @@ impl Shim {
                     node: target.clone(),
                 }));
             };
+            // A call past its sender's deadline goes no further; one with time left is passed
+            // on with the sender's stamp, or, from a sender without one, with this agent's.
+            let (deadline, stamp) = match stamp {
+                Some(stamp) => {
+                    let left = self.time_left(&op, &principal.node, stamp).map_err(fail)?;
+                    (within(deadline, left), stamp)
+                }
+                None => (deadline, self.inner.wall_clock.at(deadline)),
+            };
             bump(&self.inner.counters.relayed);
             let plugin = op.routing().plugin().clone();
             let wire = op.to_wire(&target);
-            forward::unary::<O>(channel, wire, &presented, hops + 1, deadline)
+            forward::unary::<O>(channel, wire, &presented, hops + 1, deadline, Some(stamp))
                 .await
                 .map_err(|status| {
                     if status.details().is_empty() {

@@ -9,8 +9,10 @@
 //! | `fault RPC=CODE[:after=N][:times=M][:volume=ID]` | adds a fault ([`fault_spec`](crate::fault_spec)) |
 //! | `delay RPC=DURATION[:after=N][:times=M][:volume=ID]` | adds a delay |
 //! | `hang RPC[:after=N][:times=M][:volume=ID]` | adds a hang |
+//! | `hold RPC[:after=N][:times=M][:volume=ID]` | adds a hold: the call waits for `resume` |
 //! | `clear` | removes every fault not yet consumed |
-//! | `release` | ends hung and delayed calls with UNAVAILABLE |
+//! | `release` | ends hung, held and delayed calls with UNAVAILABLE |
+//! | `resume` | serves the held calls now, normally ([`Faults::resume_held`](crate::Faults::resume_held)) |
 //! | `condition VOLUME_ID abnormal MESSAGE` | reports the volume abnormal with `MESSAGE` (the rest of the line) where `VOLUME_CONDITION` is advertised ([`MockPlugin::set_volume_condition`]) |
 //! | `condition VOLUME_ID normal [MESSAGE]` | reports it normal, with `MESSAGE` if given |
 //! | `condition VOLUME_ID clear` | forgets the volume's condition: normal, no message ([`MockPlugin::clear_volume_condition`]) |
@@ -171,12 +173,17 @@ pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
         "fault" => add(FaultSpec::parse_fault),
         "delay" => add(FaultSpec::parse_delay),
         "hang" => add(FaultSpec::parse_hang),
+        "hold" => add(FaultSpec::parse_hold),
         "clear" => {
             plugin.faults().clear();
             "ok\n".into()
         }
         "release" => {
             plugin.faults().release_hung();
+            "ok\n".into()
+        }
+        "resume" => {
+            plugin.faults().resume_held();
             "ok\n".into()
         }
         "condition" => match condition(plugin, argument) {
@@ -201,7 +208,8 @@ pub(crate) fn execute(plugin: &MockPlugin, line: &str) -> String {
 }
 
 /// The commands, for the error that names an unknown one.
-const KNOWN: &str = "fault, delay, hang, clear, release, condition, calls, drain, log";
+const KNOWN: &str =
+    "fault, delay, hang, hold, clear, release, resume, condition, calls, drain, log";
 
 /// The forms of `condition`, for the error that refuses another.
 const CONDITION_FORMS: &str = "condition VOLUME_ID abnormal MESSAGE, \

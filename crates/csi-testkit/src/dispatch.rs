@@ -207,7 +207,7 @@ impl MockPlugin {
         });
         // One critical section: once the call is visible in the log it also holds its volume,
         // so a test that waits for the log can rely on a second call being ABORTED.
-        let (seq, busy, step) = {
+        let (seq, busy, step, resumes) = {
             let mut inner = self.shared.lock();
             let seq = inner.calls.push(rpc, target.volume.clone(), node, text);
             let busy = target
@@ -219,7 +219,10 @@ impl MockPlugin {
             } else {
                 inner.faults.take(rpc, target.volume.as_deref())
             };
-            (seq, busy, step)
+            // Read with the record: a resume the log's reader sends after seeing the call
+            // is one this call waits for.
+            let resumes = *self.shared.resume.borrow();
+            (seq, busy, step, resumes)
         };
         self.shared.log_changed.notify_waiters();
         let mut scope = CallScope {
@@ -276,6 +279,15 @@ impl MockPlugin {
                 let released = self.shared.release.notified();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => serve(scope),
+                    () = released => Err(scope.fail(released_status(rpc))),
+                }
+            }
+            Some(FaultStep::Hold) => {
+                let released = self.shared.release.notified();
+                let mut resume = self.shared.resume.subscribe();
+                tokio::select! {
+                    // The sender lives in the plugin this call runs on.
+                    _ = resume.wait_for(|r| *r > resumes) => serve(scope),
                     () = released => Err(scope.fail(released_status(rpc))),
                 }
             }

@@ -1,10 +1,12 @@
-//! Fault scripts written as text, for `csi-mock-plugin`'s `--fault`, `--delay` and `--hang`
-//! flags and its control socket: a test in any language can script the mock without Rust.
+//! Fault scripts written as text, for `csi-mock-plugin`'s `--fault`, `--delay`, `--hang` and
+//! `--hold` flags and its control socket: a test in any language can script the mock without
+//! Rust.
 //!
 //! ```text
 //! --fault RPC=CODE[:after=N][:times=M][:volume=ID]     answer CODE
 //! --delay RPC=DURATION[:after=N][:times=M][:volume=ID] wait, then serve normally
 //! --hang  RPC[:after=N][:times=M][:volume=ID]          never answer
+//! --hold  RPC[:after=N][:times=M][:volume=ID]          wait for `resume`, then serve normally
 //! ```
 //!
 //! `RPC` is the rpc's name (`NodeUnpublishVolume`, any case); `CODE` a gRPC code name
@@ -51,6 +53,9 @@ pub enum FaultKind {
     Delay(Duration),
     /// Never answer.
     Hang,
+    /// Wait until resumed ([`Faults::resume_held`], the control socket's `resume`), then
+    /// serve the call normally.
+    Hold,
 }
 
 /// One fault given as text; see the [module docs](self).
@@ -148,6 +153,17 @@ impl FaultSpec {
         Self::build(text, rpc, FaultKind::Hang, parts.collect())
     }
 
+    /// Parses `RPC[:after=N][:times=M][:volume=ID]`, a hold.
+    ///
+    /// # Errors
+    ///
+    /// [`FaultSpecError`] naming the part that is wrong.
+    pub fn parse_hold(text: &str) -> Result<Self, FaultSpecError> {
+        let mut parts = text.split(':');
+        let rpc = parts.next().unwrap_or_default();
+        Self::build(text, rpc, FaultKind::Hold, parts.collect())
+    }
+
     fn build(
         spec: &str,
         rpc: &str,
@@ -195,6 +211,7 @@ impl FaultSpec {
             },
             FaultKind::Delay(delay) => FaultStep::Delay(*delay),
             FaultKind::Hang => FaultStep::Hang,
+            FaultKind::Hold => FaultStep::Hold,
         };
         let mut script = faults.on(self.rpc).pass_times(self.after);
         if let Some(volume) = &self.volume {
@@ -218,7 +235,7 @@ impl fmt::Display for FaultSpec {
         match &self.kind {
             FaultKind::Fail(code) => write!(f, "={}", code_name(*code))?,
             FaultKind::Delay(delay) => write!(f, "={}ms", delay.as_millis())?,
-            FaultKind::Hang => {}
+            FaultKind::Hang | FaultKind::Hold => {}
         }
         if self.after > 0 {
             write!(f, ":after={}", self.after)?;
@@ -354,6 +371,11 @@ mod tests {
         );
         let hang = FaultSpec::parse_hang("NodeStageVolume:after=2").unwrap();
         assert_eq!((hang.kind, hang.after), (FaultKind::Hang, 2));
+        let hold = FaultSpec::parse_hold("NodeStageVolume:times=1:volume=v3").unwrap();
+        assert_eq!(
+            (hold.kind, hold.times, hold.volume.as_deref()),
+            (FaultKind::Hold, Some(1), Some("v3"))
+        );
     }
 
     #[test]
@@ -384,6 +406,7 @@ mod tests {
             (FaultSpec::parse_delay("DeleteVolume=2h"), "3600s"),
             (FaultSpec::parse_delay("DeleteVolume=61m"), "3600s"),
             (FaultSpec::parse_hang(""), "unknown rpc"),
+            (FaultSpec::parse_hold("Freeze"), "unknown rpc"),
         ];
         for (result, needle) in cases {
             match result {

@@ -53,6 +53,10 @@ pub enum FaultStep {
     /// Never answer; the call ends when the caller gives up (or the server shuts down, or
     /// [`Faults::release_hung`] is called, which answer UNAVAILABLE).
     Hang,
+    /// Hold the call, as a frozen plugin would, until [`Faults::resume_held`]; then serve it
+    /// normally, as the plugin coming back. A caller that gives up meanwhile abandons it;
+    /// shutdown and [`Faults::release_hung`] end it with UNAVAILABLE, as a hang.
+    Hold,
     /// Tear down the connection the call arrived on; the caller sees a transport error.
     DropConnection,
     /// Serve the call normally (lets a script fail only the second call, say).
@@ -176,9 +180,29 @@ impl Faults {
     }
 
     /// Ends every call currently hanging on a [`FaultStep::Hang`] (or waiting in a
-    /// [`FaultStep::Delay`] or after a dropped connection) with UNAVAILABLE.
+    /// [`FaultStep::Delay`] or after a dropped connection, or held by a [`FaultStep::Hold`])
+    /// with UNAVAILABLE.
     pub fn release_hung(&self) {
         self.shared.release.notify_waiters();
+    }
+
+    /// Serves every call held by a [`FaultStep::Hold`] now, normally: the plugin resumes.
+    /// A held call that the call log shows (recorded in flight) is resumed; a call that
+    /// arrives later takes its own step.
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use csi_proto::Rpc;
+    /// use csi_testkit::MockPlugin;
+    ///
+    /// let plugin = MockPlugin::builder().build()?;
+    /// plugin.faults().on(Rpc::NodeStageVolume).hold();
+    /// // The next NodeStageVolume waits, in flight in the call log, until:
+    /// plugin.faults().resume_held();
+    /// # Ok(()) }
+    /// ```
+    pub fn resume_held(&self) {
+        self.shared.resume.send_modify(|resumes| *resumes += 1);
     }
 }
 
@@ -242,6 +266,11 @@ impl ScriptBuilder {
     /// The next call never answers (until the caller gives up).
     pub fn hang(self) -> Self {
         self.push(FaultStep::Hang)
+    }
+
+    /// The next call is held until [`Faults::resume_held`], then served normally.
+    pub fn hold(self) -> Self {
+        self.push(FaultStep::Hold)
     }
 
     /// The next call tears down its connection.

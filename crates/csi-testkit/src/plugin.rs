@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use csi_proto::Rpc;
 use csi_proto::v1::Volume;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::calls::{CallLog, Calls};
 use crate::capabilities::unimplemented_reason;
@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     pub(crate) log_changed: Notify,
     /// Woken to end hung and delayed calls (shutdown, `Faults::release_hung`).
     pub(crate) release: Notify,
+    /// How many times held calls were resumed (`Faults::resume_held`): a held call waits
+    /// until it grows past what it was when the call was recorded.
+    pub(crate) resume: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -98,6 +101,7 @@ impl Shared {
             }),
             log_changed: Notify::new(),
             release: Notify::new(),
+            resume: watch::channel(0).0,
         }
     }
 

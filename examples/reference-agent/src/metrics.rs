@@ -5,6 +5,7 @@
 //!   measures it on the wire, kept per plugin by csi-client's [`PluginMetrics`].
 //! - `csi_agent_rpc_unsent_total{plugin,rpc,reason}`: what the layer cannot see because
 //!   nothing reached the plugin's channel (csi-client's `Unsent`).
+//! - `csi_agent_waiting_releases`: claims whose release waits for a node that is not there;
 //! - `csi_agent_claims{state}`: claims per state, and `csi_agent_stuck_releases`: volumes
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
@@ -38,6 +39,8 @@ pub struct Gauges {
     pub claims: BTreeMap<String, u64>,
     /// Volumes whose release is stuck (last step or write failed).
     pub stuck_releases: u64,
+    /// Claims whose release waits for something that is not there, past the threshold.
+    pub waiting_releases: u64,
     /// Plugins per health (`healthy`, `unhealthy`, `not_ready`, `unknown`).
     pub plugins: BTreeMap<String, u64>,
     /// Whether the claim store fails now.
@@ -78,6 +81,15 @@ impl Metrics {
         out.push_str("# HELP csi_agent_stuck_releases Volumes whose last release step failed.\n");
         out.push_str("# TYPE csi_agent_stuck_releases gauge\n");
         let _ = writeln!(out, "csi_agent_stuck_releases {}", gauges.stuck_releases);
+        out.push_str(
+            "# HELP csi_agent_waiting_releases Claims whose release waits for something that is not there (a node that is down).\n",
+        );
+        out.push_str("# TYPE csi_agent_waiting_releases gauge\n");
+        let _ = writeln!(
+            out,
+            "csi_agent_waiting_releases {}",
+            gauges.waiting_releases
+        );
         out.push_str(
             "# HELP csi_agent_store_failing 1 while the claim store fails (claims and releases fail at once), else 0.\n",
         );

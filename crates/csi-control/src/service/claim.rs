@@ -111,7 +111,7 @@ impl VolumeService {
     ///
     /// [`ServiceError`]: the refusals above, the claim layer's, and the publish's.
     pub async fn claim(&self, r: ClaimVolume) -> Result<Claimed, ServiceError> {
-        self.claim_until(r, tokio::time::Instant::now() + self.call_timeout)
+        self.claim_until(r, tokio::time::Instant::now() + self.inner.call_timeout)
             .await
     }
 
@@ -130,6 +130,19 @@ impl VolumeService {
         r: ClaimVolume,
         deadline: tokio::time::Instant,
     ) -> Result<Claimed, ServiceError> {
+        let volume = r.volume.clone();
+        self.to_the_end("claim", Some(&volume), move |s| async move {
+            s.run_claim(r, deadline).await
+        })
+        .await
+    }
+
+    /// [`claim_until`](Self::claim_until), in its task.
+    async fn run_claim(
+        &self,
+        r: ClaimVolume,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claimed, ServiceError> {
         let entry = self.entry(&r.volume)?;
         if entry.deleting {
             return Err(deleting(&entry.id));
@@ -139,6 +152,7 @@ impl VolumeService {
         // Nothing is published through a plugin whose health is not known to be good:
         // refused (retryably, naming the plugin and its health) before the claim.
         let ready = self
+            .inner
             .volumes
             .publishable(&entry.plugin)
             .map_err(|e| ServiceError::node("claim", &e))?;
@@ -156,11 +170,12 @@ impl VolumeService {
         if let Err(refused) = check_accessible(&entry.accessible_topology, node_topology) {
             return Err(ServiceError::Conflict(format!(
                 "volume {} is {refused} (plugin {} on node {})",
-                entry.id, entry.plugin, self.me,
+                entry.id, entry.plugin, self.inner.me,
             )));
         }
         let read_only = mode == ClaimMode::Read || entry.access_mode.is_read_only();
-        self.volumes
+        self.inner
+            .volumes
             .layout()
             .target_path(
                 &entry.id,
@@ -171,13 +186,14 @@ impl VolumeService {
         // The plugin's attach limit counts against every claim on this node, before any call.
         let attach_limit = ready.fingerprint.node.as_ref().and_then(|n| n.max_volumes);
         let claim = self
+            .inner
             .claims
             .claim_until(
                 &entry.info(),
                 ClaimRequest {
                     volume: entry.id.clone(),
                     workload: workload.clone(),
-                    node: self.me.clone(),
+                    node: self.inner.me.clone(),
                     plugin_node: plugin_node.clone(),
                     mode,
                     access_mode: entry.access_mode,
@@ -191,7 +207,7 @@ impl VolumeService {
         // In a cluster another node may have deleted the volume between our read of the
         // catalog and the claim: its delete compares the claims key, so it either failed (our
         // claim came first) or came first, and then the volume is gone now.
-        let refusal = match self.catalog.confirm(&entry.id).await {
+        let refusal = match self.inner.catalog.confirm(&entry.id).await {
             Ok(Some(now)) if !now.deleting => None,
             Ok(Some(_)) => Some(deleting(&entry.id)),
             Ok(None) => Some(no_volume(&entry.id)),
@@ -199,7 +215,7 @@ impl VolumeService {
         };
         if let Some(refusal) = refusal {
             tracing::warn!(volume = %entry.id, workload = %workload, error = %refusal, "claim given up: the volume is being deleted");
-            if let Err(r) = self.claims.release(&entry.id, &workload).await {
+            if let Err(r) = self.inner.claims.release(&entry.id, &workload).await {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %r, "release of the given-up claim was refused");
             }
             return Err(refusal);
@@ -221,8 +237,9 @@ impl VolumeService {
                 tracing::warn!(volume = %entry.id, workload = %workload, error = %e, "publishing failed; releasing the claim");
                 // The release undoes whatever the publish may have done (an uncertain
                 // controller publish included); the answer waits for it, up to a call's time.
-                let deadline = tokio::time::Instant::now() + self.call_timeout;
+                let deadline = tokio::time::Instant::now() + self.inner.call_timeout;
                 let (undone, note) = match self
+                    .inner
                     .claims
                     .release_and_wait_until(&entry.id, &workload, deadline)
                     .await
@@ -261,10 +278,14 @@ impl VolumeService {
     ) -> Result<PathBuf, ServiceError> {
         // One attach of the volume at a time on this node: a claim that comes while another
         // publishes the volume here waits, then finds what that one recorded.
-        let _turn = self.volumes.attach_turn(&entry.plugin, &entry.id).await;
+        let _turn = self
+            .inner
+            .volumes
+            .attach_turn(&entry.plugin, &entry.id)
+            .await;
         let recorded = entry
             .controller_publish
-            .then(|| self.volumes.publish_context(&entry.plugin, &entry.id))
+            .then(|| self.inner.volumes.publish_context(&entry.plugin, &entry.id))
             .flatten();
         let publish_context = if let Some(context) = recorded {
             // Attached here already (for another claim, or before a restart): one
@@ -272,13 +293,14 @@ impl VolumeService {
             tracing::debug!(volume = %entry.id, "controller publish to this node known done; its publish_context reused");
             context
         } else if entry.controller_publish {
-            self.shim
+            self.inner
+                .shim
                 .controller_attach(
                     ControllerAttach {
                         query: ControllerQuery::new(entry.plugin.clone()),
                         volume: entry.id.clone(),
                         external_volume: entry.external_id.clone(),
-                        node: self.me.clone(),
+                        node: self.inner.me.clone(),
                         plugin_node: plugin_node.clone(),
                         capability: entry.capability(),
                         // The attachment is the volume's on this node, shared by every claim
@@ -291,7 +313,7 @@ impl VolumeService {
                         secrets: entry.secrets.for_use(SecretsUse::ControllerPublish),
                         volume_context: entry.volume_context(),
                     },
-                    self.call_timeout,
+                    self.inner.call_timeout,
                 )
                 .await
                 .map_err(|e| ServiceError::shim("ControllerPublishVolume", &e))?
@@ -299,7 +321,8 @@ impl VolumeService {
         } else {
             PublishContext::default()
         };
-        self.volumes
+        self.inner
+            .volumes
             .mount(&MountRequest {
                 plugin: entry.plugin.clone(),
                 volume: entry.id.clone(),
@@ -334,10 +357,11 @@ impl VolumeService {
             capability: Some(entry.capability()),
             secrets: entry.secrets.for_use(SecretsUse::NodeExpand),
         };
-        let done = match self.volumes.expand(&request).await {
+        let done = match self.inner.volumes.expand(&request).await {
             Ok(_) => {
                 tracing::info!(volume = %entry.id, capacity_bytes = wanted, "pending node expansion done");
                 if let Err(e) = self
+                    .inner
                     .catalog
                     .update(&entry.id, &|e| e.node_expansion = None)
                     .await
@@ -370,8 +394,22 @@ impl VolumeService {
         volume: &VolumeId,
         workload: &WorkloadId,
     ) -> Result<(), ServiceError> {
+        let workload = workload.clone();
+        self.to_the_end("release", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_release(&volume, &workload).await }
+        })
+        .await
+    }
+
+    /// [`release`](Self::release), in its task.
+    async fn run_release(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+    ) -> Result<(), ServiceError> {
         let entry = self.entry(volume)?;
-        self.claims.release(&entry.id, workload).await?;
+        self.inner.claims.release(&entry.id, workload).await?;
         tracing::info!(volume = %entry.id, workload = %workload, "release durable");
         Ok(())
     }
@@ -390,8 +428,24 @@ impl VolumeService {
         workload: &WorkloadId,
         deadline: tokio::time::Instant,
     ) -> Result<Claim, ServiceError> {
+        let workload = workload.clone();
+        self.to_the_end("release", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_release_and_wait(&volume, &workload, deadline).await }
+        })
+        .await
+    }
+
+    /// [`release_and_wait`](Self::release_and_wait), in its task.
+    async fn run_release_and_wait(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        deadline: tokio::time::Instant,
+    ) -> Result<Claim, ServiceError> {
         let entry = self.entry(volume)?;
         let freed = self
+            .inner
             .claims
             .release_and_wait_until(&entry.id, workload, deadline)
             .await?;
@@ -410,9 +464,18 @@ impl VolumeService {
     /// [`ServiceError::Conflict`] when the volume has no claim on the node,
     /// [`ServiceError::Invalid`] for `node_gone` on this service's own node.
     pub async fn detach(&self, r: DetachVolume) -> Result<Detached, ServiceError> {
+        let volume = r.volume.clone();
+        self.to_the_end("detach", Some(&volume), move |s| async move {
+            s.run_detach(r).await
+        })
+        .await
+    }
+
+    /// [`detach`](Self::detach), in its task.
+    async fn run_detach(&self, r: DetachVolume) -> Result<Detached, ServiceError> {
         let entry = self.entry(&r.volume)?;
         let node = r.node;
-        if r.node_gone && node == self.me {
+        if r.node_gone && node == self.inner.me {
             return Err(invalid(
                 "node_gone",
                 format!("node {node} is this agent's own node, not gone; detach without it"),
@@ -424,7 +487,7 @@ impl VolumeService {
             .filter(|c| c.node() == &node)
             .collect();
         if on_node.is_empty() {
-            let hint = if !self.peers.shares_claims() && node != self.me {
+            let hint = if !self.inner.peers.shares_claims() && node != self.inner.me {
                 " (without a cluster store each agent keeps the claims of its own node: run \
                  this on that node's agent)"
             } else {
@@ -436,15 +499,18 @@ impl VolumeService {
             )));
         }
         if r.node_gone {
-            if !self.peers.report_node_gone(&node).await? {
-                self.claims.node_gone(&node);
+            if !self.inner.peers.report_node_gone(&node).await? {
+                self.inner.claims.node_gone(&node);
             }
             tracing::warn!(node = %node, volume = %entry.id, "node reported gone for good by an operator");
         }
         let mut releasing = Vec::new();
         for claim in &on_node {
             if !claim.state().is_releasing() {
-                self.claims.release(&entry.id, claim.workload()).await?;
+                self.inner
+                    .claims
+                    .release(&entry.id, claim.workload())
+                    .await?;
             }
             releasing.push(claim.workload().clone());
         }

@@ -131,7 +131,16 @@ impl VolumeService {
     /// field (`controller_publish` unknown, an id that cannot name a directory, a capability
     /// the plugin does not confirm, as `access_mode`), and the validation call's error.
     pub async fn register_volume(&self, r: RegisterVolume) -> Result<CatalogEntry, ServiceError> {
-        if self.catalog.get(&r.id).is_some() {
+        let volume = r.id.clone();
+        self.to_the_end("register_volume", Some(&volume), move |s| async move {
+            s.run_register_volume(r).await
+        })
+        .await
+    }
+
+    /// [`register_volume`](Self::register_volume), in its task.
+    async fn run_register_volume(&self, r: RegisterVolume) -> Result<CatalogEntry, ServiceError> {
+        if self.inner.catalog.get(&r.id).is_some() {
             return Err(taken(&r.id));
         }
         let controller_publish = match r.controller_publish {
@@ -172,6 +181,7 @@ impl VolumeService {
 
     async fn validate(&self, entry: &CatalogEntry) -> Result<(), ServiceError> {
         let answer = self
+            .inner
             .shim
             .controller_validate(
                 ControllerValidate {
@@ -183,7 +193,7 @@ impl VolumeService {
                     parameters: Parameters::default(),
                     secrets: entry.secrets.for_use(SecretsUse::Validate),
                 },
-                self.call_timeout,
+                self.inner.call_timeout,
             )
             .await
             .map_err(|e| ServiceError::shim("ValidateVolumeCapabilities", &e))?;
@@ -202,7 +212,7 @@ impl VolumeService {
     async fn insert(&self, entry: CatalogEntry) -> Result<CatalogEntry, ServiceError> {
         let id = entry.id.clone();
         self.check_volume_id(&id)?;
-        if !self.catalog.insert(entry.clone()).await? {
+        if !self.inner.catalog.insert(entry.clone()).await? {
             return Err(taken(&id));
         }
         tracing::info!(volume = %id, "volume registered");
@@ -229,8 +239,22 @@ impl VolumeService {
     /// [`Retry`](ErrorClass::Retry) when an uncertain create was undone,
     /// [`Uncertain`](ErrorClass::Uncertain) when it may have left a volume.
     pub async fn create(&self, r: NewVolume) -> Result<CatalogEntry, ServiceError> {
+        let volume = r.id.clone();
+        self.to_the_end("create", Some(&volume), move |s| async move {
+            s.run_create(r).await
+        })
+        .await
+    }
+
+    /// [`create`](Self::create), in its task.
+    async fn run_create(&self, r: NewVolume) -> Result<CatalogEntry, ServiceError> {
         let id = r.id;
-        if self.catalog.get(&id).is_some_and(|e| e.may_exist.is_none()) {
+        if self
+            .inner
+            .catalog
+            .get(&id)
+            .is_some_and(|e| e.may_exist.is_none())
+        {
             return Err(taken(&id));
         }
         let _turn = self.creating(&id)?;
@@ -259,7 +283,7 @@ impl VolumeService {
         };
         self.check_volume_id(&id)?;
         // Read again under the id's turn: a create that made it meanwhile has ended.
-        let left = self.catalog.get(&id);
+        let left = self.inner.catalog.get(&id);
         if left.as_ref().is_some_and(|e| e.may_exist.is_none()) {
             return Err(taken(&id));
         }
@@ -280,8 +304,9 @@ impl VolumeService {
                 .await?;
         }
         let created = match self
+            .inner
             .shim
-            .create_volume(request.clone(), self.call_timeout)
+            .create_volume(request.clone(), self.inner.call_timeout)
             .await
         {
             Ok(created) => created,
@@ -417,7 +442,7 @@ impl VolumeService {
             }),
             ..draft
         };
-        let kept = match self.catalog.insert(entry).await {
+        let kept = match self.inner.catalog.insert(entry).await {
             Ok(true) => {
                 tracing::warn!(
                     volume = %id, plugin = %plugin, why,
@@ -467,7 +492,7 @@ impl VolumeService {
                     volume = %left.id, plugin = %left.plugin, external_id = %created.external_volume,
                     "the volume that may have existed is resolved: CreateVolume by name gave it, DeleteVolume removed it"
                 );
-                self.catalog.remove(&left.id).await?;
+                self.inner.catalog.remove(&left.id).await?;
                 self.emit(ServiceEvent::CreateUndone {
                     volume: left.id.clone(),
                     plugin: left.plugin.clone(),
@@ -500,7 +525,11 @@ impl VolumeService {
         csi_client::undo_create_with(
             csi_client::default_policy(csi_client::Rpc::CreateVolume).backoff,
             ShimError::class,
-            || self.shim.create_volume(request.clone(), self.call_timeout),
+            || {
+                self.inner
+                    .shim
+                    .create_volume(request.clone(), self.inner.call_timeout)
+            },
             |created: &CreatedVolume| {
                 let delete = DeleteVolume {
                     query: ControllerQuery::new(plugin.clone()),
@@ -508,7 +537,9 @@ impl VolumeService {
                     external_volume: created.external_volume.clone(),
                     secrets: delete_secrets.clone(),
                 };
-                self.shim.delete_volume(delete, self.call_timeout)
+                self.inner
+                    .shim
+                    .delete_volume(delete, self.inner.call_timeout)
             },
         )
         .await

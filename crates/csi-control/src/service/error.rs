@@ -16,7 +16,8 @@ use crate::catalog::CatalogError;
 /// [`Invalid`](Self::Invalid), [`Conflict`](Self::Conflict)), the plugin's
 /// ([`Unsupported`](Self::Unsupported), [`Call`](Self::Call)), the claim layer's
 /// ([`Denied`](Self::Denied), [`Claims`](Self::Claims)), or the service's own disk or store
-/// ([`State`](Self::State), [`Local`](Self::Local), [`Store`](Self::Store)).
+/// ([`State`](Self::State), [`Local`](Self::Local), [`Store`](Self::Store)), or a runtime
+/// shutting down under the operation ([`Stopped`](Self::Stopped)).
 /// [`class`](Self::class) says what a caller may do next.
 ///
 /// A claim the access mode does not admit is one arm away:
@@ -97,6 +98,16 @@ pub enum ServiceError {
     /// The cluster store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The operation's task was dropped before it answered: the runtime is shutting down.
+    /// How far it got is not known; read the volume, or ask again once the service runs
+    /// again (the operations are idempotent).
+    #[error(
+        "{operation}: stopped before it ended (the runtime is shutting down); its outcome is not known"
+    )]
+    Stopped {
+        /// The operation: `claim`, `create`, `release`, ...
+        operation: &'static str,
+    },
 }
 
 /// Who said what when a plugin call failed: the plugin, or what happened without it saying.
@@ -197,7 +208,8 @@ impl ServiceError {
     /// (retry while holders may release, retry elsewhere at the plugin's attach limit, fatal
     /// when the request must change);
     /// [`ErrorClass::Retry`] for the service's own failures (its disk, its store), which say
-    /// nothing of the plugin.
+    /// nothing of the plugin; [`ErrorClass::Uncertain`] for an operation stopped before it
+    /// ended.
     pub fn class(&self) -> Option<ErrorClass> {
         match self {
             ServiceError::Call { class, .. } => Some(*class),
@@ -208,6 +220,7 @@ impl ServiceError {
             ServiceError::State(_) | ServiceError::Local { .. } | ServiceError::Store(_) => {
                 Some(ErrorClass::Retry)
             }
+            ServiceError::Stopped { .. } => Some(ErrorClass::Uncertain),
             _ => None,
         }
     }

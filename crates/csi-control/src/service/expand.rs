@@ -40,6 +40,19 @@ impl VolumeService {
         volume: &VolumeId,
         capacity_bytes: u64,
     ) -> Result<Expanded, ServiceError> {
+        self.to_the_end("expand", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_expand(&volume, capacity_bytes).await }
+        })
+        .await
+    }
+
+    /// [`expand`](Self::expand), in its task.
+    async fn run_expand(
+        &self,
+        volume: &VolumeId,
+        capacity_bytes: u64,
+    ) -> Result<Expanded, ServiceError> {
         let entry = self.entry(volume)?;
         if entry.deleting {
             return Err(deleting(&entry.id));
@@ -92,6 +105,7 @@ impl VolumeService {
                 )));
             }
             let expanded = self
+                .inner
                 .shim
                 .controller_expand(
                     ControllerExpand {
@@ -103,7 +117,7 @@ impl VolumeService {
                         capability: Some(entry.capability()),
                         secrets: entry.secrets.for_use(SecretsUse::ControllerExpand),
                     },
-                    self.call_timeout,
+                    self.inner.call_timeout,
                 )
                 .await
                 .map_err(|e| ServiceError::shim("ControllerExpandVolume", &e))?;
@@ -121,7 +135,8 @@ impl VolumeService {
         } else {
             true
         };
-        self.catalog
+        self.inner
+            .catalog
             .update(&entry.id, &|e| {
                 e.capacity_bytes = Some(capacity);
                 e.node_expansion = node_step.then_some(wanted);
@@ -131,6 +146,7 @@ impl VolumeService {
         if node_step {
             for (node, workload) in &mounted {
                 let grown = self
+                    .inner
                     .shim
                     .node_expand(
                         NodeExpand {
@@ -144,7 +160,7 @@ impl VolumeService {
                             capability: entry.capability(),
                             secrets: entry.secrets.for_use(SecretsUse::NodeExpand),
                         },
-                        self.call_timeout,
+                        self.inner.call_timeout,
                     )
                     .await
                     .map_err(|e| ServiceError::Call {
@@ -169,7 +185,8 @@ impl VolumeService {
                 nodes_expanded.push(node.clone());
             }
             if !mounted.is_empty() {
-                self.catalog
+                self.inner
+                    .catalog
                     .update(&entry.id, &|e| {
                         e.capacity_bytes = Some(capacity);
                         e.node_expansion = None;

@@ -50,6 +50,20 @@ impl VolumeService {
         force: bool,
         confirmed: bool,
     ) -> Result<Deregistered, ServiceError> {
+        self.to_the_end("deregister_volume", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_deregister_volume(&volume, force, confirmed).await }
+        })
+        .await
+    }
+
+    /// [`deregister_volume`](Self::deregister_volume), in its task.
+    async fn run_deregister_volume(
+        &self,
+        volume: &VolumeId,
+        force: bool,
+        confirmed: bool,
+    ) -> Result<Deregistered, ServiceError> {
         let entry = self.any_entry(volume)?;
         let claims = self.claims_of(&entry.id);
         let left = self.leftovers(&entry, &claims);
@@ -60,7 +74,11 @@ impl VolumeService {
                 claims.len()
             )));
         }
-        if force && !claims.is_empty() && self.forgetting.is_none() && !self.peers.shares_claims() {
+        if force
+            && !claims.is_empty()
+            && self.inner.forgetting.is_none()
+            && !self.inner.peers.shares_claims()
+        {
             return Err(ServiceError::Unsupported(format!(
                 "volume {volume}'s {} claim(s) cannot be forgotten: this service has no claim \
                  store to forget them through; release them (or `volume detach` a gone \
@@ -84,15 +102,15 @@ impl VolumeService {
         }
         if claims.is_empty() {
             // As `delete`: no claim is admitted from here on.
-            if self.catalog.mark_deleting(&entry.id).await?.is_none() {
+            if self.inner.catalog.mark_deleting(&entry.id).await?.is_none() {
                 return Err(no_volume(volume));
             }
-            self.catalog.remove(&entry.id).await?;
+            self.inner.catalog.remove(&entry.id).await?;
         } else {
-            if let Some(store) = &self.forgetting {
+            if let Some(store) = &self.inner.forgetting {
                 store.forget(&entry.id).await?;
             }
-            self.catalog.forget(&entry.id).await?;
+            self.inner.catalog.forget(&entry.id).await?;
             tracing::warn!(volume = %entry.id, claims = claims.len(), "volume deregistered by force: its claims are forgotten, not released");
         }
         tracing::info!(volume = %entry.id, "volume deregistered; the plugin keeps it");
@@ -132,6 +150,7 @@ impl VolumeService {
         // This node's publications and staging, from its usage records (whatever its
         // claims say: a claim released while this node was reported gone keeps its mounts).
         let records: Vec<_> = self
+            .inner
             .volumes
             .records()
             .into_iter()
@@ -140,7 +159,7 @@ impl VolumeService {
         let kept = "its usage record stays in this node's database";
         let mut attached = BTreeSet::new();
         for c in claims {
-            let on_me = c.node() == &self.me;
+            let on_me = c.node() == &self.inner.me;
             let recorded = on_me && records.iter().any(|r| r.users.contains_key(c.workload()));
             match c.state().node_step() {
                 _ if recorded => {}
@@ -176,7 +195,7 @@ impl VolumeService {
                 out.push(Leftover(format!(
                     "publication for workload {workload} on node {} at {} (plugin {}): \
                      NodeUnpublishVolume not done; {kept}",
-                    self.me,
+                    self.inner.me,
                     user.target.display(),
                     r.plugin
                 )));
@@ -189,7 +208,7 @@ impl VolumeService {
             for staging in stagings {
                 out.push(Leftover(format!(
                     "staging on node {} at {} (plugin {}): NodeUnstageVolume not done; {kept}",
-                    self.me,
+                    self.inner.me,
                     staging.display(),
                     r.plugin
                 )));
@@ -207,8 +226,18 @@ impl VolumeService {
     /// [`ServiceError::Conflict`] while claims remain, and the call's error (the volume
     /// stays in the catalog, marked deleting, and a delete again finishes it).
     pub async fn delete(&self, volume: &VolumeId) -> Result<CatalogEntry, ServiceError> {
+        self.to_the_end("delete", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_delete(&volume).await }
+        })
+        .await
+    }
+
+    /// [`delete`](Self::delete), in its task.
+    async fn run_delete(&self, volume: &VolumeId) -> Result<CatalogEntry, ServiceError> {
         let entry = self.entry(volume)?;
         let claims = self
+            .inner
             .claims
             .stored_record(&entry.id)
             .map_or(0, |r| r.claims().len());
@@ -217,11 +246,12 @@ impl VolumeService {
                 "volume {volume} still has {claims} claim(s); release them first"
             )));
         }
-        let Some(entry) = self.catalog.mark_deleting(&entry.id).await? else {
+        let Some(entry) = self.inner.catalog.mark_deleting(&entry.id).await? else {
             return Err(no_volume(volume));
         };
         if entry.created {
-            self.shim
+            self.inner
+                .shim
                 .delete_volume(
                     DeleteVolume {
                         query: ControllerQuery::new(entry.plugin.clone()),
@@ -229,12 +259,12 @@ impl VolumeService {
                         external_volume: entry.external_id.clone(),
                         secrets: entry.secrets.for_use(SecretsUse::Delete),
                     },
-                    self.call_timeout,
+                    self.inner.call_timeout,
                 )
                 .await
                 .map_err(|e| ServiceError::shim("DeleteVolume", &e))?;
         }
-        self.catalog.remove(&entry.id).await?;
+        self.inner.catalog.remove(&entry.id).await?;
         tracing::info!(volume = %entry.id, "volume deleted");
         self.emit(ServiceEvent::VolumeDeleted {
             volume: entry.id.clone(),

@@ -14,6 +14,7 @@
 //! | [`deregister_volume`](VolumeService::deregister_volume) | forgets a volume without calling its plugin, saying what stays behind |
 //! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
 //! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins, and releases those of claims let go while the node was reported gone |
+//! | [`blocked_releases`](VolumeService::blocked_releases) | the releases waiting for something that is not there (a node that is down), followed over time by [`ReleaseWaits`] |
 //!
 //! Each operation checks its request against the volume, the catalog and the plugin's
 //! advertised capabilities before any plugin call, and fails with a [`ServiceError`] that
@@ -22,6 +23,28 @@
 //!
 //! Capabilities come from this node's fingerprints first, then from what [`Peers`] report
 //! (a cluster's other nodes); without peers, only local plugins are known.
+//!
+//! # Dropping the future
+//!
+//! Dropping the future of an operation does not cancel the operation. Each operation that
+//! changes something (register, create, claim, release, expand, snapshot creation and
+//! deletion, detach, deregister, delete) runs in a Tokio task of its own, and the future only
+//! waits for its answer: an HTTP client that times out, or a `select!` that takes another
+//! branch, leaves the operation running to its end, or to its undo, exactly as if it had been
+//! awaited. A claim whose caller left while `NodeStageVolume` hung is staged and published
+//! once the plugin answers, or released and undone if the plugin fails it: never taken with
+//! nothing mounted. The operation then logs one line naming it, its volume, that its caller
+//! hung up, and how it ended.
+//!
+//! To learn how it ended, ask again or read the outcome ([`volume`](VolumeService::volume),
+//! the [`ServiceEvent`]s of [`subscribe`](VolumeService::subscribe)). Asking again is safe: a
+//! claim asked again answers the same claim and target path, a release of a claim already
+//! freed answers that there is no such claim, a create of an id that exists now answers that
+//! it is taken. [`wait_idle`](VolumeService::wait_idle) waits until no operation runs, those
+//! whose callers left included. The reads ([`list_external`](VolumeService::list_external),
+//! [`list_snapshots`](VolumeService::list_snapshots)) are plain futures, and so is
+//! [`reconcile_node`](VolumeService::reconcile_node), which its caller may stop (a control
+//! plane closing does).
 
 mod claim;
 mod create;
@@ -30,7 +53,9 @@ mod events;
 mod expand;
 mod forget;
 mod reconcile;
+mod run;
 mod snapshots;
+mod waits;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -44,7 +69,7 @@ use csi_node::plugins::PluginManager;
 use csi_node::volumes::VolumeManager;
 use csi_rpc_shim::Shim;
 use csi_structs::{Capabilities, NodeId, PluginId, VolumeId};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use crate::catalog::{CatalogEntry, VolumeCatalog};
 
@@ -56,6 +81,7 @@ pub use expand::Expanded;
 pub use forget::{Deregistered, Leftover};
 pub use reconcile::{NodeReconciled, ReleasedWhileGone, WhileGone};
 pub use snapshots::{ExternalVolume, NewSnapshot, Snapshot, SnapshotsOf};
+pub use waits::{BlockedOn, BlockedRelease, ReleaseWaits};
 
 use error::{invalid, no_volume};
 
@@ -126,9 +152,18 @@ impl Peers for NoPeers {
 
 /// The control plane's volume operations on one node (module docs: [`self`]).
 ///
-/// Cheap to share behind an `Arc`; every operation takes `&self`.
+/// Cheap to share behind an `Arc`; every operation takes `&self`. An operation that changes
+/// something runs to its end even when the future it returned is dropped (module docs:
+/// [Dropping the future](self#dropping-the-future)).
 #[derive(Debug)]
 pub struct VolumeService {
+    inner: Arc<Inner>,
+}
+
+/// What every handle of one service shares: a task running an operation to its end holds
+/// one ([`VolumeService::to_the_end`]).
+#[derive(Debug)]
+struct Inner {
     me: NodeId,
     catalog: Arc<dyn VolumeCatalog>,
     claims: ClaimsHandle,
@@ -143,18 +178,20 @@ pub struct VolumeService {
     /// concurrent create of the same name was given.
     creating: Mutex<BTreeSet<VolumeId>>,
     events: broadcast::Sender<ServiceEvent>,
+    /// How many operations run now, their callers gone or not ([`VolumeService::wait_idle`]).
+    running: watch::Sender<usize>,
 }
 
 /// Builds a [`VolumeService`]: [`VolumeService::builder`].
 #[derive(Debug)]
 pub struct VolumeServiceBuilder {
-    service: VolumeService,
+    inner: Inner,
 }
 
 impl VolumeServiceBuilder {
     /// What the other nodes report (default: [`NoPeers`]).
     pub fn peers(mut self, peers: Arc<dyn Peers>) -> Self {
-        self.service.peers = peers;
+        self.inner.peers = peers;
         self
     }
 
@@ -163,7 +200,7 @@ impl VolumeServiceBuilder {
     /// it a forced deregistration of a volume with claims is refused, unless [`Peers`] says
     /// the claims are shared, where the catalog's record and the claims go together.
     pub fn forgetting(mut self, store: Arc<Forgetting<dyn ClaimStore>>) -> Self {
-        self.service.forgetting = Some(store);
+        self.inner.forgetting = Some(store);
         self
     }
 
@@ -171,7 +208,7 @@ impl VolumeServiceBuilder {
     /// claim's release, and of a claim's wait for the releasing claims in its way
     /// ([`VolumeService::claim`]) (default: 30 s).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.service.call_timeout = timeout;
+        self.inner.call_timeout = timeout;
         self
     }
 
@@ -180,10 +217,13 @@ impl VolumeServiceBuilder {
     /// [`ServiceEvent`]s (the follower ends with the driver); outside one, spawn
     /// [`VolumeService::follow_releases`] once a runtime runs.
     pub fn build(self) -> VolumeService {
+        let service = VolumeService {
+            inner: Arc::new(self.inner),
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(self.service.follow_releases());
+            tokio::spawn(service.follow_releases());
         }
-        self.service
+        service
     }
 }
 
@@ -202,7 +242,7 @@ impl VolumeService {
         volumes: VolumeManager,
     ) -> VolumeServiceBuilder {
         VolumeServiceBuilder {
-            service: VolumeService {
+            inner: Inner {
                 me,
                 catalog,
                 claims,
@@ -214,14 +254,16 @@ impl VolumeService {
                 call_timeout: Duration::from_secs(30),
                 creating: Mutex::new(BTreeSet::new()),
                 events: broadcast::channel(EVENT_BACKLOG).0,
+                running: watch::channel(0).0,
             },
         }
     }
 
     /// A service over csi-node's [`Node`](csi_node::Node): its id, claims, plugins and
     /// volumes, and its claim store to forget claims through when it has one
-    /// ([`Node::forgetting`](csi_node::Node::forgetting)). Drop the service before
-    /// [`Node::close`](csi_node::Node::close): it holds the node's managers.
+    /// ([`Node::forgetting`](csi_node::Node::forgetting)). Drop the service, and let its
+    /// operations end ([`wait_idle`](VolumeService::wait_idle)), before
+    /// [`Node::close`](csi_node::Node::close): they hold the node's managers.
     pub fn for_node(
         node: &csi_node::Node,
         catalog: Arc<dyn VolumeCatalog>,
@@ -244,7 +286,7 @@ impl VolumeService {
     /// Every [`ServiceEvent`] from now on. A receiver that falls more than 256 events behind
     /// misses the oldest (and is told so by `recv`).
     pub fn subscribe(&self) -> broadcast::Receiver<ServiceEvent> {
-        self.events.subscribe()
+        self.inner.events.subscribe()
     }
 
     /// Passes the claim driver's release progress on to the service's subscribers
@@ -253,8 +295,8 @@ impl VolumeService {
     /// [`VolumeServiceBuilder::build`] spawns it inside a runtime; run it only for a service
     /// built outside one.
     pub fn follow_releases(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut claims = self.claims.subscribe();
-        let events = self.events.clone();
+        let mut claims = self.inner.claims.subscribe();
+        let events = self.inner.events.clone();
         async move {
             loop {
                 match claims.recv().await {
@@ -275,39 +317,45 @@ impl VolumeService {
         }
     }
 
+    /// The deadline of each plugin call the service makes
+    /// ([`VolumeServiceBuilder::call_timeout`]).
+    pub fn call_timeout(&self) -> Duration {
+        self.inner.call_timeout
+    }
+
     /// This node.
     pub fn node(&self) -> &NodeId {
-        &self.me
+        &self.inner.me
     }
 
     /// The catalog.
     pub fn catalog(&self) -> &Arc<dyn VolumeCatalog> {
-        &self.catalog
+        &self.inner.catalog
     }
 
     /// The claim driver.
     pub fn claims(&self) -> &ClaimsHandle {
-        &self.claims
+        &self.inner.claims
     }
 
     /// The shim the service calls plugins through.
     pub fn shim(&self) -> &Shim {
-        &self.shim
+        &self.inner.shim
     }
 
     /// This node's volume manager.
     pub fn volumes(&self) -> &VolumeManager {
-        &self.volumes
+        &self.inner.volumes
     }
 
     /// What the other nodes report.
     pub fn peers(&self) -> &Arc<dyn Peers> {
-        &self.peers
+        &self.inner.peers
     }
 
     fn emit(&self, event: ServiceEvent) {
         // No subscriber is not an error.
-        let _ = self.events.send(event);
+        let _ = self.inner.events.send(event);
     }
 
     /// A volume of the catalog; one that may exist only (an uncertain create not undone) is
@@ -326,13 +374,14 @@ impl VolumeService {
 
     /// A volume of the catalog, including one that may exist only.
     fn any_entry(&self, id: &VolumeId) -> Result<CatalogEntry, ServiceError> {
-        self.catalog.get(id).ok_or_else(|| no_volume(id))
+        self.inner.catalog.get(id).ok_or_else(|| no_volume(id))
     }
 
     /// Whether `plugin` needs controller publish, from any fingerprint seen (here or on a
     /// peer); `None` when no controller of it was fingerprinted anywhere.
     pub fn controller_publish_of(&self, plugin: &PluginId) -> Option<bool> {
         let local = self
+            .inner
             .plugins
             .get(plugin)
             .filter(|p| p.fingerprint.capabilities.plugin.has_controller_service())
@@ -342,7 +391,8 @@ impl VolumeService {
                     .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume)
             });
         local.or_else(|| {
-            self.peers
+            self.inner
+                .peers
                 .plugins()
                 .into_iter()
                 .find(|p| &p.plugin == plugin && p.controller)
@@ -353,12 +403,14 @@ impl VolumeService {
     /// What `plugin`'s controller advertises, from a fingerprint here or a peer's report.
     pub fn controller_capabilities(&self, plugin: &PluginId) -> Option<Capabilities> {
         let local = self
+            .inner
             .plugins
             .get(plugin)
             .map(|p| p.fingerprint.capabilities.clone())
             .filter(|c| c.plugin.has_controller_service());
         local.or_else(|| {
-            self.peers
+            self.inner
+                .peers
                 .plugins()
                 .into_iter()
                 .filter(|p| &p.plugin == plugin && p.controller)
@@ -368,11 +420,12 @@ impl VolumeService {
 
     /// Whether a node instance of `plugin` (here or on a peer) advertises `EXPAND_VOLUME`.
     fn node_can_expand(&self, plugin: &PluginId) -> bool {
-        let local = self.plugins.get(plugin).is_some_and(|p| {
+        let local = self.inner.plugins.get(plugin).is_some_and(|p| {
             p.fingerprint.serves_node() && p.fingerprint.capabilities.node.can_expand()
         });
         local
             || self
+                .inner
                 .peers
                 .plugins()
                 .into_iter()
@@ -382,10 +435,10 @@ impl VolumeService {
 
     /// Whether `node`'s agent answers (`None`: not known here).
     fn node_reachable(&self, node: &NodeId) -> Option<bool> {
-        if node == &self.me {
+        if node == &self.inner.me {
             return Some(true);
         }
-        self.peers.reachable(node)
+        self.inner.peers.reachable(node)
     }
 
     /// Refuses, naming what is missing, unless `plugin`'s controller (here or on a peer)
@@ -412,7 +465,8 @@ impl VolumeService {
 
     /// The stored claims of a volume (one being written is not shown before it is durable).
     fn claims_of(&self, volume: &VolumeId) -> Vec<Claim> {
-        self.claims
+        self.inner
+            .claims
             .record(volume)
             .map(|r| r.claims().to_vec())
             .unwrap_or_default()
@@ -431,7 +485,8 @@ impl VolumeService {
 
     /// Every volume of the catalog, as [`volume`](Self::volume) shows it.
     pub fn volume_states(&self) -> Vec<VolumeState> {
-        self.catalog
+        self.inner
+            .catalog
             .list()
             .into_iter()
             .map(|e| self.state(e))
@@ -441,21 +496,22 @@ impl VolumeService {
     /// `entry` as [`volume`](Self::volume) shows it, with its claims and release now.
     pub fn state(&self, entry: CatalogEntry) -> VolumeState {
         let claims = self
+            .inner
             .claims
             .stored_record(&entry.id)
             .map(|r| {
                 r.claims()
                     .iter()
                     .map(|c| {
-                        let target_path = (c.node() == &self.me)
-                            .then(|| self.volumes.published(c.volume(), c.workload()))
+                        let target_path = (c.node() == &self.inner.me)
+                            .then(|| self.inner.volumes.published(c.volume(), c.workload()))
                             .flatten();
                         (c.clone(), target_path)
                     })
                     .collect()
             })
             .unwrap_or_default();
-        let release = self.claims.status(&entry.id).filter(|s| {
+        let release = self.inner.claims.status(&entry.id).filter(|s| {
             s.last_error.is_some() || s.claims.iter().any(|c| c.state().is_releasing())
         });
         VolumeState {
@@ -468,8 +524,8 @@ impl VolumeService {
     /// Claims per state name over every volume of the catalog.
     pub fn claim_counts(&self) -> BTreeMap<String, u64> {
         let mut counts = BTreeMap::new();
-        for e in self.catalog.list() {
-            if let Some(r) = self.claims.stored_record(&e.id) {
+        for e in self.inner.catalog.list() {
+            if let Some(r) = self.inner.claims.stored_record(&e.id) {
                 for c in r.claims() {
                     *counts.entry(c.state().name().to_owned()).or_default() += 1;
                 }
@@ -480,7 +536,8 @@ impl VolumeService {
 
     /// Refuses an id that cannot name a directory on this node.
     fn check_volume_id(&self, id: &VolumeId) -> Result<(), ServiceError> {
-        self.volumes
+        self.inner
+            .volumes
             .layout()
             .staging_path(id)
             .map(drop)
@@ -490,6 +547,7 @@ impl VolumeService {
     /// Takes `id`'s turn to create, refusing while another create of it runs here.
     fn creating(&self, id: &VolumeId) -> Result<CreateTurn<'_>, ServiceError> {
         if !self
+            .inner
             .creating
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -500,7 +558,7 @@ impl VolumeService {
             )));
         }
         Ok(CreateTurn {
-            ids: &self.creating,
+            ids: &self.inner.creating,
             id: id.clone(),
         })
     }

@@ -173,7 +173,7 @@ impl VolumeService {
     /// - every other one (its claim releasing with its node step still to run here, or its
     ///   volume unknown to the catalog) is kept for its release.
     pub async fn reconcile_node(&self, wait: Duration) -> NodeReconciled {
-        let records = self.volumes.records();
+        let records = self.inner.volumes.records();
         let deadline = tokio::time::Instant::now() + wait;
         // Which publications were released because their claims were let go while away.
         let let_go: Mutex<BTreeMap<(PluginId, VolumeId, WorkloadId), WhileGone>> =
@@ -208,7 +208,7 @@ impl VolumeService {
         let (early, late): (Vec<&VolumeEntry>, Vec<&VolumeEntry>) =
             records.iter().partition(|r| is_first(r));
         let mut plugins_not_ready = self.wait_for_plugins(&early, &[], deadline).await;
-        let mut report = self.volumes.reconcile_where(&lookup, &is_first).await;
+        let mut report = self.inner.volumes.reconcile_where(&lookup, &is_first).await;
         let mut released_while_gone = released(&report);
         // The others (and a claim let go meanwhile, released as the first were).
         plugins_not_ready.extend(
@@ -216,6 +216,7 @@ impl VolumeService {
                 .await,
         );
         let rest = self
+            .inner
             .volumes
             .reconcile_where(&lookup, &|e| !is_first(e))
             .await;
@@ -265,7 +266,7 @@ impl VolumeService {
             .collect();
         let mut not_ready = Vec::new();
         for id in plugins {
-            if let Err(e) = self.plugins.wait_for(id, deadline).await {
+            if let Err(e) = self.inner.plugins.wait_for(id, deadline).await {
                 tracing::warn!(plugin = %id, error = %e, "plugin of restored usage records not ready; their records are kept");
                 not_ready.push(id.clone());
             }
@@ -298,10 +299,10 @@ impl VolumeService {
             };
             let claim = match how {
                 WhileGone::ControllerStepResumed
-                    if !self.claims.node_detached_after_return(
+                    if !self.inner.claims.node_detached_after_return(
                         &record.volume,
                         workload,
-                        &self.me,
+                        &self.inner.me,
                         done.unstaged,
                     ) =>
                 {
@@ -340,7 +341,8 @@ impl VolumeService {
 
     /// Whether `volume` is in the catalog under `plugin`.
     fn in_catalog(&self, plugin: &PluginId, volume: &VolumeId) -> bool {
-        self.catalog
+        self.inner
+            .catalog
             .get(volume)
             .is_some_and(|e| &e.plugin == plugin)
     }
@@ -348,7 +350,12 @@ impl VolumeService {
     /// How a restored publication's claim stands, with what a publication needs: its
     /// claim taken on this node and the volume in the catalog.
     fn standing(&self, p: &Restored) -> Standing {
-        let Some(entry) = self.catalog.get(&p.volume).filter(|e| e.plugin == p.plugin) else {
+        let Some(entry) = self
+            .inner
+            .catalog
+            .get(&p.volume)
+            .filter(|e| e.plugin == p.plugin)
+        else {
             return Standing::Unknown;
         };
         match self.claim_standing(&p.volume, &p.workload) {
@@ -365,11 +372,11 @@ impl VolumeService {
 
     /// How `workload`'s claim of `volume` on this node stands in the claims.
     fn claim_standing(&self, volume: &VolumeId, workload: &WorkloadId) -> ClaimNow {
-        let record = self.claims.record(volume);
+        let record = self.inner.claims.record(volume);
         let claim = record.as_ref().and_then(|r| {
             r.claims()
                 .iter()
-                .find(|c| c.workload() == workload && c.node() == &self.me)
+                .find(|c| c.workload() == workload && c.node() == &self.inner.me)
         });
         let Some(claim) = claim else {
             // Freed, though its node steps never ran here: they were skipped, the node

@@ -87,6 +87,7 @@ impl VolumeService {
     ) -> Result<Vec<ExternalVolume>, ServiceError> {
         self.require(plugin, csi_client::Rpc::ListVolumes)?;
         let page = self
+            .inner
             .shim
             .list_volumes(
                 ListVolumes {
@@ -94,7 +95,7 @@ impl VolumeService {
                     max_entries: 0,
                     starting_token: String::new(),
                 },
-                self.call_timeout,
+                self.inner.call_timeout,
             )
             .await
             .map_err(|e| ServiceError::shim("ListVolumes", &e))?;
@@ -113,7 +114,8 @@ impl VolumeService {
 
     /// The catalog's volumes of `plugin`, by the plugin's id.
     fn known_volumes(&self, plugin: &PluginId) -> BTreeMap<ExternalVolumeId, VolumeId> {
-        self.catalog
+        self.inner
+            .catalog
             .list()
             .into_iter()
             .filter(|e| &e.plugin == plugin)
@@ -143,11 +145,25 @@ impl VolumeService {
         volume: &VolumeId,
         r: NewSnapshot,
     ) -> Result<Snapshot, ServiceError> {
+        self.to_the_end("create_snapshot", Some(volume), |s| {
+            let volume = volume.clone();
+            async move { s.run_create_snapshot(&volume, r).await }
+        })
+        .await
+    }
+
+    /// [`create_snapshot`](Self::create_snapshot), in its task.
+    async fn run_create_snapshot(
+        &self,
+        volume: &VolumeId,
+        r: NewSnapshot,
+    ) -> Result<Snapshot, ServiceError> {
         let entry = self.entry(volume)?;
         self.require(&entry.plugin, csi_client::Rpc::CreateSnapshot)?;
         csi_structs::limits::validate_request_name(&csi_structs::FieldPath::named("name"), &r.name)
             .map_err(|e| invalid("name", e))?;
         let info = self
+            .inner
             .shim
             .create_snapshot(
                 CreateSnapshot {
@@ -158,7 +174,7 @@ impl VolumeService {
                     parameters: r.parameters,
                     secrets: entry.secrets.for_use(SecretsUse::Snapshot),
                 },
-                self.call_timeout,
+                self.inner.call_timeout,
             )
             .await
             .map_err(|e| ServiceError::shim("CreateSnapshot", &e))?;
@@ -180,6 +196,7 @@ impl VolumeService {
         let (plugin, source, secrets) = self.snapshots_of(of)?;
         self.require(&plugin, csi_client::Rpc::ListSnapshots)?;
         let page = self
+            .inner
             .shim
             .list_snapshots(
                 ListSnapshots {
@@ -190,7 +207,7 @@ impl VolumeService {
                     starting_token: String::new(),
                     secrets,
                 },
-                self.call_timeout,
+                self.inner.call_timeout,
             )
             .await
             .map_err(|e| ServiceError::shim("ListSnapshots", &e))?;
@@ -212,16 +229,34 @@ impl VolumeService {
         of: &SnapshotsOf,
         snapshot: &SnapshotId,
     ) -> Result<PluginId, ServiceError> {
+        let volume = match of {
+            SnapshotsOf::Volume(id) => Some(id),
+            SnapshotsOf::Plugin(_) => None,
+        };
+        self.to_the_end("delete_snapshot", volume, |s| {
+            let (of, snapshot) = (of.clone(), snapshot.clone());
+            async move { s.run_delete_snapshot(&of, &snapshot).await }
+        })
+        .await
+    }
+
+    /// [`delete_snapshot`](Self::delete_snapshot), in its task.
+    async fn run_delete_snapshot(
+        &self,
+        of: &SnapshotsOf,
+        snapshot: &SnapshotId,
+    ) -> Result<PluginId, ServiceError> {
         let (plugin, _, secrets) = self.snapshots_of(of)?;
         self.require(&plugin, csi_client::Rpc::DeleteSnapshot)?;
-        self.shim
+        self.inner
+            .shim
             .delete_snapshot(
                 DeleteSnapshot {
                     query: ControllerQuery::new(plugin.clone()),
                     snapshot: snapshot.clone(),
                     secrets,
                 },
-                self.call_timeout,
+                self.inner.call_timeout,
             )
             .await
             .map_err(|e| ServiceError::shim("DeleteSnapshot", &e))?;

@@ -104,7 +104,10 @@ impl ControllerDetacher for ShimDetacher {
             secrets: self.secrets.controller_secrets(&r.volume),
         };
         // Under a fenced duty, the agent that serves the hop must stop retrying by the
-        // holder's deadline: a holder paused meanwhile could not cancel it.
+        // holder's deadline: a holder paused meanwhile could not cancel it. The shim also
+        // stamps that deadline in wall-clock time, so an agent that reads the request only
+        // after it (paused with the request in its socket) refuses it without calling the
+        // plugin, and this holder sees its own deadline passing (uncertain: taken again).
         let timeout = r.duty_deadline.map_or(self.timeout, |deadline| {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             self.timeout.min(left)

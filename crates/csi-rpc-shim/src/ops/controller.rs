@@ -21,6 +21,10 @@ impl Op for ControllerAttach {
     type WireOut = pb::ControllerAttachResponse;
     const RPC: AgentRpc = AgentRpc::ControllerAttach;
 
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
+
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
             query: &self.query,
@@ -110,6 +114,10 @@ impl Op for ControllerDetach {
     const RPC: AgentRpc = AgentRpc::ControllerDetach;
     const RELEASE_STEP: bool = true;
 
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
+
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
             query: &self.query,
@@ -181,6 +189,10 @@ impl Op for ControllerValidate {
     type Wire = pb::ControllerValidateRequest;
     type WireOut = pb::ControllerValidateResponse;
     const RPC: AgentRpc = AgentRpc::ControllerValidate;
+
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
 
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
@@ -267,6 +279,10 @@ impl Op for CreateVolume {
     type Wire = pb::ControllerCreateVolumeRequest;
     type WireOut = pb::ControllerCreateVolumeResponse;
     const RPC: AgentRpc = AgentRpc::ControllerCreateVolume;
+
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
 
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
@@ -369,6 +385,10 @@ impl Op for DeleteVolume {
     type WireOut = pb::ControllerDeleteVolumeResponse;
     const RPC: AgentRpc = AgentRpc::ControllerDeleteVolume;
 
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
+
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
             query: &self.query,
@@ -430,6 +450,10 @@ impl Op for ControllerExpand {
     type Wire = pb::ControllerExpandVolumeRequest;
     type WireOut = pb::ControllerExpandVolumeResponse;
     const RPC: AgentRpc = AgentRpc::ControllerExpandVolume;
+
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
 
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {
@@ -652,6 +676,10 @@ impl Op for CreateSnapshot {
     type Wire = pb::ControllerCreateSnapshotRequest;
     type WireOut = pb::ControllerCreateSnapshotResponse;
     const RPC: AgentRpc = AgentRpc::ControllerCreateSnapshot;
+
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
 
     fn routing(&self) -> Routing<'_> {
         Routing::Controller {

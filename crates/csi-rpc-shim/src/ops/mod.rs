@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use csi_structs::{NodeId, PluginId, PluginNodeId};
+use csi_structs::{NodeId, PluginId, PluginNodeId, VolumeId};
 
 use crate::backend::{LocalPlugins, PluginError, ShimContext};
 use crate::request::ControllerQuery;
@@ -77,6 +77,10 @@ pub(crate) trait Op: Clone + Send + Sync + 'static {
 
     fn routing(&self) -> Routing<'_>;
     fn acting(&self) -> Acting<'_>;
+    /// The orchestrator volume the call is about, when it names one (for logs).
+    fn volume(&self) -> Option<&VolumeId> {
+        None
+    }
     /// The wire form, addressed to `target`.
     fn to_wire(&self, target: &NodeId) -> Self::Wire;
     /// The call and its target node, with every field checked.

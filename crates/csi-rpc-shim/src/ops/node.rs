@@ -15,6 +15,10 @@ impl Op for NodeDetach {
     const RPC: AgentRpc = AgentRpc::NodeDetach;
     const RELEASE_STEP: bool = true;
 
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
+
     fn routing(&self) -> Routing<'_> {
         Routing::Node {
             plugin: &self.plugin,
@@ -89,6 +93,10 @@ impl Op for NodeExpand {
     type Wire = pb::NodeExpandRequest;
     type WireOut = pb::NodeExpandResponse;
     const RPC: AgentRpc = AgentRpc::NodeExpand;
+
+    fn volume(&self) -> Option<&csi_structs::VolumeId> {
+        Some(&self.volume)
+    }
 
     fn routing(&self) -> Routing<'_> {
         Routing::Node {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use csi_rpc_shim::{
@@ -13,7 +13,7 @@ use csi_rpc_shim::{
     CreatedVolume, Credentials, DeleteSnapshot, DeleteVolume, GrpcCode, Health, Instance,
     ListSnapshots, ListVolumes, LocalPlugins, LocalStatus, NodeDetach, NodeExpand, NodeExpanded,
     PluginError, Registry, Routes, Scope, ServiceKind, Shim, ShimConfig, ShimContext, SnapshotInfo,
-    SnapshotPage, Strategy, Token, TokenBook, Validated, VolumePage,
+    SnapshotPage, Strategy, Token, TokenBook, Validated, VolumePage, WallClock,
 };
 use csi_structs::{
     AccessMode, ContentSource, ErrorClass, ExternalVolumeId, NodeId, PluginId, PluginNodeId,
@@ -369,6 +369,8 @@ pub(crate) struct AgentSpec {
     pub(crate) strategy: Strategy,
     /// Its cap on a received call (the default when `None`).
     pub(crate) max_remote_timeout: Option<Duration>,
+    /// How far its wall clock runs ahead of the system clock (none: the system clock).
+    pub(crate) clock_ahead: Option<Duration>,
     /// TLS for its links (dialling and serving).
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<csi_rpc_shim::TlsConfig>,
@@ -385,6 +387,7 @@ impl AgentSpec {
             unreachable: Vec::new(),
             strategy: Strategy::Sticky,
             max_remote_timeout: None,
+            clock_ahead: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -424,6 +427,13 @@ impl AgentSpec {
 
     pub(crate) fn max_remote_timeout(mut self, cap: Duration) -> Self {
         self.max_remote_timeout = Some(cap);
+        self
+    }
+
+    /// Its wall clock runs `ahead` of the others': to it, every call arrives as if it had
+    /// waited that long in its socket (a paused agent reading a buffered request).
+    pub(crate) fn clock_ahead(mut self, ahead: Duration) -> Self {
+        self.clock_ahead = Some(ahead);
         self
     }
 
@@ -517,6 +527,9 @@ impl Cluster {
             config.strategy = spec.strategy;
             if let Some(cap) = spec.max_remote_timeout {
                 config.max_remote_timeout = cap;
+            }
+            if let Some(ahead) = spec.clock_ahead {
+                config.wall_clock = WallClock::following_tokio(SystemTime::now() + ahead);
             }
             #[cfg(feature = "tls")]
             {
@@ -696,6 +709,20 @@ pub(crate) fn with_creds<T>(
             h.to_string().parse().unwrap(),
         );
     }
+    req
+}
+
+/// Stamps a raw request with the sender's deadline `at` in wall-clock time.
+pub(crate) fn stamped<T>(mut req: tonic::Request<T>, at: SystemTime) -> tonic::Request<T> {
+    let millis = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    req.metadata_mut().insert(
+        csi_rpc_shim::deadline::DEADLINE_HEADER,
+        millis.parse().unwrap(),
+    );
     req
 }
 

@@ -239,8 +239,12 @@ struct Args {
     /// Never answer RPC (repeatable): `RPC[:after=N][:times=M][:volume=ID]`.
     #[arg(long = "hang", value_name = "SPEC", value_parser = FaultSpec::parse_hang)]
     hangs: Vec<FaultSpec>,
+    /// Hold RPC until the control socket's `resume`, then serve it (repeatable):
+    /// `RPC[:after=N][:times=M][:volume=ID]`.
+    #[arg(long = "hold", value_name = "SPEC", value_parser = FaultSpec::parse_hold)]
+    holds: Vec<FaultSpec>,
     /// Serve a control socket, unix:///absolute/path.sock: one command per line (fault,
-    /// delay, hang, clear, release, condition, calls, drain, log) to change faults and
+    /// delay, hang, hold, clear, release, resume, condition, calls, drain, log) to change faults and
     /// volume conditions and read the call log at run time.
     #[arg(long, value_name = "ENDPOINT")]
     control: Option<String>,
@@ -424,7 +428,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    for spec in args.faults.iter().chain(&args.delays).chain(&args.hangs) {
+    for spec in args
+        .faults
+        .iter()
+        .chain(&args.delays)
+        .chain(&args.hangs)
+        .chain(&args.holds)
+    {
         spec.install(&plugin.faults());
     }
     let mut runtime = if args.threads == 1 {

@@ -132,6 +132,85 @@ async fn a_hang_lasts_until_the_caller_gives_up() {
         .expect("normal service after the hang");
 }
 
+/// Whether the log shows a `rpc` call waiting (recorded, not answered yet).
+fn waiting(calls: &csi_testkit::CallList, rpc: Rpc) -> bool {
+    calls
+        .of(rpc)
+        .records()
+        .iter()
+        .any(|r| r.outcome == RecordedOutcome::InFlight)
+}
+
+#[tokio::test]
+async fn a_held_call_waits_until_resumed_then_is_served_and_release_ends_a_hold() {
+    let h = start_default().await;
+    h.server.faults().on(Rpc::Probe).hold().hold();
+    let mut identity = h.identity();
+    let first = tokio::spawn(async move { identity.probe(ProbeRequest {}).await });
+    h.server
+        .calls()
+        .wait_for(GUARD, |c| waiting(c, Rpc::Probe))
+        .await
+        .expect("the held call is recorded in flight");
+    h.server.faults().resume_held();
+    tokio::time::timeout(GUARD, first)
+        .await
+        .expect("resumed (hang guard)")
+        .expect("the task does not panic")
+        .expect("a resumed call is served normally");
+
+    // The second hold: ended by release_hung with UNAVAILABLE, as a hang.
+    let mut identity = h.identity();
+    let second = tokio::spawn(async move { identity.probe(ProbeRequest {}).await });
+    h.server
+        .calls()
+        .wait_for(GUARD, |c| waiting(c, Rpc::Probe))
+        .await
+        .expect("the second held call is recorded in flight");
+    h.server.faults().release_hung();
+    let status = tokio::time::timeout(GUARD, second)
+        .await
+        .expect("released (hang guard)")
+        .expect("the task does not panic")
+        .expect_err("a released hold fails");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(h.server.faults().is_exhausted());
+}
+
+#[tokio::test]
+async fn the_control_socket_holds_and_resumes_a_call() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let h = start_default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let control = h
+        .plugin()
+        .serve_control(dir.path().join("control.sock"))
+        .await
+        .unwrap();
+    let stream = tokio::net::UnixStream::connect(control.path())
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    write.write_all(b"hold Probe:times=1\n").await.unwrap();
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ok"));
+    let mut identity = h.identity();
+    let held = tokio::spawn(async move { identity.probe(ProbeRequest {}).await });
+    h.server
+        .calls()
+        .wait_for(GUARD, |c| waiting(c, Rpc::Probe))
+        .await
+        .expect("the held call is recorded in flight");
+    write.write_all(b"resume\n").await.unwrap();
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ok"));
+    tokio::time::timeout(GUARD, held)
+        .await
+        .expect("resumed (hang guard)")
+        .expect("the task does not panic")
+        .expect("a resumed call is served normally");
+    control.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_dropped_connection_fails_the_call_then_service_resumes() {
     let h = start_default().await;

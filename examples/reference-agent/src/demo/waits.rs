@@ -8,10 +8,11 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_client::{CallInFlight, CallsInFlight, LongCalls};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// How long a call runs before it is shown.
 pub(crate) const LONG: Duration = Duration::from_secs(3);

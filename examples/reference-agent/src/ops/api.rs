@@ -444,6 +444,25 @@ pub struct VolumeView {
     /// and usage), when the agent polls any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<VolumeHealthView>,
+    /// Releases of the volume's claims that wait for something that is not there (a node
+    /// that is down), past the agent's threshold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingView>,
+}
+
+/// A claim's release that waits for something that is not there.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WaitingView {
+    /// The volume.
+    pub volume: String,
+    /// The claim's workload.
+    pub workload: String,
+    /// The node the release waits for, when it waits for a node.
+    pub node: Option<String>,
+    /// What it waits for, in words.
+    pub waiting_for: String,
+    /// How long it has waited, as this agent saw it, in seconds.
+    pub waited_s: u64,
 }
 
 /// A volume that may exist in a plugin, though the agent cannot name it.
@@ -530,6 +549,10 @@ pub struct StatusView {
     pub claims: BTreeMap<String, u64>,
     /// Every stuck release, explained.
     pub stuck: Vec<ReleaseView>,
+    /// Releases that wait for something that is not there (a node that is down), past the
+    /// agent's threshold (`call_timeout`), oldest first; absent from agents before it.
+    #[serde(default)]
+    pub waiting: Vec<WaitingView>,
     /// Uncertain node publications awaiting cleanup.
     pub uncertain: Vec<UncertainView>,
     /// Cluster mode: the store, the members and who drives controller-side releases (`None`:
@@ -707,21 +730,9 @@ pub struct MemberView {
     pub plugins: Vec<String>,
 }
 
-/// One plugin as a peer advertises it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PeerPlugin {
-    /// The plugin id.
-    pub id: String,
-    /// Controller service health (`None`: no controller here).
-    pub controller: Option<bool>,
-    /// Node service: the plugin's node id and whether it is healthy.
-    pub node: Option<(String, bool)>,
-    /// Whether releases need a controller unpublish.
-    pub controller_publish: bool,
-    /// What the instance there advertises (absent from agents that predate it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capabilities: Option<csi_structs::Capabilities>,
-}
+/// One plugin as a peer advertises it (csi-control's wire form, in member records and in
+/// `GET /peer/v1/plugins`).
+pub use csi_control::peers::HostedPlugin as PeerPlugin;
 
 /// `GET /peer/v1/plugins`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -34,8 +34,12 @@ pub enum ClientError {
         /// What failed.
         detail: String,
     },
-    /// No answer in time.
-    #[error("the agent at {addr} did not answer within {limit:?}")]
+    /// No answer in time. An operation the agent accepted is not cancelled by the client
+    /// giving up: it runs to its end there.
+    #[error(
+        "the agent at {addr} did not answer within {limit:?}; an operation it accepted runs on \
+         to its end there (`csi-agent volume status` shows it)"
+    )]
     Timeout {
         /// The address.
         addr: SocketAddr,

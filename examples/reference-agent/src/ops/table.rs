@@ -200,6 +200,30 @@ fn external_id(v: &VolumeView) -> &str {
     }
 }
 
+/// Releases that wait for something that is not there: one row each, what it waits for
+/// under it.
+fn waiting(list: &[crate::ops::api::WaitingView]) -> String {
+    let mut t = Table::new(&["VOLUME", "WORKLOAD", "NODE", "WAITED"]);
+    for w in list {
+        t.row(vec![
+            w.volume.clone(),
+            w.workload.clone(),
+            w.node.clone().unwrap_or_else(|| "-".into()),
+            format!("{}s", w.waited_s),
+        ]);
+    }
+    let mut out = t.render();
+    for w in list {
+        out.push_str(&format!(
+            "{} of {}: {}\n",
+            escaped(&w.workload),
+            escaped(&w.volume),
+            escaped(&w.waiting_for)
+        ));
+    }
+    out
+}
+
 pub(crate) fn volumes(list: &[VolumeView]) -> String {
     if list.is_empty() {
         return "no volumes\n".into();
@@ -299,6 +323,14 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
     if let Some(r) = &v.release {
         out.push_str("release:\n");
         out.push_str(&releases(std::slice::from_ref(r)));
+    }
+    for w in &v.waiting {
+        out.push_str(&format!(
+            "release of {} waits ({}s): {}\n",
+            escaped(&w.workload),
+            w.waited_s,
+            escaped(&w.waiting_for)
+        ));
     }
     out
 }
@@ -514,6 +546,10 @@ pub(crate) fn status(s: &StatusView) -> String {
     } else {
         out.push_str(&releases(&s.stuck));
     }
+    if !s.waiting.is_empty() {
+        out.push_str("\nWAITING RELEASES (what they wait for is not there)\n");
+        out.push_str(&waiting(&s.waiting));
+    }
     if !s.uncertain.is_empty() {
         out.push_str("\nUNCERTAIN NODE OPERATIONS (cleaned up by their release)\n");
         let mut t = Table::new(&["VOLUME", "WORKLOAD", "STEP", "PATH"]);
@@ -690,6 +726,7 @@ mod tests {
             volumes: 1,
             claims: BTreeMap::new(),
             stuck: Vec::new(),
+            waiting: Vec::new(),
             uncertain: Vec::new(),
             cluster: None,
             store_failure: None,
@@ -748,6 +785,7 @@ mod tests {
             volumes: 1,
             claims: BTreeMap::new(),
             stuck: Vec::new(),
+            waiting: Vec::new(),
             uncertain: Vec::new(),
             cluster: None,
             store_failure: None,
@@ -820,6 +858,7 @@ mod tests {
             calls_in_flight: Vec::new(),
             may_exist: None,
             health: None,
+            waiting: Vec::new(),
         };
         lines_only(&volumes(std::slice::from_ref(&volume)), 2);
         // The detail: one line, the claims table (2), "release:", the release table (2).

@@ -2,16 +2,17 @@
 //! [`VolumeService`], their answers as the API's views, and the agent's status and metrics.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use csi_claims::driver::{ClaimsHandle, DriverError};
 use csi_claims::machine::{LastError, ReleaseWait};
 use csi_claims::{Claim, ClaimMode, ReleaseStatus};
 use csi_control::VolumeService;
 use csi_control::catalog::{CatalogEntry, VolumeCatalog};
+use csi_control::peers::NodePeers;
 use csi_control::service::{
-    CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
-    NodeReconciled, PeerPlugin, Peers, RegisterVolume, Snapshot, SnapshotsOf as Of, VolumeState,
+    BlockedOn, CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
+    NodeReconciled, RegisterVolume, ReleaseWaits, Snapshot, SnapshotsOf as Of, VolumeState,
 };
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
@@ -28,17 +29,6 @@ use crate::ops::api;
 /// A failed control operation: csi-control's error, answered by [`parts`].
 pub use csi_control::ServiceError as AgentError;
 
-/// What the agent knows about a peer.
-#[derive(Clone, Debug, Default)]
-pub struct PeerState {
-    /// Whether the last poll answered.
-    pub reachable: bool,
-    /// Its plugins, from the last answer.
-    pub plugins: Vec<api::PeerPlugin>,
-    /// The last poll error.
-    pub last_error: Option<String>,
-}
-
 /// Whose snapshots a snapshot call is about.
 #[derive(Clone, Copy, Debug)]
 pub enum SnapshotsOf<'a> {
@@ -48,86 +38,10 @@ pub enum SnapshotsOf<'a> {
     Plugin(&'a str),
 }
 
-/// What the agent asks of the cluster, in cluster mode.
-#[async_trait::async_trait]
+/// What `status` shows of the cluster, in cluster mode.
 pub trait ClusterStatus: std::fmt::Debug + Send + Sync {
     /// The store, the members and the controller duty's holder.
     fn view(&self) -> api::ClusterView;
-
-    /// Reports `node` gone for good to every agent (their drivers skip its node steps).
-    ///
-    /// # Errors
-    ///
-    /// When the store cannot be written.
-    async fn report_node_gone(&self, node: &NodeId) -> Result<(), csi_claims::StoreError>;
-}
-
-/// The agent's peers, by node (their last reports), and the cluster: what the volume service
-/// learns of other nodes.
-#[derive(Debug, Default)]
-pub struct AgentPeers {
-    states: Mutex<BTreeMap<NodeId, PeerState>>,
-    cluster: OnceLock<Arc<dyn ClusterStatus>>,
-}
-
-impl AgentPeers {
-    /// No peer reported yet, and no cluster until [`set_cluster`](Self::set_cluster).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Cluster mode: the members and the duty, once this agent joined (a second call is
-    /// ignored).
-    pub fn set_cluster(&self, cluster: Arc<dyn ClusterStatus>) {
-        let _ = self.cluster.set(cluster);
-    }
-
-    /// The peers' last reports, by node.
-    pub fn states(&self) -> MutexGuard<'_, BTreeMap<NodeId, PeerState>> {
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl Peers for AgentPeers {
-    fn plugins(&self) -> Vec<PeerPlugin> {
-        let mut out = Vec::new();
-        for (node, peer) in self.states().iter() {
-            for p in &peer.plugins {
-                let Ok(plugin) = PluginId::new(p.id.clone()) else {
-                    continue;
-                };
-                out.push(PeerPlugin {
-                    node: node.clone(),
-                    plugin,
-                    controller: p.controller.is_some(),
-                    node_service: p.node.is_some(),
-                    controller_publish: p.controller_publish,
-                    capabilities: p.capabilities.clone(),
-                });
-            }
-        }
-        out
-    }
-
-    fn reachable(&self, node: &NodeId) -> Option<bool> {
-        if let Some(cluster) = self.cluster.get() {
-            let members = cluster.view().members;
-            return Some(members.iter().any(|m| m.node == node.as_str()));
-        }
-        self.states().get(node).map(|p| p.reachable)
-    }
-
-    fn shares_claims(&self) -> bool {
-        self.cluster.get().is_some()
-    }
-
-    async fn report_node_gone(&self, node: &NodeId) -> Result<bool, csi_claims::StoreError> {
-        match self.cluster.get() {
-            Some(cluster) => cluster.report_node_gone(node).await.map(|()| true),
-            None => Ok(false),
-        }
-    }
 }
 
 /// The HTTP status, the kind and the class of an error answer. The agent's own failures
@@ -142,6 +56,7 @@ pub fn parts(e: &AgentError) -> (u16, &'static str, Option<ErrorClass>) {
         AgentError::Conflict(_) => (409, "conflict", None),
         AgentError::Unsupported(_) => (409, "unsupported", None),
         AgentError::Claims(DriverError::Stopped) => (503, "stopping", None),
+        AgentError::Stopped { .. } => (503, "stopping", class),
         AgentError::Claims(e) if e.is_store_failure() => (503, "store", class),
         AgentError::Denied(_) | AgentError::Claims(_) => (409, "claim", None),
         AgentError::Call { failure, .. } => (502, call_kind(*failure), class),
@@ -239,10 +154,12 @@ pub struct Agent {
     pub metrics: Metrics,
     /// The health of the volumes published here.
     pub health: Arc<csi_node::health::HealthMonitor>,
-    /// Peers, by node, and the cluster.
-    pub peers: Arc<AgentPeers>,
+    /// What peers reported last, by node (the control plane's).
+    pub peers: Arc<NodePeers>,
     /// Cluster mode's members and duty, for `status` (`None`: the embedded store).
     pub cluster: Option<Arc<dyn ClusterStatus>>,
+    /// The releases that wait for something that is not there, followed over time.
+    pub waits: Mutex<ReleaseWaits>,
     /// How the usage records restored at start were confirmed ([`Agent::reconciled`]);
     /// `None` until it finished.
     pub reconciled: Mutex<Option<api::ReconcileView>>,
@@ -579,12 +496,46 @@ impl Agent {
                 error: may.error.clone(),
             }),
             health: self.health.health().get(&entry.id).map(health_view),
+            waiting: self
+                .waiting()
+                .into_iter()
+                .filter(|w| w.volume == entry.id.as_str())
+                .collect(),
         }
+    }
+
+    /// Looks again at the releases that wait for something that is not there
+    /// ([`ReleaseWaits::check`]: each logged once when it passes the threshold).
+    pub fn check_waits(&self) {
+        self.waits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .check(&self.service);
+    }
+
+    /// The releases waiting past the threshold at the last [`check_waits`](Self::check_waits).
+    pub fn waiting(&self) -> Vec<api::WaitingView> {
+        let now = Instant::now();
+        let waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
+        waits
+            .current()
+            .into_iter()
+            .map(|b| api::WaitingView {
+                volume: b.volume.to_string(),
+                workload: b.workload.to_string(),
+                node: match &b.on {
+                    BlockedOn::NodeAway(node) => Some(node.to_string()),
+                    _ => None,
+                },
+                waiting_for: b.on.to_string(),
+                waited_s: now.saturating_duration_since(b.since).as_secs(),
+            })
+            .collect()
     }
 
     /// This agent's plugin calls about a volume in flight now.
     fn calls_in_flight(&self, volume: &ExternalVolumeId) -> Vec<api::CallInFlightView> {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         self.plugins
             .calls_in_flight()
             .for_volume(volume)
@@ -623,7 +574,7 @@ impl Agent {
         for v in &mut out {
             v.in_use = in_use.get(v.id.as_str()).copied().unwrap_or(0);
         }
-        for (node, peer) in self.peers.states().iter() {
+        for (node, peer) in &self.peers.reports() {
             for p in &peer.plugins {
                 let healthy = p.controller.unwrap_or(true) && p.node.as_ref().is_none_or(|n| n.1);
                 out.push(api::PluginView {
@@ -662,7 +613,7 @@ impl Agent {
             plugins: self.plugin_views(),
             peers: self
                 .peers
-                .states()
+                .reports()
                 .iter()
                 .map(|(n, p)| api::PeerView {
                     node: n.to_string(),
@@ -674,6 +625,7 @@ impl Agent {
             volumes: self.book().list().len(),
             claims: self.service.claim_counts(),
             stuck: claims.stuck().iter().map(release_view).collect(),
+            waiting: self.waiting(),
             uncertain: self
                 .volumes_here()
                 .uncertain()
@@ -752,6 +704,12 @@ impl Agent {
         self.metrics.render(&Gauges {
             claims: self.service.claim_counts(),
             stuck_releases: self.claims().stuck().len() as u64,
+            waiting_releases: self
+                .waits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .current()
+                .len() as u64,
             plugins,
             store_failing: self.claims().store_failure().is_some(),
             failing_files: failing_files().len() as u64,

@@ -12,52 +12,34 @@
 //!   the controller step without them); and the agent that performs controller-side release
 //!   steps (one at a time, elected; another takes over within the lease TTL when it dies).
 //!
-//! What is the agent's own stays here: what it says of itself in its record ([`MemberInfo`]:
-//! its control API, its shim address and its plugins, written beside the library's `format`,
-//! `node` and `instance` exactly as before the move), the `status` view of the cluster
-//! ([`Cluster`], the agent's [`ClusterStatus`]), and [`run`], which keeps the record current
-//! and feeds the other members' routes, tokens and plugins to the shim and the registry.
+//! csi-control's front door joins the membership and follows the other members into the
+//! routing (`ControlPlaneBuilder::cluster`); what is the agent's own stays here: what it says
+//! of itself in its record beside the routing's address and its plugins (its control API,
+//! `http`: the record is the JSON agents wrote before the move, field for field), and the
+//! `status` view of the cluster ([`Cluster`], the agent's [`ClusterStatus`]).
 //!
 //! Node-side release steps stay with the node's own agent.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use csi_claims::duty::Duty;
-use csi_claims::store::EtcdStore;
-use csi_claims::{StoreError, driver::ClaimsHandle};
-use csi_control::cluster::{JoinError, MemberRecord, Membership};
-use csi_rpc_shim::{Scope, Token};
-use csi_structs::NodeId;
-use serde::{Deserialize, Serialize};
+use csi_control::Membership;
+use csi_control::peers::NodeAbout;
 
-use super::agent::{Agent, ClusterStatus};
-use super::peers;
+use super::agent::ClusterStatus;
 use crate::config::EtcdSettings;
 use crate::ops::api;
 
-/// What an agent says of itself under `members/<node>`, beside the record's `format`, `node`
-/// and `instance`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberInfo {
-    /// Its control API (loopback: for the operator on that host).
-    pub http: String,
-    /// Its agent-to-agent (shim) address.
-    pub shim: String,
-    /// Its fingerprinted plugins.
-    pub plugins: Vec<api::PeerPlugin>,
-}
+/// The field of a member record that holds an agent's control API address.
+pub const HTTP_FIELD: &str = "http";
 
-/// An agent's record under `members/<node>`.
-pub type AgentRecord = MemberRecord<MemberInfo>;
-
-/// This agent in the cluster: its [`Membership`], and how `status` names the store.
+/// This agent in the cluster: its membership (the control plane's), and how `status` names
+/// the store.
 #[derive(Debug)]
 pub struct Cluster {
     /// This agent's membership, the other members, and the controller duty.
-    pub membership: Membership<MemberInfo>,
+    pub membership: Arc<Membership<NodeAbout>>,
     /// The store as the operator wrote it ([`EtcdSettings::display`]).
     store: String,
     /// The key prefix.
@@ -65,35 +47,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Joins the cluster (see [`Membership::join`]) with the lease and duty timing of
-    /// `settings`.
-    ///
-    /// # Errors
-    ///
-    /// Why cluster mode could not start, as `serve` reports it (another agent has this node
-    /// id, say).
-    pub async fn join(
-        store: &EtcdStore,
-        settings: &EtcdSettings,
-        record: &AgentRecord,
-        claims: ClaimsHandle,
-    ) -> Result<Self, String> {
-        // The configuration checked the TTL and the margin (`lease_margin`).
-        let membership = Membership::join(store, settings.lease_ttl, settings.duty, record, claims)
-            .await
-            .map_err(|e| match e {
-                JoinError::DuplicateNode { node, other } => format!(
-                    "node id {node} is already a member of the cluster (agent at {}, another \
-                     data directory); every agent needs its own node id",
-                    other.about.shim
-                ),
-                e => e.to_string(),
-            })?;
-        Ok(Self {
+    /// The `status` view of `membership`, joined with `settings`.
+    pub fn new(membership: Arc<Membership<NodeAbout>>, settings: &EtcdSettings) -> Self {
+        Self {
             membership,
             store: settings.display(),
             prefix: settings.store.prefix.clone(),
-        })
+        }
     }
 }
 
@@ -111,12 +71,7 @@ fn duty_view(duty: &Duty) -> api::DutyView {
     }
 }
 
-#[async_trait::async_trait]
 impl ClusterStatus for Cluster {
-    async fn report_node_gone(&self, node: &NodeId) -> Result<(), StoreError> {
-        self.membership.report_node_gone(node).await
-    }
-
     fn view(&self) -> api::ClusterView {
         let m = &self.membership;
         api::ClusterView {
@@ -130,7 +85,13 @@ impl ClusterStatus for Cluster {
                 .map(|r| api::MemberView {
                     me: r.node == m.me().as_str(),
                     node: r.node,
-                    http: r.about.http,
+                    http: r
+                        .about
+                        .extra
+                        .get(HTTP_FIELD)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
                     shim: r.about.shim,
                     plugins: r.about.plugins.into_iter().map(|p| p.id).collect(),
                 })
@@ -140,95 +101,10 @@ impl ClusterStatus for Cluster {
     }
 }
 
-/// Keeps this agent's record current and the other members known to the shim and the
-/// registry, until `stop`.
-pub async fn run(
-    agent: Arc<Agent>,
-    cluster: Arc<Cluster>,
-    mut record: AgentRecord,
-    token: Token,
-    interval: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let membership = &cluster.membership;
-    let mut changes = membership.subscribe();
-    let mut routes = BTreeMap::new();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let plugins = agent.plugins.peer_view();
-        if plugins != record.about.plugins {
-            record.about.plugins = plugins;
-            if let Err(e) = membership.update(&record) {
-                tracing::warn!(error = %e, "cannot publish this agent's plugins to the cluster");
-            }
-        }
-        follow_members(&agent, membership, &token, &mut routes);
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = changes.changed() => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// Routes and tokens for every other member; members gone (their lease expired) are marked
-/// down.
-fn follow_members(
-    agent: &Agent,
-    membership: &Membership<MemberInfo>,
-    token: &Token,
-    routes: &mut BTreeMap<NodeId, SocketAddr>,
-) {
-    let members = membership.members();
-    let mut present = Vec::new();
-    for m in &members {
-        let Ok(node) = NodeId::new(m.node.clone()) else {
-            continue;
-        };
-        if node == agent.me {
-            continue;
-        }
-        let shim = &m.about.shim;
-        let Ok(addr) = shim.parse::<SocketAddr>() else {
-            tracing::warn!(member = %m.node, shim = %shim, "member has an unusable shim address");
-            continue;
-        };
-        if routes.get(&node) != Some(&addr) {
-            routes.insert(node.clone(), addr);
-            tracing::info!(member = %m.node, shim = %shim, "cluster member joined");
-            agent
-                .service
-                .shim()
-                .update_routes(|r| r.set_direct(node.clone(), addr));
-            agent
-                .service
-                .shim()
-                .update_tokens(|t| t.insert(node.clone(), token.clone(), Scope::Cluster));
-        }
-        peers::apply(agent, &node, Ok(m.about.plugins.clone()));
-        present.push(node);
-    }
-    let gone: Vec<NodeId> = routes
-        .keys()
-        .filter(|n| !present.contains(n))
-        .cloned()
-        .collect();
-    for node in gone {
-        if routes.remove(&node).is_some() {
-            tracing::warn!(member = %node, "cluster member left (its lease expired or it stopped)");
-        }
-        peers::apply(
-            agent,
-            &node,
-            Err("not a cluster member: its lease expired or it stopped".to_owned()),
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::{Deserialize, Serialize};
 
     /// The record as agents wrote it before membership moved to csi-control, field for field.
     #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,15 +142,19 @@ mod tests {
         ]
     }
 
+    /// The record the front door writes for an agent: the JSON agents wrote before, the same
+    /// fields with the same values (in another order), and each side reads the other's.
     #[test]
-    fn an_agents_record_is_the_json_agents_wrote_before_the_move_and_reads_theirs() {
-        let new = AgentRecord::new(
+    fn an_agents_record_is_the_json_agents_wrote_before_and_reads_theirs() {
+        let mut extra = serde_json::Map::new();
+        extra.insert(HTTP_FIELD.into(), "127.0.0.1:8080".into());
+        let new = csi_control::MemberRecord::new(
             "n1",
             "3f2a9c",
-            MemberInfo {
-                http: "127.0.0.1:8080".into(),
+            NodeAbout {
                 shim: "10.0.0.1:9000".into(),
                 plugins: plugins(),
+                extra,
             },
         );
         let old = OldMemberRecord {
@@ -285,19 +165,14 @@ mod tests {
             shim: "10.0.0.1:9000".into(),
             plugins: plugins(),
         };
-        let written = serde_json::to_string(&new).expect("encodes");
-        assert_eq!(written, serde_json::to_string(&old).expect("encodes"));
-        assert!(
-            written.starts_with(
-                r#"{"format":1,"node":"n1","instance":"3f2a9c","http":"127.0.0.1:8080","shim":"10.0.0.1:9000","plugins":[{"id":"ebs","#
-            ),
-            "{written}"
-        );
+        let written = serde_json::to_value(&new).expect("encodes");
+        assert_eq!(written, serde_json::to_value(&old).expect("encodes"));
         // Each side reads the other's.
-        let read_old: OldMemberRecord = serde_json::from_str(&written).expect("old reads new");
+        let read_old: OldMemberRecord = serde_json::from_value(written).expect("old reads new");
         assert_eq!(read_old, old);
         let old_written = serde_json::to_vec(&old).expect("encodes");
-        let read_new: AgentRecord = serde_json::from_slice(&old_written).expect("new reads old");
+        let read_new: csi_control::MemberRecord<NodeAbout> =
+            serde_json::from_slice(&old_written).expect("new reads old");
         assert_eq!(read_new, new);
     }
 }

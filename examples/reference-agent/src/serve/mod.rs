@@ -26,9 +26,8 @@ pub mod peers;
 pub mod plugins;
 
 use std::hash::{Hash, Hasher};
-use std::io::Read as _;
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,33 +134,11 @@ fn data_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
     }
 }
 
-/// Random hex from the system's generator.
-fn random_hex(bytes: usize) -> std::io::Result<String> {
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// A random value kept in `<data_dir>/<name>` (mode 0600), created when missing: the operator
-/// token (`control.token`), this data directory's identity in a cluster (`instance.id`).
+/// token (`control.token`).
 fn random_file(data_dir: &Path, name: &str) -> Result<String, ServeError> {
     let path = data_dir.join(name);
-    match std::fs::read_to_string(&path) {
-        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_owned()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(data_err(&path)(e)),
-    }
-    let token = random_hex(32).map_err(data_err(&path))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(data_err(&path))?;
-    std::io::Write::write_all(&mut f, token.as_bytes()).map_err(data_err(&path))?;
-    Ok(token)
+    csi_node::state::random_value_file(&path).map_err(data_err(&path))
 }
 
 async fn bind(key: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
@@ -204,8 +181,11 @@ pub async fn serve_until(
         .map_err(ServeError::Runtime)?;
 
     let calls = Arc::new(CallsInFlight::new());
-    let peers = Arc::new(agent::AgentPeers::new());
-    let plane = open_plane(&config, &metrics, &calls, &peers).await?;
+    let addresses = Addresses {
+        http: http_addr,
+        shim: shim_addr,
+    };
+    let plane = open_plane(&config, &metrics, &calls, addresses).await?;
     let service = Arc::clone(plane.service());
     // Static peers: reached directly, trusted with cluster scope, down until they answer.
     let shim = service.shim();
@@ -234,36 +214,13 @@ pub async fn serve_until(
     let claims = service.claims().clone();
     let log_events = claims.log_events();
     #[cfg(feature = "etcd")]
-    let membership = match (plane.etcd(), &config.store) {
-        (Some(store), crate::config::StoreChoice::Etcd(settings)) => {
-            let record = cluster::AgentRecord::new(
-                me.to_string(),
-                random_file(&data, "instance.id")?,
-                cluster::MemberInfo {
-                    http: http_addr.to_string(),
-                    shim: shim_addr.map(|a| a.to_string()).unwrap_or_default(),
-                    plugins: Vec::new(),
-                },
-            );
-            match cluster::Cluster::join(store, settings, &record, claims.clone()).await {
-                Ok(joined) => {
-                    let joined = Arc::new(joined);
-                    peers.set_cluster(Arc::clone(&joined) as Arc<dyn agent::ClusterStatus>);
-                    Some((joined, record))
-                }
-                Err(e) => {
-                    drop((service, plugins, claims, log_events));
-                    let _ = plane.close().await;
-                    return Err(ServeError::Cluster(e));
-                }
-            }
-        }
+    let cluster_status = match (plane.membership(), &config.store) {
+        (Some(membership), crate::config::StoreChoice::Etcd(settings)) => Some(Arc::new(
+            cluster::Cluster::new(Arc::clone(membership), settings),
+        )
+            as Arc<dyn agent::ClusterStatus>),
         _ => None,
     };
-    #[cfg(feature = "etcd")]
-    let cluster_status = membership
-        .as_ref()
-        .map(|(m, _)| Arc::clone(m) as Arc<dyn agent::ClusterStatus>);
     #[cfg(not(feature = "etcd"))]
     let cluster_status = None;
     // Releases the store says are unfinished: the driver resumed each at its checkpointed step.
@@ -285,14 +242,30 @@ pub async fn serve_until(
         plugins: plugins.clone(),
         service,
         metrics,
-        peers,
+        peers: Arc::clone(plane.peers()),
         cluster: cluster_status,
+        waits: Mutex::new(csi_control::service::ReleaseWaits::new(config.call_timeout)),
         reconciled: Mutex::new(None),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(plugins.clone().run(config.scan_interval, stop_rx.clone()));
+    {
+        // Releases that wait for something that is not there, looked at as often as the
+        // plugins' health; each is logged once it waited `call_timeout`.
+        let (agent, interval, mut stop) =
+            (Arc::clone(&agent), config.health_interval, stop_rx.clone());
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => agent.check_waits(),
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
     {
         // The health of the volumes published here, polled as often as the plugins' health.
         let (stop, interval) = (stopped(stop_rx.clone()), config.health_interval);
@@ -355,17 +328,6 @@ pub async fn serve_until(
         Arc::clone(plugins.calls_in_flight()),
         stop_rx.clone(),
     ));
-    #[cfg(feature = "etcd")]
-    if let (Some((membership, record)), Some(token)) = (&membership, &config.cluster_token) {
-        tasks.spawn(cluster::run(
-            Arc::clone(&agent),
-            Arc::clone(membership),
-            record.clone(),
-            token.token.clone(),
-            config.scan_interval,
-            stop_rx.clone(),
-        ));
-    }
     if let (false, Some(token)) = (config.peers.is_empty(), &config.cluster_token) {
         tasks.spawn(peers::run(
             Arc::clone(&agent),
@@ -397,10 +359,15 @@ pub async fn serve_until(
     let stopped = stop.await;
     tracing::info!("stop signal received; finishing requests, checkpointing and stopping");
     let _ = stop_tx.send(true);
-    // Control requests in flight (a claim being published, say) finish first, with the
-    // release driver still running so their claims and releases become durable.
+    // Control requests in flight (a claim being published, say) finish first, and so do the
+    // operations whose callers hung up (they run to their end), with the release driver
+    // still running so their claims and releases become durable.
     let grace = config.call_timeout.saturating_add(Duration::from_secs(5));
-    if tokio::time::timeout(grace, http_task).await.is_err() {
+    let requests = async {
+        let _ = http_task.await;
+        agent.service.wait_idle().await;
+    };
+    if tokio::time::timeout(grace, requests).await.is_err() {
         tracing::warn!(
             ?grace,
             "control requests still running after the grace period; stopping anyway"
@@ -416,26 +383,33 @@ pub async fn serve_until(
     drop((agent, claims));
     // Every release step was checkpointed before its call; closing stops the release
     // pipeline, dropping calls in flight, and the next start repeats the step from the store.
+    // In cluster mode it then hands the controller duty and the membership over now rather
+    // than at lease expiry.
     if let Err(e) = plane.close().await {
         tracing::warn!(error = %e, "the control plane did not close cleanly");
-    }
-    // Hand the controller duty and the membership over now rather than at lease expiry.
-    #[cfg(feature = "etcd")]
-    if let Some((cluster, _)) = &membership {
-        cluster.membership.leave().await;
     }
     let _ = std::fs::remove_file(&info_path);
     tracing::info!("csi-agent stopped");
     stopped
 }
 
+/// Where this agent listens: its control API, and its routing (shim) when served; written in
+/// its member record in cluster mode.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+struct Addresses {
+    http: SocketAddr,
+    shim: Option<SocketAddr>,
+}
+
 /// The control plane of `config`: csi-control's front door in the data directory, with the
-/// agent's store, timings, plugin clients (`metrics`, `calls`), peers and cluster token.
+/// agent's store, timings, plugin clients (`metrics`, `calls`) and cluster token; in cluster
+/// mode joined to the cluster with a record naming `addresses`.
 async fn open_plane(
     config: &AgentConfig,
     metrics: &Metrics,
     calls: &Arc<CallsInFlight>,
-    peers: &Arc<agent::AgentPeers>,
+    addresses: Addresses,
 ) -> Result<ControlPlane, ServeError> {
     let timings = plugins::Timings {
         health_interval: config.health_interval,
@@ -455,8 +429,15 @@ async fn open_plane(
         call_timeout: config.call_timeout.saturating_mul(2),
         ..DriverConfig::default()
     };
+    #[cfg(not(feature = "etcd"))]
+    let _ = addresses;
+    #[cfg(not(feature = "etcd"))]
+    if let crate::config::StoreChoice::Etcd(settings) = &config.store {
+        return Err(stores_error(StoresError::NoEtcd {
+            store: settings.display(),
+        }));
+    }
     let mut plane = ControlPlane::builder(&config.data_dir, config.node_id.clone())
-        .store(config.store.stores())
         .call_timeout(config.call_timeout)
         .restart_wait(FIRST_FINGERPRINT_WAIT)
         .plugins(timings.manager_config())
@@ -466,13 +447,40 @@ async fn open_plane(
             config.call_timeout,
             metrics.clone(),
         ))
-        .plugin_observer(Arc::new(LogEvents::default()))
-        .peers(Arc::clone(peers) as Arc<dyn csi_control::Peers>);
+        .plugin_observer(Arc::new(LogEvents::default()));
     if let Some(token) = &config.cluster_token {
         plane = plane.shim_token(token.token.clone());
     }
+    #[cfg(feature = "etcd")]
+    if let (crate::config::StoreChoice::Etcd(settings), Some(token)) =
+        (&config.store, &config.cluster_token)
+    {
+        let advertise = addresses.shim.map(|a| a.to_string()).unwrap_or_default();
+        let mut cluster = csi_control::ClusterSettings::new(
+            settings.store.clone(),
+            token.token.clone(),
+            advertise,
+        );
+        cluster.lease_ttl = settings.lease_ttl;
+        cluster.duty = Some(settings.duty);
+        cluster.follow_interval = config.scan_interval;
+        cluster.extra.insert(
+            cluster::HTTP_FIELD.into(),
+            addresses.http.to_string().into(),
+        );
+        plane = plane.cluster(cluster);
+    }
     plane.open().await.map_err(|e| match e {
         PlaneError::Stores(e) => stores_error(e),
+        #[cfg(feature = "etcd")]
+        PlaneError::Join(e) => match *e {
+            csi_control::JoinError::DuplicateNode { node, other } => ServeError::Cluster(format!(
+                "node id {node} is already a member of the cluster (agent at {}, another data \
+                 directory); every agent needs its own node id",
+                other.about.shim
+            )),
+            e => ServeError::Cluster(e.to_string()),
+        },
         e => ServeError::Plane(e),
     })
 }
@@ -579,12 +587,12 @@ mod tests {
             }),
             "etcd_ca_file",
         );
-        let (metrics, calls, peers) = (
-            Metrics::new(),
-            Arc::new(CallsInFlight::new()),
-            Arc::new(agent::AgentPeers::new()),
-        );
-        match open_plane(&config, &metrics, &calls, &peers).await {
+        let (metrics, calls) = (Metrics::new(), Arc::new(CallsInFlight::new()));
+        let addresses = Addresses {
+            http: "127.0.0.1:1".parse().expect("address"),
+            shim: None,
+        };
+        match open_plane(&config, &metrics, &calls, addresses).await {
             Err(ServeError::Config(ConfigError::Invalid { key: named, .. })) => {
                 assert_eq!(named, key);
             }

@@ -171,27 +171,7 @@ impl Plugins {
 
     /// What peers learn about this node's plugins.
     pub fn peer_view(&self) -> Vec<PeerPlugin> {
-        self.manager
-            .list()
-            .iter()
-            .filter_map(|s| {
-                let fp = s.fingerprint.as_ref()?;
-                let healthy = s.health.is_healthy();
-                Some(PeerPlugin {
-                    id: s.plugin.to_string(),
-                    controller: fp
-                        .capabilities
-                        .plugin
-                        .has_controller_service()
-                        .then_some(healthy),
-                    node: fp.node.as_ref().map(|n| (n.node_id.to_string(), healthy)),
-                    controller_publish: fp
-                        .capabilities
-                        .lifecycle_requires(csi_client::Rpc::ControllerPublishVolume),
-                    capabilities: Some(fp.capabilities.clone()),
-                })
-            })
-            .collect()
+        PeerPlugin::of_node(&self.manager)
     }
 
     /// Scans the plugin directory until `stop` is set, every `interval`, then stops every

@@ -428,6 +428,101 @@ async fn sigkill_of_the_agent_driving_a_release_another_finishes_it() {
     .await;
 }
 
+/// A release that waits for a node that is down is not silent: once it has waited the
+/// agent's `call_timeout`, `status`, `volume status`, the metrics and the log say what it waits
+/// for and since when; when the node comes back the release finishes and the wait is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waiting_for_a_node_that_is_down_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd();
+    let [mock, mock_b, _] = three_node_plugin();
+    let a_plugins = dir.path().join("a-plugins");
+    std::fs::create_dir_all(&a_plugins).expect("plugin dir");
+    let _a_server = mock
+        .serve_unix(a_plugins.join("mock.sock"))
+        .await
+        .expect("mock serves");
+    let a_data = dir.path().join("a");
+    let mut a_args = args(dir.path(), "a", &etcd, &a_plugins);
+    a_args.extend(["--call-timeout".to_owned(), "2s".to_owned()]);
+    let mut a_agent = Serve::start(dir.path(), "a", &a_data, &a_args);
+    a_agent.ready().await;
+    let mut b = node(dir.path(), "b", &etcd, &mock_b).await;
+    eventually("a and b see each other", async || {
+        (cluster_view(&a_data).await.members.len() == 2
+            && cluster_view(&b.data).await.members.len() == 2)
+            .then_some(())
+    })
+    .await;
+    let _: VolumeView = json(&a_data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    let _: ClaimView = json(&b.data, &["volume", "claim", "v1", "--workload", "w-b"]).await;
+
+    // b goes down; its claim's release, asked through a, waits for b's node step.
+    b.agent.kill();
+    eventually("b's membership ends", async || {
+        (cluster_view(&a_data).await.members.len() == 1).then_some(())
+    })
+    .await;
+    let _: VolumeView = json(&a_data, &["volume", "release", "v1", "--workload", "w-b"]).await;
+    let status = eventually("a's status shows the waiting release", async || {
+        let s: StatusView = json(&a_data, &["status"]).await;
+        (!s.waiting.is_empty()).then_some(s)
+    })
+    .await;
+    let w = &status.waiting[0];
+    assert_eq!(
+        (w.volume.as_str(), w.workload.as_str(), w.node.as_deref()),
+        ("v1", "w-b", Some("b"))
+    );
+    assert!(w.waiting_for.contains("node b is not there"), "{w:?}");
+    assert!(w.waited_s >= 2, "past the threshold: {w:?}");
+    assert!(
+        status.stuck.is_empty(),
+        "nothing failed: {:?}",
+        status.stuck
+    );
+    let v: VolumeView = json(&a_data, &["volume", "status", "v1"]).await;
+    assert_eq!(v.waiting.len(), 1, "{v:?}");
+    let text = cli(&a_data, &["status"]).await.expect("status");
+    assert!(text.contains("WAITING RELEASES"), "{text}");
+    assert!(
+        super::serve::metrics(&a_data).contains("csi_agent_waiting_releases 1"),
+        "the gauge counts it"
+    );
+    assert_eq!(
+        a_agent
+            .log()
+            .matches("release waits: node b is not there")
+            .count(),
+        1,
+        "logged once: {}",
+        a_agent.log()
+    );
+
+    // b comes back: its node step runs, the release finishes, nothing waits.
+    let b_plugins = dir.path().join("b-plugins");
+    let mut b_again = Serve::start(
+        dir.path(),
+        "b-again",
+        &b.data,
+        &args(dir.path(), "b", &etcd, &b_plugins),
+    );
+    b_again.ready().await;
+    eventually("the release finishes once b is back", async || {
+        let v: VolumeView = json(&a_data, &["volume", "status", "v1"]).await;
+        v.claims.is_empty().then_some(())
+    })
+    .await;
+    eventually("nothing waits any more", async || {
+        let s: StatusView = json(&a_data, &["status"]).await;
+        s.waiting.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(ok_count(&mock_b, Rpc::NodeUnpublishVolume), 1);
+    assert_eq!(b_again.terminate(), Some(0));
+    assert_eq!(a_agent.terminate(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gone_for_good_is_detached_and_a_stuck_volume_deregistered_by_force() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -17,6 +17,7 @@ mod demo;
 mod detach;
 mod expand;
 mod faults;
+mod hangup;
 mod health;
 mod kubelet;
 mod load;

@@ -198,6 +198,7 @@ fn two_writers_on_a_single_writer_volume_are_seen() {
         calls_in_flight: Vec::new(),
         may_exist: None,
         health: None,
+        waiting: Vec::new(),
     };
     let fine = [
         view(

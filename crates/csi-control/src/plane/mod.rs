@@ -48,27 +48,23 @@
 //!
 //! # A cluster node
 //!
-//! [`ControlPlaneBuilder::store`] with [`StoreConfig::Etcd`] (cargo feature `etcd`) opens a
-//! node of a cluster: the catalog and the claims are in etcd, shared by every node; the node's
-//! usage records, registrations and paths stay in `node/`. Its release pipeline performs its
-//! own node steps, and controller steps while it holds the controller duty, fenced in etcd.
-//! What stays the embedder's, in a few lines: join the cluster's
-//! [`Membership`](crate::cluster::Membership) with [`ControlPlane::etcd`] and the node's
-//! claims (which elects the duty holder), give the nodes one token
-//! ([`shim_token`](ControlPlaneBuilder::shim_token)), serve the routing
-//! ([`Shim::serve`](csi_rpc_shim::Shim::serve) of [`VolumeService::shim`]) and add the
-//! other members' routes and plugins to it as they come and go. Controller release steps go
-//! through that routing in every mode, so a duty holder reaches a controller on another node.
+//! [`ControlPlaneBuilder::cluster`] (cargo feature `etcd`) opens a node of a cluster with the
+//! same call: the catalog and the claims are in etcd, shared by every node; the node's usage
+//! records, registrations and paths stay in `node/`. The node joins the cluster's
+//! [`Membership`](crate::cluster::Membership) (its record says where its routing is and which
+//! plugins it hosts, kept current; `instance.id` in the directory tells its restart from
+//! another process given the same node id), and follows the other members: their routes and
+//! plugins go to its routing and to [`ControlPlane::peers`] as they come and go. Its release
+//! pipeline performs its own node steps, and controller steps while it holds the controller
+//! duty, fenced in etcd; they go through the routing, so the duty holder reaches a controller
+//! on any node. What stays the embedder's: serving the routing on the address it advertises.
 //!
 //! ```no_run
 //! # #[cfg(feature = "etcd")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::time::Duration;
-//!
-//! use csi_claims::duty::DutyTiming;
-//! use csi_control::cluster::{MemberRecord, Membership};
-//! use csi_control::stores::{EtcdConfig, StoreConfig};
-//! use csi_control::ControlPlane;
+//! use csi_control::stores::EtcdConfig;
+//! use csi_control::{ClusterSettings, ControlPlane};
+//! use csi_rpc_shim::Token;
 //! use csi_structs::NodeId;
 //!
 //! let etcd = EtcdConfig {
@@ -78,23 +74,24 @@
 //!     identity: None,
 //!     user: None,
 //! };
-//! let plane = ControlPlane::builder("/var/lib/my-orchestrator", NodeId::new("node-1")?)
-//!     .store(StoreConfig::Etcd(Box::new(etcd)))
+//! let token = Token::new(std::fs::read_to_string("/etc/my-orchestrator/cluster.token")?.trim())?;
+//! let listener = tokio::net::TcpListener::bind("10.0.0.5:7070").await?;
+//! let plane = ControlPlane::builder("/var/lib/my-orchestrator", NodeId::new("node-5")?)
+//!     .cluster(ClusterSettings::new(etcd, token, "10.0.0.5:7070"))
 //!     .open()
 //!     .await?;
-//! let ttl = Duration::from_secs(10);
-//! let me = MemberRecord::new("node-1", "7f3c0a9e", serde_json::json!({"api": "10.0.0.1:80"}));
-//! let store = plane.etcd().expect("opened on etcd");
-//! let membership =
-//!     Membership::join(store, ttl, DutyTiming::new(ttl)?, &me, plane.node().claims().clone())
-//!         .await?;
+//! let routing = plane.service().shim().clone();
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let served = tokio::spawn(async move {
+//!     routing.serve(listener, async { let _ = stopped.await; }).await
+//! });
 //! // Create, claim, release: plane.service(), against every node's claims.
-//! membership.leave().await;
+//! let _ = stop.send(());
+//! served.await??;
 //! plane.close().await?;
 //! # Ok(()) }
 //! ```
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,8 +115,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::catalog::{CatalogSecrets, FileCatalog, VolumeCatalog};
+use crate::peers::NodePeers;
 use crate::service::{NodeReconciled, Peers, VolumeService};
 use crate::stores::{StoreConfig, Stores, StoresError};
+
+#[cfg(feature = "etcd")]
+pub mod cluster;
 
 /// The node's own state directory inside the control plane's.
 pub const NODE_DIR: &str = "node";
@@ -143,6 +144,25 @@ pub enum PlaneError {
     /// The catalog (`volumes.json`) could not be read.
     #[error(transparent)]
     Catalog(#[from] StateFileError),
+    /// This node could not join the cluster (cargo feature `etcd`): etcd failed, or another
+    /// live member has this node id.
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Join(Box<crate::cluster::JoinError<crate::peers::NodeAbout>>),
+    /// The controller duty's timing does not fit the member lease (cargo feature `etcd`).
+    #[cfg(feature = "etcd")]
+    #[error("cluster settings: {0}")]
+    Duty(#[source] csi_claims::duty::DutyTimingError),
+    /// The cluster's instance file (`instance.id` in the directory) could not be read or
+    /// written.
+    #[error("{path}: {source}")]
+    Instance {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The system's random source, for the node's internal routing credentials, could not
     /// be read.
     #[error("reading /dev/urandom: {0}")]
@@ -191,7 +211,8 @@ pub struct ControlPlaneBuilder {
     token: Option<Token>,
     customize: Option<ClientCustomizer>,
     plugin_observers: Vec<Arc<dyn PluginObserver>>,
-    peers: Option<Arc<dyn Peers>>,
+    #[cfg(feature = "etcd")]
+    cluster: Option<cluster::ClusterSettings>,
 }
 
 impl std::fmt::Debug for ControlPlaneBuilder {
@@ -207,18 +228,6 @@ impl std::fmt::Debug for ControlPlaneBuilder {
 }
 
 impl ControlPlaneBuilder {
-    /// Where the catalog and the claims live (default: [`StoreConfig::Embedded`], in the
-    /// directory). With [`StoreConfig::Etcd`] (cargo feature `etcd`) they are shared by a
-    /// cluster: the catalog and the claims in etcd ([`Stores`]), the node's usage records
-    /// and paths still in `node/`; this node's release pipeline performs its own node steps,
-    /// and controller steps only while it holds the controller duty, which the cluster's
-    /// [`Membership`](crate::cluster::Membership) elects (join it with
-    /// [`ControlPlane::etcd`]).
-    pub fn store(mut self, store: StoreConfig) -> Self {
-        self.store = store;
-        self
-    }
-
     /// The token this node presents to other nodes' routing (csi-rpc-shim) and accepts
     /// from them (default: a random one, for a node whose routing is never served). Give
     /// the cluster's token to serve [`VolumeService::shim`] to peers and route to theirs.
@@ -242,10 +251,18 @@ impl ControlPlaneBuilder {
         self
     }
 
-    /// What the service learns of other nodes: their plugins, their reachability, whether
-    /// claims are shared (default: [`NoPeers`](crate::NoPeers), a node on its own).
-    pub fn peers(mut self, peers: Arc<dyn Peers>) -> Self {
-        self.peers = Some(peers);
+    /// Opens a node of a cluster (cargo feature `etcd`): the catalog and the claims in the
+    /// etcd of [`ClusterSettings::etcd`](cluster::ClusterSettings::etcd) (the node's usage
+    /// records and paths still in `node/`), the node joined to the cluster's
+    /// [`Membership`](crate::cluster::Membership) with a record saying where its routing is
+    /// and which plugins it hosts (kept current), and the other members' routes and plugins
+    /// fed to its routing as they come and go. Serve the routing
+    /// ([`VolumeService::shim`]) on the advertised address.
+    #[cfg(feature = "etcd")]
+    pub fn cluster(mut self, settings: cluster::ClusterSettings) -> Self {
+        self.store = StoreConfig::Etcd(Box::new(settings.etcd.clone()));
+        self.token = Some(settings.token.clone());
+        self.cluster = Some(settings);
         self
     }
 
@@ -343,7 +360,8 @@ impl ControlPlaneBuilder {
             token,
             customize,
             plugin_observers,
-            peers,
+            #[cfg(feature = "etcd")]
+            cluster,
         } = self;
         csi_node::node::create_state_dir(&dir)?;
         let (catalog, shared): (Arc<dyn VolumeCatalog>, _) = match &store {
@@ -408,6 +426,7 @@ impl ControlPlaneBuilder {
             .open()
             .await?;
         feed.wake(node.claims().clone());
+        let peers = Arc::new(NodePeers::new(Arc::clone(&registry)));
         let shim = match local_shim(&node, registry, token, call_timeout) {
             Ok(shim) => shim,
             Err(e) => {
@@ -422,11 +441,25 @@ impl ControlPlaneBuilder {
             call_timeout,
             secrets,
         ))));
-        let mut service = VolumeService::for_node(&node, catalog, shim).call_timeout(call_timeout);
-        if let Some(peers) = peers {
-            service = service.peers(peers);
-        }
-        let service = Arc::new(service.build());
+        let service = VolumeService::for_node(&node, catalog, shim)
+            .call_timeout(call_timeout)
+            .peers(Arc::clone(&peers) as Arc<dyn Peers>)
+            .build();
+        let service = Arc::new(service);
+        #[cfg(feature = "etcd")]
+        let joined = match (cluster, shared.as_ref().and_then(|s| s.etcd.as_ref())) {
+            (Some(settings), Some(store)) => {
+                match cluster::join(&dir, &node, service.shim(), &peers, store, settings).await {
+                    Ok(joined) => Some(joined),
+                    Err(e) => {
+                        drop(service);
+                        let _ = node.close().await;
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
         let (report, reconciled) = watch::channel(None);
         let reconcile = {
             let service = Arc::clone(&service);
@@ -442,8 +475,11 @@ impl ControlPlaneBuilder {
             reconciled,
             reconcile,
             description,
+            peers,
             #[cfg(feature = "etcd")]
             etcd: shared.and_then(|s| s.etcd),
+            #[cfg(feature = "etcd")]
+            joined,
         })
     }
 }
@@ -484,12 +520,14 @@ fn local_shim(
 ) -> Result<Shim, PlaneError> {
     let token = match token {
         Some(token) => token,
-        None => Token::new(random_hex(24)?).map_err(|e| {
-            PlaneError::Random(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                e.to_string(),
-            ))
-        })?,
+        None => Token::new(csi_node::state::random_hex(24).map_err(PlaneError::Random)?).map_err(
+            |e| {
+                PlaneError::Random(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    e.to_string(),
+                ))
+            },
+        )?,
     };
     let credentials = Credentials {
         node: node.id().clone(),
@@ -508,15 +546,6 @@ fn local_shim(
         TokenBook::new(),
         Routes::new(),
     ))
-}
-
-/// `bytes` random bytes from the system, as hex.
-fn random_hex(bytes: usize) -> Result<String, PlaneError> {
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(PlaneError::Random)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Moves the embedded claim store of [`Stores`](crate::stores::Stores) (`<dir>/claims.redb`:
@@ -552,8 +581,11 @@ pub struct ControlPlane {
     reconciled: watch::Receiver<Option<Arc<NodeReconciled>>>,
     reconcile: JoinHandle<()>,
     description: String,
+    peers: Arc<NodePeers>,
     #[cfg(feature = "etcd")]
     etcd: Option<csi_claims::store::EtcdStore>,
+    #[cfg(feature = "etcd")]
+    joined: Option<cluster::Joined>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -581,7 +613,8 @@ impl ControlPlane {
             token: None,
             customize: None,
             plugin_observers: Vec::new(),
-            peers: None,
+            #[cfg(feature = "etcd")]
+            cluster: None,
         }
     }
 
@@ -623,9 +656,23 @@ impl ControlPlane {
         &self.description
     }
 
-    /// The etcd client of a control plane opened with [`StoreConfig::Etcd`], to join the
-    /// cluster's [`Membership`](crate::cluster::Membership) with this node's claims
-    /// ([`Node::claims`]); `None` with the embedded store.
+    /// What this node knows of its peers (their plugins, whether they answer), fed to its
+    /// routing; report what peers polled by the embedder say with [`NodePeers::report`]. In
+    /// cluster mode the members' records feed it.
+    pub fn peers(&self) -> &Arc<NodePeers> {
+        &self.peers
+    }
+
+    /// The cluster's membership of a node opened with
+    /// [`cluster`](ControlPlaneBuilder::cluster): the members, the controller duty's holder,
+    /// the nodes reported gone.
+    #[cfg(feature = "etcd")]
+    pub fn membership(&self) -> Option<&Arc<crate::cluster::Membership<crate::peers::NodeAbout>>> {
+        self.joined.as_ref().map(|j| &j.membership)
+    }
+
+    /// The etcd client of a cluster node ([`ControlPlaneBuilder::cluster`]), for keys of the
+    /// embedder's own under the cluster's prefix; `None` with the embedded store.
     #[cfg(feature = "etcd")]
     pub fn etcd(&self) -> Option<&csi_claims::store::EtcdStore> {
         self.etcd.as_ref()
@@ -676,29 +723,51 @@ impl ControlPlane {
     }
 
     /// Closes the volume service and the node together: stops the confirmation of restored
-    /// records if it still runs, then closes the node ([`Node::close`]: the release pipeline
-    /// checkpoints and stops, the plugins' tasks stop, the database closes).
+    /// records if it still runs, waits up to the call timeout for the operations still
+    /// running (those whose callers left run to their end: [`VolumeService::wait_idle`]),
+    /// then closes the node ([`Node::close`]: the release pipeline checkpoints and stops, the
+    /// plugins' tasks stop, the database closes).
     ///
     /// # Errors
     ///
     /// [`PlaneError::ServiceHeld`], at once, when a clone of [`service`](Self::service) is
     /// still held: the release pipeline and the plugins' tasks are stopped then, and the
-    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`].
+    /// node's database closes when the last clone is dropped. Otherwise as [`Node::close`]
+    /// (its [`NodeError::Held`] when an operation still runs after the wait: the database
+    /// closes when it ends).
     pub async fn close(self) -> Result<(), PlaneError> {
         let ControlPlane {
             node,
             service,
             reconcile,
+            #[cfg(feature = "etcd")]
+            joined,
             ..
         } = self;
         reconcile.abort();
         let _ = reconcile.await;
+        // An operation whose caller left runs to its end, holding the node's managers (and
+        // calling through the routing): it ends before anything stops, if it does within a
+        // call's time.
+        let _ = tokio::time::timeout(service.call_timeout(), service.wait_idle()).await;
+        // The members' follower holds the routing (and so the node's volume manager): it
+        // stops first; the membership is left once the node's release pipeline stopped.
+        #[cfg(feature = "etcd")]
+        let membership = match joined {
+            Some(joined) => Some(joined.stop().await),
+            None => None,
+        };
         let holders = Arc::strong_count(&service) - 1;
         let me = node.id().clone();
         // The last handle drops the service here; another still holding it keeps the
         // node's volume manager, which the node's close then reports at once.
         drop(service);
-        match node.close().await {
+        let closed = node.close().await;
+        #[cfg(feature = "etcd")]
+        if let Some(membership) = membership {
+            membership.leave().await;
+        }
+        match closed {
             Ok(()) => Ok(()),
             Err(NodeError::Held { .. }) if holders > 0 => {
                 Err(PlaneError::ServiceHeld { node: me, holders })
