@@ -14,7 +14,7 @@ use std::time::Duration;
 use csi_claims::ClaimMode;
 use csi_claims::DenyReason;
 use csi_client::{Endpoint, Rpc};
-use csi_control::service::{ClaimVolume, NewVolume};
+use csi_control::service::{ClaimVolume, DetachVolume, NewVolume, WhileGone};
 use csi_control::stores::EtcdConfig;
 use csi_control::{ClusterSettings, ControlPlane, Peers, ServiceError};
 use csi_rpc_shim::Token;
@@ -242,4 +242,142 @@ async fn two_cluster_members_know_each_other_and_share_the_catalog_and_the_claim
 
     b.close().await;
     a.close().await;
+}
+
+/// Node a is killed holding a claim (staged and published by its plugin), an operator reports
+/// it gone for good and detaches its claims from b, and the controller step is refused: the
+/// plugin still has the volume staged and published on a's node. Then a comes back on the
+/// same directory (it joins the cluster as it opens, before it finds its plugin again, which
+/// clears its gone mark and wakes b's step too early): the usage record of the claim released
+/// while it was gone is unpublished and unstaged at its plugin and removed, the release
+/// completes (the controller step retried by b, which holds the duty, without waiting out its
+/// backoff: a minute at the cap, longer than the hang guard), and a's report says what it
+/// released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reported_gone_that_comes_back_releases_what_it_held_and_the_release_completes() {
+    let etcd = LocalEtcd::start(1).expect("etcd on the PATH (Debian: apt-get install etcd-server)");
+    etcd.wait_healthy(GUARD).expect("etcd healthy (hang guard)");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let first = MockPlugin::builder()
+        .node_id("node-1")
+        .build()
+        .expect("mock");
+    let second = first.as_node("node-2").expect("the mock as node-2");
+    let a = Member::open(dir.path(), "a", &etcd, first.clone()).await;
+    let b = Member::open(dir.path(), "b", &etcd, second).await;
+    let a_id = NodeId::new("a").expect("node id");
+
+    let mut new = NewVolume::new(volume(), plugin(), AccessMode::SingleNodeWriter);
+    new.capacity_bytes = 1 << 20;
+    let entry = b.plane.service().create(new).await.expect("created on b");
+    let external = entry.external_id.as_str().to_owned();
+    eventually("a's catalog shows the volume created on b", || {
+        a.plane.service().catalog().get(&volume()).is_some()
+    })
+    .await;
+    a.plane
+        .service()
+        .claim(ClaimVolume::new(
+            volume(),
+            workload("w-a"),
+            ClaimMode::Write,
+        ))
+        .await
+        .expect("a claims");
+    assert_eq!(first.staged().len(), 1, "staged on node-1");
+    assert_eq!(first.published().len(), 1, "published on node-1");
+
+    // a is killed (closed without releasing anything: its usage record stays).
+    a.close().await;
+    let detached = b
+        .plane
+        .service()
+        .detach(DetachVolume {
+            node_gone: true,
+            ..DetachVolume::new(volume(), a_id.clone())
+        })
+        .await
+        .expect("a reported gone and its claims detached");
+    assert_eq!(detached.releasing, [workload("w-a")]);
+    first
+        .calls()
+        .wait_for(GUARD, |c| c.count(Rpc::ControllerUnpublishVolume) >= 1)
+        .await
+        .expect("the duty holder tries the controller step (hang guard)");
+    assert_eq!(
+        ok_count(&first, Rpc::ControllerUnpublishVolume),
+        0,
+        "refused while node-1 has the volume staged and published"
+    );
+    // A forced deregistration from b would leave a's mounts on a: its answer says so (asked
+    // without confirming it, it changes nothing).
+    match b
+        .plane
+        .service()
+        .deregister_volume(&volume(), true, false)
+        .await
+    {
+        Err(ServiceError::Invalid { field, reason }) => {
+            assert_eq!(field, "confirmed");
+            assert!(
+                reason.contains("publication for workload w-a on node a, reported gone for good"),
+                "{reason}"
+            );
+        }
+        other => panic!("a forced deregistration must be confirmed: {other:?}"),
+    }
+
+    // a comes back on its directory.
+    let a = Member::open(dir.path(), "a", &etcd, first.clone()).await;
+    let reconciled = tokio::time::timeout(GUARD, a.plane.reconciled())
+        .await
+        .expect("the confirmation ends (hang guard)");
+    let released: Vec<(String, WhileGone)> = reconciled
+        .released_while_gone
+        .iter()
+        .map(|r| (r.workload.to_string(), r.claim))
+        .collect();
+    assert_eq!(
+        released,
+        [("w-a".to_owned(), WhileGone::ControllerStepResumed)],
+        "{reconciled}"
+    );
+    assert!(
+        reconciled
+            .to_string()
+            .contains("released while this node was reported gone"),
+        "{reconciled}"
+    );
+    let actions: Vec<&str> = reconciled
+        .report
+        .records
+        .iter()
+        .map(|r| r.action().as_str())
+        .collect();
+    assert_eq!(actions, ["released"], "{reconciled}");
+    assert!(first.staged().is_empty() && first.published().is_empty());
+    assert!(a.plane.service().volumes().records().is_empty());
+
+    eventually("the release completes: the claim freed", || {
+        b.plane
+            .service()
+            .volume(&volume())
+            .is_ok_and(|v| v.claims.is_empty())
+    })
+    .await;
+    assert_eq!(ok_count(&first, Rpc::ControllerUnpublishVolume), 1);
+    assert!(first.published_nodes(&external).is_empty());
+
+    b.close().await;
+    a.close().await;
+}
+
+/// How many calls of `rpc` the mock answered OK.
+fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
+    mock.calls()
+        .of(rpc)
+        .records()
+        .iter()
+        .filter(|r| r.outcome == csi_testkit::RecordedOutcome::Ok)
+        .count()
 }

@@ -1599,6 +1599,17 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
     assert_eq!(h.service.volume(&id).expect("known").claims.len(), 1);
     drop(blind);
 
+    let target = h
+        .service
+        .volumes()
+        .published(&id, &workload("web-1"))
+        .expect("published here");
+    let staging = h
+        .service
+        .volumes()
+        .layout()
+        .staging_path(&id)
+        .expect("a staging path");
     let gone = h
         .service
         .deregister_volume(&id, true, true)
@@ -1606,6 +1617,22 @@ async fn a_forced_deregistration_forgets_the_claims_or_is_refused() {
         .expect("forced");
     assert_eq!(gone.dropped_claims, 1);
     assert!(h.entry(&id).is_none());
+    // What stays on this node, named with its paths: the mounts its usage record keeps.
+    let left: Vec<String> = gone.left_behind.iter().map(ToString::to_string).collect();
+    for expected in [
+        format!(
+            "publication for workload web-1 on node {} at {}",
+            me(),
+            target.display()
+        ),
+        format!("staging on node {} at {}", me(), staging.display()),
+        "ControllerUnpublishVolume not done".to_owned(),
+    ] {
+        assert!(
+            left.iter().any(|l| l.contains(&expected)),
+            "{expected}: {left:#?}"
+        );
+    }
     // Deleted in the store before the answer; the driver drops its copy when the store's
     // watch tells it, a moment later (the guard is only against a hang).
     tokio::time::timeout(support::GUARD, async {

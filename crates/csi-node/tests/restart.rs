@@ -540,6 +540,41 @@ async fn a_restored_record_of_a_gone_workload_is_released_through_the_plugin() {
     assert!(!host.target(&logs, "w2").exists());
 }
 
+/// `reconcile_where` confirms the records it picks and leaves the others as they are, for a
+/// later call: released records first (what waits on them goes on), republished ones after.
+#[tokio::test]
+async fn reconcile_where_confirms_only_the_records_it_picks() {
+    let mut host = Host::start().await;
+    let db = host.volume("db").await;
+    let logs = host.volume("logs").await;
+    for (vol, w) in [(&db, "w1"), (&logs, "w2")] {
+        host.volumes
+            .mount(&host.mount(vol, w))
+            .await
+            .expect("mounted");
+    }
+    host.restart(Restart::Plugin, true, None).await;
+
+    let gone = db.id.clone();
+    let first = host
+        .volumes
+        .reconcile_where(&|_: &Restored| Restore::Release, &|r| r.volume == gone)
+        .await;
+    assert_eq!(
+        actions(&first),
+        [("db".to_owned(), "w1".to_owned(), "released")]
+    );
+    assert!(host.rpcs(&logs).is_empty(), "logs not picked: not called");
+    assert!(host.volumes.record(&host.id, &db.id).is_none());
+    assert!(host.volumes.record(&host.id, &logs.id).is_some());
+
+    let rest = host.volumes.reconcile(&republish).await;
+    assert_eq!(
+        actions(&rest),
+        [("logs".to_owned(), "w2".to_owned(), "republished")]
+    );
+}
+
 /// A restored record whose plugin never comes back: reconcile reports it with an error
 /// naming the plugin and the volume, calls nothing and keeps it; so do a mount and an
 /// unmount, for the release pipeline to finish once the plugin is back.

@@ -762,6 +762,31 @@ impl ClaimsHandle {
         self.shared.wake.notify_one();
     }
 
+    /// Records that a node reported gone for good came back and unpublished (and, when
+    /// `unstaged`, unstaged) the volume of `workload`'s claim itself, and retries the
+    /// volume's controller step at once; see [`ReleaseMachine::node_detached_after_return`].
+    /// Returns whether the claim was found with its node step skipped and its controller
+    /// step still to run.
+    pub fn node_detached_after_return(
+        &self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        node: &NodeId,
+        unstaged: bool,
+    ) -> bool {
+        let recorded = self.shared.lock().machine.node_detached_after_return(
+            volume,
+            workload,
+            node,
+            unstaged,
+            now(),
+        );
+        if recorded {
+            self.shared.wake.notify_one();
+        }
+        recorded
+    }
+
     /// Starts or stops performing controller-side release steps without a fence (see
     /// [`ReleaseMachine::set_controller_duty`]): for one agent, or a duty handed out by other
     /// means than a [`Duty`]. Turning it off also ends a fenced duty held

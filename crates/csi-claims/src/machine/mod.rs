@@ -14,6 +14,7 @@
 //!   [`claim`](ReleaseMachine::claim), [`release`](ReleaseMachine::release).
 //! - **Inputs (facts):** [`node_gone`](ReleaseMachine::node_gone),
 //!   [`node_returned`](ReleaseMachine::node_returned),
+//!   [`node_detached_after_return`](ReleaseMachine::node_detached_after_return),
 //!   [`plugin_available`](ReleaseMachine::plugin_available), and
 //!   [`handle_timeout`](ReleaseMachine::handle_timeout) when the deadline from
 //!   [`poll_timeout`](ReleaseMachine::poll_timeout) has passed.
@@ -842,6 +843,55 @@ impl ReleaseMachine {
     pub fn node_returned(&mut self, node: &NodeId, _now: Instant) {
         self.gone.remove(node);
         self.wake_where(|e| e.record.claims.iter().any(|c| &c.node == node));
+    }
+
+    /// A node reported gone for good came back and unpublished the volume of `workload`'s
+    /// claim itself (and unstaged it when `unstaged`): what its node step would have done,
+    /// had it not been skipped. A claim of `node` whose node step was recorded as skipped
+    /// ([`NodeStep::SkippedNodeGone`]) and whose controller step has not run yet
+    /// ([`ClaimState::NodeDetached`]) is recorded as detached by its node
+    /// ([`NodeStep::Detached`]), and the volume's failed step is retried at once. The
+    /// change is written to the store like any checkpoint, so the agent that performs
+    /// controller steps sees it too and retries there at once as well: a controller step
+    /// that the plugin refused while the volume was still staged or published on the node
+    /// (`FAILED_PRECONDITION`) need not wait out its backoff.
+    ///
+    /// Returns whether the claim was found so; otherwise (no such claim, another node's, a
+    /// node step not skipped, a controller step already run) nothing changes.
+    pub fn node_detached_after_return(
+        &mut self,
+        volume: &VolumeId,
+        workload: &WorkloadId,
+        node: &NodeId,
+        unstaged: bool,
+        _now: Instant,
+    ) -> bool {
+        let Some(entry) = self.volumes.get_mut(volume) else {
+            return false;
+        };
+        let skipped = ClaimState::NodeDetached(NodeDetached {
+            node: NodeStep::SkippedNodeGone,
+        });
+        let Some(index) = entry
+            .record
+            .claims
+            .iter()
+            .position(|c| &c.workload == workload && &c.node == node && c.state == skipped)
+        else {
+            return false;
+        };
+        let claim = &mut Arc::make_mut(&mut entry.record).claims[index];
+        let before = claim.clone();
+        claim.state = ClaimState::NodeDetached(NodeDetached {
+            node: NodeStep::Detached { unstaged },
+        });
+        let after = claim.state.clone();
+        entry.rev += 1;
+        // Applied again to what a read brings, should another agent's write come first.
+        entry.unrecorded.push((entry.rev, before, after));
+        entry.step_retry.not_before = None;
+        self.queue(volume);
+        true
     }
 
     /// Until `until`, a volume's release steps wait for its plugin to be reported available

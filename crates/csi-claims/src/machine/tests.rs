@@ -478,6 +478,129 @@ fn a_gone_node_is_recorded_before_its_node_step_is_skipped() {
     assert!(matches!(e, ClaimError::NodeGone { .. }));
 }
 
+/// A claim released as gone, its controller step refused at the cap (the volume still staged
+/// on the node): the node comes back and unpublishes it itself.
+fn released_as_gone_and_refused(h: &mut Harness) {
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.m.node_gone(&nid("n1"), h.now);
+    h.pump();
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
+    assert_eq!(h.m.poll_timeout(), Some(h.now + Duration::from_secs(30)));
+    assert!(h.controller_calls.is_empty());
+}
+
+#[test]
+fn a_returned_node_s_own_unpublish_is_recorded_and_the_controller_step_retried_at_once() {
+    let mut h = Harness::new();
+    released_as_gone_and_refused(&mut h);
+    h.m.node_returned(&nid("n1"), h.now);
+    h.pump();
+    // The return alone wakes the step, which is refused again: the volume is still there.
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
+    let writes = h.writes.len();
+
+    assert!(
+        h.m.node_detached_after_return(&vid("v"), &wid("a"), &nid("n1"), true, h.now),
+        "the claim's node step was skipped and its controller step not run"
+    );
+    h.pump();
+    assert_eq!(h.writes.len(), writes + 1, "recorded before the retry");
+    assert_eq!(h.stored_states("v"), ["node_detached"]);
+    assert_eq!(
+        h.controller_calls.len(),
+        1,
+        "retried now, not after the backoff"
+    );
+    h.answer_controller(Ok(()));
+    let Some(Event::Freed(claim)) = h.events.last() else {
+        panic!("freed expected: {:?}", h.events);
+    };
+    assert_eq!(
+        claim.state().node_step(),
+        Some(NodeStep::Detached { unstaged: true })
+    );
+    // Once freed there is nothing to record.
+    assert!(!h.m.node_detached_after_return(&vid("v"), &wid("a"), &nid("n1"), true, h.now));
+}
+
+#[test]
+fn only_a_skipped_node_step_of_that_node_waiting_for_its_controller_step_is_recorded() {
+    let mut h = Harness::new();
+    let v = info("v", ControllerRequirement::Required);
+    h.claim(&v, write_claim("v", "a", "n1")).unwrap();
+    h.release("v", "a");
+    h.answer_node(Ok(()));
+    let writes = h.writes.len();
+    h.answer_controller(err(DetachRpc::ControllerUnpublish, ErrorClass::Fatal));
+    // Its node step ran: not skipped.
+    assert!(!h.m.node_detached_after_return(&vid("v"), &wid("a"), &nid("n1"), false, h.now));
+    h.pump();
+    assert_eq!(h.writes.len(), writes, "nothing recorded");
+    assert!(h.controller_calls.is_empty(), "still backing off");
+
+    let mut gone = Harness::new();
+    released_as_gone_and_refused(&mut gone);
+    // Another node, another workload, another volume: nothing.
+    assert!(
+        !gone
+            .m
+            .node_detached_after_return(&vid("v"), &wid("a"), &nid("n2"), true, gone.now)
+    );
+    assert!(
+        !gone
+            .m
+            .node_detached_after_return(&vid("v"), &wid("b"), &nid("n1"), true, gone.now)
+    );
+    assert!(
+        !gone
+            .m
+            .node_detached_after_return(&vid("w"), &wid("a"), &nid("n1"), true, gone.now)
+    );
+    gone.pump();
+    assert!(gone.controller_calls.is_empty(), "still backing off");
+}
+
+#[test]
+fn the_agent_with_the_controller_duty_sees_the_returned_node_s_record_and_retries_at_once() {
+    // `duty` performs every step, as the holder of the controller duty does for a gone node.
+    let mut duty = Harness::new();
+    released_as_gone_and_refused(&mut duty);
+    let stored = duty.store.load_now(&vid("v")).unwrap();
+
+    // The returned node's machine: its own node steps only, no controller duty.
+    let config = MachineConfig {
+        duties: Duties::node(nid("n1"), false),
+        ..MachineConfig::with_seed(9)
+    };
+    let mut node = ReleaseMachine::new(config);
+    node.observed(&vid("v"), stored.version, Some(stored.record), duty.now);
+    assert!(node.poll_action().is_none(), "nothing of its own to do");
+    assert!(node.node_detached_after_return(&vid("v"), &wid("a"), &nid("n1"), false, duty.now));
+    let Some(Action::Persist(p)) = node.poll_action() else {
+        panic!("the record is written");
+    };
+    assert!(!p.fenced, "a node-side record: no controller duty needed");
+    let written = duty
+        .store
+        .compare_and_swap_now(&p.volume, p.expected, p.record.as_deref())
+        .unwrap()
+        .expect("a record");
+    node.persisted(p.ticket, Ok(Some(written)), duty.now);
+    assert!(
+        node.poll_action().is_none(),
+        "the controller step is not its own"
+    );
+
+    // The store's watch brings the change to the duty holder, which retries at once.
+    duty.m
+        .observed(&vid("v"), written, p.record.as_deref().cloned(), duty.now);
+    duty.pump();
+    assert_eq!(duty.controller_calls.len(), 1, "no wait for the backoff");
+    duty.answer_controller(Ok(()));
+    assert_eq!(duty.freed(), ["a"]);
+}
+
 #[test]
 fn unreachable_is_not_gone_a_failing_node_step_never_skips() {
     let mut h = Harness::new();

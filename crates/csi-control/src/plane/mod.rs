@@ -782,5 +782,6 @@ fn unfinished() -> Arc<NodeReconciled> {
     Arc::new(NodeReconciled {
         plugins_not_ready: Vec::new(),
         report: Default::default(),
+        released_while_gone: Vec::new(),
     })
 }

@@ -455,7 +455,9 @@ impl VolumeService {
     /// Releases every claim of a volume on one node (the node steps through that node's
     /// agent, then the controller step). With `node_gone` the node is reported gone for good
     /// first: every claim made from it (on every volume) is released without node steps, and
-    /// the controller step runs even though its agent is not there.
+    /// the controller step runs even though its agent is not there. Should the node come back
+    /// after all, its [`reconcile_node`](Self::reconcile_node) unpublishes and unstages what
+    /// those claims left there, and a controller step the plugin refused meanwhile is retried.
     ///
     /// # Errors
     ///

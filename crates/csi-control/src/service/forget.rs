@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use csi_claims::Claim;
+use csi_claims::{Claim, NodeStep};
 use csi_rpc_shim::{ControllerQuery, DeleteVolume};
 use csi_structs::{SecretsUse, VolumeId};
 
@@ -80,7 +80,9 @@ impl VolumeService {
             && !self.inner.peers.shares_claims()
         {
             return Err(ServiceError::Unsupported(format!(
-                "volume {volume}'s {} claim(s) cannot be forgotten: this service has no claim                  store to forget them through; release them (or `volume detach` a gone                  node's) instead",
+                "volume {volume}'s {} claim(s) cannot be forgotten: this service has no claim \
+                 store to forget them through; release them (or `volume detach` a gone \
+                 node's) instead",
                 claims.len()
             )));
         }
@@ -124,7 +126,9 @@ impl VolumeService {
     }
 
     /// What stays behind when the service forgets `entry` with `claims`: the volume in the
-    /// plugin, the node and controller steps not done, and this node's usage record.
+    /// plugin; this node's publications and staging of it, from its usage records; the
+    /// other nodes' publications whose node steps were not done (or skipped, the node
+    /// reported gone for good), from the claims; and the attachments not undone.
     fn leftovers(&self, entry: &CatalogEntry, claims: &[Claim]) -> Vec<Leftover> {
         if let Some(may) = &entry.may_exist {
             return vec![Leftover(format!(
@@ -143,20 +147,37 @@ impl VolumeService {
                 ""
             }
         ))];
+        // This node's publications and staging, from its usage records (whatever its
+        // claims say: a claim released while this node was reported gone keeps its mounts).
+        let records: Vec<_> = self
+            .inner
+            .volumes
+            .records()
+            .into_iter()
+            .filter(|r| r.volume == entry.id)
+            .collect();
+        let kept = "its usage record stays in this node's database";
         let mut attached = BTreeSet::new();
         for c in claims {
-            if c.state().node_step().is_none() {
-                let at = (c.node() == &self.inner.me)
-                    .then(|| self.inner.volumes.published(&entry.id, c.workload()))
-                    .flatten()
-                    .map(|p| format!(" at {}", p.display()))
-                    .unwrap_or_default();
-                out.push(Leftover(format!(
-                    "publication for workload {} on node {}{at}: NodeUnpublishVolume (and \
+            let on_me = c.node() == &self.inner.me;
+            let recorded = on_me && records.iter().any(|r| r.users.contains_key(c.workload()));
+            match c.state().node_step() {
+                _ if recorded => {}
+                None => out.push(Leftover(format!(
+                    "publication for workload {} on node {}: NodeUnpublishVolume (and \
                      NodeUnstageVolume with the node's last one) not done",
                     c.workload(),
                     c.node()
-                )));
+                ))),
+                Some(NodeStep::SkippedNodeGone) if !on_me => out.push(Leftover(format!(
+                    "publication for workload {} on node {}, reported gone for good: \
+                     NodeUnpublishVolume (and NodeUnstageVolume with the node's last one) \
+                     skipped; if the node comes back, its mounts stay there (its agent no \
+                     longer knows the volume)",
+                    c.workload(),
+                    c.node()
+                ))),
+                Some(_) => {}
             }
             if entry.controller_publish
                 && c.state().controller_step().is_none()
@@ -169,18 +190,29 @@ impl VolumeService {
                 )));
             }
         }
-        if self
-            .inner
-            .volumes
-            .records()
-            .iter()
-            .any(|r| r.volume == entry.id)
-        {
-            out.push(Leftover(
-                "this node's usage record of the volume (in the node's database), kept while \
-                 its mounts may exist"
-                    .to_owned(),
-            ));
+        for r in &records {
+            for (workload, user) in &r.users {
+                out.push(Leftover(format!(
+                    "publication for workload {workload} on node {} at {} (plugin {}): \
+                     NodeUnpublishVolume not done; {kept}",
+                    self.inner.me,
+                    user.target.display(),
+                    r.plugin
+                )));
+            }
+            let stagings = r
+                .staging
+                .iter()
+                .filter(|_| r.stage.is_some())
+                .chain(r.legacy_stagings.iter().map(|l| &l.path));
+            for staging in stagings {
+                out.push(Leftover(format!(
+                    "staging on node {} at {} (plugin {}): NodeUnstageVolume not done; {kept}",
+                    self.inner.me,
+                    staging.display(),
+                    r.plugin
+                )));
+            }
         }
         out
     }

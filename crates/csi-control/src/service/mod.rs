@@ -13,7 +13,7 @@
 //! | [`detach`](VolumeService::detach) | releases every claim of a volume on one node, which may be gone for good |
 //! | [`deregister_volume`](VolumeService::deregister_volume) | forgets a volume without calling its plugin, saying what stays behind |
 //! | [`delete`](VolumeService::delete) | `DeleteVolume` (when the orchestrator created it) and out of the catalog |
-//! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins |
+//! | [`reconcile_node`](VolumeService::reconcile_node) | after a restart, confirms the node's usage records with their plugins, and releases those of claims let go while the node was reported gone |
 //! | [`blocked_releases`](VolumeService::blocked_releases) | the releases waiting for something that is not there (a node that is down), followed over time by [`ReleaseWaits`] |
 //!
 //! Each operation checks its request against the volume, the catalog and the plugin's
@@ -79,7 +79,7 @@ pub use error::{CallFailure, ServiceError};
 pub use events::{ReleaseStepFailed, ServiceEvent};
 pub use expand::Expanded;
 pub use forget::{Deregistered, Leftover};
-pub use reconcile::NodeReconciled;
+pub use reconcile::{NodeReconciled, ReleasedWhileGone, WhileGone};
 pub use snapshots::{ExternalVolume, NewSnapshot, Snapshot, SnapshotsOf};
 pub use waits::{BlockedOn, BlockedRelease, ReleaseWaits};
 

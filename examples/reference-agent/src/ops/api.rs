@@ -634,6 +634,29 @@ pub struct ReconcileView {
     pub plugins_not_ready: Vec<String>,
     /// The records.
     pub records: Vec<ReconciledView>,
+    /// The publications released because their claims were let go (freed, or released
+    /// without their node steps: `volume detach --node-gone`) while this node was reported
+    /// gone for good; each is among `records` too, as `released`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released_while_gone: Vec<ReleasedWhileGoneView>,
+}
+
+/// A publication released at start because its claim was let go while this node was
+/// reported gone for good.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReleasedWhileGoneView {
+    /// The plugin.
+    pub plugin: String,
+    /// The volume.
+    pub volume: String,
+    /// The workload.
+    pub workload: String,
+    /// What the plugin was asked: `unpublished and unstaged`, `unpublished`, `unstaged` or
+    /// `nothing left to unpublish`.
+    pub done: String,
+    /// How its claim stood: `freed`, `controller_step_resumed` (released, its controller
+    /// step waiting: retried at once) or `controller_step_done`.
+    pub claim: String,
 }
 
 /// One usage record's confirmation.

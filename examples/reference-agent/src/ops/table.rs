@@ -592,6 +592,23 @@ pub(crate) fn status(s: &StatusView) -> String {
                 ]);
             }
             out.push_str(&t.render());
+            if !r.released_while_gone.is_empty() {
+                out.push_str(
+                    "\nRELEASED WHILE THIS NODE WAS REPORTED GONE (claims let go meanwhile: \
+                     their mounts here were removed at start)\n",
+                );
+                let mut t = Table::new(&["VOLUME", "WORKLOAD", "PLUGIN", "DONE", "CLAIM"]);
+                for v in &r.released_while_gone {
+                    t.row(vec![
+                        v.volume.clone(),
+                        v.workload.clone(),
+                        v.plugin.clone(),
+                        v.done.clone(),
+                        v.claim.clone(),
+                    ]);
+                }
+                out.push_str(&t.render());
+            }
         }
     }
     out
@@ -600,7 +617,7 @@ pub(crate) fn status(s: &StatusView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::api::{ReconcileView, ReconciledView};
+    use crate::ops::api::{ReconcileView, ReconciledView, ReleasedWhileGoneView};
     use csi_structs::untrusted::needs_escape;
     use std::collections::BTreeMap;
 
@@ -734,6 +751,7 @@ mod tests {
                 error: Some("plugin gone has no node service\nforged  row".into()),
                 class: Some("retry_elsewhere".into()),
             }],
+            released_while_gone: Vec::new(),
         });
         let text = status(&s);
         let section = text
@@ -747,6 +765,57 @@ mod tests {
             "{section}"
         );
         assert!(section.contains("plugins not ready when the wait ended: gone"));
+    }
+
+    #[test]
+    fn status_says_what_was_released_while_the_node_was_reported_gone() {
+        let released = ReconciledView {
+            plugin: "mock".into(),
+            volume: "v1".into(),
+            workload: "w1".into(),
+            found: "stage done, publish done".into(),
+            action: "released".into(),
+            error: None,
+            class: None,
+        };
+        let s = StatusView {
+            node: "n1".into(),
+            plugins: Vec::new(),
+            peers: Vec::new(),
+            volumes: 1,
+            claims: BTreeMap::new(),
+            stuck: Vec::new(),
+            waiting: Vec::new(),
+            uncertain: Vec::new(),
+            cluster: None,
+            store_failure: None,
+            failing_files: Vec::new(),
+            reconcile: Some(ReconcileView {
+                plugins_not_ready: Vec::new(),
+                records: vec![released],
+                released_while_gone: vec![ReleasedWhileGoneView {
+                    plugin: "mock".into(),
+                    volume: "v1".into(),
+                    workload: "w1\nforged  row".into(),
+                    done: "unpublished and unstaged".into(),
+                    claim: "controller_step_resumed".into(),
+                }],
+            }),
+            abnormal: Vec::new(),
+        };
+        let text = status(&s);
+        let section = text
+            .split("RELEASED WHILE THIS NODE WAS REPORTED GONE")
+            .nth(1)
+            .expect("the section");
+        // Its heading's rest, the table's header and one row.
+        lines_only(section, 3);
+        assert!(
+            section.contains("unpublished and unstaged")
+                && section.contains("controller_step_resumed"),
+            "{section}"
+        );
+        assert!(section.contains(r"w1\nforged  row"), "{section}");
     }
 
     #[test]

@@ -676,6 +676,17 @@ impl Agent {
                 .map(PluginId::into_inner)
                 .collect(),
             records: done.report.records.iter().map(reconciled_view).collect(),
+            released_while_gone: done
+                .released_while_gone
+                .iter()
+                .map(|r| api::ReleasedWhileGoneView {
+                    plugin: r.plugin.to_string(),
+                    volume: r.volume.to_string(),
+                    workload: r.workload.to_string(),
+                    done: r.done_str().to_owned(),
+                    claim: r.claim.as_str().to_owned(),
+                })
+                .collect(),
         };
         *self
             .reconciled

@@ -635,12 +635,124 @@ async fn a_node_gone_for_good_is_detached_and_a_stuck_volume_deregistered_by_for
     );
     b.agent.ready().await;
     converged(&[&a, &b, &c], 3).await;
-    // (A fresh volume: b's node still holds the mounts of the claims it lost.)
+    // Its claims were freed meanwhile: the mounts it held are released at its start.
+    let reconciled = eventually("b confirmed its restored records", async || {
+        let s: StatusView = json(&b.data, &["status"]).await;
+        s.reconcile
+    })
+    .await;
+    let released: Vec<(&str, &str, &str)> = reconciled
+        .released_while_gone
+        .iter()
+        .map(|r| (r.volume.as_str(), r.workload.as_str(), r.claim.as_str()))
+        .collect();
+    assert_eq!(
+        released,
+        [("v1", "v1-b", "freed"), ("v2", "v2-b", "freed")],
+        "{reconciled:?}"
+    );
+    assert!(mock_b.staged().is_empty() && mock_b.published().is_empty());
     let _: VolumeView = json(&a.data, &["volume", "create", "v4", "--plugin", "mock"]).await;
     let again: ClaimView = json(&b.data, &["volume", "claim", "v4", "--workload", "v4-b"]).await;
     assert_eq!(again.state, "taken");
     assert_eq!(
         mock.calls().count(Rpc::ControllerUnpublishVolume),
         unpublishes
+    );
+}
+
+/// An agent killed holding a claim, reported gone for good while its node still has the
+/// volume staged and published: the plugin refuses the controller step (`FAILED_PRECONDITION`,
+/// retried at the backoff's cap) until the agent comes back. At its start it releases what it
+/// held (its claim was released while it was reported gone), the release completes, and its
+/// `status` says what it released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reported_gone_that_comes_back_releases_its_mounts_and_the_release_completes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd();
+    // One storage model on two nodes: its controller refuses to unpublish a volume from a
+    // node that still has it staged or published.
+    let mock = MockPlugin::builder()
+        .node_id("a-node")
+        .build()
+        .expect("mock");
+    let mock_b = mock.as_node("b-node").expect("the mock as b-node");
+    let mut a = node(dir.path(), "a", &etcd, &mock).await;
+    let b = node(dir.path(), "b", &etcd, &mock_b).await;
+    converged(&[&a, &b], 2).await;
+    let created: VolumeView = json(&b.data, &["volume", "create", "v1", "--plugin", "mock"]).await;
+    let claim: ClaimView = json(&a.data, &["volume", "claim", "v1", "--workload", "w1"]).await;
+    assert_eq!(claim.state, "taken");
+    assert_eq!(
+        (mock.staged().len(), mock.published().len()),
+        (1, 1),
+        "staged and published on a-node"
+    );
+
+    // a dies; b reports it gone for good and detaches its claim.
+    a.agent.kill();
+    eventually("a's membership ends", async || {
+        (cluster_view(&b.data).await.members.len() == 1).then_some(())
+    })
+    .await;
+    let gone: csi_agent::ops::api::DetachView = json(
+        &b.data,
+        &["volume", "detach", "v1", "--node", "a", "--node-gone"],
+    )
+    .await;
+    assert!(gone.node_gone && gone.releasing == ["w1"], "{gone:?}");
+    mock.calls()
+        .wait_for(GUARD, |c| c.count(Rpc::ControllerUnpublishVolume) >= 1)
+        .await
+        .expect("the duty holder tries the controller step");
+    assert_eq!(
+        ok_count(&mock, Rpc::ControllerUnpublishVolume),
+        0,
+        "refused while a-node has the volume"
+    );
+    let stuck: VolumeView = json(&b.data, &["volume", "status", "v1"]).await;
+    assert_eq!(stuck.claims.len(), 1, "{stuck:?}");
+
+    // a comes back on its data directory.
+    let plugins = dir.path().join("a-plugins");
+    a.agent = Serve::start(
+        dir.path(),
+        "a-again",
+        &a.data,
+        &args(dir.path(), "a", &etcd, &plugins),
+    );
+    a.agent.ready().await;
+    eventually("the release completes", async || {
+        let v: VolumeView = json(&b.data, &["volume", "status", "v1"]).await;
+        (v.claims.is_empty() && v.release.is_none()).then_some(())
+    })
+    .await;
+    assert!(mock.staged().is_empty() && mock.published().is_empty());
+    assert!(mock.published_nodes(&created.external_id).is_empty());
+    assert_eq!(ok_count(&mock, Rpc::ControllerUnpublishVolume), 1);
+
+    // a's status says what it released, and why.
+    let reconciled = eventually("a confirmed its restored records", async || {
+        let s: StatusView = json(&a.data, &["status"]).await;
+        s.reconcile
+    })
+    .await;
+    let [released] = reconciled.released_while_gone.as_slice() else {
+        panic!("one publication released: {reconciled:?}");
+    };
+    assert_eq!(
+        (released.volume.as_str(), released.workload.as_str()),
+        ("v1", "w1")
+    );
+    assert_eq!(released.done, "unpublished and unstaged");
+    // Resumed by a's record, or already done by b's own retry a moment before it.
+    assert!(
+        ["controller_step_resumed", "controller_step_done"].contains(&released.claim.as_str()),
+        "{released:?}"
+    );
+    let text = cli(&a.data, &["status"]).await.expect("status");
+    assert!(
+        text.contains("RELEASED WHILE THIS NODE WAS REPORTED GONE"),
+        "{text}"
     );
 }
