@@ -20,7 +20,7 @@
 //! | `volumes.json` | the catalog (owner-only: it holds the volumes' secrets) |
 //! | `node/` | the node's state ([`csi_node::node`]): `node.redb` (claims and usage records), `plugins.json`, the staging and publish directories |
 //!
-//! A directory laid out by [`Stores`](crate::stores::Stores) with the embedded store (the
+//! A directory laid out by [`Stores`] with the embedded store (the
 //! claims and the node's usage records in `claims.redb` beside `volumes.json`, the paths under
 //! `node/`; the reference agent's data directory) is taken over as it is: its `claims.redb`
 //! moves to `node/node.redb` once, at the first open.
@@ -48,10 +48,10 @@
 //!
 //! # A cluster node
 //!
-//! [`ControlPlaneBuilder::cluster`] (cargo feature `etcd`) opens a node of a cluster with the
+//! `ControlPlaneBuilder::cluster` (cargo feature `etcd`) opens a node of a cluster with the
 //! same call: the catalog and the claims are in etcd, shared by every node; the node's usage
 //! records, registrations and paths stay in `node/`. The node joins the cluster's
-//! [`Membership`](crate::cluster::Membership) (its record says where its routing is and which
+//! `cluster::Membership` (its record says where its routing is and which
 //! plugins it hosts, kept current; `instance.id` in the directory tells its restart from
 //! another process given the same node id), and follows the other members: their routes and
 //! plugins go to its routing and to [`ControlPlane::peers`] as they come and go. Its release
@@ -168,7 +168,7 @@ pub enum PlaneError {
     #[error("reading /dev/urandom: {0}")]
     Random(#[source] std::io::Error),
     /// The directory holds both the embedded claim store of
-    /// [`Stores`](crate::stores::Stores) (`claims.redb`) and the node's database
+    /// [`Stores`] (`claims.redb`) and the node's database
     /// (`node/node.redb`); the control plane takes neither for the other. Move away the one
     /// that is not current.
     #[error(
@@ -548,7 +548,7 @@ fn local_shim(
     ))
 }
 
-/// Moves the embedded claim store of [`Stores`](crate::stores::Stores) (`<dir>/claims.redb`:
+/// Moves the embedded claim store of [`Stores`] (`<dir>/claims.redb`:
 /// the claims and the node's usage records, in the tables `node.redb` has) to
 /// `<dir>/node/node.redb`, where the node opens it. Nothing to do when there is none; refused,
 /// changing nothing, when both files exist (which one holds the truth is the operator's call).

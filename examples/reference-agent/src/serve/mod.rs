@@ -7,7 +7,8 @@
 //! Around it the agent keeps what is its own:
 //! - [`plugins`]: the plugin directory watched for `<plugin-id>.sock` sockets, fed to the
 //!   control plane's plugin manager, with the agent's client settings and metrics;
-//! - [`peers`] (static `--peer` list) and [`cluster`] (etcd membership): what peers host;
+//! - [`peers`] (static `--peer` list) and `cluster` (etcd membership, feature `etcd`): what
+//!   peers host;
 //! - [`agent`] and [`http`]: the control API of the operator commands, and `/metrics`;
 //! - [`log`]: the log format, every field value escaped.
 //!

@@ -1,7 +1,7 @@
 //! The agent's plugins: the control plane's plugin manager (csi-node's [`PluginManager`]) fed
 //! by a [`DirWatcher`] over the plugin directory (`<plugin-id>.sock` sockets), with the
 //! agent's clients ([`client_customizer`]: the `call_timeout` cap and the metrics layers) and
-//! csi-node's [`LogEvents`], which logs each transition.
+//! csi-node's `LogEvents`, which logs each transition.
 
 use std::path::PathBuf;
 use std::sync::Arc;
