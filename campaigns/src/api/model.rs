@@ -381,6 +381,16 @@ pub(crate) fn case(rng: &mut Rng) -> Case {
             body.field(rng, "capacity_bytes", true, Kind::Int, capacity);
             body.field(rng, "parameters", false, Kind::Map, string_map);
             body.field(rng, "secrets", false, Kind::Map, secrets);
+            // Only the mock is known: a create for another plugin is refused naming the known
+            // plugins (an operator's typo), not answered as an outage.
+            if body
+                .fields
+                .get("plugin")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p != "mock")
+            {
+                c.refusable = Some("known plugins");
+            }
             c.creates = body
                 .fields
                 .get("id")

@@ -230,6 +230,23 @@ async fn create_takes_the_plugin_s_default_size_and_refuses_one_over_the_wire_s_
     );
 }
 
+/// A plugin name no node knows is the caller's mistake, refused before any call naming the
+/// field and the plugins that are known, never a retryable "no instance is registered".
+#[tokio::test]
+async fn create_for_a_plugin_no_node_knows_names_the_known_plugins() {
+    let h = Harness::start().await;
+    let mut request = h.new_volume("data", GIB);
+    request.plugin = PluginId::new("mokc").expect("id");
+    let error = h.service.create(request).await.expect_err("a typo");
+    assert_eq!(error.class(), None, "not retryable: {error}");
+    let (field, reason) = invalid(error);
+    assert_eq!(field, "plugin");
+    assert!(reason.contains("no plugin mokc"), "{reason}");
+    assert!(reason.contains("known plugins: mock"), "{reason}");
+    assert_eq!(h.mock.calls().count(Rpc::CreateVolume), 0);
+    assert!(h.entry(&volume_id("data")).is_none());
+}
+
 #[tokio::test]
 async fn create_with_topology_for_a_plugin_without_accessibility_constraints_is_invalid() {
     let h = Harness::start().await;

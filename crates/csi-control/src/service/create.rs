@@ -234,8 +234,9 @@ impl VolumeService {
     /// # Errors
     ///
     /// [`ServiceError::Conflict`] for a taken id or a create of it in flight,
-    /// [`ServiceError::Invalid`] naming the field (a topology the plugin takes none of, a
-    /// size over the wire's limit), and the call's error: class
+    /// [`ServiceError::Invalid`] naming the field (a plugin no node knows, with the known
+    /// ones; a topology the plugin takes none of, a size over the wire's limit), and the
+    /// call's error: class
     /// [`Retry`](ErrorClass::Retry) when an uncertain create was undone,
     /// [`Uncertain`](ErrorClass::Uncertain) when it may have left a volume.
     pub async fn create(&self, r: NewVolume) -> Result<CatalogEntry, ServiceError> {
@@ -265,6 +266,8 @@ impl VolumeService {
             Some(source) => Some(self.content_source(&r.plugin, source)?),
             None => None,
         };
+        // After the fields are checked, so a broken field is named before the plugin.
+        self.known_plugin(&r.plugin)?;
         let draft = CatalogEntry {
             id: id.clone(),
             external_id: ExternalVolumeId::new("pending").map_err(|e| invalid("id", e))?,

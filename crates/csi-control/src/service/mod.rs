@@ -418,6 +418,40 @@ impl VolumeService {
         })
     }
 
+    /// Refuses a plugin that no node knows: not registered here, not reported by a peer and
+    /// not in the routing's registry. What an operator mistyped must not read like an outage
+    /// (a retryable "no instance"): the error names the plugin field and the known plugins.
+    fn known_plugin(&self, plugin: &PluginId) -> Result<(), ServiceError> {
+        let routed = self.inner.shim.registry().controllers(plugin);
+        if !routed.ready.is_empty() || !routed.refused.is_empty() {
+            return Ok(());
+        }
+        let mut known: BTreeSet<PluginId> = self
+            .inner
+            .plugins
+            .list()
+            .into_iter()
+            .map(|s| s.plugin)
+            .collect();
+        known.extend(self.inner.peers.plugins().into_iter().map(|p| p.plugin));
+        if known.contains(plugin) {
+            return Ok(());
+        }
+        let names: Vec<String> = known.iter().map(ToString::to_string).collect();
+        Err(invalid(
+            "plugin",
+            format!(
+                "no plugin {plugin} is registered on this node or reported by another node; \
+                 known plugins: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        ))
+    }
+
     /// Whether a node instance of `plugin` (here or on a peer) advertises `EXPAND_VOLUME`.
     fn node_can_expand(&self, plugin: &PluginId) -> bool {
         let local = self.inner.plugins.get(plugin).is_some_and(|p| {

@@ -1292,6 +1292,12 @@ async fn register_an_existing_volume_and_read_the_tables() {
         .await
         .expect_err("unknown plugin");
     assert!(missing.contains("no plugin"), "{missing}");
+    // A mistyped plugin in a create is the operator's mistake, named with the known plugins.
+    let typo = cli(&data, &["volume", "create", "typo", "--plugin", "mokc"])
+        .await
+        .expect_err("unknown plugin");
+    assert!(typo.contains("known plugins: mock"), "{typo}");
+    assert!(!typo.contains("(class retry)"), "{typo}");
 
     let bad = cli(
         &data,
