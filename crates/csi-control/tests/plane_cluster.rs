@@ -381,3 +381,28 @@ fn ok_count(mock: &MockPlugin, rpc: Rpc) -> usize {
         .filter(|r| r.outcome == csi_testkit::RecordedOutcome::Ok)
         .count()
 }
+
+/// An orchestrator's record field may not take a name of the record's own: refused before
+/// anything is opened, naming the field.
+#[tokio::test]
+async fn an_extra_record_field_with_a_name_of_the_record_s_own_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EtcdConfig {
+        endpoints: vec!["http://127.0.0.1:1".into()],
+        prefix: "/plane-test".into(),
+        ca_file: None,
+        identity: None,
+        user: None,
+    };
+    let token = Token::new("a-cluster-token-of-the-test-0123").expect("token");
+    let mut settings = ClusterSettings::new(store, token, "127.0.0.1:7070");
+    settings.extra.insert("shim".into(), "10.0.0.9:1".into());
+    let state = dir.path().join("a");
+    let refused = ControlPlane::builder(&state, NodeId::new("a").expect("node id"))
+        .cluster(settings)
+        .open()
+        .await
+        .expect_err("a field of the record's own");
+    assert!(refused.to_string().contains("\"shim\""), "{refused}");
+    assert!(!state.exists(), "nothing opened");
+}

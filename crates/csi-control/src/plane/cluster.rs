@@ -43,8 +43,22 @@ pub struct ClusterSettings {
     /// How often the record's plugins are compared with the node's and the members followed
     /// when nothing changed meanwhile (default: 1 s).
     pub follow_interval: Duration,
-    /// The orchestrator's own fields in the record ([`NodeAbout::extra`]).
+    /// The orchestrator's own fields in the record ([`NodeAbout::extra`]); none may take a
+    /// name of the record's own ([`RECORD_FIELDS`]).
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The names of a member record's own fields, which [`ClusterSettings::extra`] may not use.
+pub const RECORD_FIELDS: [&str; 5] = ["format", "node", "instance", "shim", "plugins"];
+
+impl ClusterSettings {
+    /// Refuses an `extra` field that would write over one of the record's own.
+    pub(super) fn check(&self) -> Result<(), PlaneError> {
+        match RECORD_FIELDS.iter().find(|f| self.extra.contains_key(**f)) {
+            Some(field) => Err(PlaneError::RecordField { field }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The default lease of a member record and of the controller duty.

@@ -149,6 +149,17 @@ pub enum PlaneError {
     #[cfg(feature = "etcd")]
     #[error(transparent)]
     Join(Box<crate::cluster::JoinError<crate::peers::NodeAbout>>),
+    /// A field of `ClusterSettings::extra` takes the name of one of the member record's own
+    /// (cargo feature `etcd`); nothing was opened.
+    #[cfg(feature = "etcd")]
+    #[error(
+        "cluster settings: extra field {field:?} is one of the member record's own fields \
+         (format, node, instance, shim, plugins); name it otherwise"
+    )]
+    RecordField {
+        /// The field.
+        field: &'static str,
+    },
     /// The controller duty's timing does not fit the member lease (cargo feature `etcd`).
     #[cfg(feature = "etcd")]
     #[error("cluster settings: {0}")]
@@ -363,6 +374,10 @@ impl ControlPlaneBuilder {
             #[cfg(feature = "etcd")]
             cluster,
         } = self;
+        #[cfg(feature = "etcd")]
+        if let Some(settings) = &cluster {
+            settings.check()?;
+        }
         csi_node::node::create_state_dir(&dir)?;
         let (catalog, shared): (Arc<dyn VolumeCatalog>, _) = match &store {
             StoreConfig::Embedded => {

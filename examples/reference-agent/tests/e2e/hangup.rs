@@ -4,41 +4,17 @@
 //! log says the caller hung up and how the claim ended, and claiming again answers the same.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use csi_agent::ops::api::{ClaimView, VolumeView};
 use csi_client::Rpc;
 use csi_testkit::{MockPlugin, RecordedOutcome};
 
-use crate::serve::{GUARD, eventually, json, one_agent};
+use crate::serve::{cli_within, eventually, json, one_agent};
 
 /// `csi-agent volume claim <volume> --workload w1` giving up after 2 s: `Err(stderr)` when it
 /// did (it must: the plugin holds the stage until the test resumes it).
 async fn claim_giving_up(data: &Path, volume: &str) -> Result<String, String> {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_csi-agent"));
-    command
-        .args([
-            "volume",
-            "claim",
-            volume,
-            "--workload",
-            "w1",
-            "--timeout",
-            "2s",
-        ])
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null());
-    let out = tokio::time::timeout(GUARD, tokio::task::spawn_blocking(move || command.output()))
-        .await
-        .expect("the client gives up (hang guard)")
-        .expect("the waiting thread does not panic")
-        .expect("csi-agent runs");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    cli_within(data, &["volume", "claim", volume, "--workload", "w1"], "2s").await
 }
 
 /// Claims `volume` (created here) for `w1` through the agent at `data` with a client that

@@ -149,12 +149,22 @@ pub(crate) async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option
 
 /// Runs an operator command; `Ok(stdout)` on exit 0, `Err(stderr)` otherwise.
 pub(crate) async fn cli(data: &Path, args: &[&str]) -> Result<String, String> {
+    cli_within(data, args, "30s").await
+}
+
+/// Runs an operator command that gives up after `timeout` (its `--timeout`); `Ok(stdout)` on
+/// exit 0, `Err(stderr)` otherwise.
+pub(crate) async fn cli_within(
+    data: &Path,
+    args: &[&str],
+    timeout: &str,
+) -> Result<String, String> {
     let mut command = Command::new(env!("CARGO_BIN_EXE_csi-agent"));
     command
         .args(args)
         .arg("--data-dir")
         .arg(data)
-        .args(["--timeout", "30s"])
+        .args(["--timeout", timeout])
         .stdin(Stdio::null());
     let out = tokio::time::timeout(GUARD, tokio::task::spawn_blocking(move || command.output()))
         .await
