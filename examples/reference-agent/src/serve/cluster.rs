@@ -15,7 +15,7 @@
 //! csi-control's front door joins the membership and follows the other members into the
 //! routing (`ControlPlaneBuilder::cluster`); what is the agent's own stays here: what it says
 //! of itself in its record beside the routing's address and its plugins (its control API,
-//! `http`: the record is the JSON agents wrote before the move, field for field), and the
+//! `http`: the record has the fields an older agent's had, and each reads the other's), and the
 //! `status` view of the cluster ([`Cluster`], the agent's [`ClusterStatus`]).
 //!
 //! Node-side release steps stay with the node's own agent.
