@@ -175,37 +175,3 @@ fn escape(value: &str) -> String {
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_plugins_calls_and_the_gauges_render_together() {
-        let m = Metrics::new();
-        let endpoint = "unix:///run/none.sock".parse().expect("valid endpoint");
-        let plugin = PluginId::new("mock").expect("valid id");
-        let _client = m
-            .instrument(&plugin, csi_client::CsiClient::builder(endpoint))
-            .build();
-        let mut g = Gauges::default();
-        g.claims.insert("taken".into(), 2);
-        g.stuck_releases = 1;
-        g.plugins.insert("healthy".into(), 1);
-        let text = m.render(&g);
-        for want in [
-            "# TYPE csi_agent_rpc_unsent_total counter",
-            r#"csi_agent_claims{state="taken"} 2"#,
-            "csi_agent_stuck_releases 1",
-            r#"csi_agent_plugins{health="healthy"} 1"#,
-            "csi_agent_store_failing 0",
-        ] {
-            assert!(text.contains(want), "{want} missing from\n{text}");
-        }
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
-}

@@ -742,20 +742,3 @@ pub struct PeerPlugins {
     /// Its fingerprinted plugins.
     pub plugins: Vec<PeerPlugin>,
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn path_segments_round_trip() {
-        for id in ["db", "a b/c?d#e%f", "ünï", "..", ""] {
-            let enc = encode_segment(id);
-            assert!(!enc.contains('/') && !enc.contains(' ') && !enc.contains('?'));
-            assert_eq!(decode_segment(&enc).as_deref(), Some(id));
-        }
-        for broken in ["%", "%4", "%zz", "%ff"] {
-            assert_eq!(decode_segment(broken), None, "{broken}");
-        }
-    }
-}

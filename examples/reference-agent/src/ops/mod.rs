@@ -9,7 +9,7 @@
 
 pub mod api;
 pub mod client;
-mod table;
+pub mod table;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -432,7 +432,8 @@ fn block_on<T>(f: impl Future<Output = Result<T, OpsError>>) -> Result<T, OpsErr
         .block_on(f)
 }
 
-fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>, OpsError> {
+/// `KEY=VALUE` flags as a map; an item without `=` is an error naming the flag.
+pub fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>, OpsError> {
     items
         .iter()
         .map(|kv| {
@@ -448,7 +449,7 @@ fn pairs(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String
 
 /// Topologies from `KEY=VALUE[,KEY=VALUE...]` flags, one per flag (the agent checks the
 /// spec's rules).
-fn topologies(
+pub fn topologies(
     flag: &'static str,
     items: &[String],
 ) -> Result<Vec<BTreeMap<String, String>>, OpsError> {
@@ -840,54 +841,4 @@ pub fn status(args: StatusArgs) -> Result<(), OpsError> {
         conn.print(&s, table::status);
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::table::Table;
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("1Gi").ok(), Some(1 << 30));
-        assert_eq!(parse_bytes("10G").ok(), Some(10_000_000_000));
-        assert_eq!(parse_bytes("42").ok(), Some(42));
-        for bad in ["", "G", "1X", "-1", "99999999999999Ti"] {
-            assert!(parse_bytes(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn key_value_pairs() {
-        assert_eq!(
-            pairs("context", &["a=b=c".into()]).ok(),
-            Some(BTreeMap::from([("a".into(), "b=c".into())]))
-        );
-        assert!(pairs("context", &["nope".into()]).is_err());
-    }
-
-    #[test]
-    fn topology_flags() {
-        let got = topologies("topology", &["zone=a,region=r".into(), "zone=b".into()]).ok();
-        assert_eq!(
-            got,
-            Some(vec![
-                BTreeMap::from([("zone".into(), "a".into()), ("region".into(), "r".into())]),
-                BTreeMap::from([("zone".into(), "b".into())]),
-            ])
-        );
-        for bad in ["zone", "zone=a,zone=b", "zone=a,"] {
-            let err = topologies("topology", &[bad.into()])
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("--topology"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn table_aligns_columns() {
-        let mut t = Table::new(&["A", "LONGER"]);
-        t.row(vec!["xxxx".into(), "y".into()]);
-        assert_eq!(t.render(), "A     LONGER\nxxxx  y\n");
-    }
 }

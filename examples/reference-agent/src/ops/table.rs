@@ -15,13 +15,15 @@ use super::api::{
 };
 
 /// A left-aligned text table.
-pub(crate) struct Table {
+#[derive(Debug)]
+pub struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub(crate) fn new(headers: &[&str]) -> Self {
+    /// A table with these column headers.
+    pub fn new(headers: &[&str]) -> Self {
         Self {
             headers: headers.iter().map(|h| (*h).to_owned()).collect(),
             rows: Vec::new(),
@@ -29,12 +31,13 @@ impl Table {
     }
 
     /// Adds a row; each cell is escaped.
-    pub(crate) fn row(&mut self, cells: Vec<String>) {
+    pub fn row(&mut self, cells: Vec<String>) {
         self.rows
             .push(cells.iter().map(|c| escape(c).into_owned()).collect());
     }
 
-    pub(crate) fn render(&self) -> String {
+    /// The table as text: the header line, then a line per row, columns two spaces apart.
+    pub fn render(&self) -> String {
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         for r in &self.rows {
             for (i, c) in r.iter().enumerate() {
@@ -69,7 +72,8 @@ fn yes(b: bool) -> String {
     if b { "yes" } else { "no" }.into()
 }
 
-pub(crate) fn plugins(list: &[PluginView]) -> String {
+/// `plugin list`: a row per plugin.
+pub fn plugins(list: &[PluginView]) -> String {
     if list.is_empty() {
         return "no plugins\n".into();
     }
@@ -100,7 +104,8 @@ pub(crate) fn plugins(list: &[PluginView]) -> String {
     t.render()
 }
 
-pub(crate) fn plugin_detail(p: &PluginView) -> String {
+/// `plugin info`: one plugin, a row per field.
+pub fn plugin_detail(p: &PluginView) -> String {
     let mut t = Table::new(&["FIELD", "VALUE"]);
     for (k, v) in [
         ("id", p.id.clone()),
@@ -124,7 +129,8 @@ pub(crate) fn plugin_detail(p: &PluginView) -> String {
     t.render()
 }
 
-pub(crate) fn claims(list: &[ClaimView]) -> String {
+/// A row per claim.
+pub fn claims(list: &[ClaimView]) -> String {
     if list.is_empty() {
         return "no claims\n".into();
     }
@@ -162,7 +168,8 @@ fn pending(r: &ReleaseView) -> String {
     }
 }
 
-pub(crate) fn releases(list: &[ReleaseView]) -> String {
+/// A row per release in progress, with its pending step, attempts and last error.
+pub fn releases(list: &[ReleaseView]) -> String {
     let mut t = Table::new(&[
         "VOLUME",
         "STATES",
@@ -224,7 +231,8 @@ fn waiting(list: &[crate::ops::api::WaitingView]) -> String {
     out
 }
 
-pub(crate) fn volumes(list: &[VolumeView]) -> String {
+/// `volume list`: a row per volume.
+pub fn volumes(list: &[VolumeView]) -> String {
     if list.is_empty() {
         return "no volumes\n".into();
     }
@@ -265,7 +273,8 @@ pub(crate) fn volumes(list: &[VolumeView]) -> String {
     out
 }
 
-pub(crate) fn volume_detail(v: &VolumeView) -> String {
+/// `volume status`: one volume with its claims, release, calls in flight and health.
+pub fn volume_detail(v: &VolumeView) -> String {
     let mut out = format!(
         "volume {}  plugin {}  external id {}  {} {}  controller publish {}\n",
         escaped(&v.id),
@@ -335,7 +344,8 @@ pub(crate) fn volume_detail(v: &VolumeView) -> String {
     out
 }
 
-pub(crate) fn expanded(e: &ExpandView) -> String {
+/// What `volume expand` did.
+pub fn expanded(e: &ExpandView) -> String {
     let mut out = volume_detail(&e.volume);
     out.push_str(&format!(
         "ControllerExpandVolume: {}\nNodeExpandVolume: {}\n",
@@ -353,7 +363,8 @@ pub(crate) fn expanded(e: &ExpandView) -> String {
     out
 }
 
-pub(crate) fn external_volumes(list: &[ExternalVolumeView]) -> String {
+/// A plugin's own list of volumes.
+pub fn external_volumes(list: &[ExternalVolumeView]) -> String {
     if list.is_empty() {
         return "no volumes in the plugin\n".into();
     }
@@ -373,7 +384,8 @@ pub(crate) fn external_volumes(list: &[ExternalVolumeView]) -> String {
     t.render()
 }
 
-pub(crate) fn snapshots(list: &[SnapshotView]) -> String {
+/// A row per snapshot.
+pub fn snapshots(list: &[SnapshotView]) -> String {
     if list.is_empty() {
         return "no snapshots\n".into();
     }
@@ -391,7 +403,8 @@ pub(crate) fn snapshots(list: &[SnapshotView]) -> String {
     t.render()
 }
 
-pub(crate) fn detached(d: &DetachView) -> String {
+/// What `volume detach` did.
+pub fn detached(d: &DetachView) -> String {
     let mut out = volume_detail(&d.volume);
     out.push_str(&format!(
         "releasing: {}{}\n",
@@ -408,7 +421,8 @@ pub(crate) fn detached(d: &DetachView) -> String {
     out
 }
 
-pub(crate) fn deregistered(d: &DeregisterView) -> String {
+/// What `volume deregister` did, and what it left behind.
+pub fn deregistered(d: &DeregisterView) -> String {
     let mut out = format!(
         "deregistered volume {} ({} claim(s) forgotten); left behind:\n",
         escaped(&d.volume.id),
@@ -421,7 +435,7 @@ pub(crate) fn deregistered(d: &DeregisterView) -> String {
 }
 
 /// This agent's hold on the controller duty, after its holder's name.
-fn held_duty(d: &DutyView) -> String {
+pub fn held_duty(d: &DutyView) -> String {
     if d.holds {
         format!(
             " (held here, revision {}: confirmed for {:.1}s)",
@@ -464,7 +478,8 @@ fn health(h: &VolumeHealthView) -> String {
     out
 }
 
-pub(crate) fn status(s: &StatusView) -> String {
+/// `status`: the node, its plugins and peers, and every release that is stuck or waiting.
+pub fn status(s: &StatusView) -> String {
     let counts: Vec<String> = s.claims.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut out = format!(
         "node {}  volumes {}  claims {}\n\nPLUGINS\n",
@@ -612,262 +627,4 @@ pub(crate) fn status(s: &StatusView) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops::api::{ReconcileView, ReconciledView, ReleasedWhileGoneView};
-    use csi_structs::untrusted::needs_escape;
-    use std::collections::BTreeMap;
-
-    /// Every line of `text` is a row of the table: nothing a plugin wrote starts a line or
-    /// drives the terminal.
-    fn lines_only(text: &str, rows: usize) {
-        assert_eq!(text.lines().count(), rows, "{text}");
-        assert!(
-            !text.chars().any(|c| c != '\n' && needs_escape(c)),
-            "{text:?}"
-        );
-    }
-
-    fn plugin(version: &str, last_error: &str) -> PluginView {
-        PluginView {
-            id: "mock".into(),
-            node: "n1".into(),
-            socket: Some("/run/csi/mock.sock".into()),
-            health: "healthy".into(),
-            health_reason: None,
-            name: Some("mock.csi.example".into()),
-            version: Some(version.into()),
-            controller: true,
-            node_service: true,
-            plugin_node: Some("node-1\r\u{0}".into()),
-            controller_publish: true,
-            staging: true,
-            fingerprints: 1,
-            last_error: Some(last_error.into()),
-            in_use: 0,
-        }
-    }
-
-    fn release(pending: &str, workload: Option<&str>, step: Option<&str>) -> ReleaseView {
-        ReleaseView {
-            volume: "v1".into(),
-            pending: pending.into(),
-            pending_workload: workload.map(Into::into),
-            backoff_step: step.map(Into::into),
-            attempts: 2,
-            last_error: Some("plugin returned Unavailable".into()),
-            last_error_class: Some("retry".into()),
-            next_retry_ms: Some(1500),
-            durable: true,
-            claims: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_release_backing_off_names_the_step_it_retries() {
-        let list = releases(&[
-            release("backoff", Some("w1"), Some("controller_detach")),
-            release("backoff", None, Some("store_read")),
-            release("node_detach", Some("w2"), None),
-        ]);
-        lines_only(&list, 4);
-        let rows: Vec<&str> = list.lines().skip(1).collect();
-        assert!(
-            rows[0].contains("backoff: controller_detach (w1)") && rows[0].contains(" 1s "),
-            "{list}"
-        );
-        assert!(rows[1].contains("backoff: store_read "), "{list}");
-        assert!(
-            rows[2].contains("node_detach (w2)") && !rows[2].contains("backoff"),
-            "{list}"
-        );
-    }
-
-    #[test]
-    fn plugin_text_cannot_forge_a_row_of_plugin_list() {
-        let forged = "1.0\nmock2  n1  healthy  yes  yes  -  1  0  9.9\u{1b}[2J";
-        let list = plugins(&[plugin(forged, "boom\r\nforged")]);
-        lines_only(&list, 2);
-        assert!(list.contains(r"1.0\nmock2  n1"), "{list}");
-        let detail = plugin_detail(&plugin(forged, "boom\r\nforged"));
-        lines_only(&detail, 16);
-        assert!(detail.contains(r"boom\r\nforged"), "{detail}");
-    }
-
-    #[test]
-    fn a_held_duty_says_until_when_it_is_confirmed_or_that_it_is_not() {
-        let mut duty = DutyView {
-            holds: true,
-            confirmed_for_ms: 2_400,
-            revision: 17,
-        };
-        assert_eq!(
-            held_duty(&duty),
-            " (held here, revision 17: confirmed for 2.4s)"
-        );
-        duty.holds = false;
-        duty.confirmed_for_ms = 0;
-        let lapsed = held_duty(&duty);
-        assert!(
-            lapsed.contains("NOT confirmed") && lapsed.contains("revision 17"),
-            "{lapsed}"
-        );
-    }
-
-    #[test]
-    fn status_shows_the_restored_records_and_their_errors_escaped() {
-        let mut s = StatusView {
-            node: "n1".into(),
-            plugins: Vec::new(),
-            peers: Vec::new(),
-            volumes: 1,
-            claims: BTreeMap::new(),
-            stuck: Vec::new(),
-            waiting: Vec::new(),
-            uncertain: Vec::new(),
-            cluster: None,
-            store_failure: None,
-            failing_files: Vec::new(),
-            reconcile: None,
-            abnormal: Vec::new(),
-        };
-        assert!(status(&s).contains("RESTORED NODE RECORDS\nbeing confirmed"));
-        s.reconcile = Some(ReconcileView::default());
-        assert!(
-            !status(&s).contains("RESTORED"),
-            "nothing restored: no section"
-        );
-        s.reconcile = Some(ReconcileView {
-            plugins_not_ready: vec!["gone".into()],
-            records: vec![ReconciledView {
-                plugin: "gone".into(),
-                volume: "v1".into(),
-                workload: "w1".into(),
-                found: "stage done, publish done".into(),
-                action: "plugin_missing".into(),
-                error: Some("plugin gone has no node service\nforged  row".into()),
-                class: Some("retry_elsewhere".into()),
-            }],
-            released_while_gone: Vec::new(),
-        });
-        let text = status(&s);
-        let section = text
-            .split("RESTORED NODE RECORDS")
-            .nth(1)
-            .expect("the section");
-        // Its heading's rest, the plugins not ready, the table's header and one row.
-        lines_only(section, 4);
-        assert!(
-            section.contains(r"no node service\nforged  row (class retry_elsewhere)"),
-            "{section}"
-        );
-        assert!(section.contains("plugins not ready when the wait ended: gone"));
-    }
-
-    #[test]
-    fn status_says_what_was_released_while_the_node_was_reported_gone() {
-        let released = ReconciledView {
-            plugin: "mock".into(),
-            volume: "v1".into(),
-            workload: "w1".into(),
-            found: "stage done, publish done".into(),
-            action: "released".into(),
-            error: None,
-            class: None,
-        };
-        let s = StatusView {
-            node: "n1".into(),
-            plugins: Vec::new(),
-            peers: Vec::new(),
-            volumes: 1,
-            claims: BTreeMap::new(),
-            stuck: Vec::new(),
-            waiting: Vec::new(),
-            uncertain: Vec::new(),
-            cluster: None,
-            store_failure: None,
-            failing_files: Vec::new(),
-            reconcile: Some(ReconcileView {
-                plugins_not_ready: Vec::new(),
-                records: vec![released],
-                released_while_gone: vec![ReleasedWhileGoneView {
-                    plugin: "mock".into(),
-                    volume: "v1".into(),
-                    workload: "w1\nforged  row".into(),
-                    done: "unpublished and unstaged".into(),
-                    claim: "controller_step_resumed".into(),
-                }],
-            }),
-            abnormal: Vec::new(),
-        };
-        let text = status(&s);
-        let section = text
-            .split("RELEASED WHILE THIS NODE WAS REPORTED GONE")
-            .nth(1)
-            .expect("the section");
-        // Its heading's rest, the table's header and one row.
-        lines_only(section, 3);
-        assert!(
-            section.contains("unpublished and unstaged")
-                && section.contains("controller_step_resumed"),
-            "{section}"
-        );
-        assert!(section.contains(r"w1\nforged  row"), "{section}");
-    }
-
-    #[test]
-    fn plugin_text_cannot_forge_a_row_of_volume_status() {
-        let claim = ClaimView {
-            volume: "v1".into(),
-            workload: "w1".into(),
-            node: "n1".into(),
-            plugin_node: "node-1".into(),
-            mode: "write".into(),
-            access_mode: "SINGLE_NODE_WRITER".into(),
-            state: "releasing".into(),
-            target_path: Some("/t/\u{1b}]0;title\u{7}".into()),
-        };
-        let volume = VolumeView {
-            id: "v1".into(),
-            external_id: "ext-1\nv2  mock  ext-2  SINGLE_NODE_WRITER  0  -".into(),
-            plugin: "mock".into(),
-            access_mode: "SINGLE_NODE_WRITER".into(),
-            attachment: "mount".into(),
-            controller_publish: true,
-            created: true,
-            secret_names: Vec::new(),
-            capacity_bytes: None,
-            accessible_topology: Vec::new(),
-            node_expansion_pending: false,
-            claims: vec![claim.clone()],
-            release: Some(ReleaseView {
-                volume: "v1".into(),
-                pending: "node_unpublish".into(),
-                pending_workload: Some("w1".into()),
-                backoff_step: None,
-                attempts: 2,
-                last_error: Some("plugin returned Internal: disk\0gone\nforged".into()),
-                last_error_class: Some("retry".into()),
-                next_retry_ms: Some(500),
-                durable: true,
-                claims: vec![claim],
-            }),
-            calls_in_flight: Vec::new(),
-            may_exist: None,
-            health: None,
-            waiting: Vec::new(),
-        };
-        lines_only(&volumes(std::slice::from_ref(&volume)), 2);
-        // The detail: one line, the claims table (2), "release:", the release table (2).
-        let detail = volume_detail(&volume);
-        lines_only(&detail, 6);
-        assert!(
-            detail.contains(r"external id ext-1\nv2  mock")
-                && detail.contains(r"disk\0gone\nforged"),
-            "{detail}"
-        );
-    }
 }

@@ -63,7 +63,7 @@ fn error(status: u16, kind: &str, message: String, class: Option<&str>) -> Answe
 
 /// `message`, cut to at most [`api::MAX_ERROR_BYTES`] on a character boundary and saying how
 /// long it was. A message may quote what the caller sent (a path, an id), which has no limit.
-fn bounded(mut message: String) -> String {
+pub fn bounded(mut message: String) -> String {
     if message.len() <= api::MAX_ERROR_BYTES {
         return message;
     }
@@ -130,7 +130,7 @@ async fn body<T: DeserializeOwned>(unread: &mut Unread) -> Result<T, Answer> {
 
 /// Decodes a request body; the error names the field whose value is wrong (`field
 /// \`capacity_bytes\`: invalid type: ...`), or says where the JSON itself breaks.
-fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let mut json = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let path = e.path().to_string();
@@ -368,71 +368,3 @@ pub async fn serve(
 
 /// How long a client has to send its request headers.
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Found by campaign `api`: serde_json says where a value of the wrong type is, not which
-    /// field it is; and a misspelt field was ignored.
-    #[test]
-    fn a_bad_body_is_refused_naming_the_field() {
-        let wrong = parse_body::<api::CreateVolume>(
-            br#"{"id":"v","plugin":"p","capacity_bytes":"12","access_mode":"x","attachment":"mount"}"#,
-        )
-        .expect_err("a string where a number goes");
-        assert!(wrong.contains("`capacity_bytes`"), "{wrong}");
-        let nested = parse_body::<api::RegisterVolume>(
-            br#"{"id":"v","external_id":"e","plugin":"p","access_mode":"x","attachment":"mount","controller_publish":null,"context":{"a":1}}"#,
-        )
-        .expect_err("a number in a map of strings");
-        assert!(nested.contains("`context.a`"), "{nested}");
-        let unknown = parse_body::<api::ExpandVolume>(br#"{"capacity_bytes":1,"force_":true}"#)
-            .expect_err("a misspelt field");
-        assert!(unknown.contains("`force_`"), "{unknown}");
-        let missing =
-            parse_body::<api::ClaimVolume>(br#"{"mode":"read"}"#).expect_err("a missing field");
-        assert!(missing.contains("`workload`"), "{missing}");
-        let broken = parse_body::<api::ClaimVolume>(br#"{"workload":"w","mode":"read"} x"#)
-            .expect_err("trailing bytes");
-        assert!(broken.starts_with("invalid JSON body: "), "{broken}");
-        let ok: api::ClaimVolume =
-            parse_body(br#"{"workload":"w","mode":"read"}"#).expect("a good body");
-        assert_eq!(ok.workload, "w");
-    }
-
-    /// Found by campaign `api` (seed 10): `GET /v1/plugins/<2,114 bytes>` quoted the whole id.
-    #[test]
-    fn an_error_message_is_cut_to_the_limit_saying_how_long_it_was() {
-        let short = "no plugin \"p\"".to_owned();
-        assert_eq!(bounded(short.clone()), short);
-        let exact = "x".repeat(api::MAX_ERROR_BYTES);
-        assert_eq!(bounded(exact.clone()), exact);
-
-        for filler in ["v", "é", "🦀"] {
-            let long = format!("no plugin {:?}", filler.repeat(3000));
-            let total = long.len();
-            let cut = bounded(long.clone());
-            assert!(cut.len() <= api::MAX_ERROR_BYTES, "{} bytes", cut.len());
-            assert!(cut.ends_with(&format!("({total} bytes in all)")), "{cut}");
-            let kept = cut.split("… (").next().expect("a prefix");
-            assert!(long.starts_with(kept), "a prefix of the message is kept");
-            assert!(
-                kept.len() > api::MAX_ERROR_BYTES - 40,
-                "{} bytes kept",
-                kept.len()
-            );
-        }
-    }
-
-    #[test]
-    fn access_debug_prints_no_token() {
-        let access = Access {
-            control_token: "control-secret-value".into(),
-            cluster_token: Some("cluster-secret-value".into()),
-        };
-        let shown = format!("{access:?}");
-        assert!(!shown.contains("secret-value"), "{shown}");
-        assert!(shown.contains("redacted"));
-    }
-}

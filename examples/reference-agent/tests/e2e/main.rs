@@ -29,4 +29,5 @@ mod snapshots;
 mod support;
 mod topology;
 mod uncertain;
+mod views;
 mod volume_health;

@@ -539,6 +539,35 @@ async fn a_bad_config_value_names_its_key_before_starting() {
     let out = run(vec!["--peer".into(), "b=127.0.0.1:1,127.0.0.1:2".into()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`cluster_token_file`"));
+
+    // A cluster store that cannot be opened is a configuration error naming the agent's key:
+    // `store` where cluster mode is not built in, else the CA file that is not there.
+    let token = dir.path().join("token");
+    std::fs::write(&token, "a-cluster-token-of-enough-length").expect("token");
+    let mut cluster: Vec<String> = [
+        "--store",
+        "etcd://127.0.0.1:1",
+        "--shim-listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.1:0",
+        "--cluster-token-file",
+    ]
+    .map(String::from)
+    .into();
+    cluster.push(token.display().to_string());
+    let key = match cfg!(feature = "etcd") {
+        false => "`store`",
+        true => {
+            cluster.push("--etcd-ca-file".into());
+            cluster.push(dir.path().join("no-such-ca.pem").display().to_string());
+            "`etcd_ca_file`"
+        }
+    };
+    let out = run(cluster);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(key), "{stderr}");
 }
 
 /// A `GET` of the agent's `/metrics`, over plain HTTP.
