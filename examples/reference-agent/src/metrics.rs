@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 
 use csi_client::CsiClientBuilder;
 use csi_client::metrics::PluginMetrics;
+use csi_node::health::VolumeHealth;
 use csi_structs::PluginId;
 
 /// The agent's call metrics. Cheap to clone; clones share the counters.
@@ -48,7 +49,7 @@ pub struct Gauges {
     /// State files whose last write failed.
     pub failing_files: u64,
     /// The health of the volumes published here, by volume.
-    pub volumes: BTreeMap<csi_structs::VolumeId, csi_node::health::VolumeHealth>,
+    pub volumes: BTreeMap<csi_structs::VolumeId, VolumeHealth>,
 }
 
 impl Default for Metrics {
@@ -73,45 +74,40 @@ impl Metrics {
     /// The Prometheus text exposition of everything, with `gauges` read at scrape time.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = self.plugins.render();
-        out.push_str("# HELP csi_agent_claims Claims per state.\n");
-        out.push_str("# TYPE csi_agent_claims gauge\n");
+        family(&mut out, "csi_agent_claims", "Claims per state.");
         for (state, n) in &gauges.claims {
             let _ = writeln!(out, "csi_agent_claims{{state=\"{}\"}} {n}", escape(state));
         }
-        out.push_str("# HELP csi_agent_stuck_releases Volumes whose last release step failed.\n");
-        out.push_str("# TYPE csi_agent_stuck_releases gauge\n");
-        let _ = writeln!(out, "csi_agent_stuck_releases {}", gauges.stuck_releases);
-        out.push_str(
-            "# HELP csi_agent_waiting_releases Claims whose release waits for something that is not there (a node that is down).\n",
+        for (name, help, value) in [
+            (
+                "csi_agent_stuck_releases",
+                "Volumes whose last release step failed.",
+                gauges.stuck_releases,
+            ),
+            (
+                "csi_agent_waiting_releases",
+                "Claims whose release waits for something that is not there (a node that is down).",
+                gauges.waiting_releases,
+            ),
+            (
+                "csi_agent_store_failing",
+                "1 while the claim store fails (claims and releases fail at once), else 0.",
+                u64::from(gauges.store_failing),
+            ),
+            (
+                "csi_agent_state_files_failing",
+                "State files under the data directory whose last write failed.",
+                gauges.failing_files,
+            ),
+        ] {
+            family(&mut out, name, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        family(
+            &mut out,
+            "csi_agent_volume_abnormal",
+            "1 while the plugin reports the volume abnormal (by who reports it), else 0.",
         );
-        out.push_str("# TYPE csi_agent_waiting_releases gauge\n");
-        let _ = writeln!(
-            out,
-            "csi_agent_waiting_releases {}",
-            gauges.waiting_releases
-        );
-        out.push_str(
-            "# HELP csi_agent_store_failing 1 while the claim store fails (claims and releases fail at once), else 0.\n",
-        );
-        out.push_str("# TYPE csi_agent_store_failing gauge\n");
-        let _ = writeln!(
-            out,
-            "csi_agent_store_failing {}",
-            u8::from(gauges.store_failing)
-        );
-        out.push_str(
-            "# HELP csi_agent_state_files_failing State files under the data directory whose last write failed.\n",
-        );
-        out.push_str("# TYPE csi_agent_state_files_failing gauge\n");
-        let _ = writeln!(
-            out,
-            "csi_agent_state_files_failing {}",
-            gauges.failing_files
-        );
-        out.push_str(
-            "# HELP csi_agent_volume_abnormal 1 while the plugin reports the volume abnormal (by who reports it), else 0.\n",
-        );
-        out.push_str("# TYPE csi_agent_volume_abnormal gauge\n");
         for (volume, h) in &gauges.volumes {
             for (source, c) in [("controller", &h.controller), ("node", &h.node)] {
                 if let Some(c) = c {
@@ -124,12 +120,11 @@ impl Metrics {
                 }
             }
         }
-        for (family, what, pick) in [
+        for (name, what, pick) in [
             (
                 "csi_agent_volume_bytes",
                 "Bytes of a volume published here, by kind (used, available, total).",
-                (|h: &csi_node::health::VolumeHealth| h.bytes)
-                    as fn(&csi_node::health::VolumeHealth) -> Option<csi_structs::Usage>,
+                (|h: &VolumeHealth| h.bytes) as fn(&VolumeHealth) -> Option<csi_structs::Usage>,
             ),
             (
                 "csi_agent_volume_inodes",
@@ -137,26 +132,23 @@ impl Metrics {
                 |h| h.inodes,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {family} {what}");
-            let _ = writeln!(out, "# TYPE {family} gauge");
-            for (volume, h) in &gauges.volumes {
-                if let Some(u) = pick(h) {
-                    for (kind, n) in [
-                        ("used", u.used),
-                        ("available", u.available),
-                        ("total", u.total),
-                    ] {
-                        let _ = writeln!(
-                            out,
-                            "{family}{{volume=\"{}\",kind=\"{kind}\"}} {n}",
-                            escape(volume.as_str())
-                        );
-                    }
+            family(&mut out, name, what);
+            for (volume, u) in gauges
+                .volumes
+                .iter()
+                .filter_map(|(v, h)| Some((v, pick(h)?)))
+            {
+                let volume = escape(volume.as_str());
+                for (kind, n) in [
+                    ("used", u.used),
+                    ("available", u.available),
+                    ("total", u.total),
+                ] {
+                    let _ = writeln!(out, "{name}{{volume=\"{volume}\",kind=\"{kind}\"}} {n}");
                 }
             }
         }
-        out.push_str("# HELP csi_agent_plugins Known plugins by health.\n");
-        out.push_str("# TYPE csi_agent_plugins gauge\n");
+        family(&mut out, "csi_agent_plugins", "Known plugins by health.");
         for (health, n) in &gauges.plugins {
             let _ = writeln!(
                 out,
@@ -166,6 +158,11 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Writes the `# HELP` and `# TYPE` lines of a gauge family.
+fn family(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
 }
 
 /// Escapes a label value (backslash, quote, newline).

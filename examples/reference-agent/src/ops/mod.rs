@@ -412,6 +412,17 @@ impl Conn {
         Ok(client::call(self.addr, Some(&self.token), method, path, body, self.limit).await?)
     }
 
+    /// `POST /v1/volumes/<id>/<action>` with `body`.
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        id: &str,
+        action: &str,
+        body: &B,
+    ) -> Result<T, OpsError> {
+        let path = format!("{}/{action}", volume_path(id));
+        self.send(Method::POST, &path, Some(body)).await
+    }
+
     fn print<T: Serialize>(&self, value: &T, human: impl FnOnce(&T) -> String) {
         if self.json {
             println!(
@@ -422,6 +433,11 @@ impl Conn {
             print!("{}", human(value));
         }
     }
+}
+
+/// The control API's path of volume `id`.
+fn volume_path(id: &str) -> String {
+    format!("/v1/volumes/{}", api::encode_segment(id))
 }
 
 fn block_on<T>(f: impl Future<Output = Result<T, OpsError>>) -> Result<T, OpsError> {
@@ -602,26 +618,14 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
             }
             VolumeCommand::Claim { id, workload, mode } => {
                 let body = api::ClaimVolume { workload, mode };
-                let c: api::ClaimView = conn
-                    .send(
-                        Method::POST,
-                        &format!("/v1/volumes/{}/claim", api::encode_segment(&id)),
-                        Some(&body),
-                    )
-                    .await?;
+                let c: api::ClaimView = conn.post(&id, "claim", &body).await?;
                 conn.print(&c, |c| table::claims(std::slice::from_ref(c)));
             }
             VolumeCommand::Release { id, workload, wait } => {
                 let body = api::ReleaseVolume {
                     workload: workload.clone(),
                 };
-                let mut v: api::VolumeView = conn
-                    .send(
-                        Method::POST,
-                        &format!("/v1/volumes/{}/release", api::encode_segment(&id)),
-                        Some(&body),
-                    )
-                    .await?;
+                let mut v: api::VolumeView = conn.post(&id, "release", &body).await?;
                 if wait {
                     v = wait_freed(&conn, &id, &workload).await?;
                 }
@@ -631,13 +635,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                 let body = api::ExpandVolume {
                     capacity_bytes: parse_bytes(&capacity)?,
                 };
-                let e: api::ExpandView = conn
-                    .send(
-                        Method::POST,
-                        &format!("/v1/volumes/{}/expand", api::encode_segment(&id)),
-                        Some(&body),
-                    )
-                    .await?;
+                let e: api::ExpandView = conn.post(&id, "expand", &body).await?;
                 conn.print(&e, table::expanded);
             }
             VolumeCommand::List { plugin, external } => match (plugin, external) {
@@ -660,9 +658,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
             },
             VolumeCommand::Snapshot { command } => snapshot(&conn, command).await?,
             VolumeCommand::Status { id: Some(id) } => {
-                let v: api::VolumeView = conn
-                    .get(&format!("/v1/volumes/{}", api::encode_segment(&id)))
-                    .await?;
+                let v: api::VolumeView = conn.get(&volume_path(&id)).await?;
                 conn.print(&v, table::volume_detail);
             }
             VolumeCommand::Status { id: None } => {
@@ -679,13 +675,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     node: node.clone(),
                     node_gone,
                 };
-                let mut d: api::DetachView = conn
-                    .send(
-                        Method::POST,
-                        &format!("/v1/volumes/{}/detach", api::encode_segment(&id)),
-                        Some(&body),
-                    )
-                    .await?;
+                let mut d: api::DetachView = conn.post(&id, "detach", &body).await?;
                 if wait {
                     d.volume = wait_until(&conn, &id, |v| !v.claims.iter().any(|c| c.node == node))
                         .await?
@@ -702,22 +692,12 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
                     force,
                     confirmed: yes,
                 };
-                let d: api::DeregisterView = conn
-                    .send(
-                        Method::POST,
-                        &format!("/v1/volumes/{}/deregister", api::encode_segment(&id)),
-                        Some(&body),
-                    )
-                    .await?;
+                let d: api::DeregisterView = conn.post(&id, "deregister", &body).await?;
                 conn.print(&d, table::deregistered);
             }
             VolumeCommand::Delete { id } => {
                 let v: api::VolumeView = conn
-                    .send::<(), _>(
-                        Method::DELETE,
-                        &format!("/v1/volumes/{}", api::encode_segment(&id)),
-                        None,
-                    )
+                    .send::<(), _>(Method::DELETE, &volume_path(&id), None)
                     .await?;
                 conn.print(&v, |v| {
                     format!(
@@ -734,7 +714,7 @@ pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
 /// Runs `csi-agent volume snapshot`.
 async fn snapshot(conn: &Conn, command: SnapshotCommand) -> Result<(), OpsError> {
     let owner = |volume: Option<String>, plugin: Option<String>| match (volume, plugin) {
-        (Some(v), _) => Ok(format!("/v1/volumes/{}", api::encode_segment(&v))),
+        (Some(v), _) => Ok(volume_path(&v)),
         (None, Some(p)) => Ok(format!("/v1/plugins/{}", api::encode_segment(&p))),
         (None, None) => Err(OpsError::Usage {
             flag: "plugin",
@@ -751,13 +731,7 @@ async fn snapshot(conn: &Conn, command: SnapshotCommand) -> Result<(), OpsError>
                 name,
                 parameters: pairs("parameter", &parameters)?,
             };
-            let s: api::SnapshotView = conn
-                .send(
-                    Method::POST,
-                    &format!("/v1/volumes/{}/snapshots", api::encode_segment(&id)),
-                    Some(&body),
-                )
-                .await?;
+            let s: api::SnapshotView = conn.post(&id, "snapshots", &body).await?;
             conn.print(&s, |s| table::snapshots(std::slice::from_ref(s)));
         }
         SnapshotCommand::List { id, plugin } => {
@@ -816,9 +790,7 @@ async fn wait_until(
 ) -> Result<Option<api::VolumeView>, OpsError> {
     let deadline = tokio::time::Instant::now() + conn.limit;
     loop {
-        let v: api::VolumeView = conn
-            .get(&format!("/v1/volumes/{}", api::encode_segment(id)))
-            .await?;
+        let v: api::VolumeView = conn.get(&volume_path(id)).await?;
         if done(&v) {
             return Ok(Some(v));
         }
