@@ -324,10 +324,46 @@ pub enum OpsError {
 impl crate::ExitStatus for OpsError {
     fn exit_code(&self) -> u8 {
         match self {
-            OpsError::Usage { .. } | OpsError::Locate(_) => 2,
+            OpsError::Usage { .. } => 2,
             _ => 1,
         }
     }
+}
+
+impl OpsError {
+    /// The error as the control API answers one: the agent's own answer when it gave one,
+    /// else a kind for what failed here (`usage`, `no_agent`, `unreachable`, `timeout`,
+    /// `agent_answer`, `local`).
+    pub fn api_error(&self) -> api::ApiError {
+        let kind = match self {
+            OpsError::Client(ClientError::Api { error, .. }) => return error.clone(),
+            OpsError::Usage { .. } => "usage",
+            OpsError::Locate(_) => "no_agent",
+            OpsError::Client(ClientError::Connect { .. }) => "unreachable",
+            OpsError::Client(ClientError::Timeout { .. })
+            | OpsError::DetachTimedOut { .. }
+            | OpsError::WaitTimedOut { .. } => "timeout",
+            OpsError::Client(_) => "agent_answer",
+            OpsError::Runtime(_) => "local",
+        };
+        let error = self.to_string();
+        let class = None;
+        api::ApiError {
+            kind: kind.into(),
+            error,
+            class,
+        }
+    }
+}
+
+/// `result` of a command; with `--json`, a failure is also printed on stdout as the API's
+/// error JSON, so a script reads one format.
+fn answered(json: bool, result: Result<(), OpsError>) -> Result<(), OpsError> {
+    if let (true, Err(e)) = (json, &result) {
+        let text = serde_json::to_string_pretty(&e.api_error()).unwrap_or_default();
+        println!("{text}");
+    }
+    result
 }
 
 struct Conn {
@@ -532,22 +568,27 @@ pub fn parse_bytes(text: &str) -> Result<i64, OpsError> {
 ///
 /// [`OpsError`].
 pub fn plugin(args: PluginArgs) -> Result<(), OpsError> {
-    let conn = Conn::open(&args.target)?;
-    block_on(async {
-        match args.command {
-            PluginCommand::List => {
-                let list: Vec<api::PluginView> = conn.get("/v1/plugins").await?;
-                conn.print(&list, |l| table::plugins(l));
-            }
-            PluginCommand::Info { id } => {
-                let p: api::PluginView = conn
-                    .get(&format!("/v1/plugins/{}", api::encode_segment(&id)))
-                    .await?;
-                conn.print(&p, table::plugin_detail);
-            }
-        }
-        Ok(())
-    })
+    let json = args.target.json;
+    answered(
+        json,
+        Conn::open(&args.target).and_then(|conn| {
+            block_on(async {
+                match args.command {
+                    PluginCommand::List => {
+                        let list: Vec<api::PluginView> = conn.get("/v1/plugins").await?;
+                        conn.print(&list, |l| table::plugins(l));
+                    }
+                    PluginCommand::Info { id } => {
+                        let p: api::PluginView = conn
+                            .get(&format!("/v1/plugins/{}", api::encode_segment(&id)))
+                            .await?;
+                        conn.print(&p, table::plugin_detail);
+                    }
+                }
+                Ok(())
+            })
+        }),
+    )
 }
 
 /// Runs `csi-agent volume`.
@@ -556,159 +597,171 @@ pub fn plugin(args: PluginArgs) -> Result<(), OpsError> {
 ///
 /// [`OpsError`].
 pub fn volume(args: VolumeArgs) -> Result<(), OpsError> {
-    let conn = Conn::open(&args.target)?;
-    block_on(async {
-        match args.command {
-            VolumeCommand::Register {
-                id,
-                external_id,
-                plugin,
-                access_mode,
-                attachment,
-                controller_publish,
-                context,
-                secrets_file,
-                topology,
-            } => {
-                let body = api::RegisterVolume {
-                    id,
-                    external_id,
-                    plugin,
-                    access_mode,
-                    attachment,
-                    controller_publish,
-                    context: pairs("context", &context)?,
-                    secrets: read_secrets(secrets_file.as_deref())?,
-                    accessible_topology: topologies("topology", &topology)?,
-                };
-                let v: api::VolumeView =
-                    conn.send(Method::POST, "/v1/volumes", Some(&body)).await?;
-                conn.print(&v, table::volume_detail);
-            }
-            VolumeCommand::Create {
-                id,
-                plugin,
-                capacity,
-                access_mode,
-                attachment,
-                parameters,
-                secrets_file,
-                topology,
-                preferred_topology,
-                snapshot,
-                clone,
-            } => {
-                let body = api::CreateVolume {
-                    id,
-                    plugin,
-                    capacity_bytes: parse_bytes(&capacity)?,
-                    access_mode,
-                    attachment,
-                    parameters: pairs("parameter", &parameters)?,
-                    secrets: read_secrets(secrets_file.as_deref())?,
-                    requisite_topology: topologies("topology", &topology)?,
-                    preferred_topology: topologies("preferred-topology", &preferred_topology)?,
-                    snapshot,
-                    clone,
-                };
-                let v: api::VolumeView = conn
-                    .send(Method::POST, "/v1/volumes/create", Some(&body))
-                    .await?;
-                conn.print(&v, table::volume_detail);
-            }
-            VolumeCommand::Claim { id, workload, mode } => {
-                let body = api::ClaimVolume { workload, mode };
-                let c: api::ClaimView = conn.post(&id, "claim", &body).await?;
-                conn.print(&c, |c| table::claims(std::slice::from_ref(c)));
-            }
-            VolumeCommand::Release { id, workload, wait } => {
-                let body = api::ReleaseVolume {
-                    workload: workload.clone(),
-                };
-                let mut v: api::VolumeView = conn.post(&id, "release", &body).await?;
-                if wait {
-                    v = wait_freed(&conn, &id, &workload).await?;
-                }
-                conn.print(&v, table::volume_detail);
-            }
-            VolumeCommand::Expand { id, capacity } => {
-                let body = api::ExpandVolume {
-                    capacity_bytes: parse_bytes(&capacity)?,
-                };
-                let e: api::ExpandView = conn.post(&id, "expand", &body).await?;
-                conn.print(&e, table::expanded);
-            }
-            VolumeCommand::List { plugin, external } => match (plugin, external) {
-                (Some(plugin), true) => {
-                    let list: Vec<api::ExternalVolumeView> = conn
-                        .get(&format!(
-                            "/v1/plugins/{}/volumes",
-                            api::encode_segment(&plugin)
-                        ))
-                        .await?;
-                    conn.print(&list, |l| table::external_volumes(l));
-                }
-                (plugin, _) => {
-                    let mut list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
-                    if let Some(plugin) = plugin {
-                        list.retain(|v| v.plugin == plugin);
+    let json = args.target.json;
+    answered(
+        json,
+        Conn::open(&args.target).and_then(|conn| {
+            block_on(async {
+                match args.command {
+                    VolumeCommand::Register {
+                        id,
+                        external_id,
+                        plugin,
+                        access_mode,
+                        attachment,
+                        controller_publish,
+                        context,
+                        secrets_file,
+                        topology,
+                    } => {
+                        let body = api::RegisterVolume {
+                            id,
+                            external_id,
+                            plugin,
+                            access_mode,
+                            attachment,
+                            controller_publish,
+                            context: pairs("context", &context)?,
+                            secrets: read_secrets(secrets_file.as_deref())?,
+                            accessible_topology: topologies("topology", &topology)?,
+                        };
+                        let v: api::VolumeView =
+                            conn.send(Method::POST, "/v1/volumes", Some(&body)).await?;
+                        conn.print(&v, table::volume_detail);
                     }
-                    conn.print(&list, |l| table::volumes(l));
-                }
-            },
-            VolumeCommand::Snapshot { command } => snapshot(&conn, command).await?,
-            VolumeCommand::Status { id: Some(id) } => {
-                let v: api::VolumeView = conn.get(&volume_path(&id)).await?;
-                conn.print(&v, table::volume_detail);
-            }
-            VolumeCommand::Status { id: None } => {
-                let list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
-                conn.print(&list, |l| table::volumes(l));
-            }
-            VolumeCommand::Detach {
-                id,
-                node,
-                node_gone,
-                wait,
-            } => {
-                let body = api::DetachVolume {
-                    node: node.clone(),
-                    node_gone,
-                };
-                let mut d: api::DetachView = conn.post(&id, "detach", &body).await?;
-                if wait {
-                    d.volume = wait_until(&conn, &id, |v| !v.claims.iter().any(|c| c.node == node))
-                        .await?
-                        .ok_or_else(|| OpsError::DetachTimedOut {
-                            volume: id.clone(),
+                    VolumeCommand::Create {
+                        id,
+                        plugin,
+                        capacity,
+                        access_mode,
+                        attachment,
+                        parameters,
+                        secrets_file,
+                        topology,
+                        preferred_topology,
+                        snapshot,
+                        clone,
+                    } => {
+                        let body = api::CreateVolume {
+                            id,
+                            plugin,
+                            capacity_bytes: parse_bytes(&capacity)?,
+                            access_mode,
+                            attachment,
+                            parameters: pairs("parameter", &parameters)?,
+                            secrets: read_secrets(secrets_file.as_deref())?,
+                            requisite_topology: topologies("topology", &topology)?,
+                            preferred_topology: topologies(
+                                "preferred-topology",
+                                &preferred_topology,
+                            )?,
+                            snapshot,
+                            clone,
+                        };
+                        let v: api::VolumeView = conn
+                            .send(Method::POST, "/v1/volumes/create", Some(&body))
+                            .await?;
+                        conn.print(&v, table::volume_detail);
+                    }
+                    VolumeCommand::Claim { id, workload, mode } => {
+                        let body = api::ClaimVolume { workload, mode };
+                        let c: api::ClaimView = conn.post(&id, "claim", &body).await?;
+                        conn.print(&c, |c| table::claims(std::slice::from_ref(c)));
+                    }
+                    VolumeCommand::Release { id, workload, wait } => {
+                        let body = api::ReleaseVolume {
+                            workload: workload.clone(),
+                        };
+                        let mut v: api::VolumeView = conn.post(&id, "release", &body).await?;
+                        if wait {
+                            v = wait_freed(&conn, &id, &workload).await?;
+                        }
+                        conn.print(&v, table::volume_detail);
+                    }
+                    VolumeCommand::Expand { id, capacity } => {
+                        let body = api::ExpandVolume {
+                            capacity_bytes: parse_bytes(&capacity)?,
+                        };
+                        let e: api::ExpandView = conn.post(&id, "expand", &body).await?;
+                        conn.print(&e, table::expanded);
+                    }
+                    VolumeCommand::List { plugin, external } => match (plugin, external) {
+                        (Some(plugin), true) => {
+                            let list: Vec<api::ExternalVolumeView> = conn
+                                .get(&format!(
+                                    "/v1/plugins/{}/volumes",
+                                    api::encode_segment(&plugin)
+                                ))
+                                .await?;
+                            conn.print(&list, |l| table::external_volumes(l));
+                        }
+                        (plugin, _) => {
+                            let mut list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
+                            if let Some(plugin) = plugin {
+                                list.retain(|v| v.plugin == plugin);
+                            }
+                            conn.print(&list, |l| table::volumes(l));
+                        }
+                    },
+                    VolumeCommand::Snapshot { command } => snapshot(&conn, command).await?,
+                    VolumeCommand::Status { id: Some(id) } => {
+                        let v: api::VolumeView = conn.get(&volume_path(&id)).await?;
+                        conn.print(&v, table::volume_detail);
+                    }
+                    VolumeCommand::Status { id: None } => {
+                        let list: Vec<api::VolumeView> = conn.get("/v1/volumes").await?;
+                        conn.print(&list, |l| table::volumes(l));
+                    }
+                    VolumeCommand::Detach {
+                        id,
+                        node,
+                        node_gone,
+                        wait,
+                    } => {
+                        let body = api::DetachVolume {
                             node: node.clone(),
-                            limit: conn.limit,
-                        })?;
+                            node_gone,
+                        };
+                        let mut d: api::DetachView = conn.post(&id, "detach", &body).await?;
+                        if wait {
+                            d.volume = wait_until(&conn, &id, |v| {
+                                !v.claims.iter().any(|c| c.node == node)
+                            })
+                            .await?
+                            .ok_or_else(|| {
+                                OpsError::DetachTimedOut {
+                                    volume: id.clone(),
+                                    node: node.clone(),
+                                    limit: conn.limit,
+                                }
+                            })?;
+                        }
+                        conn.print(&d, table::detached);
+                    }
+                    VolumeCommand::Deregister { id, force, yes } => {
+                        let body = api::DeregisterVolume {
+                            force,
+                            confirmed: yes,
+                        };
+                        let d: api::DeregisterView = conn.post(&id, "deregister", &body).await?;
+                        conn.print(&d, table::deregistered);
+                    }
+                    VolumeCommand::Delete { id } => {
+                        let v: api::VolumeView = conn
+                            .send::<(), _>(Method::DELETE, &volume_path(&id), None)
+                            .await?;
+                        conn.print(&v, |v| {
+                            format!(
+                                "deleted volume {}\n",
+                                csi_structs::untrusted::escaped(&v.id)
+                            )
+                        });
+                    }
                 }
-                conn.print(&d, table::detached);
-            }
-            VolumeCommand::Deregister { id, force, yes } => {
-                let body = api::DeregisterVolume {
-                    force,
-                    confirmed: yes,
-                };
-                let d: api::DeregisterView = conn.post(&id, "deregister", &body).await?;
-                conn.print(&d, table::deregistered);
-            }
-            VolumeCommand::Delete { id } => {
-                let v: api::VolumeView = conn
-                    .send::<(), _>(Method::DELETE, &volume_path(&id), None)
-                    .await?;
-                conn.print(&v, |v| {
-                    format!(
-                        "deleted volume {}\n",
-                        csi_structs::untrusted::escaped(&v.id)
-                    )
-                });
-            }
-        }
-        Ok(())
-    })
+                Ok(())
+            })
+        }),
+    )
 }
 
 /// Runs `csi-agent volume snapshot`.
@@ -807,10 +860,15 @@ async fn wait_until(
 ///
 /// [`OpsError`].
 pub fn status(args: StatusArgs) -> Result<(), OpsError> {
-    let conn = Conn::open(&args.target)?;
-    block_on(async {
-        let s: api::StatusView = conn.get("/v1/status").await?;
-        conn.print(&s, table::status);
-        Ok(())
-    })
+    let json = args.target.json;
+    answered(
+        json,
+        Conn::open(&args.target).and_then(|conn| {
+            block_on(async {
+                let s: api::StatusView = conn.get("/v1/status").await?;
+                conn.print(&s, table::status);
+                Ok(())
+            })
+        }),
+    )
 }

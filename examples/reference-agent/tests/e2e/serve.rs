@@ -178,6 +178,22 @@ pub(crate) async fn cli_within(
     }
 }
 
+/// Runs an operator command with `--json` that must fail: its exit code and the error it
+/// printed on stdout.
+fn failed_json(data: &Path, args: &[&str]) -> (Option<i32>, csi_agent::ops::api::ApiError) {
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-agent"))
+        .args(args)
+        .arg("--json")
+        .arg("--data-dir")
+        .arg(data)
+        .stdin(Stdio::null())
+        .output()
+        .expect("csi-agent runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let error = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    (out.status.code(), error)
+}
+
 pub(crate) async fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
     let mut all = args.to_vec();
     all.push("--json");
@@ -1375,6 +1391,17 @@ async fn register_an_existing_volume_and_read_the_tables() {
         .await
         .expect_err("unknown");
     assert!(missing.contains("no volume \"a b?c#d\""), "{missing}");
+    // With --json, a failure is the API's error JSON on stdout, and the exit code is 1.
+    let (code, error) = failed_json(&data, &["volume", "status", "a b?c#d"]);
+    assert_eq!((code, error.kind.as_str()), (Some(1), "not_found"));
+    assert!(error.error.contains("no volume"), "{error:?}");
+    let nowhere = dir.path().join("no-agent-here");
+    let (code, error) = failed_json(&nowhere, &["status"]);
+    assert_eq!(
+        (code, error.kind.as_str()),
+        (Some(1), "no_agent"),
+        "{error:?}"
+    );
     let registered = cli(
         &data,
         &[
