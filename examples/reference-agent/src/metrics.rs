@@ -9,7 +9,7 @@
 //! - `csi_agent_claims{state}`: claims per state, and `csi_agent_stuck_releases`: volumes
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
-//! - `csi_agent_plugins{health}`: known plugins by health.
+//! - `csi_agent_plugins{health}`: known plugins by health, every health kept (at 0 when none).
 //! - `csi_agent_volume_abnormal{volume,source}` (0 or 1), `csi_agent_volume_bytes{volume,kind}`
 //!   and `csi_agent_volume_inodes{volume,kind}`: the health of the volumes published here, as
 //!   csi-node's `HealthMonitor` last polled it (where the plugin reports conditions or usage).

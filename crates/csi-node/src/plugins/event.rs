@@ -81,6 +81,9 @@ pub enum Health {
 }
 
 impl Health {
+    /// Every [`name`](Self::name), e.g. to keep a metric's series for each at zero.
+    pub const NAMES: [&'static str; 4] = ["healthy", "not_ready", "unhealthy", "unknown"];
+
     /// A short name: `unknown`, `healthy`, `not_ready` or `unhealthy`.
     pub fn name(&self) -> &'static str {
         match self {

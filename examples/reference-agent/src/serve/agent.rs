@@ -14,6 +14,7 @@ use csi_control::service::{
     BlockedOn, CallFailure, ClaimVolume, DetachVolume, NewSnapshot, NewVolume, NewVolumeSource,
     NodeReconciled, RegisterVolume, ReleaseWaits, Snapshot, SnapshotsOf as Of, VolumeState,
 };
+use csi_node::plugins::Health;
 use csi_node::volumes::{Reconciliation, StepState, VolumeManager};
 use csi_structs::wire::size_to_wire;
 use csi_structs::{
@@ -697,7 +698,10 @@ impl Agent {
 
     /// The metrics page.
     pub fn metrics_text(&self) -> String {
-        let mut plugins = BTreeMap::new();
+        // Every health has its series, at zero when no plugin has it, so an alert on it
+        // does not go blind when the last plugin goes.
+        let mut plugins: BTreeMap<String, u64> =
+            Health::NAMES.map(|name| (name.to_owned(), 0)).into();
         for v in self.plugin_views() {
             *plugins.entry(v.health).or_default() += 1;
         }

@@ -784,6 +784,17 @@ async fn status_explains_a_stuck_release_and_metrics_count_it() {
 
     let text = metrics(&data);
     assert!(text.contains("csi_agent_stuck_releases 1"), "{text}");
+    // Every plugin health has its series, at zero where no plugin has it.
+    for series in [
+        r#"health="healthy"} 1"#,
+        r#"health="unhealthy"} 0"#,
+        r#"health="unknown"} 0"#,
+    ] {
+        assert!(
+            text.contains(&format!("csi_agent_plugins{{{series}")),
+            "{text}"
+        );
+    }
     assert!(
         text.contains("csi_agent_claims{state=\"releasing\"} 1"),
         "{text}"
