@@ -669,6 +669,54 @@ impl fmt::Display for CapabilityRule {
 }
 
 impl Capabilities {
+    /// Everything advertised, one `service:NAME` each in the spec's names, for an operator
+    /// to read: `plugin:CONTROLLER_SERVICE`, `expansion:ONLINE`, `controller:EXPAND_VOLUME`,
+    /// `node:STAGE_UNSTAGE_VOLUME`, `group_controller:...`; a number this crate does not
+    /// know is `controller:#999`.
+    ///
+    /// ```
+    /// use csi_structs::{Capabilities, ControllerCapability, VolumeExpansion};
+    ///
+    /// let mut caps = Capabilities::default();
+    /// caps.plugin.insert_expansion(VolumeExpansion::Offline);
+    /// caps.controller.insert(ControllerCapability::ExpandVolume);
+    /// caps.controller.insert_wire(999);
+    /// assert_eq!(
+    ///     caps.advertised(),
+    ///     ["expansion:OFFLINE", "controller:EXPAND_VOLUME", "controller:#999"]
+    /// );
+    /// ```
+    pub fn advertised(&self) -> Vec<String> {
+        fn named<T: fmt::Display>(
+            service: &str,
+            known: impl Iterator<Item = T>,
+            unknown: impl Iterator<Item = i32>,
+        ) -> impl Iterator<Item = String> {
+            let known = known
+                .map(move |c| format!("{service}:{c}"))
+                .collect::<Vec<_>>();
+            let unknown = unknown
+                .map(move |n| format!("{service}:#{n}"))
+                .collect::<Vec<_>>();
+            known.into_iter().chain(unknown)
+        }
+        let p = &self.plugin;
+        named("plugin", p.services(), p.unknown_services())
+            .chain(named("expansion", p.expansion(), p.unknown_expansion()))
+            .chain(named(
+                "controller",
+                self.controller.iter(),
+                self.controller.unknown(),
+            ))
+            .chain(named("node", self.node.iter(), self.node.unknown()))
+            .chain(named(
+                "group_controller",
+                self.group_controller.iter(),
+                self.group_controller.unknown(),
+            ))
+            .collect()
+    }
+
     /// Whether `requirement` is advertised.
     ///
     /// A controller capability counts only when the plugin also advertises

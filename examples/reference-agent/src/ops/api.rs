@@ -138,6 +138,20 @@ pub struct PluginView {
     /// plugin must keep running, or their releases wait for it.
     #[serde(default)]
     pub in_use: u64,
+    /// What it advertises, `service:NAME` ([`Capabilities::advertised`]): e.g.
+    /// `expansion:OFFLINE` says volumes are expanded only while unpublished. Empty before the
+    /// first fingerprint, and from peers that do not report it.
+    ///
+    /// [`Capabilities::advertised`]: csi_structs::Capabilities::advertised
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// How many volumes it may publish on its node (`NodeGetInfo`; none: no limit or not
+    /// known).
+    #[serde(default)]
+    pub max_volumes: Option<u64>,
+    /// Where its node sits for it (`NodeGetInfo`'s topology segments; local plugins).
+    #[serde(default)]
+    pub topology: Option<BTreeMap<String, String>>,
 }
 
 /// Register an existing volume.

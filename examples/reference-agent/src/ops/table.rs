@@ -4,6 +4,7 @@
 //! cell and every value in a text line is [escaped](csi_structs::untrusted): a newline or an
 //! escape sequence cannot forge a row or drive the terminal. `--json` prints values exactly.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -123,6 +124,15 @@ pub fn plugin_detail(p: &PluginView) -> String {
         ("fingerprints", p.fingerprints.to_string()),
         ("publications in use here", p.in_use.to_string()),
         ("last error", opt(&p.last_error)),
+        ("advertises", p.capabilities.join(" ")),
+        (
+            "attach limit",
+            p.max_volumes.map_or("-".into(), |n| n.to_string()),
+        ),
+        (
+            "node topology",
+            p.topology.as_ref().map_or("-".into(), topology),
+        ),
     ] {
         t.row(vec![k.into(), v]);
     }
@@ -303,14 +313,7 @@ pub fn volume_detail(v: &VolumeView) -> String {
         ));
     }
     if !v.accessible_topology.is_empty() {
-        let list: Vec<String> = v
-            .accessible_topology
-            .iter()
-            .map(|t| {
-                let segments: Vec<String> = t.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                format!("{{{}}}", segments.join(", "))
-            })
-            .collect();
+        let list: Vec<String> = v.accessible_topology.iter().map(topology).collect();
         out.push_str(&format!(
             "reachable from: {}\n",
             escaped(&list.join(" or "))
@@ -432,6 +435,12 @@ pub fn deregistered(d: &DeregisterView) -> String {
         out.push_str(&format!("  - {}\n", escaped(item)));
     }
     out
+}
+
+/// Topology segments as `{zone=a, region=r}`.
+fn topology(segments: &BTreeMap<String, String>) -> String {
+    let segments: Vec<String> = segments.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", segments.join(", "))
 }
 
 /// This agent's hold on the controller duty, after its holder's name.

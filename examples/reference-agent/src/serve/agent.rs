@@ -600,6 +600,13 @@ impl Agent {
                     fingerprints: 0,
                     last_error: None,
                     in_use: 0,
+                    capabilities: p
+                        .capabilities
+                        .as_ref()
+                        .map(|c| c.advertised())
+                        .unwrap_or_default(),
+                    max_volumes: None,
+                    topology: None,
                 });
             }
         }

@@ -3,6 +3,7 @@
 //! agent's clients ([`client_customizer`]: the `call_timeout` cap and the metrics layers) and
 //! csi-node's `LogEvents`, which logs each transition.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,6 +167,13 @@ impl Plugins {
             fingerprints: s.fingerprints,
             last_error: s.last_error.as_ref().map(|e| e.to_string()),
             in_use: 0,
+            capabilities: fp.map(|f| f.capabilities.advertised()).unwrap_or_default(),
+            max_volumes: fp
+                .and_then(|f| f.node.as_ref()?.max_volumes)
+                .map(NonZeroU64::get),
+            topology: fp
+                .and_then(|f| f.node.as_ref()?.topology.as_ref())
+                .map(|t| t.as_map().clone()),
         }
     }
 

@@ -1354,6 +1354,13 @@ async fn register_an_existing_volume_and_read_the_tables() {
             .any(|l| l.starts_with("controller publish") && l.ends_with("yes")),
         "{info}"
     );
+    // What the plugin advertises, in the spec's names.
+    let advertises = info.lines().find(|l| l.starts_with("advertises"));
+    assert!(
+        advertises.is_some_and(|l| l.contains("controller:CREATE_DELETE_VOLUME")
+            && l.contains("node:STAGE_UNSTAGE_VOLUME")),
+        "{info}"
+    );
     let missing = cli(&data, &["plugin", "info", "nope"])
         .await
         .expect_err("unknown plugin");

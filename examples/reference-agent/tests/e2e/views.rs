@@ -37,6 +37,9 @@ mod tables {
             fingerprints: 1,
             last_error: Some(last_error.into()),
             in_use: 0,
+            capabilities: vec!["expansion:OFFLINE".into(), "node:#99\nforged".into()],
+            max_volumes: Some(16),
+            topology: Some([("zone".into(), "a\nb".into())].into()),
         }
     }
 
@@ -82,8 +85,13 @@ mod tables {
         lines_only(&list, 2);
         assert!(list.contains(r"1.0\nmock2  n1"), "{list}");
         let detail = plugin_detail(&plugin(forged, "boom\r\nforged"));
-        lines_only(&detail, 16);
+        lines_only(&detail, 19);
         assert!(detail.contains(r"boom\r\nforged"), "{detail}");
+        for row in [r"expansion:OFFLINE node:#99\nforged", r"{zone=a\nb}"] {
+            assert!(detail.contains(row), "{row} missing from\n{detail}");
+        }
+        let limit = detail.lines().find(|l| l.starts_with("attach limit"));
+        assert!(limit.is_some_and(|l| l.ends_with(" 16")), "{detail}");
     }
 
     #[test]
