@@ -140,6 +140,9 @@ impl fmt::Display for ConnectError {
                 "cannot connect to {}: {fault}, which no wait can change: {}",
                 self.endpoint, self.source
             ),
+            None if self.waited.is_zero() => {
+                write!(f, "could not connect to {}: {}", self.endpoint, self.source)
+            }
             None => write!(
                 f,
                 "could not connect to {} after waiting {:?}: {}",
@@ -321,6 +324,36 @@ impl Connection {
     /// health signal.
     pub fn dial_attempts(&self) -> u64 {
         self.inner.dials.load(Ordering::Relaxed)
+    }
+
+    /// Dials the endpoint once, without waiting or retrying, and closes what it opened:
+    /// whether something accepts connections there now. A call would wait for a socket that
+    /// refuses (a plugin starting); this says at once that nobody listens, for an operator.
+    /// Not counted in [`dial_attempts`](Self::dial_attempts); the shared channel is untouched.
+    ///
+    /// # Errors
+    ///
+    /// The [`ConnectError`] of the dial: its [`fault`](ConnectError::fault) says when no wait
+    /// can help (e.g. the path is not a socket).
+    pub async fn dial_once(&self) -> Result<(), ConnectError> {
+        let uncounted = Arc::new(AtomicU64::new(0));
+        let target = DialTarget::new(
+            self.inner.endpoint.clone(),
+            self.inner.options.clone(),
+            uncounted,
+        );
+        let Err(err) = target.open_once().await else {
+            return Ok(());
+        };
+        Err(match target.fault(&err).await {
+            Some(fault) => ConnectError::faulty(&target.endpoint, fault, err),
+            None => ConnectError {
+                endpoint: target.endpoint.to_string(),
+                waited: Duration::ZERO,
+                fault: None,
+                source: err,
+            },
+        })
     }
 
     /// Whether the first dial has completed.

@@ -640,6 +640,17 @@ impl Error {
         }
     }
 
+    /// The failure of a call of `rpc` whose one dial failed with `error`, nothing sent: for
+    /// a caller that dials ahead of the call ([`Connection::dial_once`]) and reports the
+    /// dial as the call's failure. Classed as the client classes such a dial.
+    ///
+    /// [`Connection::dial_once`]: crate::Connection::dial_once
+    pub fn not_dialled(rpc: Rpc, error: ConnectError) -> Self {
+        let kind = ErrorKind::of_dial(error);
+        let class = crate::policy::classify_failure(rpc, kind.failure());
+        Error::new(CallContext::new(rpc), kind, class, 1)
+    }
+
     pub(crate) fn with_budget_exhausted(mut self) -> Self {
         self.inner.budget_exhausted = true;
         self

@@ -35,6 +35,8 @@ struct Seen {
     sockets: BTreeMap<PluginId, (PathBuf, u64, RegistrationId)>,
     /// Names already warned about.
     ignored: BTreeSet<String>,
+    /// What the last scan passed over, and why.
+    skipped: BTreeMap<PathBuf, String>,
     /// Whether the manager's directory registrations were adopted.
     adopted: bool,
 }
@@ -54,12 +56,27 @@ impl DirWatcher {
         &self.dir
     }
 
+    /// What the last scan passed over, and why: a `<name>.sock` that is not a socket, a
+    /// socket whose name is not a valid plugin id or whose path cannot be dialled. Each is
+    /// also logged once.
+    pub fn ignored(&self) -> Vec<(PathBuf, String)> {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.skipped.clone().into_iter().collect()
+    }
+
     /// One scan: registers new sockets, deregisters vanished ones, registers replaced ones
     /// anew. A registration the state file could not take is logged and tried again at the
     /// next scan.
     pub fn scan(&self) {
-        let found = list_sockets(&self.dir);
+        let (found, not_sockets) = list_sockets(&self.dir);
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut skipped = BTreeMap::new();
+        for (name, path) in not_sockets {
+            if seen.ignored.insert(name) {
+                tracing::warn!(path = %escaped(&path.to_string_lossy()), "a plugin socket's name, but not a socket; ignored");
+            }
+            skipped.insert(path, "a plugin socket's name, but not a socket".to_owned());
+        }
         if !seen.adopted {
             seen.adopted = true;
             for status in self.manager.list() {
@@ -102,6 +119,7 @@ impl DirWatcher {
                     if seen.ignored.insert(name) {
                         tracing::warn!(socket = %escaped(&path.to_string_lossy()), error = %e, "socket name is not a valid plugin id; ignored");
                     }
+                    skipped.insert(path, format!("the name is not a valid plugin id: {e}"));
                     continue;
                 }
             };
@@ -114,6 +132,7 @@ impl DirWatcher {
                     if seen.ignored.insert(name) {
                         tracing::warn!(socket = %escaped(&path.to_string_lossy()), error = %e, "unusable socket path; ignored");
                     }
+                    skipped.insert(path, format!("unusable socket path: {e}"));
                     continue;
                 }
             };
@@ -130,6 +149,7 @@ impl DirWatcher {
                 }
             }
         }
+        seen.skipped = skipped;
     }
 
     /// Creates the directory (a failure is logged: the scans find nothing until it exists),
@@ -152,11 +172,14 @@ impl DirWatcher {
     }
 }
 
-/// `<name>.sock` sockets in `dir`: name → (path, inode).
-fn list_sockets(dir: &Path) -> BTreeMap<String, (PathBuf, u64)> {
-    let mut out = BTreeMap::new();
+/// `<name>.sock` sockets in `dir`: name → (path, inode); and the `<name>.sock` entries that
+/// are not sockets, name → path.
+type Listing = (BTreeMap<String, (PathBuf, u64)>, BTreeMap<String, PathBuf>);
+
+fn list_sockets(dir: &Path) -> Listing {
+    let (mut out, mut not_sockets) = (BTreeMap::new(), BTreeMap::new());
     let Ok(read) = std::fs::read_dir(dir) else {
-        return out;
+        return (out, not_sockets);
     };
     for entry in read.flatten() {
         let path = entry.path();
@@ -172,7 +195,9 @@ fn list_sockets(dir: &Path) -> BTreeMap<String, (PathBuf, u64)> {
         };
         if meta.file_type().is_socket() {
             out.insert(stem.to_owned(), (path.clone(), meta.ino()));
+        } else {
+            not_sockets.insert(stem.to_owned(), path);
         }
     }
-    out
+    (out, not_sockets)
 }

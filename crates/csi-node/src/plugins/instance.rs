@@ -69,6 +69,13 @@ pub(super) async fn run(
 /// Fingerprints until the plugin answers; `None` when the task should end.
 async fn fingerprint_until_it_answers(link: &Link, client: &CsiClient) -> Option<Arc<Fingerprint>> {
     loop {
+        // The fingerprint waits for a socket that refuses (a plugin starting), up to its
+        // budget; whoever reads the plugin's status learns at once that nobody listens.
+        if let Err(e) = client.connection().dial_once().await
+            && !unreachable(link, e)
+        {
+            return None;
+        }
         match client.fingerprint().await {
             Ok(fp) => return Some(Arc::new(fp)),
             Err(e) => {
@@ -79,6 +86,27 @@ async fn fingerprint_until_it_answers(link: &Link, client: &CsiClient) -> Option
             }
         }
     }
+}
+
+/// Records that nothing accepts connections at the plugin's endpoint, as its last error;
+/// reported as a failed fingerprint when it says something new.
+fn unreachable(link: &Link, e: csi_client::ConnectError) -> bool {
+    let error = Arc::new(csi_client::Error::not_dialled(
+        csi_client::Rpc::GetPluginInfo,
+        e,
+    ));
+    link.update(|entry, _, events| {
+        let said = entry.last_error.as_ref().map(ToString::to_string);
+        entry.last_error = Some(Arc::clone(&error));
+        if said != Some(error.to_string()) {
+            events.push(PluginEvent::FingerprintFailed {
+                plugin: link.plugin.clone(),
+                registration: link.registration,
+                error,
+                periodic: false,
+            });
+        }
+    })
 }
 
 /// Records a failed fingerprint (the last good one stays in use).

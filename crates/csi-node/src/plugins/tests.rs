@@ -250,6 +250,51 @@ async fn a_plugin_that_comes_back_is_fingerprinted_again() {
 }
 
 #[tokio::test]
+async fn a_socket_nobody_listens_on_is_said_before_the_fingerprint_gives_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Bound and closed: the socket file stays, nobody accepts on it.
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("dead.sock")).expect("binds"));
+    std::fs::write(dir.path().join("file.sock"), b"").expect("a plain file");
+    let manager = PluginManager::builder(fast()).start().expect("starts");
+    let mut events = manager.subscribe();
+    for name in ["dead", "file"] {
+        let id = PluginId::new(name).expect("id");
+        let socket = format!("{name}.sock");
+        manager
+            .register(id, endpoint(dir.path(), &socket))
+            .expect("registered");
+    }
+    // The first failure reported is the one dial, not the fingerprint's wait for the socket
+    // (which would say how long it waited).
+    let mut said = std::collections::BTreeMap::new();
+    tokio::time::timeout(GUARD, async {
+        while said.len() < 2 {
+            if let Ok(PluginEvent::FingerprintFailed { plugin, error, .. }) = events.recv().await {
+                said.entry(plugin.to_string())
+                    .or_insert_with(|| error.to_string());
+            }
+        }
+    })
+    .await
+    .expect("both reported (hang guard)");
+    let dead = &said["dead"];
+    assert!(
+        dead.contains("refused") && !dead.contains("after waiting"),
+        "{dead}"
+    );
+    assert!(said["file"].contains("not a socket"), "{said:?}");
+    let status = manager
+        .status(&PluginId::new("dead").expect("id"))
+        .expect("registered");
+    let last = status.last_error.map(|e| e.to_string());
+    assert!(
+        last.as_ref()
+            .is_some_and(|e| e.contains("could not connect")),
+        "{last:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_directory_socket_is_registered_once_and_deregistered_when_it_goes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let plugins = dir.path().join("plugins");
@@ -264,6 +309,11 @@ async fn a_directory_socket_is_registered_once_and_deregistered_when_it_goes() {
     let found = manager.status(&id).expect("registered from the directory");
     assert!(matches!(found.source, RegistrationSource::Directory { .. }));
     assert_eq!(manager.list().len(), 1, "only sockets count");
+    // The file is passed over, and the watcher says so.
+    let ignored = watcher.ignored();
+    assert_eq!(ignored.len(), 1, "{ignored:?}");
+    assert_eq!(ignored[0].0, plugins.join("not an id?.sock"));
+    assert!(ignored[0].1.contains("not a socket"), "{ignored:?}");
     watcher.scan();
     assert_eq!(
         manager.status(&id).map(|s| s.registration),

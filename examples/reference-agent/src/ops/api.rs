@@ -588,6 +588,10 @@ pub struct StatusView {
     /// The volumes published here that their plugin reports abnormal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub abnormal: Vec<AbnormalView>,
+    /// Entries of the plugin directory passed over, `<path>: <why>` (a `<name>.sock` that is
+    /// not a socket, a socket whose name is not a plugin id).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_plugin_files: Vec<String>,
 }
 
 /// A volume's health on this node, as its plugin last reported it.

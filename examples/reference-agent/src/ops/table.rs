@@ -557,6 +557,12 @@ pub fn status(s: &StatusView) -> String {
             "\nCLAIM STORE FAILING (claims and releases fail at once): {failure}\n"
         ));
     }
+    if !s.ignored_plugin_files.is_empty() {
+        out.push_str("\nIGNORED IN THE PLUGIN DIRECTORY\n");
+        for line in &s.ignored_plugin_files {
+            let _ = writeln!(out, "{}", escaped(line));
+        }
+    }
     if !s.failing_files.is_empty() {
         out.push_str("\nSTATE FILES FAILING\n");
         for failure in &s.failing_files {

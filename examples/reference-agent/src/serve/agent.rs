@@ -669,6 +669,7 @@ impl Agent {
                         })
                 })
                 .collect(),
+            ignored_plugin_files: self.plugins.ignored(),
         }
     }
 

@@ -177,6 +177,14 @@ impl Plugins {
         }
     }
 
+    /// The plugin directory's entries the last scan passed over, `<path>: <why>`.
+    pub fn ignored(&self) -> Vec<String> {
+        let ignored = self.watcher.ignored().into_iter();
+        ignored
+            .map(|(path, why)| format!("{}: {why}", path.display()))
+            .collect()
+    }
+
     /// What peers learn about this node's plugins.
     pub fn peer_view(&self) -> Vec<PeerPlugin> {
         PeerPlugin::of_node(&self.manager)

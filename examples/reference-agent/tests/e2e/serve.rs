@@ -1509,6 +1509,41 @@ async fn register_an_existing_volume_and_read_the_tables() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
+/// A socket nobody listens on is said in words, before the fingerprint's wait for it ends;
+/// a plain file with a socket's name is named in `status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_socket_and_a_file_in_the_plugin_directory_are_reported() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    drop(std::os::unix::net::UnixListener::bind(plugins.join("dead.sock")).expect("binds"));
+    std::fs::write(plugins.join("stale.sock"), b"").expect("a plain file");
+    let data = dir.path().join("data");
+    let mut agent = Serve::start(dir.path(), "agent", &data, &fast_backoff(&plugins));
+    agent.ready().await;
+    let said = eventually("the dead socket's error", async || {
+        plugin(&data, "dead").await.and_then(|p| p.last_error)
+    })
+    .await;
+    assert!(
+        said.contains("refused") && !said.contains("after waiting"),
+        "{said}"
+    );
+    let status: StatusView = json(&data, &["status"]).await;
+    let stale = plugins.join("stale.sock").display().to_string();
+    assert!(
+        status
+            .ignored_plugin_files
+            .iter()
+            .any(|l| l.starts_with(&stale) && l.contains("not a socket")),
+        "{:?}",
+        status.ignored_plugin_files
+    );
+    let table = cli(&data, &["status"]).await.expect("status");
+    assert!(table.contains("IGNORED IN THE PLUGIN DIRECTORY"), "{table}");
+    assert_eq!(agent.terminate(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncertain_create_is_undone_before_the_answer() {
     let mock = MockPlugin::builder().build().expect("mock");

@@ -130,6 +130,7 @@ mod tables {
             failing_files: Vec::new(),
             reconcile: None,
             abnormal: Vec::new(),
+            ignored_plugin_files: Vec::new(),
         };
         assert!(status(&s).contains("RESTORED NODE RECORDS\nbeing confirmed"));
         s.reconcile = Some(ReconcileView::default());
@@ -199,6 +200,7 @@ mod tables {
                 }],
             }),
             abnormal: Vec::new(),
+            ignored_plugin_files: Vec::new(),
         };
         let text = status(&s);
         let section = text
