@@ -9,6 +9,9 @@
 //! - `csi_agent_claims{state}`: claims per state, and `csi_agent_stuck_releases`: volumes
 //!   whose last release step failed. Both are gauges computed at scrape time
 //!   ([`Gauges`]), so they cannot drift from the claim store.
+//! - Cluster mode: `csi_agent_cluster_members`, `csi_agent_controller_duty_holder{node}`,
+//!   `csi_agent_controller_duty_held` (0 or 1), `csi_agent_controller_duty_confirmed_seconds`
+//!   and `csi_agent_cluster_outage` (0 or 1).
 //! - `csi_agent_plugins{health}`: known plugins by health, every health kept (at 0 when none).
 //! - `csi_agent_volume_abnormal{volume,source}` (0 or 1), `csi_agent_volume_bytes{volume,kind}`
 //!   and `csi_agent_volume_inodes{volume,kind}`: the health of the volumes published here, as
@@ -48,6 +51,8 @@ pub struct Gauges {
     pub store_failing: bool,
     /// State files whose last write failed.
     pub failing_files: u64,
+    /// Cluster mode: the members and the controller duty, as `status` shows them.
+    pub cluster: Option<crate::ops::api::ClusterView>,
     /// The health of the volumes published here, by volume.
     pub volumes: BTreeMap<csi_structs::VolumeId, VolumeHealth>,
 }
@@ -148,6 +153,9 @@ impl Metrics {
                 }
             }
         }
+        if let Some(c) = &gauges.cluster {
+            cluster(&mut out, c);
+        }
         family(&mut out, "csi_agent_plugins", "Known plugins by health.");
         for (health, n) in &gauges.plugins {
             let _ = writeln!(
@@ -157,6 +165,46 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+/// The cluster gauges: members, who holds the controller duty, this agent's hold on it and
+/// whether etcd is unreachable.
+fn cluster(out: &mut String, c: &crate::ops::api::ClusterView) {
+    let held = c.held_duty.as_ref();
+    for (name, help, value) in [
+        (
+            "csi_agent_cluster_members",
+            "Live members of the cluster, this agent among them.",
+            c.members.len() as f64,
+        ),
+        (
+            "csi_agent_controller_duty_held",
+            "1 while this agent holds the controller duty and its hold is confirmed, else 0.",
+            f64::from(u8::from(held.is_some_and(|d| d.holds))),
+        ),
+        (
+            "csi_agent_controller_duty_confirmed_seconds",
+            "How long this agent's confirmed hold on the controller duty lasts without another keep-alive (0: none).",
+            held.map_or(0.0, |d| d.confirmed_for_ms as f64 / 1000.0),
+        ),
+        (
+            "csi_agent_cluster_outage",
+            "1 while etcd is unreachable (this agent's view of the cluster may be behind), else 0.",
+            f64::from(u8::from(c.outage.is_some())),
+        ),
+    ] {
+        family(out, name, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "csi_agent_controller_duty_holder";
+    family(
+        out,
+        name,
+        "1 for the member that holds the controller duty (none while nobody holds it or it is not known).",
+    );
+    if let Some(holder) = &c.controller_duty {
+        let _ = writeln!(out, "{name}{{node=\"{}\"}} 1", escape(holder));
     }
 }
 

@@ -726,6 +726,7 @@ impl Agent {
             store_failing: self.claims().store_failure().is_some(),
             failing_files: failing_files().len() as u64,
             volumes: self.health.health(),
+            cluster: self.cluster.as_ref().map(|c| c.view()),
         })
     }
 }

@@ -485,10 +485,12 @@ async fn a_release_waiting_for_a_node_that_is_down_says_so() {
     assert_eq!(v.waiting.len(), 1, "{v:?}");
     let text = cli(&a_data, &["status"]).await.expect("status");
     assert!(text.contains("WAITING RELEASES"), "{text}");
+    let page = super::serve::metrics(&a_data);
     assert!(
-        super::serve::metrics(&a_data).contains("csi_agent_waiting_releases 1"),
+        page.contains("csi_agent_waiting_releases 1"),
         "the gauge counts it"
     );
+    assert!(page.contains("csi_agent_cluster_members "), "{page}");
     assert_eq!(
         a_agent
             .log()

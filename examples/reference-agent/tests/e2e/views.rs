@@ -784,6 +784,61 @@ mod metrics {
     }
 
     #[test]
+    fn cluster_mode_has_its_gauges() {
+        use csi_agent::ops::api::{ClusterView, DutyView, MemberView};
+        let member = |node: &str, me| MemberView {
+            node: node.into(),
+            me,
+            http: String::new(),
+            shim: String::new(),
+            plugins: Vec::new(),
+        };
+        let mut g = Gauges {
+            cluster: Some(ClusterView {
+                store: "etcd://127.0.0.1:2379".into(),
+                prefix: "/csi-agent".into(),
+                controller_duty: Some("a\"b".into()),
+                held_duty: Some(DutyView {
+                    holds: true,
+                    confirmed_for_ms: 2_500,
+                    revision: 7,
+                }),
+                members: vec![member("a\"b", true), member("c", false)],
+                outage: None,
+            }),
+            ..Gauges::default()
+        };
+        let text = Metrics::new().render(&g);
+        for want in [
+            "csi_agent_cluster_members 2",
+            r#"csi_agent_controller_duty_holder{node="a\"b"} 1"#,
+            "csi_agent_controller_duty_held 1",
+            "csi_agent_controller_duty_confirmed_seconds 2.5",
+            "csi_agent_cluster_outage 0",
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+        // Nobody holds the duty, etcd is out: no holder series, and the outage says so.
+        let c = g.cluster.as_mut().expect("cluster");
+        (c.controller_duty, c.held_duty) = (None, None);
+        c.outage = Some("etcd unreachable".into());
+        let text = Metrics::new().render(&g);
+        assert!(
+            !text.contains("csi_agent_controller_duty_holder{"),
+            "{text}"
+        );
+        for want in [
+            "csi_agent_controller_duty_held 0",
+            "csi_agent_cluster_outage 1",
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+        // The embedded store: no cluster gauges at all.
+        let text = Metrics::new().render(&Gauges::default());
+        assert!(!text.contains("csi_agent_cluster"), "{text}");
+    }
+
+    #[test]
     fn label_values_are_escaped() {
         let mut g = Gauges::default();
         g.claims.insert("a\"b\\c\nd".into(), 1);
